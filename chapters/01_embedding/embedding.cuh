@@ -1,0 +1,61 @@
+/// @file embedding.cuh
+/// @brief Chapter 01: token embedding lookup (a gather of table rows).
+///
+/// out[t, :] = table[token_ids[t], :] for t in 0..T-1.
+///
+/// Symbols (docs/conventions.md): T tokens, C hidden size, V vocabulary size.
+/// All GPU pointers are device pointers; bf16 is `__nv_bfloat16`.
+///
+/// Invalid ids: an id outside [0, V) would read outside the table. Every kernel checks
+/// each id; for a bad one it writes a zero row (never reads out of bounds) and adds 1
+/// to `*invalid_id_count` when that pointer is not null. The model validates prompt ids
+/// on the host before they reach the GPU; the counter is the GPU's own safety net and
+/// what the tests use to prove the check is there.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace bielik {
+
+/// Plain C++ reference (fp32 values of the bf16 table). Throws std::out_of_range naming
+/// the position and the id for an id outside [0, V).
+/// @param out       (T, C) output rows
+/// @param table     (V, C) embedding table
+/// @param token_ids (T)    token ids
+void embedding_cpu(float* out, const float* table, const int32_t* token_ids, int T, int C, int V);
+
+/// v1: one thread per output element. Simple, coalesced, but 2-byte accesses.
+/// @param out              (T, C) device, written fully
+/// @param table            (V, C) device
+/// @param token_ids        (T) device
+/// @param invalid_id_count (1) device counter, may be nullptr
+void embedding_v1_thread_per_element(__nv_bfloat16* out, const __nv_bfloat16* table, const int32_t* token_ids,
+                                     int T, int C, int V, int* invalid_id_count, cudaStream_t stream = 0);
+
+/// v2: one block per row, 16-byte (8 x bf16) vector copies when C % 8 == 0,
+/// scalar copies otherwise. Same parameters as v1.
+void embedding_v2_row_vectorized(__nv_bfloat16* out, const __nv_bfloat16* table, const int32_t* token_ids,
+                                 int T, int C, int V, int* invalid_id_count, cudaStream_t stream = 0);
+
+/// Every GPU version, in order, so tests and the benchmark loop over the same list.
+using EmbeddingLauncher = void (*)(__nv_bfloat16*, const __nv_bfloat16*, const int32_t*, int, int, int, int*,
+                                   cudaStream_t);
+struct EmbeddingVersion {
+  const char* name;
+  EmbeddingLauncher launch;
+};
+inline constexpr EmbeddingVersion kEmbeddingVersions[] = {
+    {"v1_thread_per_element", embedding_v1_thread_per_element},
+    {"v2_row_vectorized", embedding_v2_row_vectorized},
+};
+
+/// The version later chapters call (the fastest one measured: v2).
+inline void embedding_forward(__nv_bfloat16* out, const __nv_bfloat16* table, const int32_t* token_ids, int T,
+                              int C, int V, int* invalid_id_count, cudaStream_t stream = 0) {
+  embedding_v2_row_vectorized(out, table, token_ids, T, C, V, invalid_id_count, stream);
+}
+
+}  // namespace bielik

@@ -1,0 +1,26 @@
+# Which GPUs to compile for.
+#   -DBIELIK_CUDA_ARCH=90     an explicit override (the Makefile passes CUDA_ARCH=...)
+#   a GPU on this machine     its compute capability, read from nvidia-smi
+#   no GPU (CI)               sm_89 (RTX 40xx class) and sm_90 (H100/H200)
+set(BIELIK_CUDA_ARCH "" CACHE STRING "CUDA architectures, e.g. 90 or 89;90 (empty: detect)")
+if(BIELIK_CUDA_ARCH)
+  set(CMAKE_CUDA_ARCHITECTURES "${BIELIK_CUDA_ARCH}")
+else()
+  set(detected "")
+  find_program(NVIDIA_SMI nvidia-smi)
+  if(NVIDIA_SMI)
+    execute_process(COMMAND ${NVIDIA_SMI} --query-gpu=compute_cap --format=csv,noheader
+                    OUTPUT_VARIABLE caps RESULT_VARIABLE smi_status ERROR_QUIET
+                    OUTPUT_STRIP_TRAILING_WHITESPACE)
+    if(smi_status EQUAL 0 AND caps MATCHES "^[0-9]+\\.[0-9]+")
+      string(REGEX MATCH "^[0-9]+\\.[0-9]+" first_cap "${caps}")
+      string(REPLACE "." "" detected "${first_cap}")
+    endif()
+  endif()
+  if(detected)
+    set(CMAKE_CUDA_ARCHITECTURES "${detected}")
+  else()
+    set(CMAKE_CUDA_ARCHITECTURES "89;90")
+  endif()
+endif()
+message(STATUS "Bielik: building CUDA code for sm_${CMAKE_CUDA_ARCHITECTURES}")

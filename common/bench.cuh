@@ -1,0 +1,63 @@
+/// @file bench.cuh
+/// @brief The GPU benchmark harness shared by every bench_* program.
+///
+/// Method (docs/conventions.md): warm up, then time each repeat with CUDA events around
+/// the launch only, flush the L2 cache between repeats (a memset of a buffer twice the
+/// L2 size) so memory-bound kernels are measured from HBM and not from cache, and report
+/// the median. Throughput is compared with ceilings measured in the same run: the
+/// device-to-device copy bandwidth (bytes read + bytes written) and cuBLAS.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace bielik {
+
+struct BenchOptions {
+  int warmup = 3;         ///< untimed launches first (module load, caches, clocks)
+  int repeats = 30;       ///< timed launches; the median is reported
+  bool flush_l2 = true;   ///< scrub L2 before each timed launch
+};
+
+struct BenchTiming {
+  double median_ms = 0;
+  double min_ms = 0;
+  double max_ms = 0;
+  int repeats = 0;
+};
+
+/// Times `launch` (which enqueues work on the default stream) with CUDA events.
+BenchTiming time_gpu(const std::function<void()>& launch, const BenchOptions& options = {});
+
+/// Median device-to-device copy bandwidth in GB/s, counting bytes read plus bytes
+/// written, over a copy of `bytes` bytes. This is the ceiling for memory-bound kernels.
+double measure_copy_bandwidth_gbs(size_t bytes = size_t(1) << 30);
+
+/// "NVIDIA H200 (sm_90, 132 SMs)".
+std::string describe_device();
+
+/// GB/s for `bytes` moved in `ms` milliseconds (1 GB = 1e9 bytes).
+inline double gb_per_s(double bytes, double ms) { return bytes / (ms * 1e-3) / 1e9; }
+/// TFLOP/s for `flops` in `ms` milliseconds.
+inline double tflop_per_s(double flops, double ms) { return flops / (ms * 1e-3) / 1e12; }
+
+/// A Markdown table printed at the end of a benchmark, so it pastes into a README.
+/// When the environment variable BIELIK_BENCH_DIR is set, the rows are also written to
+/// $BIELIK_BENCH_DIR/<name>.csv for the benchmark report.
+class BenchTable {
+ public:
+  BenchTable(std::string name, std::vector<std::string> columns);
+  void add_row(std::vector<std::string> cells);
+  void print() const;
+
+ private:
+  std::string name_;
+  std::vector<std::string> columns_;
+  std::vector<std::vector<std::string>> rows_;
+};
+
+/// printf-style number formatting for table cells: fmt(1.2345, 2) == "1.23".
+std::string fmt(double value, int decimals = 2);
+
+}  // namespace bielik
