@@ -8,6 +8,8 @@
 #   make docs              Doxygen HTML into build/docs
 #
 # Variables: BUILD=build  CUDA_ARCH=90 (default: the GPU here, else 89;90)  JOBS=N
+#            CHAPTERS=regex  build only matching chapter folders, e.g. CHAPTERS='0[45]'
+CHAPTERS  ?=
 BUILD     ?= build
 CUDA_ARCH ?=
 JOBS      ?= $(shell nproc)
@@ -24,7 +26,7 @@ deps:
 # with numpy + ml_dtypes, or the project's .venv, created on first use).
 define configure_into
 	@python=$$(bash scripts/python_env.sh) && \
-	cmake -S . -B $(1) $(GENERATOR) -DBIELIK_PYTHON=$$python -DBIELIK_CUDA_ARCH="$(CUDA_ARCH)" $(2)
+	cmake -S . -B $(1) $(GENERATOR) -DBIELIK_PYTHON=$$python -DBIELIK_CUDA_ARCH="$(CUDA_ARCH)" -DBIELIK_CHAPTER_FILTER="$(CHAPTERS)" $(2)
 endef
 
 configure: deps

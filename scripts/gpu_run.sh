@@ -2,8 +2,10 @@
 # One call on a GPU machine: describe the machine, build everything, run every test
 # (GPU tests included) and every benchmark, and write a summary.
 #
-#   bash scripts/gpu_run.sh [ctest-label-regex] [bench-name-regex]
+#   [CHAPTERS=regex] bash scripts/gpu_run.sh [ctest-label-regex] [bench-name-regex]
 #
+# CHAPTERS limits the build to matching chapter folders (Makefile variable), e.g.
+# CHAPTERS='0[45]' builds common/, chapter 04 and chapter 05 only.
 # Output goes to $OUT (the device tool's result folder) or build/gpu_run/ otherwise:
 # summary.md (machine, test summary, benchmark tables) and full logs.
 set -uo pipefail
@@ -25,7 +27,7 @@ summary="$out/summary.md"
 } >"$summary"
 
 start=$(date +%s)
-make build JOBS="$(nproc)" >"$out/build.log" 2>&1
+make build JOBS="$(nproc)" CHAPTERS="${CHAPTERS:-}" >"$out/build.log" 2>&1
 build_status=$?
 echo "build: exit $build_status in $(( $(date +%s) - start )) s" | tee -a "$summary"
 if [ $build_status -ne 0 ]; then
