@@ -45,6 +45,28 @@ BenchTiming time_gpu(const std::function<void()>& launch, const BenchOptions& op
   return timing;
 }
 
+BenchTiming time_gpu_back_to_back(const std::function<void(int)>& launch, int count, int samples) {
+  for (int i = 0; i < count; ++i) launch(i);  // warm-up
+  CUDA_CHECK(cudaDeviceSynchronize());
+  cudaEvent_t start, stop;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<double> times;
+  for (int s = 0; s < samples; ++s) {
+    CUDA_CHECK(cudaEventRecord(start));
+    for (int i = 0; i < count; ++i) launch(i);
+    CUDA_CHECK(cudaEventRecord(stop));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms / count);
+  }
+  CUDA_CHECK(cudaEventDestroy(start));
+  CUDA_CHECK(cudaEventDestroy(stop));
+  std::sort(times.begin(), times.end());
+  return BenchTiming{times[times.size() / 2], times.front(), times.back(), samples};
+}
+
 double measure_copy_bandwidth_gbs(size_t bytes) {
   DeviceBuffer<char> source(bytes), destination(bytes);
   source.fill_bytes(1);

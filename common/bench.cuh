@@ -30,6 +30,13 @@ struct BenchTiming {
 /// Times `launch` (which enqueues work on the default stream) with CUDA events.
 BenchTiming time_gpu(const std::function<void()>& launch, const BenchOptions& options = {});
 
+/// Steady-state time of one launch when `count` launches are queued back to back, as
+/// inside a model's forward pass: the CPU-side launch latency then overlaps the previous
+/// kernel. `launch(i)` enqueues launch i; give each i its own buffers (rotating over more
+/// bytes than the L2 holds) so the kernel still reads from HBM. Returns the median over
+/// `samples` of (time of the whole batch) / count.
+BenchTiming time_gpu_back_to_back(const std::function<void(int)>& launch, int count, int samples = 10);
+
 /// Median device-to-device copy bandwidth in GB/s, counting bytes read plus bytes
 /// written, over a copy of `bytes` bytes. This is the ceiling for memory-bound kernels.
 double measure_copy_bandwidth_gbs(size_t bytes = size_t(1) << 30);
