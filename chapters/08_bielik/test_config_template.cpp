@@ -1,0 +1,140 @@
+// Chapter 08, CPU: config.json -> ModelConfig (defaults, validation, error messages).
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+
+#include "catch_compat.hpp"
+#include "model_config.hpp"
+
+using namespace bielik;
+using nlohmann::json;
+
+namespace {
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char pattern[] = "/tmp/bielik_test_cfg_XXXXXX";
+    REQUIRE(::mkdtemp(pattern) != nullptr);
+    path = pattern;
+  }
+  ~TempDir() { std::system(("rm -rf '" + path + "'").c_str()); }
+  std::string write(const std::string& name, const std::string& text) const {
+    std::string file = path + "/" + name;
+    std::ofstream(file) << text;
+    return file;
+  }
+};
+
+template <class F>
+std::string error_of(F&& call) {
+  try {
+    call();
+  } catch (const std::runtime_error& error) {
+    return error.what();
+  }
+  return "";
+}
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// Bielik-1.5B-v3's shape as in the project's reconstructed config (shared/models/).
+json bielik_like() {
+  return {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"hidden_size", 1536},
+          {"intermediate_size", 8960}, {"num_hidden_layers", 32}, {"num_attention_heads", 12},
+          {"num_key_value_heads", 2}, {"head_dim", 128}, {"vocab_size", 32000},
+          {"max_position_embeddings", 8192}, {"rope_theta", 1000000.0}, {"rms_norm_eps", 1e-6},
+          {"tie_word_embeddings", false}, {"attention_bias", true}, {"mlp_bias", true},
+          {"hidden_act", "silu"}, {"torch_dtype", "bfloat16"}, {"bos_token_id", 1}, {"eos_token_id", 2},
+          {"rope_scaling", nullptr}};
+}
+
+}  // namespace
+
+TEST_CASE("model config: Bielik-shaped config.json reads every field", "[ch08][cpu]") {
+  TempDir dir;
+  ModelConfig c = load_model_config(dir.write("config.json", bielik_like().dump()));
+  REQUIRE(c.hidden_size == 1536);
+  REQUIRE(c.intermediate_size == 8960);
+  REQUIRE(c.num_hidden_layers == 32);
+  REQUIRE(c.num_attention_heads == 12);
+  REQUIRE(c.num_key_value_heads == 2);
+  REQUIRE(c.head_dim == 128);
+  REQUIRE(c.vocab_size == 32000);
+  REQUIRE(c.max_position_embeddings == 8192);
+  REQUIRE(c.rope_theta == 1e6f);
+  REQUIRE(c.rms_norm_eps == 1e-6f);
+  REQUIRE(c.attention_bias);
+  REQUIRE(c.mlp_bias);
+  REQUIRE_FALSE(c.tie_word_embeddings);
+  REQUIRE(c.bos_token_id == 1);
+  REQUIRE(c.eos_token_ids == std::vector<int>{2});
+  REQUIRE(c.torch_dtype == "bfloat16");
+  REQUIRE(has(describe(c), "H=12 Hkv=2 D=128"));
+}
+
+TEST_CASE("model config: defaults for optional keys", "[ch08][cpu]") {
+  TempDir dir;
+  json j = {{"hidden_size", 576}, {"intermediate_size", 1536}, {"num_hidden_layers", 30},
+            {"num_attention_heads", 9}, {"vocab_size", 49152}, {"eos_token_id", {2, 0}}};
+  ModelConfig c = load_model_config(dir.write("config.json", j.dump()));
+  REQUIRE(c.head_dim == 64);                 // hidden / heads
+  REQUIRE(c.num_key_value_heads == 9);       // no GQA unless stated
+  REQUIRE(c.max_position_embeddings == 2048);
+  REQUIRE(c.rope_theta == 10000.0f);
+  REQUIRE_FALSE(c.attention_bias);
+  REQUIRE_FALSE(c.mlp_bias);
+  REQUIRE_FALSE(c.tie_word_embeddings);
+  REQUIRE(c.bos_token_id == -1);
+  REQUIRE(c.eos_token_ids == std::vector<int>{2, 0});
+  REQUIRE(c.torch_dtype.empty());
+}
+
+TEST_CASE("model config: invalid configs fail naming the file and the key", "[ch08][cpu]") {
+  TempDir dir;
+  struct Case {
+    const char* key;
+    json value;  // null here removes the key
+    const char* expected;
+  };
+  std::vector<Case> cases = {
+      {"hidden_size", nullptr, "missing required key 'hidden_size'"},
+      {"vocab_size", "32000", "key 'vocab_size' must be an integer"},
+      {"num_hidden_layers", 0, "key 'num_hidden_layers' must be positive"},
+      {"intermediate_size", -5, "key 'intermediate_size' must be positive"},
+      {"num_key_value_heads", 5, "must be a multiple of num_key_value_heads (5)"},
+      {"head_dim", 127, "key 'head_dim' must be even"},
+      {"rope_scaling", json{{"type", "linear"}, {"factor", 2.0}}, "key 'rope_scaling'"},
+      {"rope_theta", "big", "key 'rope_theta' must be a number"},
+      {"attention_bias", 1, "key 'attention_bias' must be true or false"},
+      {"model_type", "qwen2", "model_type 'qwen2' is not supported"},
+      {"hidden_act", "gelu", "hidden_act 'gelu'"},
+      {"eos_token_id", 32000, "key 'eos_token_id' holds 32000"},
+      {"hidden_size", 1.5e3, "key 'hidden_size' must be an integer"},
+  };
+  for (const Case& c : cases) {
+    json j = bielik_like();
+    if (c.value.is_null())
+      j.erase(c.key);
+    else
+      j[c.key] = c.value;
+    std::string path = dir.write("config.json", j.dump());
+    std::string message = error_of([&] { load_model_config(path); });
+    INFO("key " << c.key << " = " << c.value.dump() << "\nmessage: " << message);
+    CHECK(has(message, path));
+    CHECK(has(message, c.expected));
+  }
+
+  json no_head_dim = bielik_like();
+  no_head_dim.erase("head_dim");
+  no_head_dim["hidden_size"] = 1540;  // not divisible by 12 heads
+  std::string path = dir.write("config.json", no_head_dim.dump());
+  REQUIRE(has(error_of([&] { load_model_config(path); }), "not divisible by num_attention_heads"));
+
+  REQUIRE(has(error_of([&] { load_model_config(dir.write("config.json", "{\"hidden_size\": ")); }), "malformed JSON"));
+  REQUIRE(has(error_of([&] { load_model_config(dir.path + "/absent.json"); }), "absent.json"));
+}
