@@ -1,0 +1,90 @@
+/// @file attention.cuh
+/// @brief Chapter 05: causal self-attention with grouped-query heads (flash attention).
+///
+///     out[i, h] = sum_j softmax_j(q[i, h] . k[j, g] / sqrt(D)) * v[j, g],   g = h / (H / Hkv)
+///     over the visible keys j = 0 .. (Tkv - Tq + i)
+///
+/// Symbols (docs/conventions.md): Tq query tokens, Tkv key/value tokens, H query heads,
+/// Hkv kv heads, D head_dim. Tensors are token-major bf16, exactly as the QKV projection
+/// (and RoPE, chapter 04) leave them: q (Tq, H, D), k and v (Tkv, Hkv, D), out (Tq, H, D).
+///
+/// Causality with a diagonal offset: the Tq queries are the LAST Tq tokens of a context
+/// of Tkv tokens (Tq <= Tkv). Query i sits at position Tkv - Tq + i and sees every key up
+/// to and including its own position. Tq == Tkv is a fresh prefill; Tq < Tkv is a new
+/// chat turn (or a chunk of a long prompt) on top of a KV cache; Tq == 1 is decode.
+///
+/// Grouped-query attention (GQA): H / Hkv query heads share one kv head; query head h
+/// uses kv head h / (H / Hkv) (Bielik: 12 / 2, heads 0-5 -> kv 0, 6-11 -> kv 1; SmolLM2
+/// 9 / 3). Hkv == H is plain multi-head attention, Hkv == 1 multi-query attention.
+///
+/// Numerics: scores and softmax statistics in fp32, scale 1/sqrt(D), output rounded to
+/// bf16 once. v3 also rounds the probabilities to bf16 for the tensor-core P.V product.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+namespace bielik {
+
+/// Plain C++ reference in fp32 (two passes: scores with the row max subtracted, then the
+/// normalized sum). Throws std::invalid_argument for Tq > Tkv or H % Hkv != 0.
+/// @param out (Tq, H, D)
+/// @param q   (Tq, H, D)
+/// @param k   (Tkv, Hkv, D)
+/// @param v   (Tkv, Hkv, D)
+void attention_cpu(float* out, const float* q, const float* k, const float* v, int Tq, int Tkv, int H, int Hkv,
+                   int D);
+
+/// v1: the textbook three steps with the scores materialized in global memory:
+/// S = Q K^T * scale (masked), P = softmax(S) row by row, O = P V. fp32 throughout.
+/// Needs a workspace of attention_v1_workspace_floats(Tq, Tkv, H) floats (the scores).
+/// @param out       (Tq, H, D) device, written
+/// @param q         (Tq, H, D) device
+/// @param k         (Tkv, Hkv, D) device
+/// @param v         (Tkv, Hkv, D) device
+/// @param workspace (H, Tq, Tkv) device fp32 scratch
+void attention_v1_naive(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
+                        int Tq, int Tkv, int H, int Hkv, int D, float* workspace, cudaStream_t stream = 0);
+size_t attention_v1_workspace_floats(int Tq, int Tkv, int H);
+
+/// v2: one warp per (query, head); online softmax over chunks of 32 keys, so the scores
+/// never leave registers. fp32 CUDA-core math. No workspace (pass nullptr).
+void attention_v2_online_softmax(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                                 const __nv_bfloat16* v, int Tq, int Tkv, int H, int Hkv, int D, float* workspace,
+                                 cudaStream_t stream = 0);
+
+/// v3: flash attention on tensor cores: 64 queries x 64 keys tiles, mma.sync m16n8k16
+/// bf16 with fp32 accumulation, online softmax in registers, K/V tiles double-buffered in
+/// shared memory with cp.async. D = 64 or 128; q, k, v, out 16-byte aligned. No workspace.
+void attention_v3_flash_mma(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                            const __nv_bfloat16* v, int Tq, int Tkv, int H, int Hkv, int D, float* workspace,
+                            cudaStream_t stream = 0);
+
+/// Checks the shape rules every version shares; throws std::invalid_argument naming `who`.
+/// D must be 64 or 128 (the head dims of Llama-family models; template instances).
+void attention_check_shapes(const char* who, int Tq, int Tkv, int H, int Hkv, int D);
+
+/// Every GPU version, in order, so tests and the benchmark loop over the same list.
+using AttentionLauncher = void (*)(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
+                                   const __nv_bfloat16*, int, int, int, int, int, float*, cudaStream_t);
+struct AttentionVersion {
+  const char* name;
+  AttentionLauncher launch;
+  size_t (*workspace_floats)(int Tq, int Tkv, int H);  ///< nullptr: needs none
+};
+inline constexpr AttentionVersion kAttentionVersions[] = {
+    {"v1_naive", attention_v1_naive, attention_v1_workspace_floats},
+    {"v2_online_softmax", attention_v2_online_softmax, nullptr},
+    {"v3_flash_mma", attention_v3_flash_mma, nullptr},
+};
+
+/// The version later chapters call for prefill (the fastest one measured: v3).
+inline void attention_forward(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                              const __nv_bfloat16* v, int Tq, int Tkv, int H, int Hkv, int D,
+                              cudaStream_t stream = 0) {
+  attention_v3_flash_mma(out, q, k, v, Tq, Tkv, H, Hkv, D, nullptr, stream);
+}
+
+}  // namespace bielik

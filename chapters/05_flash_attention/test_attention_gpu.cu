@@ -1,0 +1,152 @@
+// Chapter 05, GPU: every version against the float64 golden outputs (the ratio rule),
+// against the CPU reference on fresh random inputs, and two structural tests that do not
+// depend on tolerances: the future must not leak (bit-identical rows when future keys
+// change) and each query head must read its own kv group. Outputs are poisoned with
+// 0xFF bytes (bf16 NaN) first, so an element a kernel forgot to write fails.
+//
+// The ratio rule: v1 computes everything in fp32 and rounds once, so its error is what
+// bf16 inputs and a bf16 output cost. It must pass the book-wide bf16 tolerance; every
+// other version may have at most twice v1's error plus 1e-3 (v3 rounds P to bf16).
+#include <cmath>
+#include <string>
+
+#include "attention.cuh"
+#include "catch_compat.hpp"
+#include "compare.hpp"
+#include "device_buffer.cuh"
+#include "npy.hpp"
+#include "test_support.hpp"
+
+using namespace bielik;
+
+namespace {
+
+struct Shape {
+  int Tq, Tkv, H, Hkv, D;
+};
+
+std::vector<uint16_t> run_version(const AttentionVersion& version, const std::vector<uint16_t>& q_bits,
+                                  const std::vector<uint16_t>& k_bits, const std::vector<uint16_t>& v_bits,
+                                  const Shape& s) {
+  DeviceBuffer<uint16_t> q(q_bits), k(k_bits), v(v_bits), out(size_t(s.Tq) * s.H * s.D);
+  DeviceBuffer<float> workspace(version.workspace_floats ? version.workspace_floats(s.Tq, s.Tkv, s.H) : 0);
+  out.fill_bytes(0xFF);
+  version.launch(reinterpret_cast<__nv_bfloat16*>(out.data()), reinterpret_cast<const __nv_bfloat16*>(q.data()),
+                 reinterpret_cast<const __nv_bfloat16*>(k.data()), reinterpret_cast<const __nv_bfloat16*>(v.data()),
+                 s.Tq, s.Tkv, s.H, s.Hkv, s.D, workspace.data(), 0);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  return out.to_host();
+}
+
+// Runs every version and applies the ratio rule against `expected`.
+void check_all_versions(const std::string& label, const std::vector<uint16_t>& q, const std::vector<uint16_t>& k,
+                        const std::vector<uint16_t>& v, const Shape& s, const std::vector<double>& expected) {
+  double v1_error = -1;
+  for (const AttentionVersion& version : kAttentionVersions) {
+    std::vector<uint16_t> out = run_version(version, q, k, v, s);
+    double allowed = v1_error < 0 ? tolerance::kBf16Output : 2 * v1_error + 1e-3;
+    CompareResult result = compare_bf16(label + " " + version.name, out, expected, allowed);
+    INFO(result.report << "\n  (Tq=" << s.Tq << " Tkv=" << s.Tkv << " H=" << s.H << " Hkv=" << s.Hkv
+                       << " D=" << s.D << ")");
+    REQUIRE(result.passed);
+    if (v1_error < 0) v1_error = result.rel_norm_error;  // kAttentionVersions[0] is v1
+  }
+}
+
+NpyArray load(const std::string& name, const std::string& tensor) {
+  return load_npy(golden_path("05_flash_attention", name + "_" + tensor + ".npy"));
+}
+
+}  // namespace
+
+TEST_CASE("every attention version matches the float64 golden outputs (ratio rule)", "[ch05][gpu]") {
+  REQUIRE(std::string(kAttentionVersions[0].name) == "v1_naive");
+  for (const char* name : {"t1", "t7", "t100", "t513", "t2048", "smollm2_t37", "smollm2_t301", "q5_kv37",
+                           "q1_kv300", "q70_kv333_d64", "mqa_t65", "mha_t33", "sharp_t129"}) {
+    NpyArray q = load(name, "q"), k = load(name, "k"), v = load(name, "v");
+    Shape s{int(q.shape[0]), int(k.shape[0]), int(q.shape[1]), int(k.shape[1]), int(q.shape[2])};
+    check_all_versions(name, q.bf16_bits(), k.bf16_bits(), v.bf16_bits(), s, load(name, "expected").to_double());
+  }
+}
+
+TEST_CASE("every attention version matches the CPU reference on fresh random inputs", "[ch05][gpu]") {
+  uint64_t seed = fresh_seed();
+  // Tile edges (64, 65), queries over a longer context, each head grouping, both D.
+  for (Shape s : {Shape{1, 1, 12, 2, 128}, Shape{17, 17, 9, 3, 64}, Shape{3, 130, 12, 2, 128}, Shape{64, 64, 4, 2, 64},
+                  Shape{65, 200, 6, 3, 128}, Shape{129, 129, 2, 1, 64}}) {
+    INFO("seed " << seed);
+    std::vector<uint16_t> q = random_bf16(size_t(s.Tq) * s.H * s.D, seed);
+    std::vector<uint16_t> k = random_bf16(size_t(s.Tkv) * s.Hkv * s.D, seed + 1);
+    std::vector<uint16_t> v = random_bf16(size_t(s.Tkv) * s.Hkv * s.D, seed + 2);
+    std::vector<float> expected(size_t(s.Tq) * s.H * s.D);
+    attention_cpu(expected.data(), bf16_to_float(q).data(), bf16_to_float(k).data(), bf16_to_float(v).data(), s.Tq,
+                  s.Tkv, s.H, s.Hkv, s.D);
+    check_all_versions("fresh", q, k, v, s, std::vector<double>(expected.begin(), expected.end()));
+  }
+}
+
+TEST_CASE("the future never leaks: changing future keys leaves earlier rows bit-identical", "[ch05][gpu]") {
+  uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  // (shape, first changed key). Query i sees keys <= Tkv - Tq + i, so rows with
+  // Tkv - Tq + i < cut must not move at all, and the others must.
+  for (auto [s, cut] : {std::pair{Shape{150, 150, 12, 2, 128}, 77}, std::pair{Shape{40, 150, 9, 3, 64}, 130},
+                        std::pair{Shape{130, 130, 2, 1, 128}, 64}}) {
+    std::vector<uint16_t> q = random_bf16(size_t(s.Tq) * s.H * s.D, seed);
+    std::vector<uint16_t> k = random_bf16(size_t(s.Tkv) * s.Hkv * s.D, seed + 1);
+    std::vector<uint16_t> v = random_bf16(size_t(s.Tkv) * s.Hkv * s.D, seed + 2);
+    std::vector<uint16_t> k_changed = k, v_changed = v;
+    for (size_t e = size_t(cut) * s.Hkv * s.D; e < k.size(); ++e) {
+      k_changed[e] = float_to_bf16_bits(3.0f);    // large scores if they were ever seen
+      v_changed[e] = float_to_bf16_bits(1000.0f);  // and a huge contribution
+    }
+    const size_t row_elements = size_t(s.H) * s.D;
+    const int unaffected_rows = cut - (s.Tkv - s.Tq);  // rows 0 .. unaffected_rows-1
+    for (const AttentionVersion& version : kAttentionVersions) {
+      INFO("version " << version.name << " Tq=" << s.Tq << " Tkv=" << s.Tkv << " cut=" << cut);
+      std::vector<uint16_t> before = run_version(version, q, k, v, s);
+      std::vector<uint16_t> after = run_version(version, q, k_changed, v_changed, s);
+      size_t boundary = size_t(unaffected_rows) * row_elements;
+      REQUIRE(std::equal(before.begin(), before.begin() + boundary, after.begin()));
+      REQUIRE_FALSE(std::equal(before.begin() + boundary, before.end(), after.begin() + boundary));
+    }
+  }
+}
+
+TEST_CASE("query head h reads kv head h / (H / Hkv)", "[ch05][gpu]") {
+  // Every value row of kv head g is the constant g + 1, so whatever the softmax weights,
+  // query head h must output h / (H / Hkv) + 1 everywhere. h % Hkv would not.
+  uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  for (Shape s : {Shape{70, 70, 12, 2, 128}, Shape{33, 90, 9, 3, 64}, Shape{5, 5, 6, 6, 64}}) {
+    std::vector<uint16_t> q = random_bf16(size_t(s.Tq) * s.H * s.D, seed);
+    std::vector<uint16_t> k = random_bf16(size_t(s.Tkv) * s.Hkv * s.D, seed + 1);
+    std::vector<uint16_t> v(size_t(s.Tkv) * s.Hkv * s.D);
+    for (size_t e = 0; e < v.size(); ++e) v[e] = float_to_bf16_bits(float((e / s.D) % s.Hkv + 1));
+    for (const AttentionVersion& version : kAttentionVersions) {
+      INFO("version " << version.name << " H=" << s.H << " Hkv=" << s.Hkv);
+      std::vector<float> out = bf16_to_float(run_version(version, q, k, v, s));
+      int wrong = 0;
+      for (size_t e = 0; e < out.size(); ++e) {
+        float want = float((e / s.D) % s.H / (s.H / s.Hkv) + 1);
+        if (!(std::fabs(out[e] - want) <= 0.02f * want)) ++wrong;
+      }
+      REQUIRE(wrong == 0);
+    }
+  }
+}
+
+TEST_CASE("attention launchers reject shapes they do not support", "[ch05][gpu]") {
+  DeviceBuffer<uint16_t> buffer(4096);
+  DeviceBuffer<float> workspace(4096);
+  auto* data = reinterpret_cast<__nv_bfloat16*>(buffer.data());
+  for (const AttentionVersion& version : kAttentionVersions) {
+    INFO("version " << version.name);
+    REQUIRE_THROWS_AS(version.launch(data, data, data, data, 3, 2, 1, 1, 64, workspace.data(), 0),
+                      std::invalid_argument);  // Tq > Tkv
+    REQUIRE_THROWS_AS(version.launch(data, data, data, data, 1, 1, 3, 2, 64, workspace.data(), 0),
+                      std::invalid_argument);  // H % Hkv
+    REQUIRE_THROWS_AS(version.launch(data, data, data, data, 1, 1, 1, 1, 96, workspace.data(), 0),
+                      std::invalid_argument);  // D
+  }
+}
