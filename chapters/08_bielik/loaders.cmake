@@ -1,13 +1,25 @@
 # Chapter 08, host-side loaders (plain C++, no CUDA): safetensors checkpoints,
 # config.json, tokenizer.json and the ChatML chat template. Included by this chapter's
 # CMakeLists.txt, which builds the model on top of `bielik_ch08_loaders`.
+set(loaders_dir ${CMAKE_CURRENT_LIST_DIR})
 add_library(bielik_ch08_loaders STATIC
-  ${CMAKE_CURRENT_LIST_DIR}/safetensors.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/model_config.cpp)
-target_include_directories(bielik_ch08_loaders PUBLIC ${CMAKE_CURRENT_LIST_DIR})
+  ${loaders_dir}/safetensors.cpp
+  ${loaders_dir}/model_config.cpp
+  ${loaders_dir}/utf8.cpp
+  ${loaders_dir}/pretokenizer.cpp
+  ${loaders_dir}/tokenizer_bpe.cpp
+  ${loaders_dir}/tokenizer.cpp)
+target_include_directories(bielik_ch08_loaders PUBLIC ${loaders_dir})
 target_link_libraries(bielik_ch08_loaders PUBLIC nlohmann_json::nlohmann_json bielik_common)
 
-bielik_add_test(test_ch08_safetensors CHAPTER 08 SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_safetensors.cpp
+# Golden data: small tokenizers trained with HF `tokenizers` + their ids for test strings.
+bielik_add_golden(08_tokenizer gen_08_tokenizer.py)
+
+bielik_add_test(test_ch08_safetensors CHAPTER 08 SOURCES ${loaders_dir}/test_safetensors.cpp
                 LIBS bielik_ch08_loaders)
-bielik_add_test(test_ch08_config_template CHAPTER 08 SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_config_template.cpp
+bielik_add_test(test_ch08_config_template CHAPTER 08 SOURCES ${loaders_dir}/test_config_template.cpp
                 LIBS bielik_ch08_loaders)
+bielik_add_test(test_ch08_tokenizer CHAPTER 08 SOURCES ${loaders_dir}/test_tokenizer.cpp
+                LIBS bielik_ch08_loaders GOLDEN 08_tokenizer)
+# Where models/smollm2-135m-instruct is looked for (optional real-tokenizer test).
+target_compile_definitions(test_ch08_tokenizer PRIVATE BIELIK_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
