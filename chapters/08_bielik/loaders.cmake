@@ -8,7 +8,8 @@ add_library(bielik_ch08_loaders STATIC
   ${loaders_dir}/utf8.cpp
   ${loaders_dir}/pretokenizer.cpp
   ${loaders_dir}/tokenizer_bpe.cpp
-  ${loaders_dir}/tokenizer.cpp)
+  ${loaders_dir}/tokenizer.cpp
+  ${loaders_dir}/chat_template.cpp)
 target_include_directories(bielik_ch08_loaders PUBLIC ${loaders_dir})
 target_link_libraries(bielik_ch08_loaders PUBLIC nlohmann_json::nlohmann_json bielik_common)
 

@@ -1,4 +1,5 @@
-// Chapter 08, CPU: config.json -> ModelConfig (defaults, validation, error messages).
+// Chapter 08, CPU: config.json -> ModelConfig (defaults, validation, error messages) and
+// tokenizer_config.json -> ChatTemplate (ChatML recognised, everything else refused).
 #include <unistd.h>
 
 #include <cstdlib>
@@ -8,6 +9,7 @@
 #include <string>
 
 #include "catch_compat.hpp"
+#include "chat_template.hpp"
 #include "model_config.hpp"
 
 using namespace bielik;
@@ -137,4 +139,77 @@ TEST_CASE("model config: invalid configs fail naming the file and the key", "[ch
 
   REQUIRE(has(error_of([&] { load_model_config(dir.write("config.json", "{\"hidden_size\": ")); }), "malformed JSON"));
   REQUIRE(has(error_of([&] { load_model_config(dir.path + "/absent.json"); }), "absent.json"));
+}
+
+// --- chat template ---------------------------------------------------------------------
+
+namespace {
+
+// SmolLM2-135M-Instruct's template (ChatML with a default system turn), as the model
+// card's tokenizer_config.json writes it.
+const char* kSmolTemplate =
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+// A ChatML template that starts with BOS (the form Bielik's instruct models use).
+const char* kBosTemplate =
+    "{{ bos_token }}{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+}  // namespace
+
+TEST_CASE("chat template: ChatML prompts, default system turn, BOS", "[ch08][cpu]") {
+  TempDir dir;
+  std::vector<ChatMessage> chat = {{"user", "Hej!"}, {"assistant", "Cześć, w czym pomóc?"}, {"user", "Opowiedz żart."}};
+
+  json smol = {{"chat_template", kSmolTemplate}, {"bos_token", "<|im_start|>"}, {"eos_token", "<|im_end|>"}};
+  ChatTemplate smol_chat = ChatTemplate::from_tokenizer_config(dir.write("tokenizer_config.json", smol.dump()));
+  REQUIRE(smol_chat.default_system_prompt() == "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
+  REQUIRE(smol_chat.stop_token() == "<|im_end|>");
+  REQUIRE_FALSE(smol_chat.add_bos());  // the template never writes bos_token
+  REQUIRE(smol_chat.render(chat, true) ==
+          "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+          "<|im_start|>user\nHej!<|im_end|>\n"
+          "<|im_start|>assistant\nCześć, w czym pomóc?<|im_end|>\n"
+          "<|im_start|>user\nOpowiedz żart.<|im_end|>\n"
+          "<|im_start|>assistant\n");
+  // A system message of the caller's replaces the default; no generation prompt.
+  REQUIRE(smol_chat.render({{"system", "Mów po polsku."}, {"user", "Hej"}}, false) ==
+          "<|im_start|>system\nMów po polsku.<|im_end|>\n<|im_start|>user\nHej<|im_end|>\n");
+
+  json bielik = {{"chat_template", kBosTemplate}, {"add_bos_token", true},
+                 {"bos_token", {{"content", "<s>"}, {"special", true}}}, {"eos_token", "</s>"}};
+  ChatTemplate bielik_chat = ChatTemplate::from_tokenizer_config(dir.write("tokenizer_config.json", bielik.dump()));
+  REQUIRE(bielik_chat.add_bos());
+  REQUIRE(bielik_chat.add_bos_token());
+  REQUIRE(bielik_chat.bos_token() == "<s>");
+  REQUIRE(bielik_chat.eos_token() == "</s>");
+  REQUIRE(bielik_chat.default_system_prompt().empty());
+  REQUIRE(bielik_chat.render({{"user", "Hej"}}, true) == "<|im_start|>user\nHej<|im_end|>\n<|im_start|>assistant\n");
+
+  // The list form: [{"name": "default", "template": ...}, {"name": "tool_use", ...}].
+  json listed = {{"chat_template", {{{"name", "tool_use"}, {"template", "{{ tools }}"}},
+                                    {{"name", "default"}, {"template", kBosTemplate}}}},
+                 {"bos_token", "<s>"}};
+  REQUIRE(ChatTemplate::from_tokenizer_config(dir.write("tokenizer_config.json", listed.dump())).add_bos());
+}
+
+TEST_CASE("chat template: non-ChatML, missing or broken configs fail naming the file", "[ch08][cpu]") {
+  TempDir dir;
+  json llama2 = {{"chat_template", "{% for message in messages %}[INST] {{ message['content'] }} [/INST]{% endfor %}"}};
+  std::string path = dir.write("tokenizer_config.json", llama2.dump());
+  std::string message = error_of([&] { ChatTemplate::from_tokenizer_config(path); });
+  CHECK(has(message, path));
+  CHECK(has(message, "unsupported chat template: only ChatML is implemented"));
+
+  path = dir.write("tokenizer_config.json", json{{"bos_token", "<s>"}}.dump());
+  message = error_of([&] { ChatTemplate::from_tokenizer_config(path); });
+  CHECK(has(message, path));
+  CHECK(has(message, "no \"chat_template\""));
+
+  path = dir.write("tokenizer_config.json", "{\"chat_template\": ");
+  CHECK(has(error_of([&] { ChatTemplate::from_tokenizer_config(path); }), "malformed JSON"));
+  CHECK(has(error_of([&] { ChatTemplate::from_tokenizer_config(dir.path + "/none.json"); }), "none.json"));
 }
