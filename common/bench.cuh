@@ -51,7 +51,7 @@ inline double tflop_per_s(double flops, double ms) { return flops / (ms * 1e-3) 
 
 /// A Markdown table printed at the end of a benchmark, so it pastes into a README.
 /// When the environment variable BIELIK_BENCH_DIR is set, the rows are also written to
-/// $BIELIK_BENCH_DIR/<name>.csv for the benchmark report.
+/// $BIELIK_BENCH_DIR/NAME.csv (NAME: the table's name) for the benchmark report.
 class BenchTable {
  public:
   BenchTable(std::string name, std::vector<std::string> columns);
