@@ -1,0 +1,126 @@
+/// @file decode_attention.cuh
+/// @brief Chapter 07: attention of ONE new token over the KV cache (the decode step).
+///
+/// For each query head h (kv head g = h / G, G = H / Hkv query heads per kv head):
+///
+///     out[h] = softmax(q[h] . K[g, 0..kv_len)^T / sqrt(D)) V[g, 0..kv_len)
+///
+/// The cache holds kv_len keys, the newest being this token's own (appended before the
+/// attention), so this is exactly the last row of causal attention over kv_len tokens.
+///
+/// One token means almost no arithmetic per byte: every key and value (2 * D bf16 per
+/// kv head and position) is read once and used for G dot products. The step is bound by
+/// how fast the cache streams from memory; the versions differ in how much of the GPU
+/// they put to work on that stream.
+///
+/// Pointers are device pointers, bf16 is `__nv_bfloat16`; math is fp32. The scale
+/// 1/sqrt(D) is applied inside. D must be 64 or 128 (compile-time: the loops over the
+/// head dimension unroll into registers), G at most 8 (std::invalid_argument otherwise).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "device_buffer.cuh"
+
+namespace bielik {
+
+/// Plain C++ reference: fp32, two-pass softmax (max, then exp and sum).
+/// @param out     (H, D) written
+/// @param q       (H, D) the new token's queries (after RoPE)
+/// @param k_cache (Hkv, max_context, D) one layer's keys; positions 0..kv_len-1 are read
+/// @param v_cache (Hkv, max_context, D)
+/// Throws std::invalid_argument unless 1 <= kv_len <= max_context and H % Hkv == 0.
+void decode_attention_cpu(float* out, const float* q, const float* k_cache, const float* v_cache, int kv_len,
+                          int max_context, int H, int Hkv, int D);
+
+/// The checks every GPU launcher makes before launching; throws std::invalid_argument
+/// naming the problem: D not 64 or 128, H not a multiple of Hkv, G = H / Hkv above 8,
+/// max_context < 1, or q / k_cache / v_cache not 16-byte aligned.
+void decode_attention_check_shape(const void* q, const void* k_cache, const void* v_cache, int max_context, int H,
+                                  int Hkv, int D);
+/// ... and for a length given on the host: 1 <= kv_len <= max_context.
+void decode_attention_check_length(int kv_len, int max_context);
+
+/// Scratch for split-K versions: each split's partial softmax state for every head.
+struct DecodeAttentionWorkspace {
+  /// Room for up to `max_splits` splits of H heads of D values.
+  DecodeAttentionWorkspace(int H, int D, int max_splits)
+      : H(H), D(D), max_splits(max_splits), partial_acc(size_t(max_splits) * H * D),
+        partial_ml(size_t(max_splits) * H * 2) {}
+  int H, D, max_splits;
+  DeviceBuffer<float> partial_acc;  ///< (max_splits, H, D) sum_j p_j v_j, unnormalized
+  DeviceBuffer<float> partial_ml;   ///< (max_splits, H, 2) running max m (log2 units) and sum l
+};
+
+/// Splits the split-K versions use when called with a host-side length: one full wave
+/// of blocks (Hkv * splits = SMs * resident blocks per SM, from the kernel's occupancy),
+/// but no split shorter than kDecodeMinKeysPerSplit keys, and at most `max_splits`.
+int decode_attention_default_splits(int kv_len, int H, int Hkv, int D, int max_splits);
+
+/// Keys a split-K block handles at least: below this the per-block fixed costs (the
+/// in-block merge, writing a partial) outweigh the keys it streams.
+constexpr int kDecodeMinKeysPerSplit = 64;
+
+/// v1: one block per query head, looping over every key with an online softmax.
+/// Simple and correct; it uses only H blocks (12 of 132 SMs for Bielik) and reads each
+/// key G times (once per query head of the group). `workspace` is unused (may be null).
+/// @param out     (H, D) device, written
+/// @param q       (H, D) device
+/// @param k_cache (Hkv, max_context, D) device, one layer
+/// @param v_cache (Hkv, max_context, D) device
+void decode_attention_v1_block_per_head(__nv_bfloat16* out, const __nv_bfloat16* q,
+                                        const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache, int kv_len,
+                                        int max_context, int H, int Hkv, int D,
+                                        DecodeAttentionWorkspace* workspace, cudaStream_t stream = 0);
+
+/// v2: split-K "flash decoding". Grid (splits, Hkv): each block streams one chunk of one
+/// kv head's keys ONCE and keeps partial softmax states for all G query heads of the
+/// group; a combine kernel merges the splits. Splits from
+/// decode_attention_default_splits(kv_len, H, Hkv, D, workspace->max_splits). Same parameters
+/// as v1; `workspace` must be sized for (H, D).
+void decode_attention_v2_split_k(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k_cache,
+                                 const __nv_bfloat16* v_cache, int kv_len, int max_context, int H, int Hkv, int D,
+                                 DecodeAttentionWorkspace* workspace, cudaStream_t stream = 0);
+
+/// v2 with the number of splits given (the benchmark sweeps it). 1 <= num_splits <=
+/// min(workspace->max_splits, 1024) (the combine keeps a weight per split in shared memory).
+void decode_attention_v2_split_k_with_splits(__nv_bfloat16* out, const __nv_bfloat16* q,
+                                             const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
+                                             int kv_len, int max_context, int H, int Hkv, int D, int num_splits,
+                                             DecodeAttentionWorkspace* workspace, cudaStream_t stream = 0);
+
+/// v2 for CUDA graphs: the number of keys is read on the GPU, kv_len = *d_length +
+/// new_tokens (the committed length plus the tokens appended this step, 1 when
+/// decoding), clamped to max_context. The grid is fixed at (num_splits, Hkv) whatever
+/// the length, so one captured launch serves every step; each block derives its chunk
+/// from kv_len and blocks past the end only mark their partial empty and exit.
+/// A good num_splits: decode_attention_default_splits(max_context, H, Hkv, D, max_splits).
+/// @param d_length (1) device, e.g. KvCache::device_length()
+void decode_attention_v2_split_k_device_length(__nv_bfloat16* out, const __nv_bfloat16* q,
+                                               const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
+                                               const int* d_length, int new_tokens, int max_context, int H,
+                                               int Hkv, int D, int num_splits,
+                                               DecodeAttentionWorkspace* workspace, cudaStream_t stream = 0);
+
+/// Every GPU version, in order, so tests and the benchmark loop over the same list.
+using DecodeAttentionLauncher = void (*)(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
+                                         const __nv_bfloat16*, int, int, int, int, int,
+                                         DecodeAttentionWorkspace*, cudaStream_t);
+struct DecodeAttentionVersion {
+  const char* name;
+  DecodeAttentionLauncher launch;
+};
+inline constexpr DecodeAttentionVersion kDecodeAttentionVersions[] = {
+    {"v1_block_per_head", decode_attention_v1_block_per_head},
+    {"v2_split_k", decode_attention_v2_split_k},
+};
+
+/// The version the model calls (the fastest one measured, see README).
+inline void decode_attention_forward(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k_cache,
+                                     const __nv_bfloat16* v_cache, int kv_len, int max_context, int H, int Hkv,
+                                     int D, DecodeAttentionWorkspace* workspace, cudaStream_t stream = 0) {
+  decode_attention_v2_split_k(out, q, k_cache, v_cache, kv_len, max_context, H, Hkv, D, workspace, stream);
+}
+
+}  // namespace bielik
