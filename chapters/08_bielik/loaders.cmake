@@ -22,5 +22,9 @@ bielik_add_test(test_ch08_config_template CHAPTER 08 SOURCES ${loaders_dir}/test
                 LIBS bielik_ch08_loaders)
 bielik_add_test(test_ch08_tokenizer CHAPTER 08 SOURCES ${loaders_dir}/test_tokenizer.cpp
                 LIBS bielik_ch08_loaders GOLDEN 08_tokenizer)
-# Where models/smollm2-135m-instruct is looked for (optional real-tokenizer test).
-target_compile_definitions(test_ch08_tokenizer PRIVATE BIELIK_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+# Where models/smollm2-135m-instruct is looked for (optional tests on the real SmolLM2,
+# skipped with a warning until scripts/prepare_smollm2.py has run; BIELIK_SMOLLM2_DIR
+# in the environment overrides the path).
+foreach(test_name test_ch08_safetensors test_ch08_tokenizer)
+  target_compile_definitions(${test_name} PRIVATE BIELIK_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+endforeach()

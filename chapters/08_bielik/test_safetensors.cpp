@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "catch_compat.hpp"
+#include "model_config.hpp"
 #include "safetensors.hpp"
 
 using namespace bielik;
@@ -236,5 +238,38 @@ TEST_CASE("Checkpoint: one file, shards with an index, checked dtype and shape",
     std::string message = error_of([&] { Checkpoint::open_dir(dir.path); });
     REQUIRE(has(message, dir.path));
     REQUIRE(has(message, "model.safetensors"));
+  }
+}
+
+// Optional: the SmolLM2 checkpoint written by scripts/prepare_smollm2.py, read through
+// Checkpoint with every tensor's shape checked against its config.json.
+TEST_CASE("Checkpoint: prepared SmolLM2-135M-Instruct has every tensor its config implies (if prepared)",
+          "[ch08][cpu]") {
+  const char* env = std::getenv("BIELIK_SMOLLM2_DIR");
+  std::string dir = env ? env : std::string(BIELIK_SOURCE_DIR) + "/models/smollm2-135m-instruct";
+  if (!std::ifstream(dir + "/config.json").good()) {
+    WARN("no " << dir << "/config.json: run `python scripts/prepare_smollm2.py` to test a real checkpoint");
+    return;
+  }
+  ModelConfig c = load_model_config(dir + "/config.json");
+  Checkpoint checkpoint = Checkpoint::open_dir(dir);
+  int64_t C = c.hidden_size, F = c.intermediate_size, D = c.head_dim, V = c.vocab_size;
+  int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  size_t expected_count = 2 + 9 * size_t(c.num_hidden_layers) + (c.tie_word_embeddings ? 0 : 1);
+  REQUIRE(checkpoint.names().size() == expected_count);
+  checkpoint.tensor_checked("model.embed_tokens.weight", "BF16", {V, C});
+  checkpoint.tensor_checked("model.norm.weight", "BF16", {C});
+  REQUIRE(checkpoint.contains("lm_head.weight") == !c.tie_word_embeddings);
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    std::string p = "model.layers." + std::to_string(i) + ".";
+    checkpoint.tensor_checked(p + "self_attn.q_proj.weight", "BF16", {H * D, C});
+    checkpoint.tensor_checked(p + "self_attn.k_proj.weight", "BF16", {Hkv * D, C});
+    checkpoint.tensor_checked(p + "self_attn.v_proj.weight", "BF16", {Hkv * D, C});
+    checkpoint.tensor_checked(p + "self_attn.o_proj.weight", "BF16", {C, H * D});
+    checkpoint.tensor_checked(p + "mlp.gate_proj.weight", "BF16", {F, C});
+    checkpoint.tensor_checked(p + "mlp.up_proj.weight", "BF16", {F, C});
+    checkpoint.tensor_checked(p + "mlp.down_proj.weight", "BF16", {C, F});
+    checkpoint.tensor_checked(p + "input_layernorm.weight", "BF16", {C});
+    checkpoint.tensor_checked(p + "post_attention_layernorm.weight", "BF16", {C});
   }
 }
