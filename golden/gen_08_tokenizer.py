@@ -15,6 +15,9 @@ download; training takes well under a second):
   metaspace_nosplit.json  the same model as transformers' Llama converter writes it
                     today: Metaspace(split=False), decoder
                     Sequence[Replace("▁", " "), ByteFallback, Fuse, Strip(" ", 1, 0)].
+  metaspace_always.json  Metaspace with prepend_scheme "always" (a "▁" before every
+                    stretch of text, also after special tokens), as older files have it.
+  bytelevel_prefix.json  the byte-level model with ByteLevel(add_prefix_space=True).
   llama_legacy.json the same model in the older Llama-2 layout: normalizer
                     Sequence[Prepend("▁"), Replace(" ", "▁")], no pre-tokenizer, the
                     Replace/ByteFallback/Fuse/Strip decoder.
@@ -122,6 +125,21 @@ def metaspace_nosplit_from(metaspace):
     return Tokenizer.from_str(json.dumps(spec))
 
 
+def metaspace_always_from(metaspace):
+    spec = json.loads(metaspace.to_str())
+    spec["pre_tokenizer"] = json.loads(
+        pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always").__getstate__())
+    spec["decoder"] = json.loads(decoders.Sequence([
+        decoders.ByteFallback(), decoders.Metaspace(replacement="▁", prepend_scheme="always")]).__getstate__())
+    return Tokenizer.from_str(json.dumps(spec))
+
+
+def bytelevel_prefix_from(bytelevel):
+    spec = json.loads(bytelevel.to_str())
+    spec["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = True
+    return Tokenizer.from_str(json.dumps(spec))
+
+
 def llama_legacy_from(metaspace):
     spec = json.loads(metaspace.to_str())
     spec["normalizer"] = json.loads(normalizers.Sequence([
@@ -174,7 +192,9 @@ def main():
     bytelevel = train_bytelevel()
     metaspace = train_metaspace()
     tokenizers_ = {"bytelevel": bytelevel, "bytelevel_string_merges": string_merges_from(bytelevel),
+                   "bytelevel_prefix": bytelevel_prefix_from(bytelevel),
                    "metaspace": metaspace, "metaspace_nosplit": metaspace_nosplit_from(metaspace),
+                   "metaspace_always": metaspace_always_from(metaspace),
                    "llama_legacy": llama_legacy_from(metaspace)}
     cases = {}
     for name, tokenizer in tokenizers_.items():

@@ -29,7 +29,8 @@ json read_json(const std::string& path) {
   return json::parse(in);
 }
 
-const char* kVariants[] = {"bytelevel", "bytelevel_string_merges", "metaspace", "metaspace_nosplit", "llama_legacy"};
+const char* kVariants[] = {"bytelevel",         "bytelevel_string_merges", "bytelevel_prefix", "metaspace",
+                           "metaspace_nosplit", "metaspace_always",        "llama_legacy"};
 
 std::string tokenizer_path(const std::string& name) { return golden_path("08_tokenizer", name + ".json"); }
 
@@ -72,7 +73,7 @@ void check_cases(const Tokenizer& tokenizer, const json& cases, const std::strin
 
 }  // namespace
 
-TEST_CASE("tokenizer: ids and decodes equal HF tokenizers on five tokenizer.json layouts", "[ch08][cpu]") {
+TEST_CASE("tokenizer: ids and decodes equal HF tokenizers on seven tokenizer.json layouts", "[ch08][cpu]") {
   json cases = read_json(golden_path("08_tokenizer", "cases.json"));
   for (const char* name : kVariants) {
     Tokenizer tokenizer = Tokenizer::from_file(tokenizer_path(name));
