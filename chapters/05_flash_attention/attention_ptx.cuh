@@ -61,6 +61,13 @@ __device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], const uint32_t (
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/// A barrier for part of a block: waits until `threads` threads (a multiple of 32) have
+/// arrived at barrier `id` (1..15; 0 is the one __syncthreads uses). Lets one warp group
+/// synchronize without waiting for the others.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 /// Packs two floats into one b32 of bf16 (x in the low half), round to nearest even.
 __device__ __forceinline__ uint32_t pack_bf16x2(float x, float y) {
   __nv_bfloat162 pair = __floats2bfloat162_rn(x, y);

@@ -26,6 +26,7 @@
 
 #include "attention.cuh"
 #include "attention_ptx.cuh"
+#include "attention_tile_load.cuh"
 #include "cuda_check.cuh"
 
 namespace bielik {
@@ -37,32 +38,9 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kBlockM = 16 * kWarps;  // queries per block: one 16-row mma tile per warp
 constexpr int kBlockN = 64;           // keys per tile
 
-// Shared-memory row stride in bf16: D plus 8 (16 bytes) of padding.
-template <int D>
-constexpr int kStride = D + 8;
-
 template <int D>
 constexpr size_t shared_bytes() {  // Q tile + 2 stages of K and V tiles
-  return size_t(kBlockM + 4 * kBlockN) * kStride<D> * sizeof(__nv_bfloat16);
-}
-
-// Issues cp.async for rows [row0, row0 + Rows) of one head into a (Rows, D + 8) tile.
-// Rows at or past row_end are zero-filled: a zero V row times a zero probability must
-// give 0, and garbage (possibly NaN) bits would not.
-template <int D, int Rows>
-__device__ __forceinline__ void load_tile(__nv_bfloat16* tile,        // (Rows, D + 8) shared
-                                          const __nv_bfloat16* head,  // row 0 of this head, global
-                                          size_t row_stride, int row0, int row_end) {
-  constexpr int kChunksPerRow = D / 8;  // 16-byte chunks
-  static_assert(Rows * kChunksPerRow % kThreads == 0, "tile must split evenly over the threads");
-#pragma unroll
-  for (int it = 0; it < Rows * kChunksPerRow / kThreads; ++it) {
-    const int chunk = it * kThreads + threadIdx.x;
-    const int r = chunk / kChunksPerRow, col = (chunk % kChunksPerRow) * 8;
-    const int row = row0 + r;
-    const bool valid = row < row_end;
-    ptx::cp_async_16(tile + r * kStride<D> + col, head + size_t(valid ? row : 0) * row_stride + col, valid);
-  }
+  return size_t(kBlockM + 4 * kBlockN) * kTileStride<D> * sizeof(__nv_bfloat16);
 }
 
 }  // namespace
@@ -74,7 +52,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                                   const __nv_bfloat16* k,    // (Tkv, Hkv, D)
                                   const __nv_bfloat16* v,    // (Tkv, Hkv, D)
                                   int Tq, int Tkv, int H, int Hkv, float scale_log2) {
-  constexpr int S = kStride<D>;
+  constexpr int S = kTileStride<D>;
   extern __shared__ __align__(16) unsigned char shared[];
   __nv_bfloat16* q_tile = reinterpret_cast<__nv_bfloat16*>(shared);  // (kBlockM, S)
   __nv_bfloat16* k_tiles = q_tile + kBlockM * S;                      // (2, kBlockN, S)
@@ -98,9 +76,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   // Tiles entirely visible to the block's FIRST query need no mask (and lie below Tkv).
   const int unmasked_tiles = (offset + m0 + 1) / kBlockN;
 
-  load_tile<D, kBlockM>(q_tile, q_head, q_stride, m0, Tq);
-  load_tile<D, kBlockN>(k_tiles, k_head, kv_stride, 0, Tkv);
-  load_tile<D, kBlockN>(v_tiles, v_head, kv_stride, 0, Tkv);
+  load_tile_async<D, kBlockM, kThreads>(q_tile, q_head, q_stride, m0, Tq, threadIdx.x);
+  load_tile_async<D, kBlockN, kThreads>(k_tiles, k_head, kv_stride, 0, Tkv, threadIdx.x);
+  load_tile_async<D, kBlockN, kThreads>(v_tiles, v_head, kv_stride, 0, Tkv, threadIdx.x);
   ptx::cp_async_commit();
   ptx::cp_async_wait<0>();
   __syncthreads();
@@ -121,8 +99,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int stage = tile & 1;
     if (tile + 1 < num_tiles) {  // prefetch the next tile into the other stage
       const int next_key = (tile + 1) * kBlockN;
-      load_tile<D, kBlockN>(k_tiles + (stage ^ 1) * kBlockN * S, k_head, kv_stride, next_key, Tkv);
-      load_tile<D, kBlockN>(v_tiles + (stage ^ 1) * kBlockN * S, v_head, kv_stride, next_key, Tkv);
+      load_tile_async<D, kBlockN, kThreads>(k_tiles + (stage ^ 1) * kBlockN * S, k_head, kv_stride, next_key, Tkv, threadIdx.x);
+      load_tile_async<D, kBlockN, kThreads>(v_tiles + (stage ^ 1) * kBlockN * S, v_head, kv_stride, next_key, Tkv, threadIdx.x);
       ptx::cp_async_commit();
       ptx::cp_async_wait<1>();  // everything but the prefetch has landed
     } else {

@@ -7,8 +7,9 @@
 // head; a causal square prompt needs about half of them:
 //     flops = 4 * Tq * Tkv * D * H / 2      (the convention of the FlashAttention papers)
 // Bielik at T = 2048: 12.9 GFLOP; at ~400 TFLOP/s of mma.sync bf16 that is ~32 us.
-// Decode rows (Tq = 1) use the same formula without the /2 (one row sees every key) and
-// are memory-bound: the K/V read of 2 * Tkv * Hkv * D * 2 bytes is what counts there.
+// Queries over a longer context (Tq < Tkv) count the visible (query, key) pairs exactly,
+// Tq * (Tkv - Tq) + Tq * (Tq + 1) / 2. The decode row (Tq = 1) is memory-bound: the K/V
+// read of 2 * Tkv * Hkv * D * 2 bytes is what counts there, not FLOPs.
 #include <cstdio>
 #include <string>
 
@@ -32,7 +33,8 @@ int main() {
   };
   const Case cases[] = {
       {"Bielik", 512, 512, 12, 2, 128},   {"Bielik", 2048, 2048, 12, 2, 128}, {"Bielik", 8192, 8192, 12, 2, 128},
-      {"SmolLM2", 2048, 2048, 9, 3, 64},  {"Bielik decode", 1, 4096, 12, 2, 128},
+      {"SmolLM2", 2048, 2048, 9, 3, 64},  {"Bielik new turn", 512, 4096, 12, 2, 128},
+      {"Bielik decode", 1, 4096, 12, 2, 128},
   };
 
   BenchTable results("attention", {"version", "model", "Tq", "Tkv", "time (us)", "TFLOP/s", "speedup vs v1"});
@@ -41,8 +43,8 @@ int main() {
     DeviceBuffer<uint16_t> k(random_bf16(size_t(c.Tkv) * c.Hkv * c.D, 2));
     DeviceBuffer<uint16_t> v(random_bf16(size_t(c.Tkv) * c.Hkv * c.D, 3));
     DeviceBuffer<uint16_t> out(size_t(c.Tq) * c.H * c.D);
-    const bool square = c.Tq == c.Tkv;
-    const double flops = 4.0 * c.Tq * c.Tkv * c.D * c.H / (square ? 2 : 1);
+    const double pairs = c.Tq == c.Tkv ? 0.5 * c.Tq * c.Tkv : double(c.Tq) * (c.Tkv - c.Tq) + 0.5 * c.Tq * (c.Tq + 1.0);
+    const double flops = 4.0 * pairs * c.D * c.H;
     double v1_ms = 0;
     for (const AttentionVersion& version : kAttentionVersions) {
       const bool is_v1 = version.workspace_floats != nullptr;

@@ -5,6 +5,10 @@ Run it in the same GPU session as bench_attention:
 
 Same method as common/bench.cu: warm-up calls, then the median of CUDA-event timings of
 single calls, with the L2 cache scrubbed (a memset of twice its size) before each one.
+One difference, in PyTorch's favour: a Python call to SDPA costs tens of microseconds
+of CPU time, and if the GPU runs dry meanwhile the events would time that too. So a
+~0.5 ms GPU sleep is queued before the start event: the GPU is busy while Python
+dispatches, and the events see only the kernels, as they do for a C++ launch.
 Same FLOP count: 4 * Tq * Tkv * D * H, halved for a causal square prompt.
 
 The tensors are (1, H, T, D) contiguous, SDPA's native layout (our kernels read the
@@ -38,6 +42,7 @@ def time_ms(fn, scrub, warmup=3, repeats=30):
     times = []
     for i in range(repeats):
         scrub.fill_(i & 0xFF)
+        torch.cuda._sleep(1_000_000)  # ~0.5 ms of GPU time that hides Python's dispatch
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()

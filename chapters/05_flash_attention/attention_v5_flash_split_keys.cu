@@ -1,0 +1,285 @@
+// v5: v3's tiles, with the keys of each query block split between two warp groups.
+//
+// What changed from v3: a block is now 8 warps, two groups of 4. Both groups own the
+// same 64 queries (16 rows per warp, exactly as in v3), but group 0 takes key tiles
+// 0, 2, 4, ... and group 1 takes tiles 1, 3, 5, ...; each runs v3's loop (its own
+// double-buffered K/V tiles, its own online softmax) and at the end group 1 hands its
+// partial result (O, running max, running sum per row) to group 0 through shared
+// memory, which merges the two softmaxes exactly:
+//     m = max(m0, m1),  l = l0 e^(m0-m) + l1 e^(m1-m),  O = O0 e^(m0-m) + O1 e^(m1-m).
+//
+// Why: in a causal prompt the last query block sees every key and the first sees one
+// tile, so the grid's running time is set by its heaviest blocks. In v3 two 4-warp
+// blocks share an SM and the heaviest one crawls through its tiles at half the SM's
+// speed; here one 8-warp block has the whole SM and finishes its tiles twice as fast.
+// The SM does the same work per cycle (8 warps either way, 222 registers each), only the
+// critical path halves: this matters for short and medium prompts (T = 512: 96 blocks
+// for 132 SMs) and little at T = 8192, where there are plenty of blocks to balance.
+// Each group synchronizes its 4 warps with a named barrier (bar.sync id, 128), so the
+// groups never wait for each other until the merge.
+#include <cmath>
+#include <stdexcept>
+
+#include "attention.cuh"
+#include "attention_ptx.cuh"
+#include "attention_tile_load.cuh"
+#include "cuda_check.cuh"
+
+namespace bielik {
+
+namespace {
+
+constexpr int kGroups = 2;               // warp groups splitting the key tiles
+constexpr int kGroupThreads = 4 * 32;    // 4 warps per group
+constexpr int kThreads = kGroups * kGroupThreads;
+constexpr int kBlockM = 64;              // queries per block: 16 rows per warp of a group
+constexpr int kBlockN = 64;              // keys per tile
+
+template <int D>
+constexpr size_t shared_bytes() {  // Q tile + per group 2 stages of K and V tiles
+  return size_t(kBlockM + kGroups * 4 * kBlockN) * kTileStride<D> * sizeof(__nv_bfloat16);
+}
+
+}  // namespace
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_v5_flash_split_keys_kernel(__nv_bfloat16* out,        // (Tq, H, D)
+                                         const __nv_bfloat16* q,    // (Tq, H, D)
+                                         const __nv_bfloat16* k,    // (Tkv, Hkv, D)
+                                         const __nv_bfloat16* v,    // (Tkv, Hkv, D)
+                                         int Tq, int Tkv, int H, int Hkv, float scale_log2) {
+  constexpr int S = kTileStride<D>;
+  extern __shared__ __align__(16) unsigned char shared[];
+  const int group_id = threadIdx.x / kGroupThreads;
+  const int group_thread = threadIdx.x % kGroupThreads;
+  __nv_bfloat16* q_tile = reinterpret_cast<__nv_bfloat16*>(shared);                  // (kBlockM, S)
+  __nv_bfloat16* k_tiles = q_tile + kBlockM * S + group_id * 4 * kBlockN * S;         // (2, kBlockN, S) per group
+  __nv_bfloat16* v_tiles = k_tiles + 2 * kBlockN * S;                                 // (2, kBlockN, S) per group
+
+  const int h = blockIdx.x, kv_head = h / (H / Hkv);
+  const int m0 = (gridDim.y - 1 - blockIdx.y) * kBlockM;  // heaviest query blocks first
+  const int offset = Tkv - Tq;
+  const int warp_in_group = group_thread / 32, lane = threadIdx.x % 32;
+  const int group = lane / 4, thread_in_group = lane % 4;
+  const int row_top = m0 + warp_in_group * 16 + group, row_bottom = row_top + 8;
+
+  const size_t q_stride = size_t(H) * D, kv_stride = size_t(Hkv) * D;
+  const __nv_bfloat16* q_head = q + size_t(h) * D;
+  const __nv_bfloat16* k_head = k + size_t(kv_head) * D;
+  const __nv_bfloat16* v_head = v + size_t(kv_head) * D;
+
+  const int key_end = min(Tkv, offset + m0 + kBlockM);
+  const int num_tiles = (key_end + kBlockN - 1) / kBlockN;
+  const int unmasked_tiles = (offset + m0 + 1) / kBlockN;
+
+  // The whole block loads Q; each group loads its first tile (tile group_id).
+  load_tile_async<D, kBlockM, kThreads>(q_tile, q_head, q_stride, m0, Tq, threadIdx.x);
+  if (group_id < num_tiles) {
+    load_tile_async<D, kBlockN, kGroupThreads>(k_tiles, k_head, kv_stride, group_id * kBlockN, Tkv, group_thread);
+    load_tile_async<D, kBlockN, kGroupThreads>(v_tiles, v_head, kv_stride, group_id * kBlockN, Tkv, group_thread);
+  }
+  ptx::cp_async_commit();
+  ptx::cp_async_wait<0>();
+  __syncthreads();
+
+  uint32_t q_frag[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    ptx::ldmatrix_x4(q_frag[kk],
+                     q_tile + (warp_in_group * 16 + lane % 8 + (lane / 8) % 2 * 8) * S + kk * 16 + lane / 16 * 8);
+  }
+
+  float o[D / 8][4] = {};
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.0f, 0.0f};
+
+  // v3's loop over this group's tiles: tile = group_id, group_id + 2, ...
+  for (int n = 0, tile = group_id; tile < num_tiles; ++n, tile += kGroups) {
+    const int stage = n & 1;
+    if (tile + kGroups < num_tiles) {
+      const int next_key = (tile + kGroups) * kBlockN;
+      load_tile_async<D, kBlockN, kGroupThreads>(k_tiles + (stage ^ 1) * kBlockN * S, k_head, kv_stride, next_key,
+                                                 Tkv, group_thread);
+      load_tile_async<D, kBlockN, kGroupThreads>(v_tiles + (stage ^ 1) * kBlockN * S, v_head, kv_stride, next_key,
+                                                 Tkv, group_thread);
+      ptx::cp_async_commit();
+      ptx::cp_async_wait<1>();
+    } else {
+      ptx::cp_async_wait<0>();
+    }
+    ptx::named_barrier_sync(1 + group_id, kGroupThreads);
+    const __nv_bfloat16* k_tile = k_tiles + stage * kBlockN * S;
+    const __nv_bfloat16* v_tile = v_tiles + stage * kBlockN * S;
+
+    float s[kBlockN / 8][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+      for (int jp = 0; jp < kBlockN / 16; ++jp) {
+        uint32_t b[4];
+        ptx::ldmatrix_x4(b, k_tile + (jp * 16 + lane % 8 + lane / 16 * 8) * S + kk * 16 + (lane / 8) % 2 * 8);
+        ptx::mma_bf16_16x8x16(s[2 * jp], q_frag[kk], b[0], b[1]);
+        ptx::mma_bf16_16x8x16(s[2 * jp + 1], q_frag[kk], b[2], b[3]);
+      }
+    }
+
+    if (tile >= unmasked_tiles) {
+      const int key0 = tile * kBlockN + 2 * thread_in_group;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = key0 + 8 * j + (e & 1);
+          const int row = e < 2 ? row_top : row_bottom;
+          if (key > offset + row || key >= Tkv) s[j][e] = -INFINITY;
+        }
+      }
+    }
+
+    float scaled_max[2], correction[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) tile_max = fmaxf(tile_max, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      const float new_max = fmaxf(row_max[r], tile_max);
+      // Group 1 can see fully masked tiles first (a row's first visible key may be in a
+      // later tile of group 0): keep -inf and use 0 so exp2 sees -inf, not NaN.
+      scaled_max[r] = new_max == -INFINITY ? 0.0f : new_max * scale_log2;
+      correction[r] = exp2f(row_max[r] * scale_log2 - scaled_max[r]);
+      row_max[r] = new_max;
+    }
+    float tile_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[j][e] = exp2f(fmaf(s[j][e], scale_log2, -scaled_max[e / 2]));
+        tile_sum[e / 2] += s[j][e];
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) row_sum[r] = row_sum[r] * correction[r] + tile_sum[r];
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      o[j][0] *= correction[0], o[j][1] *= correction[0];
+      o[j][2] *= correction[1], o[j][3] *= correction[1];
+    }
+
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint32_t p[4] = {ptx::pack_bf16x2(s[2 * kk][0], s[2 * kk][1]), ptx::pack_bf16x2(s[2 * kk][2], s[2 * kk][3]),
+                             ptx::pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             ptx::pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t b[4];
+        ptx::ldmatrix_x4_trans(b, v_tile + (kk * 16 + lane % 8 + (lane / 8) % 2 * 8) * S + dp * 16 + lane / 16 * 8);
+        ptx::mma_bf16_16x8x16(o[2 * dp], p, b[0], b[1]);
+        ptx::mma_bf16_16x8x16(o[2 * dp + 1], p, b[2], b[3]);
+      }
+    }
+    ptx::named_barrier_sync(1 + group_id, kGroupThreads);  // the group is done with this stage
+  }
+
+  // Merge: group 1 parks its state in shared memory (over the K/V tiles, no longer
+  // needed), group 0 combines. Thread (warp w, lane l) of group 1 holds exactly the rows
+  // and columns of thread (w, l) of group 0, so the exchange is thread to thread; the
+  // layout [value][thread] makes the 128 threads hit consecutive words (no conflicts).
+  __syncthreads();
+  float* parked = reinterpret_cast<float*>(q_tile + kBlockM * S);  // (D/2 + 4, 128)
+  constexpr int kValues = D / 2;                                   // o[D/8][4]
+  if (group_id == 1) {
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) parked[(j * 4 + e) * kGroupThreads + group_thread] = o[j][e];
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      parked[(kValues + r) * kGroupThreads + group_thread] = row_max[r];
+      parked[(kValues + 2 + r) * kGroupThreads + group_thread] = row_sum[r];
+    }
+  }
+  __syncthreads();
+  if (group_id == 1) return;
+
+  float scale_own[2], scale_other[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float other_max = parked[(kValues + r) * kGroupThreads + group_thread];
+    const float other_sum = parked[(kValues + 2 + r) * kGroupThreads + group_thread];
+    // Group 0 always has tile 0, where key 0 is visible to every row: row_max is finite.
+    const float merged_max = fmaxf(row_max[r], other_max);
+    scale_own[r] = exp2f((row_max[r] - merged_max) * scale_log2);
+    scale_other[r] = exp2f((other_max - merged_max) * scale_log2);  // 0 if group 1 saw nothing
+    row_sum[r] = row_sum[r] * scale_own[r] + other_sum * scale_other[r];
+  }
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      o[j][e] = o[j][e] * scale_own[e / 2] + parked[(j * 4 + e) * kGroupThreads + group_thread] * scale_other[e / 2];
+    }
+  }
+
+  const int col = 2 * thread_in_group;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = row_sum[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float inverse = 1.0f / sum;
+    const int row = r == 0 ? row_top : row_bottom;
+    if (row >= Tq) continue;
+    __nv_bfloat16* out_row = out + size_t(row) * q_stride + size_t(h) * D + col;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      *reinterpret_cast<uint32_t*>(out_row + 8 * j) =
+          ptx::pack_bf16x2(o[j][2 * r] * inverse, o[j][2 * r + 1] * inverse);
+    }
+  }
+}
+
+namespace {
+template <int D>
+void launch(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, int Tq,
+            int Tkv, int H, int Hkv, cudaStream_t stream) {
+  static_assert((D / 2 + 4) * kGroupThreads * sizeof(float) <= 2 * 4 * kBlockN * kTileStride<D> * 2,
+                "the merge area must fit over the K/V tiles");
+  static const bool configured = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(attention_v5_flash_split_keys_kernel<D>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes<D>())));
+    return true;
+  }();
+  (void)configured;
+  const dim3 grid(H, (Tq + kBlockM - 1) / kBlockM);
+  const float scale_log2 = 1.4426950408889634f / std::sqrt(float(D));  // log2(e) / sqrt(D)
+  attention_v5_flash_split_keys_kernel<D><<<grid, kThreads, shared_bytes<D>(), stream>>>(out, q, k, v, Tq, Tkv, H,
+                                                                                          Hkv, scale_log2);
+  CUDA_CHECK_LAUNCH();
+}
+}  // namespace
+
+void attention_v5_flash_split_keys(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                                   const __nv_bfloat16* v, int Tq, int Tkv, int H, int Hkv, int D,
+                                   float* /*workspace*/, cudaStream_t stream) {
+  attention_check_shapes("attention_v5_flash_split_keys", Tq, Tkv, H, Hkv, D);
+  if (Tq == 0) return;
+  for (const void* pointer : {static_cast<const void*>(out), static_cast<const void*>(q),
+                              static_cast<const void*>(k), static_cast<const void*>(v)}) {
+    if (reinterpret_cast<uintptr_t>(pointer) % 16 != 0) {
+      throw std::invalid_argument("attention_v5_flash_split_keys: q, k, v and out must be 16-byte aligned");
+    }
+  }
+  if (D == 128) {
+    launch<128>(out, q, k, v, Tq, Tkv, H, Hkv, stream);
+  } else {
+    launch<64>(out, q, k, v, Tq, Tkv, H, Hkv, stream);
+  }
+}
+
+}  // namespace bielik
