@@ -1,0 +1,236 @@
+// Chapter 03 benchmark: every matmul version at Bielik's five projection shapes, against
+// cuBLASLt in the same run; the GEMV against the copy bandwidth; which tile shape wins;
+// what the bias costs.
+//
+// Napkin math. A linear layer does 2 * T * C_in * C_out FLOPs and must move at least its
+// weight, 2 * C_in * C_out bytes: intensity = T FLOPs per byte. The H200 does ~990 dense
+// bf16 TFLOP/s (~790 measured on random data) on ~4.3 TB/s, so below T ~ 200 a layer is
+// memory-bound (time = weight bytes / bandwidth) and above it compute-bound. Decode
+// (T = 1) is pure bandwidth: the 27.5 MB gate_proj weight takes >= 6.4 us at 4.3 TB/s.
+// Prefill T = 2048 through gate_proj is 56 GFLOP: ~70 us at 800 TFLOP/s.
+//
+// Every timed output is first compared with cuBLASLt's on the same inputs (relative
+// norm error <= 1e-2; "CHECK FAILED" otherwise): a fast wrong kernel is not fast.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "bench.cuh"
+#include "compare.hpp"
+#include "device_buffer.cuh"
+#include "matmul.cuh"
+#include "test_support.hpp"
+
+using namespace bielik;
+
+namespace {
+
+using Launch = void (*)(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, int, int,
+                        int, cudaStream_t);
+
+struct Shape {
+  const char* name;
+  int C_in, C_out;
+  bool bias;  // Bielik: every projection has one, lm_head has none
+};
+constexpr Shape kShapes[] = {
+    {"q/o_proj 1536->1536", 1536, 1536, true},
+    {"k/v_proj 1536->256", 1536, 256, true},
+    {"gate/up_proj 1536->8960", 1536, 8960, true},
+    {"down_proj 8960->1536", 8960, 1536, true},
+    {"lm_head 1536->32000", 1536, 32000, false},
+};
+constexpr int kMaxT = 2048;
+
+__nv_bfloat16* bf16(uint16_t* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
+
+// Enough repeats for a stable median, few for slow kernels.
+BenchTiming time_adaptive(const std::function<void()>& launch) {
+  BenchTiming probe = time_gpu(launch, BenchOptions{1, 1, true});
+  int repeats = probe.median_ms > 20 ? 3 : probe.median_ms > 2 ? 10 : 30;
+  return time_gpu(launch, BenchOptions{2, repeats, true});
+}
+
+// One shape's tensors at the largest T, random, on the device.
+struct Problem {
+  const Shape& shape;
+  DeviceBuffer<uint16_t> x, W, b, y, y_reference;
+  explicit Problem(const Shape& s)
+      : shape(s),
+        x(random_bf16(size_t(kMaxT) * s.C_in, 1)),
+        W(random_bf16(size_t(s.C_out) * s.C_in, 2, 1.0f / std::sqrt(float(s.C_in)))),
+        b(random_bf16(s.C_out, 3, 0.5f)),
+        y(size_t(kMaxT) * s.C_out),
+        y_reference(size_t(kMaxT) * s.C_out) {}
+  const __nv_bfloat16* bias() { return shape.bias ? bf16(b.data()) : nullptr; }
+  void run(Launch launch, __nv_bfloat16* out, int T) {
+    launch(out, bf16(x.data()), bf16(W.data()), bias(), T, shape.C_in, shape.C_out, 0);
+  }
+  // Relative norm error of y (first T rows) against the cuBLASLt reference.
+  bool matches_reference(int T) {
+    size_t count = size_t(T) * shape.C_out;
+    std::vector<uint16_t> got = y.to_host(), want = y_reference.to_host();
+    got.resize(count);
+    want.resize(count);
+    std::vector<float> want_f = bf16_to_float(want);
+    return compare_bf16("bench", got, want_f, tolerance::kBf16Output).passed;
+  }
+};
+
+struct Entry {
+  const char* name;
+  Launch launch;
+  bool own_tensor_core;  // counts for "best own kernel vs cuBLASLt"
+};
+
+}  // namespace
+
+int main() {
+  if (!cuda_device_available()) {
+    std::printf("bench_matmul: no CUDA device\n");
+    return 0;
+  }
+  std::printf("device: %s\n", describe_device().c_str());
+  double copy_gbs = measure_copy_bandwidth_gbs();
+  std::printf("copy bandwidth (1 GiB D2D, read+write): %.0f GB/s\n", copy_gbs);
+  int l2_bytes = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, 0));
+  std::printf("v5 (wgmma, sm_90a) available: %s\n", matmul_v5_available() ? "yes" : "no");
+
+  std::vector<Entry> entries;
+  for (const MatmulVersion& v : kMatmulVersions) {
+    if (!v.available()) continue;
+    bool own_tc = v.launch == matmul_v4_tensor_cores || v.launch == matmul_v5_wgmma;
+    entries.push_back({v.name, v.launch, own_tc});
+  }
+  entries.push_back({"gemv_v1 (T<=8)", gemv_v1_warp_per_row, false});
+  entries.push_back({"matmul_forward", matmul_forward, false});
+
+  BenchTable gemm("matmul: time, TFLOP/s, % of cuBLASLt (same inputs, same run)",
+                  {"shape", "T", "version", "time (us)", "TFLOP/s", "% of cuBLASLt", "check"});
+  BenchTable best("best own tensor-core kernel vs cuBLASLt",
+                  {"shape", "T", "cuBLASLt (us)", "best own", "own (us)", "% of cuBLASLt"});
+  BenchTable tiles("tile shapes at large T (the picked one marked *)",
+                   {"shape", "T", "kernel", "tile", "time (us)", "TFLOP/s"});
+  BenchTable bias_cost("what the bias costs: HasBias=true vs false instantiations",
+                       {"shape", "T", "version", "no bias (us)", "bias (us)", "difference"});
+
+  for (const Shape& shape : kShapes) {
+    Problem problem(shape);
+    for (int T : {1, 16, 128, 512, 2048}) {
+      double flops = 2.0 * T * shape.C_in * shape.C_out;
+      problem.run(matmul_cublaslt, bf16(problem.y_reference.data()), T);
+      double cublas_ms = time_adaptive([&] { problem.run(matmul_cublaslt, bf16(problem.y.data()), T); }).median_ms;
+      double best_ms = 1e30;
+      const char* best_name = "";
+      for (const Entry& entry : entries) {
+        bool is_gemv = entry.launch == gemv_v1_warp_per_row;
+        if (is_gemv && T > kGemvMaxTokens) continue;
+        bool slow = (entry.launch == matmul_v1_naive || entry.launch == matmul_v2_smem_tiling) && flops > 2e10;
+        if (slow) {
+          gemm.add_row({shape.name, std::to_string(T), entry.name, "skipped: > 20 GFLOP, too slow", "", "", ""});
+          continue;
+        }
+        problem.y.fill_bytes(0xFF);
+        problem.run(entry.launch, bf16(problem.y.data()), T);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        bool ok = problem.matches_reference(T);
+        BenchTiming timing = time_adaptive([&] { problem.run(entry.launch, bf16(problem.y.data()), T); });
+        double ms = timing.median_ms;
+        if (entry.own_tensor_core && ok && ms < best_ms) {
+          best_ms = ms;
+          best_name = entry.name;
+        }
+        gemm.add_row({shape.name, std::to_string(T), entry.name, fmt(ms * 1e3, 1),
+                      fmt(tflop_per_s(flops, ms), 1), fmt(100 * cublas_ms / ms, 1),
+                      ok ? "ok" : "CHECK FAILED"});
+      }
+      best.add_row({shape.name, std::to_string(T), fmt(cublas_ms * 1e3, 1), best_name, fmt(best_ms * 1e3, 1),
+                    fmt(100 * cublas_ms / best_ms, 1)});
+
+      if (T >= 512) {  // which tile shape wins, and does the pick agree?
+        for (int i = 0; i < matmul_v4_tile_count(); ++i) {
+          BenchTiming t = time_adaptive([&] {
+            matmul_v4_tensor_cores_tile(i, bf16(problem.y.data()), bf16(problem.x.data()), bf16(problem.W.data()),
+                                        problem.bias(), T, shape.C_in, shape.C_out, 0);
+          });
+          bool picked = i == matmul_v4_pick_tile(T, shape.C_out);
+          tiles.add_row({shape.name, std::to_string(T), "v4", std::string(matmul_v4_tile_name(i)) + (picked ? " *" : ""),
+                         fmt(t.median_ms * 1e3, 1), fmt(tflop_per_s(flops, t.median_ms), 1)});
+        }
+        for (int i = 0; matmul_v5_available() && i < matmul_v5_tile_count(); ++i) {
+          BenchTiming t = time_adaptive([&] {
+            matmul_v5_wgmma_tile(i, bf16(problem.y.data()), bf16(problem.x.data()), bf16(problem.W.data()),
+                                 problem.bias(), T, shape.C_in, shape.C_out, 0);
+          });
+          bool picked = i == matmul_v5_pick_tile(T, shape.C_out);
+          tiles.add_row({shape.name, std::to_string(T), "v5", std::string(matmul_v5_tile_name(i)) + (picked ? " *" : ""),
+                         fmt(t.median_ms * 1e3, 1), fmt(tflop_per_s(flops, t.median_ms), 1)});
+        }
+      }
+
+      if (shape.bias && (T == 1 || T == 2048) && shape.C_out >= 1536) {
+        std::vector<Entry> compared;
+        for (const Entry& entry : entries) {
+          bool is_gemv = entry.launch == gemv_v1_warp_per_row;
+          if (entry.launch == matmul_cublaslt || (T == 1 ? is_gemv : entry.own_tensor_core)) compared.push_back(entry);
+        }
+        for (const Entry& entry : compared) {
+          auto launch_with = [&](const __nv_bfloat16* b) {
+            entry.launch(bf16(problem.y.data()), bf16(problem.x.data()), bf16(problem.W.data()), b, T, shape.C_in,
+                         shape.C_out, 0);
+          };
+          BenchTiming without = time_gpu([&] { launch_with(nullptr); });
+          BenchTiming with = time_gpu([&] { launch_with(bf16(problem.b.data())); });
+          bias_cost.add_row({shape.name, std::to_string(T), entry.name, fmt(without.median_ms * 1e3, 2),
+                             fmt(with.median_ms * 1e3, 2),
+                             fmt(100 * (with.median_ms - without.median_ms) / without.median_ms, 1) + " %"});
+        }
+      }
+    }
+  }
+
+  // Decode: the GEMV against the bandwidth ceiling. Bytes = W + x + y (+ b): the weight
+  // dominates. "isolated": one launch, L2 flushed. "back-to-back": launches queued as in
+  // a forward pass, each on its own copy of W so the copies together exceed the L2
+  // 2.5 times over (every launch still reads its weight from HBM).
+  BenchTable gemv("GEMV (decode): bandwidth vs the D2D copy ceiling",
+                  {"shape", "T", "version", "isolated (us)", "GB/s", "% of copy BW", "back-to-back (us)", "GB/s",
+                   "% of copy BW"});
+  for (const Shape& shape : kShapes) {
+    size_t w_elements = size_t(shape.C_out) * shape.C_in;
+    int copies = int(std::clamp<double>(std::ceil(2.5 * l2_bytes / (2.0 * w_elements)), 2, 256));
+    std::vector<DeviceBuffer<uint16_t>> weights;
+    weights.emplace_back(random_bf16(w_elements, 4, 1.0f / std::sqrt(float(shape.C_in))));
+    for (int i = 1; i < copies; ++i) {
+      weights.emplace_back(w_elements);
+      CUDA_CHECK(cudaMemcpy(weights[i].data(), weights[0].data(), weights[0].bytes(), cudaMemcpyDeviceToDevice));
+    }
+    DeviceBuffer<uint16_t> x(random_bf16(size_t(kGemvMaxTokens) * shape.C_in, 5)), b(random_bf16(shape.C_out, 6));
+    DeviceBuffer<uint16_t> y(size_t(kGemvMaxTokens) * shape.C_out);
+    const __nv_bfloat16* bias = shape.bias ? bf16(b.data()) : nullptr;
+    for (int T = 1; T <= kGemvMaxTokens; ++T) {
+      double bytes = 2.0 * (w_elements + size_t(T) * (shape.C_in + shape.C_out) + (shape.bias ? shape.C_out : 0));
+      for (Launch launch : {Launch(gemv_v1_warp_per_row), Launch(matmul_cublaslt)}) {
+        const char* name = launch == matmul_cublaslt ? "cublaslt" : "gemv_v1";
+        auto run = [&](int i) {
+          launch(bf16(y.data()), bf16(x.data()), bf16(weights[i].data()), bias, T, shape.C_in, shape.C_out, 0);
+        };
+        BenchTiming isolated = time_gpu([&] { run(0); });
+        BenchTiming batched = time_gpu_back_to_back(run, copies);
+        double gbs = gb_per_s(bytes, isolated.median_ms), batched_gbs = gb_per_s(bytes, batched.median_ms);
+        gemv.add_row({shape.name, std::to_string(T), name, fmt(isolated.median_ms * 1e3, 1), fmt(gbs, 0),
+                      fmt(100 * gbs / copy_gbs, 1), fmt(batched.median_ms * 1e3, 1), fmt(batched_gbs, 0),
+                      fmt(100 * batched_gbs / copy_gbs, 1)});
+      }
+    }
+  }
+
+  gemm.print();
+  best.print();
+  tiles.print();
+  bias_cost.print();
+  gemv.print();
+  return 0;
+}

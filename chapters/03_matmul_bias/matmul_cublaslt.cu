@@ -1,0 +1,171 @@
+// The reference GEMM: cuBLASLt with its bias epilogue.
+//
+// cuBLAS is column-major (Fortran's convention): a matrix "A, m x k, leading dimension
+// lda" is element (i, j) at A[i + j * lda]. Our tensors are row-major (C's convention):
+// element (i, j) of a (rows, cols) tensor is at p[i * cols + j]. The same bytes read
+// the other way round are the TRANSPOSE: a row-major (R, C) tensor IS a column-major
+// (C, R) matrix with leading dimension C. No copy, only a change of glasses.
+//
+// Now look at our three tensors through column-major glasses:
+//   y (T, C_out) row-major     = y^T, column-major C_out x T, ld = C_out
+//   x (T, C_in)  row-major     = x^T, column-major C_in x T,  ld = C_in
+//   W (C_out, C_in) row-major  = W^T, column-major C_in x C_out, ld = C_in
+// and transpose the formula:   y = x W^T   <=>   y^T = W x^T.
+// So we ask cuBLAS for D = op(A) * op(B) with
+//   D = y^T  (m = C_out, n = T),
+//   A = the bytes of W, which it sees as W^T (C_in x C_out): op(A) = transpose -> W,
+//   B = the bytes of x, which it sees as x^T (C_in x T):     op(B) = as is     -> x^T,
+//   k = C_in.
+// "Transpose A, not B" is the TN GEMM; both operands have k contiguous, the layout
+// tensor cores read best, and the one HuggingFace's weights already have.
+//
+// The bias: CUBLASLT_EPILOGUE_BIAS adds a vector with one entry per ROW of D, broadcast
+// over D's columns. Rows of D = y^T are our output features n: exactly b[n] added to
+// every token. The add happens on the fp32 accumulators before the rounding to bf16,
+// inside the GEMM, with no extra pass over y.
+//
+// Caching: creating a handle, a matmul descriptor, layouts and running the algorithm
+// heuristic costs tens of microseconds, more than a decode GEMV. They are made once
+// per (shape, bias, pointer alignment) and kept for the life of the process.
+#include <cublasLt.h>
+
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <tuple>
+
+#include "cuda_check.cuh"
+#include "device_buffer.cuh"
+#include "matmul.cuh"
+
+namespace bielik {
+
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+
+// Largest power of two (up to 16) dividing the address: cuBLASLt chooses kernels by it.
+int alignment_of(const void* p) {
+  uintptr_t address = reinterpret_cast<uintptr_t>(p);
+  int alignment = 16;
+  while (alignment > 1 && address % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
+struct PlanKey {
+  int T, C_in, C_out;
+  bool has_bias;
+  int align_y, align_x, align_W, align_bias;
+  bool operator<(const PlanKey& o) const {
+    return std::tie(T, C_in, C_out, has_bias, align_y, align_x, align_W, align_bias) <
+           std::tie(o.T, o.C_in, o.C_out, o.has_bias, o.align_y, o.align_x, o.align_W, o.align_bias);
+  }
+};
+
+struct Plan {
+  cublasLtMatmulDesc_t operation = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;  // W, x, y in cuBLAS's view
+  cublasLtMatmulAlgo_t algorithm{};
+};
+
+class CublasLt {
+ public:
+  static CublasLt& instance() {
+    static CublasLt lt;  // created at the first call, destroyed at exit
+    return lt;
+  }
+
+  void matmul(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W, const __nv_bfloat16* bias, int T,
+              int C_in, int C_out, cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mutex_);  // the plans and the workspace are shared
+    PlanKey key{T, C_in, C_out, bias != nullptr, alignment_of(y), alignment_of(x), alignment_of(W),
+                bias ? alignment_of(bias) : 16};
+    auto found = plans_.find(key);
+    if (found == plans_.end()) found = plans_.emplace(key, make_plan(key)).first;
+    Plan& plan = found->second;
+    if (bias) {
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                  sizeof(bias)));
+    }
+    const float alpha = 1.0f, beta = 0.0f;
+    CUBLAS_CHECK(cublasLtMatmul(handle_, plan.operation, &alpha, W, plan.a, x, plan.b, &beta, y, plan.d, y, plan.d,
+                                &plan.algorithm, workspace_.data(), workspace_.bytes(), stream));
+  }
+
+  ~CublasLt() {  // at exit; errors are ignored (the CUDA context may already be gone)
+    for (auto& [key, plan] : plans_) {
+      cublasLtMatrixLayoutDestroy(plan.a);
+      cublasLtMatrixLayoutDestroy(plan.b);
+      cublasLtMatrixLayoutDestroy(plan.d);
+      cublasLtMatmulDescDestroy(plan.operation);
+    }
+    if (handle_) cublasLtDestroy(handle_);
+  }
+
+ private:
+  CublasLt() : workspace_(kWorkspaceBytes) { CUBLAS_CHECK(cublasLtCreate(&handle_)); }
+
+  Plan make_plan(const PlanKey& key) {
+    Plan plan;
+    // fp32 accumulation and fp32 alpha/beta; inputs and output bf16.
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.operation, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t transpose = CUBLAS_OP_T, as_is = CUBLAS_OP_N;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_TRANSA, &transpose,
+                                                sizeof(transpose)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_TRANSB, &as_is, sizeof(as_is)));
+    cublasLtEpilogue_t epilogue = key.has_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                                sizeof(epilogue)));
+    if (key.has_bias) {
+      cudaDataType_t bias_type = CUDA_R_16BF;
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                                  sizeof(bias_type)));
+    }
+    // Column-major views (see the comment at the top): rows, columns, leading dimension.
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_16BF, key.C_in, key.C_out, key.C_in));  // W^T
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_16BF, key.C_in, key.T, key.C_in));      // x^T
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.d, CUDA_R_16BF, key.C_out, key.T, key.C_out));    // y^T
+
+    cublasLtMatmulPreference_t preference;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+    size_t workspace = kWorkspaceBytes;
+    uint32_t align_a = key.align_W, align_b = key.align_x, align_d = key.align_y;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                      &workspace, sizeof(workspace)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                      &align_a, sizeof(align_a)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                      &align_b, sizeof(align_b)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                      &align_d, sizeof(align_d)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                      &align_d, sizeof(align_d)));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle_, plan.operation, plan.a, plan.b, plan.d, plan.d,
+                                                           preference, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(preference);
+    CUBLAS_CHECK(status);
+    if (found == 0) {
+      throw std::runtime_error("cuBLASLt has no algorithm for T=" + std::to_string(key.T) + " C_in=" +
+                               std::to_string(key.C_in) + " C_out=" + std::to_string(key.C_out));
+    }
+    plan.algorithm = result.algo;
+    return plan;
+  }
+
+  std::mutex mutex_;
+  cublasLtHandle_t handle_ = nullptr;
+  DeviceBuffer<char> workspace_;
+  std::map<PlanKey, Plan> plans_;
+};
+
+}  // namespace
+
+void matmul_cublaslt(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W, const __nv_bfloat16* bias,
+                     int T, int C_in, int C_out, cudaStream_t stream) {
+  if (T == 0 || C_out == 0) return;
+  CublasLt::instance().matmul(y, x, W, bias, T, C_in, C_out, stream);
+}
+
+}  // namespace bielik

@@ -1,0 +1,298 @@
+// Chapter 03, GPU: every matmul version, the GEMV and the dispatcher against the golden
+// answers (odd sizes, every Bielik projection, with and without bias), bit-exact on
+// small integers, against the CPU reference on fresh random inputs, and through the
+// scalar paths (odd C_in, misaligned pointers). Outputs are poisoned with 0xFF bytes
+// (bf16 NaN) first, so an element a kernel forgot to write fails, and the rows past T
+// must still hold the poison afterwards, so a kernel writing out of bounds fails too.
+//
+// Built twice (CMakeLists.txt): without BIELIK_TEST_ONLY_WGMMA it tests every portable
+// version; with it, only the Hopper-only v5, in a process of its own.
+#include <functional>
+#include <string>
+#include <tuple>
+
+#include "catch_compat.hpp"
+#include "compare.hpp"
+#include "device_buffer.cuh"
+#include "matmul.cuh"
+#include "npy.hpp"
+#include "test_support.hpp"
+
+using namespace bielik;
+
+namespace {
+
+using Launcher = std::function<void(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
+                                    int, int, int, cudaStream_t)>;
+struct Named {
+  std::string name;
+  Launcher launch;
+};
+
+// The versions this executable tests (see the header comment).
+std::vector<Named> versions_under_test() {
+  std::vector<Named> versions;
+  for (const MatmulVersion& version : kMatmulVersions) {
+#ifdef BIELIK_TEST_ONLY_WGMMA
+    bool wanted = version.launch == matmul_v5_wgmma;
+#else
+    bool wanted = version.launch != matmul_v5_wgmma;
+#endif
+    if (wanted && version.available()) versions.push_back({version.name, version.launch});
+  }
+  if (versions.empty()) WARN("no version of this build runs on this GPU (v5 needs compute capability 9.0)");
+  return versions;
+}
+
+// Every fixed-tile variant of v4 or v5: pick_tile only ever runs one per shape.
+std::vector<Named> tiles_under_test() {
+  std::vector<Named> tiles;
+#ifdef BIELIK_TEST_ONLY_WGMMA
+  if (!matmul_v5_available()) return tiles;
+  for (int i = 0; i < matmul_v5_tile_count(); ++i) {
+    tiles.push_back({std::string("v5 ") + matmul_v5_tile_name(i), [i](auto... args) { matmul_v5_wgmma_tile(i, args...); }});
+  }
+#else
+  for (int i = 0; i < matmul_v4_tile_count(); ++i) {
+    tiles.push_back(
+        {std::string("v4 ") + matmul_v4_tile_name(i), [i](auto... args) { matmul_v4_tensor_cores_tile(i, args...); }});
+  }
+#endif
+  return tiles;
+}
+
+__nv_bfloat16* bf16(uint16_t* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
+
+struct GoldenCase {
+  std::string name;
+  int T = 0, C_in = 0, C_out = 0;
+  std::vector<uint16_t> x, W, b;
+  NpyArray y_bias, y_nobias;
+  bool exact = false;  // references are bf16 bits that must match exactly
+};
+
+GoldenCase load_case(const std::string& name) {
+  auto file = [&](const char* tensor) { return load_npy(golden_path("03_matmul_bias", name + "_" + tensor + ".npy")); };
+  GoldenCase c;
+  c.name = name;
+  NpyArray x = file("x"), W = file("W");
+  c.T = int(x.shape[0]);
+  c.C_in = int(x.shape[1]);
+  c.C_out = int(W.shape[0]);
+  W.require_shape({size_t(c.C_out), size_t(c.C_in)});
+  c.x = x.bf16_bits();
+  c.W = W.bf16_bits();
+  c.b = file("b").bf16_bits();
+  c.y_bias = file("y_bias");
+  c.y_nobias = file("y_nobias");
+  c.exact = c.y_bias.dtype == "<u2";
+  return c;
+}
+
+// Inputs on the device once per case; y is poisoned before every run.
+struct DeviceCase {
+  const GoldenCase& golden;
+  DeviceBuffer<uint16_t> x, W, b, y;
+  explicit DeviceCase(const GoldenCase& c) : golden(c), x(c.x), W(c.W), b(c.b), y(size_t(c.T) * c.C_out) {}
+
+  // Runs on the first T rows of x; returns those T rows of y. Fails if rows past T changed.
+  std::vector<uint16_t> run(const Launcher& launch, int T, bool with_bias) {
+    y.fill_bytes(0xFF);
+    launch(bf16(y.data()), bf16(x.data()), bf16(W.data()), with_bias ? bf16(b.data()) : nullptr, T, golden.C_in,
+           golden.C_out, 0);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint16_t> out = y.to_host();
+    size_t used = size_t(T) * golden.C_out;
+    for (size_t i = used; i < out.size(); ++i) {
+      if (out[i] != 0xFFFF) FAIL("wrote outside y's first T rows at element " << i);
+    }
+    out.resize(used);
+    return out;
+  }
+
+  // Compares the first T rows with the golden answer (bits for exact cases).
+  void check(const std::string& label, const std::vector<uint16_t>& out, int T, bool with_bias) const {
+    const NpyArray& expected = with_bias ? golden.y_bias : golden.y_nobias;
+    size_t used = size_t(T) * golden.C_out;
+    INFO(label << " case " << golden.name << " T=" << T << " C_in=" << golden.C_in << " C_out=" << golden.C_out
+               << (with_bias ? " bias" : " no bias"));
+    if (golden.exact) {
+      std::vector<uint16_t> bits = expected.bf16_bits();
+      bits.resize(used);
+      REQUIRE(out == bits);
+    } else {
+      std::vector<double> reference = expected.to_double();
+      reference.resize(used);
+      CompareResult result = compare_bf16(label, out, reference, tolerance::kBf16Output);
+      INFO(result.report);
+      REQUIRE(result.passed);
+    }
+  }
+};
+
+const char* kOddCases[] = {"odd_a", "odd_b", "odd_c"};
+const char* kBielikCases[] = {"q_proj", "kv_proj", "up_proj", "down_proj", "lm_head"};
+const char* kExactCases[] = {"exact_a", "exact_b", "exact_c"};
+
+// The CPU reference on bf16 inputs, as fp32.
+std::vector<float> cpu_reference(const std::vector<uint16_t>& x, const std::vector<uint16_t>& W,
+                                 const std::vector<uint16_t>* b, int T, int C_in, int C_out) {
+  std::vector<float> y(size_t(T) * C_out);
+  std::vector<float> bias = b ? bf16_to_float(*b) : std::vector<float>();
+  matmul_cpu(y.data(), bf16_to_float(x).data(), bf16_to_float(W).data(), b ? bias.data() : nullptr, T, C_in, C_out);
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("every matmul version matches the golden answers at odd and Bielik shapes", "[ch03][gpu]") {
+  std::vector<Named> versions = versions_under_test();
+  std::vector<std::string> names(std::begin(kOddCases), std::end(kOddCases));
+  names.insert(names.end(), std::begin(kBielikCases), std::end(kBielikCases));
+  for (const std::string& name : names) {
+    GoldenCase golden = load_case(name);
+    DeviceCase device(golden);
+    for (const Named& version : versions) {
+      for (bool with_bias : {true, false}) {
+        device.check(version.name, device.run(version.launch, golden.T, with_bias), golden.T, with_bias);
+      }
+    }
+  }
+}
+
+TEST_CASE("every matmul version is bit-exact on small integers", "[ch03][gpu]") {
+  std::vector<Named> versions = versions_under_test();
+#ifndef BIELIK_TEST_ONLY_WGMMA
+  versions.push_back({"matmul_forward", matmul_forward});
+#endif
+  for (const char* name : kExactCases) {
+    GoldenCase golden = load_case(name);
+    DeviceCase device(golden);
+    for (bool with_bias : {true, false}) {
+      for (const Named& version : versions) {
+        device.check(version.name, device.run(version.launch, golden.T, with_bias), golden.T, with_bias);
+      }
+#ifndef BIELIK_TEST_ONLY_WGMMA
+      for (int T : {1, 2, 5, 8}) {  // the GEMV on the first rows
+        if (T > golden.T) continue;
+        device.check("gemv_v1", device.run(gemv_v1_warp_per_row, T, with_bias), T, with_bias);
+      }
+#endif
+    }
+  }
+}
+
+TEST_CASE("every tile shape is correct, not only the one picked for a shape", "[ch03][gpu]") {
+  for (const char* name : {"odd_b", "odd_c", "exact_b", "kv_proj"}) {
+    GoldenCase golden = load_case(name);
+    DeviceCase device(golden);
+    for (const Named& tile : tiles_under_test()) {
+      for (bool with_bias : {true, false}) {
+        device.check(tile.name, device.run(tile.launch, golden.T, with_bias), golden.T, with_bias);
+      }
+    }
+  }
+}
+
+TEST_CASE("every matmul version matches the CPU reference on fresh random inputs", "[ch03][gpu]") {
+  uint64_t seed = fresh_seed();
+  std::vector<Named> versions = versions_under_test();
+#ifndef BIELIK_TEST_ONLY_WGMMA
+  versions.push_back({"matmul_forward", matmul_forward});
+#endif
+  for (auto [T, C_in, C_out] : {std::tuple{3, 40, 24}, std::tuple{8, 1536, 256}, std::tuple{19, 200, 333},
+                                std::tuple{77, 1536, 1536}, std::tuple{150, 256, 520}}) {
+    INFO("seed " << seed << " T=" << T << " C_in=" << C_in << " C_out=" << C_out);
+    std::vector<uint16_t> x = random_bf16(size_t(T) * C_in, seed);
+    std::vector<uint16_t> W = random_bf16(size_t(C_out) * C_in, seed + 1, 0.05f);
+    std::vector<uint16_t> b = random_bf16(C_out, seed + 2, 0.5f);
+    DeviceBuffer<uint16_t> dx(x), dW(W), db(b), dy(size_t(T) * C_out);
+    std::vector<Named> runs = versions;
+#ifndef BIELIK_TEST_ONLY_WGMMA
+    if (T <= kGemvMaxTokens) runs.push_back({"gemv_v1", gemv_v1_warp_per_row});
+#endif
+    for (bool with_bias : {true, false}) {
+      std::vector<float> expected = cpu_reference(x, W, with_bias ? &b : nullptr, T, C_in, C_out);
+      for (const Named& version : runs) {
+        dy.fill_bytes(0xFF);
+        version.launch(bf16(dy.data()), bf16(dx.data()), bf16(dW.data()), with_bias ? bf16(db.data()) : nullptr, T,
+                       C_in, C_out, 0);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        CompareResult result = compare_bf16(version.name + (with_bias ? " bias" : " no bias"), dy.to_host(), expected,
+                                            tolerance::kBf16Output);
+        INFO(result.report);
+        REQUIRE(result.passed);
+      }
+    }
+  }
+}
+
+TEST_CASE("misaligned pointers take the scalar paths and stay correct", "[ch03][gpu]") {
+  // Every tensor starts one element (2 bytes) into its buffer: no 16-byte access is
+  // legal, so each version must notice and take its element-by-element path.
+  uint64_t seed = fresh_seed();
+  const int T = 21, C_in = 64, C_out = 50;
+  INFO("seed " << seed);
+  std::vector<uint16_t> x = random_bf16(size_t(T) * C_in + 1, seed);
+  std::vector<uint16_t> W = random_bf16(size_t(C_out) * C_in + 1, seed + 1, 0.1f);
+  std::vector<uint16_t> b = random_bf16(C_out + 1, seed + 2, 0.5f);
+  DeviceBuffer<uint16_t> dx(x), dW(W), db(b), dy(size_t(T) * C_out + 1);
+  std::vector<uint16_t> x_used(x.begin() + 1, x.end()), W_used(W.begin() + 1, W.end()), b_used(b.begin() + 1, b.end());
+  std::vector<float> expected = cpu_reference(x_used, W_used, &b_used, T, C_in, C_out);
+  std::vector<Named> runs = versions_under_test();
+#ifndef BIELIK_TEST_ONLY_WGMMA
+  runs.push_back({"gemv_v1 (first 5 rows)", [](auto y, auto x, auto W, auto b, int, int K, int N, cudaStream_t s) {
+                    gemv_v1_warp_per_row(y, x, W, b, 5, K, N, s);
+                  }});
+#endif
+  for (const Named& version : runs) {
+    dy.fill_bytes(0xFF);
+    version.launch(bf16(dy.data()) + 1, bf16(dx.data()) + 1, bf16(dW.data()) + 1, bf16(db.data()) + 1, T, C_in, C_out,
+                   0);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint16_t> out = dy.to_host();
+    REQUIRE(out[0] == 0xFFFF);  // nothing written before y
+    int rows = version.name.rfind("gemv", 0) == 0 ? 5 : T;
+    std::vector<uint16_t> got(out.begin() + 1, out.begin() + 1 + size_t(rows) * C_out);
+    std::vector<float> want(expected.begin(), expected.begin() + size_t(rows) * C_out);
+    CompareResult result = compare_bf16(version.name, got, want, tolerance::kBf16Output);
+    INFO(result.report);
+    REQUIRE(result.passed);
+  }
+}
+
+#ifndef BIELIK_TEST_ONLY_WGMMA
+TEST_CASE("gemv_v1 matches the golden answers for every T = 1..8", "[ch03][gpu]") {
+  std::vector<std::string> names(std::begin(kOddCases), std::end(kOddCases));
+  names.insert(names.end(), std::begin(kBielikCases), std::end(kBielikCases));
+  for (const std::string& name : names) {
+    GoldenCase golden = load_case(name);
+    DeviceCase device(golden);
+    for (int T = 1; T <= kGemvMaxTokens && T <= golden.T; ++T) {
+      for (bool with_bias : {true, false}) {
+        device.check("gemv_v1", device.run(gemv_v1_warp_per_row, T, with_bias), T, with_bias);
+      }
+    }
+  }
+}
+
+TEST_CASE("matmul_forward is right on both sides of the GEMV/GEMM switch", "[ch03][gpu]") {
+  GoldenCase golden = load_case("q_proj");
+  DeviceCase device(golden);
+  for (int T : {1, kGemvMaxTokens, kGemvMaxTokens + 1, golden.T}) {
+    device.check("matmul_forward", device.run(matmul_forward, T, true), T, true);
+  }
+}
+
+TEST_CASE("T = 0 writes nothing; the GEMV refuses T > 8", "[ch03][gpu]") {
+  GoldenCase golden = load_case("odd_a");
+  DeviceCase device(golden);
+  std::vector<Named> runs = versions_under_test();
+  runs.push_back({"gemv_v1", gemv_v1_warp_per_row});
+  for (const Named& version : runs) {
+    INFO(version.name);
+    REQUIRE(device.run(version.launch, 0, true).empty());  // run() checks that y kept its poison
+  }
+  REQUIRE_THROWS_AS(device.run(gemv_v1_warp_per_row, kGemvMaxTokens + 1, true), std::invalid_argument);
+}
+#endif
