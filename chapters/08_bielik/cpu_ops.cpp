@@ -1,0 +1,135 @@
+#include "cpu_ops.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace bielik {
+namespace {
+
+inline float widen(uint16_t bits) {  // bf16 -> fp32 is exact: the bits are the top half
+  uint32_t wide = uint32_t(bits) << 16;
+  float value;
+  std::memcpy(&value, &wide, sizeof(value));
+  return value;
+}
+
+// Eight independent partial sums: the compiler turns the inner loop into SIMD
+// multiply-adds (a single running sum would be one long dependency chain, and
+// without -ffast-math the compiler may not reorder it for us).
+inline float dot(const float* a, const float* b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+  }
+  float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+// The same with the weight row still in bf16: used for one token (decode), where each
+// weight is used exactly once and widening it in registers saves a trip through memory.
+inline float dot_bf16(const float* a, const uint16_t* w, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * widen(w[i + j]);
+  }
+  float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < n; ++i) sum += a[i] * widen(w[i]);
+  return sum;
+}
+
+}  // namespace
+
+void matmul_bf16_cpu(ThreadPool& pool, float* out, const float* x, const uint16_t* w, const float* bias, int64_t T,
+                     int64_t N, int64_t K) {
+  pool.parallel_for(N, [&](int64_t row_begin, int64_t row_end) {
+    if (T == 1) {
+      for (int64_t n = row_begin; n < row_end; ++n) {
+        out[n] = dot_bf16(x, w + n * K, K) + (bias ? bias[n] : 0.0f);
+      }
+      return;
+    }
+    // Many tokens: widen each weight row once, then reuse it for all T tokens, so the
+    // weights stream from memory once per chunk instead of once per token.
+    thread_local std::vector<float> row;
+    row.resize(size_t(K));
+    for (int64_t n = row_begin; n < row_end; ++n) {
+      const uint16_t* w_row = w + n * K;
+      for (int64_t k = 0; k < K; ++k) row[k] = widen(w_row[k]);
+      const float b = bias ? bias[n] : 0.0f;
+      for (int64_t t = 0; t < T; ++t) out[t * N + n] = dot(x + t * K, row.data(), K) + b;
+    }
+  });
+}
+
+void rmsnorm_rows_cpu(float* out, const float* x, const float* weight, int64_t T, int64_t C, float eps) {
+  for (int64_t t = 0; t < T; ++t) {
+    const float* row = x + t * C;
+    double squares = 0;  // C values of O(1..100): a double sum costs nothing here
+    for (int64_t c = 0; c < C; ++c) squares += double(row[c]) * row[c];
+    const float scale = float(1.0 / std::sqrt(squares / double(C) + double(eps)));
+    for (int64_t c = 0; c < C; ++c) out[t * C + c] = row[c] * scale * weight[c];
+  }
+}
+
+void rope_rotate_half_cpu(float* x, const float* cos_sin, int64_t T, int64_t heads, int64_t D, int64_t P) {
+  const int64_t half = D / 2;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* angle = cos_sin + (P + t) * half * 2;  // (D/2, 2) for this position
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = x + (t * heads + h) * D;
+      for (int64_t i = 0; i < half; ++i) {
+        const float c = angle[2 * i], s = angle[2 * i + 1];
+        const float a = v[i], b = v[i + half];
+        v[i] = a * c - b * s;
+        v[i + half] = b * c + a * s;
+      }
+    }
+  }
+}
+
+void attention_cpu(ThreadPool& pool, float* out, const float* q, const float* k_cache, const float* v_cache, int64_t T,
+                   int64_t P, int64_t H, int64_t Hkv, int64_t D) {
+  const int64_t group = H / Hkv;  // query heads per kv head
+  const float scale = float(1.0 / std::sqrt(double(D)));
+  // One work item per (token, query head); each writes its own D outputs.
+  pool.parallel_for(T * H, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> scores;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t t = item / H, h = item % H, kv = h / group;
+      const int64_t keys = P + t + 1;  // causal: positions 0..P+t
+      const float* q_row = q + (t * H + h) * D;
+      scores.resize(size_t(keys));
+      float max_score = -INFINITY;
+      for (int64_t j = 0; j < keys; ++j) {
+        scores[j] = dot(q_row, k_cache + (j * Hkv + kv) * D, D) * scale;
+        max_score = std::max(max_score, scores[j]);
+      }
+      float total = 0;
+      for (int64_t j = 0; j < keys; ++j) {
+        scores[j] = std::exp(scores[j] - max_score);  // softmax, shifted by the max so exp never overflows
+        total += scores[j];
+      }
+      float* o = out + (t * H + h) * D;
+      std::fill(o, o + D, 0.0f);
+      for (int64_t j = 0; j < keys; ++j) {
+        const float p = scores[j] / total;
+        const float* v_row = v_cache + (j * Hkv + kv) * D;
+        for (int64_t d = 0; d < D; ++d) o[d] += p * v_row[d];
+      }
+    }
+  });
+}
+
+void swiglu_cpu(float* gate, const float* up, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    const float g = gate[i];
+    gate[i] = g / (1.0f + std::exp(-g)) * up[i];  // silu(g) = g * sigmoid(g)
+  }
+}
+
+}  // namespace bielik

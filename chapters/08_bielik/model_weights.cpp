@@ -1,0 +1,98 @@
+#include "model_weights.hpp"
+
+#include <stdexcept>
+
+namespace bielik {
+namespace {
+
+void require_positive(const char* field, int value) {
+  if (value <= 0) {
+    throw std::runtime_error("config.json: " + std::string(field) + " must be positive, got " +
+                             std::to_string(value));
+  }
+}
+
+// Checks the config fields the weight shapes are built from, so a bad config.json fails
+// here with its own name instead of as a puzzling shape mismatch.
+void check_config(const ModelConfig& c) {
+  require_positive("hidden_size", c.hidden_size);
+  require_positive("intermediate_size", c.intermediate_size);
+  require_positive("num_hidden_layers", c.num_hidden_layers);
+  require_positive("num_attention_heads", c.num_attention_heads);
+  require_positive("num_key_value_heads", c.num_key_value_heads);
+  require_positive("head_dim", c.head_dim);
+  require_positive("vocab_size", c.vocab_size);
+  if (c.num_attention_heads % c.num_key_value_heads != 0) {
+    throw std::runtime_error("config.json: num_attention_heads (" + std::to_string(c.num_attention_heads) +
+                             ") is not a multiple of num_key_value_heads (" +
+                             std::to_string(c.num_key_value_heads) + ")");
+  }
+  if (c.head_dim % 2 != 0) {  // rotate-half RoPE pairs element i with i + D/2
+    throw std::runtime_error("config.json: head_dim must be even for RoPE, got " + std::to_string(c.head_dim));
+  }
+}
+
+// One projection: the weight always, the bias iff `has_bias`.
+struct Projection {
+  const TensorView* weight;
+  const TensorView* bias;
+};
+
+Projection map_projection(const Checkpoint& checkpoint, const std::string& name, int64_t out_dim, int64_t in_dim,
+                          bool has_bias, const char* bias_flag) {
+  Projection p;
+  p.weight = &checkpoint.tensor_checked(name + ".weight", "BF16", {out_dim, in_dim});
+  const std::string bias_name = name + ".bias";
+  if (has_bias) {
+    if (!checkpoint.contains(bias_name)) {
+      throw std::runtime_error(checkpoint.dir() + ": config.json says " + bias_flag + "=true but tensor '" +
+                               bias_name + "' is missing");
+    }
+    p.bias = &checkpoint.tensor_checked(bias_name, "BF16", {out_dim});
+  } else {
+    if (checkpoint.contains(bias_name)) {
+      throw std::runtime_error(checkpoint.dir() + ": tensor '" + bias_name + "' is present but config.json says " +
+                               bias_flag + "=false (it would be silently ignored)");
+    }
+    p.bias = nullptr;
+  }
+  return p;
+}
+
+}  // namespace
+
+ModelWeights map_model_weights(const Checkpoint& checkpoint, const ModelConfig& config) {
+  check_config(config);
+  const int64_t C = config.hidden_size, F = config.intermediate_size, V = config.vocab_size;
+  const int64_t HD = int64_t(config.num_attention_heads) * config.head_dim;
+  const int64_t HkvD = int64_t(config.num_key_value_heads) * config.head_dim;
+  const bool attn_bias = config.attention_bias, mlp_bias = config.mlp_bias;
+
+  ModelWeights w;
+  w.embed = &checkpoint.tensor_checked("model.embed_tokens.weight", "BF16", {V, C});
+  for (int i = 0; i < config.num_hidden_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    LayerWeights l;
+    l.input_norm = &checkpoint.tensor_checked(p + "input_layernorm.weight", "BF16", {C});
+    Projection q = map_projection(checkpoint, p + "self_attn.q_proj", HD, C, attn_bias, "attention_bias");
+    Projection k = map_projection(checkpoint, p + "self_attn.k_proj", HkvD, C, attn_bias, "attention_bias");
+    Projection v = map_projection(checkpoint, p + "self_attn.v_proj", HkvD, C, attn_bias, "attention_bias");
+    Projection o = map_projection(checkpoint, p + "self_attn.o_proj", C, HD, attn_bias, "attention_bias");
+    l.post_norm = &checkpoint.tensor_checked(p + "post_attention_layernorm.weight", "BF16", {C});
+    Projection gate = map_projection(checkpoint, p + "mlp.gate_proj", F, C, mlp_bias, "mlp_bias");
+    Projection up = map_projection(checkpoint, p + "mlp.up_proj", F, C, mlp_bias, "mlp_bias");
+    Projection down = map_projection(checkpoint, p + "mlp.down_proj", C, F, mlp_bias, "mlp_bias");
+    l.wq = q.weight, l.bq = q.bias, l.wk = k.weight, l.bk = k.bias;
+    l.wv = v.weight, l.bv = v.bias, l.wo = o.weight, l.bo = o.bias;
+    l.w_gate = gate.weight, l.b_gate = gate.bias, l.w_up = up.weight, l.b_up = up.bias;
+    l.w_down = down.weight, l.b_down = down.bias;
+    w.layers.push_back(l);
+  }
+  w.final_norm = &checkpoint.tensor_checked("model.norm.weight", "BF16", {C});
+  // A tied head reuses the embedding matrix (SmolLM2). Some tied checkpoints still
+  // carry a copy named lm_head.weight; HF ignores it, and so do we.
+  w.lm_head = config.tie_word_embeddings ? w.embed : &checkpoint.tensor_checked("lm_head.weight", "BF16", {V, C});
+  return w;
+}
+
+}  // namespace bielik

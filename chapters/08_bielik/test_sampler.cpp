@@ -1,0 +1,166 @@
+// Chapter 08: the sampler. Greedy is the argmax; the random paths are checked as
+// distributions: with a fixed seed, 20000 draws land within a few standard deviations
+// (sqrt(p(1-p)/n) <= 0.0036) of the probabilities the test computes itself.
+#include <cmath>
+#include <map>
+#include <stdexcept>
+#include <vector>
+
+#include "catch_compat.hpp"
+#include "sampler.hpp"
+#include "test_support.hpp"
+
+using namespace bielik;
+
+namespace {
+
+constexpr int kDraws = 20000;
+constexpr double kFrequencyTolerance = 0.015;  // > 4 standard deviations at n = 20000
+
+// softmax(logits / temperature), computed plainly here, independent of the sampler.
+std::vector<double> softmax(const std::vector<float>& logits, double temperature) {
+  double max_logit = logits[0];
+  for (float l : logits) max_logit = std::max(max_logit, double(l));
+  std::vector<double> p(logits.size());
+  double total = 0;
+  for (size_t i = 0; i < logits.size(); ++i) total += p[i] = std::exp((logits[i] - max_logit) / temperature);
+  for (double& v : p) v /= total;
+  return p;
+}
+
+std::vector<double> frequencies(Sampler& sampler, const std::vector<float>& logits) {
+  std::vector<double> counts(logits.size(), 0.0);
+  for (int i = 0; i < kDraws; ++i) {
+    int32_t token = sampler.sample(logits);
+    REQUIRE(token >= 0);
+    REQUIRE(size_t(token) < logits.size());
+    counts[size_t(token)] += 1.0 / kDraws;
+  }
+  return counts;
+}
+
+void require_close(const std::vector<double>& observed, const std::vector<double>& expected) {
+  REQUIRE(observed.size() == expected.size());
+  for (size_t i = 0; i < observed.size(); ++i) {
+    INFO("token " << i << ": observed " << observed[i] << ", expected " << expected[i]);
+    CHECK(std::fabs(observed[i] - expected[i]) <= kFrequencyTolerance);
+  }
+}
+
+const std::vector<float> kLogits = {1.0f, 2.0f, 0.5f, -1.0f, 3.0f, 2.5f};
+
+}  // namespace
+
+TEST_CASE("greedy sampling is the argmax, lowest index on ties", "[ch08][cpu][sampler]") {
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 engine(seed);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  Sampler sampler(SamplerOptions{0.0f, 0, 1.0f, seed});
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<float> logits(301);
+    for (float& l : logits) l = normal(engine);
+    int32_t expected = 0;
+    for (size_t i = 1; i < logits.size(); ++i) {
+      if (logits[i] > logits[size_t(expected)]) expected = int32_t(i);
+    }
+    REQUIRE(sampler.sample(logits) == expected);
+  }
+  REQUIRE(sampler.sample(std::vector<float>{1.0f, 7.0f, 7.0f, -2.0f}) == 1);
+  REQUIRE(sampler.sample(std::vector<float>{-INFINITY, -5.0f, -INFINITY}) == 1);
+}
+
+TEST_CASE("top-k = 1 is greedy at any temperature", "[ch08][cpu][sampler]") {
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 engine(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  Sampler top1(SamplerOptions{5.0f, 1, 1.0f, seed});
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<float> logits(97);
+    for (float& l : logits) l = normal(engine);
+    REQUIRE(top1.sample(logits) == argmax(logits.data(), int(logits.size())));
+  }
+}
+
+TEST_CASE("temperature sampling follows softmax(logits / temperature)", "[ch08][cpu][sampler]") {
+  for (double temperature : {1.0, 0.7, 2.0}) {
+    INFO("temperature " << temperature);
+    Sampler sampler(SamplerOptions{float(temperature), 0, 1.0f, 1234});
+    require_close(frequencies(sampler, kLogits), softmax(kLogits, temperature));
+  }
+}
+
+TEST_CASE("top-k keeps the k most likely tokens, renormalized", "[ch08][cpu][sampler]") {
+  Sampler sampler(SamplerOptions{1.0f, 3, 1.0f, 99});
+  // Top 3 of kLogits: ids 4 (3.0), 5 (2.5), 1 (2.0).
+  std::vector<double> p = softmax(kLogits, 1.0);
+  const double mass = p[4] + p[5] + p[1];
+  std::vector<double> expected(kLogits.size(), 0.0);
+  for (int id : {4, 5, 1}) expected[size_t(id)] = p[size_t(id)] / mass;
+  require_close(frequencies(sampler, kLogits), expected);
+}
+
+TEST_CASE("top-p removes the tail beyond the nucleus", "[ch08][cpu][sampler]") {
+  // Probabilities 0.5, 0.3, 0.15, 0.05 (as logits: their logs). top_p = 0.75 keeps the
+  // shortest prefix reaching 0.75: {0.5, 0.3}; the tail must never be drawn.
+  const std::vector<float> logits = {float(std::log(0.15)), float(std::log(0.5)), float(std::log(0.05)),
+                                     float(std::log(0.3))};
+  Sampler sampler(SamplerOptions{1.0f, 0, 0.75f, 7});
+  std::vector<double> observed = frequencies(sampler, logits);
+  REQUIRE(observed[0] == 0.0);
+  REQUIRE(observed[2] == 0.0);
+  require_close(observed, {0.0, 0.5 / 0.8, 0.0, 0.3 / 0.8});
+
+  auto candidates = sampler.candidates(logits.data(), int(logits.size()));
+  REQUIRE(candidates.size() == 2);
+  REQUIRE(candidates[0].first == 1);
+  REQUIRE(candidates[1].first == 3);
+  REQUIRE(candidates[0].second + candidates[1].second == Approx(1.0));
+
+  // A tiny top_p still keeps the single most likely token.
+  Sampler narrow(SamplerOptions{1.0f, 0, 0.01f, 7});
+  for (int i = 0; i < 100; ++i) REQUIRE(narrow.sample(logits) == 1);
+}
+
+TEST_CASE("top-k and top-p together: top-p measures mass within the top k", "[ch08][cpu][sampler]") {
+  // Top 3 of kLogits renormalized: p4 > p5 > p1. top_p just above p4's share keeps two.
+  std::vector<double> p = softmax(kLogits, 1.0);
+  const double mass = p[4] + p[5] + p[1];
+  const float top_p = float(p[4] / mass + 0.01);
+  Sampler sampler(SamplerOptions{1.0f, 3, top_p, 5});
+  std::vector<double> expected(kLogits.size(), 0.0);
+  expected[4] = p[4] / (p[4] + p[5]);
+  expected[5] = p[5] / (p[4] + p[5]);
+  require_close(frequencies(sampler, kLogits), expected);
+}
+
+TEST_CASE("a seed fixes the draws; another seed changes them", "[ch08][cpu][sampler]") {
+  std::vector<float> flat(50, 0.0f);  // uniform: every draw is pure randomness
+  Sampler a(SamplerOptions{1.0f, 0, 1.0f, 42}), b(SamplerOptions{1.0f, 0, 1.0f, 42}),
+      c(SamplerOptions{1.0f, 0, 1.0f, 43});
+  std::vector<int32_t> from_a, from_b, from_c;
+  for (int i = 0; i < 64; ++i) {
+    from_a.push_back(a.sample(flat));
+    from_b.push_back(b.sample(flat));
+    from_c.push_back(c.sample(flat));
+  }
+  REQUIRE(from_a == from_b);
+  REQUIRE(from_a != from_c);
+}
+
+TEST_CASE("the sampler rejects NaN logits and bad options", "[ch08][cpu][sampler]") {
+  std::vector<float> bad = {0.0f, NAN, 1.0f};
+  Sampler greedy(SamplerOptions{0.0f, 0, 1.0f, 1});
+  Sampler random(SamplerOptions{1.0f, 0, 1.0f, 1});
+  Sampler nucleus(SamplerOptions{1.0f, 0, 0.9f, 1});
+  REQUIRE_THROWS_AS(greedy.sample(bad), std::invalid_argument);
+  REQUIRE_THROWS_AS(random.sample(bad), std::invalid_argument);
+  REQUIRE_THROWS_AS(nucleus.sample(bad), std::invalid_argument);
+  REQUIRE_THROWS_AS(random.sample(std::vector<float>{0.0f, INFINITY}), std::invalid_argument);
+  REQUIRE_THROWS_AS(random.sample(std::vector<float>{-INFINITY, -INFINITY}), std::invalid_argument);
+  REQUIRE_THROWS_AS(random.sample(std::vector<float>{}), std::invalid_argument);
+  REQUIRE_THROWS_AS(Sampler(SamplerOptions{1.0f, 0, 0.0f, 1}), std::invalid_argument);
+  REQUIRE_THROWS_AS(Sampler(SamplerOptions{1.0f, 0, 1.5f, 1}), std::invalid_argument);
+  REQUIRE_THROWS_AS(Sampler(SamplerOptions{NAN, 0, 1.0f, 1}), std::invalid_argument);
+}
