@@ -63,18 +63,23 @@ void attention_v3_flash_mma(__nv_bfloat16* out, const __nv_bfloat16* q, const __
                             cudaStream_t stream = 0);
 
 /// v4: v3 with two 16-row tiles per warp (128 queries per block): every K/V fragment
-/// read from shared memory feeds twice the mma. Faster on long prompts, slower when
-/// the grid is small (fewer, bigger blocks). Same parameters and requirements as v3.
+/// read from shared memory feeds twice the mma. Measured faster than v3 only at
+/// T = 8192 (fewer, bigger blocks). Same parameters and requirements as v3.
 void attention_v4_flash_two_row_tiles(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k,
                                       const __nv_bfloat16* v, int Tq, int Tkv, int H, int Hkv, int D,
                                       float* workspace, cudaStream_t stream = 0);
 
 /// v5: v3's tiles in 8-warp blocks: two warp groups split the key tiles of the same 64
-/// queries and merge their softmax states at the end, so the heaviest causal blocks
-/// (the last queries) finish twice as fast. Same parameters and requirements as v3.
+/// queries and merge their softmax states at the end, so a block finishes its keys in
+/// half the time. Same parameters and requirements as v3, plus shared memory: see
+/// attention_v5_supported (throws std::runtime_error on a GPU that lacks it).
 void attention_v5_flash_split_keys(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k,
                                    const __nv_bfloat16* v, int Tq, int Tkv, int H, int Hkv, int D, float* workspace,
                                    cudaStream_t stream = 0);
+/// Whether the current GPU gives one block enough shared memory for v5 at head dim D.
+/// D = 128 needs 153 KB: yes on H100/H200 (227 KB) and A100 (163 KB), no on RTX 30xx/40xx
+/// (99 KB), where attention_forward uses v3 instead.
+bool attention_v5_supported(int D);
 
 /// Checks the shape rules every version shares; throws std::invalid_argument naming `who`.
 /// D must be 64 or 128 (the head dims of Llama-family models; template instances).
@@ -87,20 +92,26 @@ struct AttentionVersion {
   const char* name;
   AttentionLauncher launch;
   size_t (*workspace_floats)(int Tq, int Tkv, int H);  ///< nullptr: needs none
+  bool (*supported)(int D);                            ///< nullptr: runs on every GPU of the book
 };
 inline constexpr AttentionVersion kAttentionVersions[] = {
-    {"v1_naive", attention_v1_naive, attention_v1_workspace_floats},
-    {"v2_online_softmax", attention_v2_online_softmax, nullptr},
-    {"v3_flash_mma", attention_v3_flash_mma, nullptr},
-    {"v4_flash_two_row_tiles", attention_v4_flash_two_row_tiles, nullptr},
-    {"v5_flash_split_keys", attention_v5_flash_split_keys, nullptr},
+    {"v1_naive", attention_v1_naive, attention_v1_workspace_floats, nullptr},
+    {"v2_online_softmax", attention_v2_online_softmax, nullptr, nullptr},
+    {"v3_flash_mma", attention_v3_flash_mma, nullptr, nullptr},
+    {"v4_flash_two_row_tiles", attention_v4_flash_two_row_tiles, nullptr, nullptr},
+    {"v5_flash_split_keys", attention_v5_flash_split_keys, nullptr, attention_v5_supported},
 };
 
-/// The version later chapters call for prefill (the fastest one measured: v5).
+/// The version later chapters call for prefill: the fastest one measured (v5) where the
+/// GPU has the shared memory for it, v3 otherwise.
 inline void attention_forward(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k,
                               const __nv_bfloat16* v, int Tq, int Tkv, int H, int Hkv, int D,
                               cudaStream_t stream = 0) {
-  attention_v5_flash_split_keys(out, q, k, v, Tq, Tkv, H, Hkv, D, nullptr, stream);
+  if (attention_v5_supported(D)) {
+    attention_v5_flash_split_keys(out, q, k, v, Tq, Tkv, H, Hkv, D, nullptr, stream);
+  } else {
+    attention_v3_flash_mma(out, q, k, v, Tq, Tkv, H, Hkv, D, nullptr, stream);
+  }
 }
 
 }  // namespace bielik

@@ -50,6 +50,7 @@ int main() {
       const bool is_v1 = version.workspace_floats != nullptr;
       // v1's score matrix at T = 8192 would be 3.2 GB and take seconds: skipped.
       if (is_v1 && c.Tq >= 8192) continue;
+      if (version.supported && !version.supported(c.D)) continue;  // e.g. v5 on a 99 KB-shared-memory GPU
       DeviceBuffer<float> workspace(is_v1 ? version.workspace_floats(c.Tq, c.Tkv, c.H) : 0);
       const bool slow = is_v1 || std::string(version.name) == "v2_online_softmax";
       BenchOptions options;

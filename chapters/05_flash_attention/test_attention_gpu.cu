@@ -8,6 +8,7 @@
 // bf16 inputs and a bf16 output cost. It must pass the book-wide bf16 tolerance; every
 // other version may have at most twice v1's error plus 1e-3 (v3 rounds P to bf16).
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "attention.cuh"
@@ -38,11 +39,19 @@ std::vector<uint16_t> run_version(const AttentionVersion& version, const std::ve
   return out.to_host();
 }
 
+// False (with a note in the log) for a version this GPU cannot run at head dim D.
+bool runs_here(const AttentionVersion& version, int D) {
+  if (version.supported == nullptr || version.supported(D)) return true;
+  std::printf("note: %s skipped at D=%d: not supported on this GPU\n", version.name, D);
+  return false;
+}
+
 // Runs every version and applies the ratio rule against `expected`.
 void check_all_versions(const std::string& label, const std::vector<uint16_t>& q, const std::vector<uint16_t>& k,
                         const std::vector<uint16_t>& v, const Shape& s, const std::vector<double>& expected) {
   double v1_error = -1;
   for (const AttentionVersion& version : kAttentionVersions) {
+    if (!runs_here(version, s.D)) continue;
     std::vector<uint16_t> out = run_version(version, q, k, v, s);
     double allowed = v1_error < 0 ? tolerance::kBf16Output : 2 * v1_error + 1e-3;
     CompareResult result = compare_bf16(label + " " + version.name, out, expected, allowed);
@@ -103,6 +112,7 @@ TEST_CASE("the future never leaks: changing future keys leaves earlier rows bit-
     const size_t row_elements = size_t(s.H) * s.D;
     const int unaffected_rows = cut - (s.Tkv - s.Tq);  // rows 0 .. unaffected_rows-1
     for (const AttentionVersion& version : kAttentionVersions) {
+      if (!runs_here(version, s.D)) continue;
       INFO("version " << version.name << " Tq=" << s.Tq << " Tkv=" << s.Tkv << " cut=" << cut);
       std::vector<uint16_t> before = run_version(version, q, k, v, s);
       std::vector<uint16_t> after = run_version(version, q, k_changed, v_changed, s);
@@ -124,6 +134,7 @@ TEST_CASE("query head h reads kv head h / (H / Hkv)", "[ch05][gpu]") {
     std::vector<uint16_t> v(size_t(s.Tkv) * s.Hkv * s.D);
     for (size_t e = 0; e < v.size(); ++e) v[e] = float_to_bf16_bits(float((e / s.D) % s.Hkv + 1));
     for (const AttentionVersion& version : kAttentionVersions) {
+      if (!runs_here(version, s.D)) continue;
       INFO("version " << version.name << " H=" << s.H << " Hkv=" << s.Hkv);
       std::vector<float> out = bf16_to_float(run_version(version, q, k, v, s));
       int wrong = 0;
@@ -148,5 +159,26 @@ TEST_CASE("attention launchers reject shapes they do not support", "[ch05][gpu]"
                       std::invalid_argument);  // H % Hkv
     REQUIRE_THROWS_AS(version.launch(data, data, data, data, 1, 1, 1, 1, 96, workspace.data(), 0),
                       std::invalid_argument);  // D
+  }
+}
+
+TEST_CASE("attention_forward is the fastest version this GPU supports, bit for bit", "[ch05][gpu]") {
+  uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  for (Shape s : {Shape{100, 100, 12, 2, 128}, Shape{37, 37, 9, 3, 64}}) {
+    std::vector<uint16_t> q = random_bf16(size_t(s.Tq) * s.H * s.D, seed);
+    std::vector<uint16_t> k = random_bf16(size_t(s.Tkv) * s.Hkv * s.D, seed + 1);
+    std::vector<uint16_t> v = random_bf16(size_t(s.Tkv) * s.Hkv * s.D, seed + 2);
+    DeviceBuffer<uint16_t> dq(q), dk(k), dv(v), out(size_t(s.Tq) * s.H * s.D);
+    out.fill_bytes(0xFF);
+    attention_forward(reinterpret_cast<__nv_bfloat16*>(out.data()), reinterpret_cast<const __nv_bfloat16*>(dq.data()),
+                      reinterpret_cast<const __nv_bfloat16*>(dk.data()),
+                      reinterpret_cast<const __nv_bfloat16*>(dv.data()), s.Tq, s.Tkv, s.H, s.Hkv, s.D);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    REQUIRE(std::string(kAttentionVersions[2].name) == "v3_flash_mma");
+    REQUIRE(std::string(kAttentionVersions[4].name) == "v5_flash_split_keys");
+    const AttentionVersion& chosen = attention_v5_supported(s.D) ? kAttentionVersions[4] : kAttentionVersions[2];
+    INFO("expected dispatch to " << chosen.name << " at D=" << s.D);
+    REQUIRE(out.to_host() == run_version(chosen, q, k, v, s));
   }
 }
