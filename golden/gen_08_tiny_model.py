@@ -21,6 +21,14 @@ For each model <m> the generator writes, next to the checkpoint folder:
                                   the C++ prefill chunk (128), at positions where RoPE
                                   has turned the slow frequencies too.
 
+Each checkpoint folder also gets a tokenizer.json (byte-level BPE as GPT-2/SmolLM2:
+special tokens, the 256 byte tokens, then merges up to V) and a tokenizer_config.json
+with a ChatML chat template (tiny_bielik: BOS first, like Bielik; tiny_smollm: a default
+system turn, like SmolLM2), so the chat program runs on them end to end. tiny_smollm
+has no merges, which makes its encoding plain enough to write here:
+  tiny_smollm_chat_prompt.npy (T,) int32   ids of a rendered one-message chat prompt
+  tiny_smollm_chat_reply.npy  (N,) int32   its greedy reply, up to <|im_end|> (not included)
+
 model.safetensors is written by hand (no safetensors package): 8-byte little-endian
 header length, a JSON header {name: {dtype, shape, data_offsets}}, then raw bytes.
 Weights are bf16; the reference uses exactly the bf16-rounded values in float64.
@@ -34,12 +42,31 @@ import numpy as np
 from golden_common import bf16_values, parse_out_dir, rng, save, to_bf16
 
 MODELS = {
-    # name: architecture + the seed of its weights
+    # name: architecture, the seed of its weights, its tokenizer's special tokens (ids 0..)
     "tiny_bielik": dict(C=64, H=4, Hkv=2, D=16, F=96, L=2, V=300, theta=1e6, eps=1e-6,
-                        bias=True, tied=False, max_pos=192, seed=801),
+                        bias=True, tied=False, max_pos=192, seed=801,
+                        specials=["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]),
     "tiny_smollm": dict(C=48, H=3, Hkv=1, D=16, F=80, L=3, V=259, theta=1e5, eps=1e-5,
-                        bias=False, tied=True, max_pos=48, seed=802),
+                        bias=False, tied=True, max_pos=96, seed=802,
+                        specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>"]),
 }
+# ChatML templates in the two shapes the chat program meets: BOS first (Bielik), and a
+# default system turn when the conversation has none (SmolLM2).
+CHAT_TEMPLATES = {
+    "tiny_bielik": ("{{ bos_token }}{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + "
+                    "message['content'] + '<|im_end|>' + '\n' }}{% endfor %}"
+                    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"),
+    "tiny_smollm": ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+                    "{{ '<|im_start|>system\nYou are a tiny test model.<|im_end|>\n' }}{% endif %}"
+                    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+                    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"),
+}
+TOKENIZER_CONFIG = {
+    "tiny_bielik": {"bos_token": "<s>", "eos_token": "<|im_end|>", "add_bos_token": True},
+    "tiny_smollm": {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "add_bos_token": False},
+}
+MERGE_CORPUS = ("Witaj w rozmowie z modelem. Bielik to model jezykowy, a to jest maly model testowy. "
+                "Hello there, this is a tiny test model that speaks in random bytes.")
 GREEDY_TOKENS = 16
 MIN_GREEDY_MARGIN = 1e-2  # logits are O(1); fp32 forward error is ~1e-6
 
@@ -126,6 +153,98 @@ def write_safetensors(path, tensors):
             f.write(chunk)
 
 
+# ---- the tokenizer: byte-level BPE in tokenizer.json's layout ----
+
+def byte_to_unicode():
+    """GPT-2's printable stand-in for every byte: printable Latin-1 bytes stand for
+    themselves, the other 68 are shifted to U+0100.. so no token contains a space or a
+    control character."""
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("\u00a1"), ord("\u00ac") + 1))
+                 + list(range(ord("\u00ae"), ord("\u00ff") + 1)))
+    mapping, shifted = {}, 0
+    for b in range(256):
+        if b in printable:
+            mapping[b] = chr(b)
+        else:
+            mapping[b] = chr(256 + shifted)
+            shifted += 1
+    return mapping
+
+
+def learn_merges(count):
+    """`count` BPE merges from MERGE_CORPUS: repeatedly join the most frequent adjacent
+    pair inside words (ties: the pair seen first). Any merge list gives a valid
+    tokenizer; learning it just makes the tokens look like text."""
+    to_char = byte_to_unicode()
+    words = []
+    for i, word in enumerate(MERGE_CORPUS.split(" ")):
+        text = (" " if i else "") + word  # GPT-2 style: the space belongs to the next word
+        words.append([to_char[b] for b in text.encode("utf-8")])
+    merges = []
+    while len(merges) < count:
+        pairs = {}
+        for w in words:
+            for a, b in zip(w, w[1:]):
+                pairs[(a, b)] = pairs.get((a, b), 0) + 1
+        if not pairs:
+            break
+        best = max(pairs.items(), key=lambda item: item[1])[0]  # first seen wins ties
+        merges.append(best)
+        for w in words:
+            i = 0
+            while i < len(w) - 1:
+                if (w[i], w[i + 1]) == best:
+                    w[i:i + 2] = [w[i] + w[i + 1]]
+                i += 1
+    return merges
+
+
+def write_tokenizer(folder, name, m):
+    specials = m["specials"]
+    to_char = byte_to_unicode()
+    vocab = {token: i for i, token in enumerate(specials)}
+    for b in range(256):
+        vocab[to_char[b]] = len(vocab)
+    merges = learn_merges(m["V"] - len(vocab))
+    for a, b in merges:
+        vocab.setdefault(a + b, len(vocab))
+    assert len(vocab) == m["V"], (name, len(vocab))
+    tokenizer = {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": True} for i, t in enumerate(specials)],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": vocab, "merges": [[a, b] for a, b in merges]},
+    }
+    with open(os.path.join(folder, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(tokenizer, f, ensure_ascii=False, indent=1)
+    config = dict(TOKENIZER_CONFIG[name])
+    config.update({"chat_template": CHAT_TEMPLATES[name], "model_max_length": m["max_pos"],
+                   "tokenizer_class": "PreTrainedTokenizerFast"})
+    with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f, ensure_ascii=False, indent=2)
+
+
+def encode_without_merges(text, specials):
+    """Ids of `text` for a tokenizer with no merges: special tokens by name, every
+    other byte as its own byte token (ids after the specials)."""
+    ids, i = [], 0
+    while i < len(text):
+        special = next((s for s in specials if text.startswith(s, i)), None)
+        if special:
+            ids.append(specials.index(special))
+            i += len(special)
+        else:
+            ids.extend(len(specials) + b for b in text[i].encode("utf-8"))
+            i += 1
+    return ids
+
+
 # ---- the reference forward, float64, whole sequence at once (no KV cache) ----
 
 def rmsnorm(x, weight, eps):
@@ -178,12 +297,15 @@ def forward(w, m, tokens):
     return x @ head.T
 
 
-def greedy(w, m, prompt, count):
+def greedy(w, m, prompt, count, stop_id=None):
+    """Up to `count` argmax tokens after `prompt`; stops before `stop_id`."""
     tokens, margins = list(prompt), []
     for _ in range(count):
         last = forward(w, m, np.array(tokens))[-1]
         top2 = np.sort(last)[-2:]
         margins.append(top2[1] - top2[0])
+        if int(np.argmax(last)) == stop_id:
+            break
         tokens.append(int(np.argmax(last)))
     return np.array(tokens[len(prompt):], dtype=np.int32), np.array(margins)
 
@@ -196,6 +318,7 @@ def main():
         w = make_weights(m)
         write_config(os.path.join(folder, "config.json"), m)
         write_safetensors(os.path.join(folder, "model.safetensors"), w)
+        write_tokenizer(folder, name, m)
 
         # A prompt that touches both ends of the vocabulary and repeats a token.
         prompt = rng(m["seed"] + 1000).integers(0, m["V"], size=19).astype(np.int32)
@@ -208,6 +331,15 @@ def main():
         save(out, f"{name}_logits", logits)
         save(out, f"{name}_greedy", continuation)
         save(out, f"{name}_margin", margins)
+        if name == "tiny_smollm":
+            # The chat program's first turn, "Hi!", rendered by the template above.
+            text = ("<|im_start|>system\nYou are a tiny test model.<|im_end|>\n"
+                    "<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n")
+            chat_prompt = np.array(encode_without_merges(text, m["specials"]), dtype=np.int32)
+            reply, margins = greedy(w, m, chat_prompt, 12, stop_id=m["specials"].index("<|im_end|>"))
+            assert margins.min() > MIN_GREEDY_MARGIN, (name, "chat", margins.min())
+            save(out, f"{name}_chat_prompt", chat_prompt)
+            save(out, f"{name}_chat_reply", reply)
         if name == "tiny_bielik":
             long_prompt = rng(m["seed"] + 2000).integers(0, m["V"], size=150).astype(np.int32)
             save(out, f"{name}_long_prompt", long_prompt)
