@@ -84,18 +84,15 @@ void bench_model(const Model& model, double copy_gbs, BenchTable& table) {
   DeviceBuffer<uint16_t> out(size_t(model.H) * model.D);
   DecodeAttentionWorkspace workspace(model.H, model.D, kMaxSplits);
   DeviceBuffer<int> d_length(1);
-  // The graph form's grid is sized once, for the longest context.
-  const int graph_splits = decode_attention_default_splits(max_context, model.H, model.Hkv, model.D, kMaxSplits);
 
   for (int kv_len : {1024, 4096, 8192}) {
     const double bytes = cache_bytes(model, kv_len);
     auto add_row = [&](const std::string& version, const std::string& splits, double one_layer_us,
                        double step_us, const std::string& how) {
       const double step_gbs = gb_per_s(bytes * model.layers, step_us * 1e-3);
-      table.add_row({model.name, version, std::to_string(kv_len), splits,
-                     one_layer_us > 0 ? fmt(one_layer_us, 1) : "",
-                     one_layer_us > 0 ? fmt(gb_per_s(bytes, one_layer_us * 1e-3), 0) : "",
-                     one_layer_us > 0 ? fmt(100 * gb_per_s(bytes, one_layer_us * 1e-3) / copy_gbs, 1) : "",
+      table.add_row({model.name, version, std::to_string(kv_len), splits, fmt(one_layer_us, 1),
+                     fmt(gb_per_s(bytes, one_layer_us * 1e-3), 0),
+                     fmt(100 * gb_per_s(bytes, one_layer_us * 1e-3) / copy_gbs, 1),
                      fmt(step_us, 1) + " (" + how + ")", fmt(step_gbs, 0), fmt(100 * step_gbs / copy_gbs, 1)});
     };
     for (const DecodeAttentionVersion& version : kDecodeAttentionVersions) {
@@ -105,27 +102,32 @@ void bench_model(const Model& model, double copy_gbs, BenchTable& table) {
       };
       BenchTiming one = time_gpu([&] { launch(0); });
       BenchTiming per_layer = time_gpu_back_to_back(launch, model.layers);
-      std::string splits = std::string(version.name).rfind("v2", 0) == 0
-                               ? std::to_string(decode_attention_default_splits(kv_len, model.H, model.Hkv, model.D,
-                                                                                 kMaxSplits))
-                               : "";
-      add_row(version.name, splits, one.median_ms * 1e3, per_layer.median_ms * 1e3 * model.layers, "queued");
+      const std::string name = version.name;
+      std::string splits;
+      if (name.rfind("v2", 0) == 0) {
+        splits = std::to_string(decode_attention_v2_default_splits(kv_len, model.H, model.Hkv, model.D, kMaxSplits));
+      } else if (name.rfind("v3", 0) == 0) {
+        splits = std::to_string(decode_attention_v3_default_splits(kv_len, model.H, model.Hkv, model.D, kMaxSplits));
+      }
+      add_row(name, splits, one.median_ms * 1e3, per_layer.median_ms * 1e3 * model.layers, "queued");
     }
-    // The graph form: length read from the device, grid fixed for 8192 tokens.
+    // The graph forms: length read from the device, grid fixed for 8192 tokens.
     CUDA_CHECK(cudaMemcpy(d_length.data(), &kv_len, sizeof(int), cudaMemcpyHostToDevice));
-    auto launch_device = [&](int layer, cudaStream_t stream) {
-      decode_attention_v2_split_k_device_length(as_bf16(out.data()), as_bf16(q.data()), cache.k(layer),
-                                                cache.v(layer), d_length.data(), 0, max_context, model.H, model.Hkv,
-                                                model.D, graph_splits, &workspace, stream);
-    };
-    BenchTiming one = time_gpu([&] { launch_device(0, 0); });
-    add_row("v2_device_length", std::to_string(graph_splits), one.median_ms * 1e3,
-            graph_step_us(launch_device, model.layers), "CUDA graph");
+    for (const DecodeAttentionDeviceLengthVersion& version : kDecodeAttentionDeviceLengthVersions) {
+      const int graph_splits = version.default_splits(max_context, model.H, model.Hkv, model.D, kMaxSplits);
+      auto launch_device = [&](int layer, cudaStream_t stream) {
+        version.launch(as_bf16(out.data()), as_bf16(q.data()), cache.k(layer), cache.v(layer), d_length.data(), 0,
+                       max_context, model.H, model.Hkv, model.D, graph_splits, &workspace, stream);
+      };
+      BenchTiming one = time_gpu([&] { launch_device(0, 0); });
+      add_row(version.name, std::to_string(graph_splits), one.median_ms * 1e3,
+              graph_step_us(launch_device, model.layers), "CUDA graph");
+    }
   }
 }
 
-// v2 at 8192 tokens with the number of splits forced: too few leave SMs idle, too many
-// spend the time on per-block overheads and partial states.
+// v2 and v3 at 8192 tokens with the number of splits forced: too few leave SMs idle,
+// too many spend the time on per-block overheads and partial states.
 void bench_splits(double copy_gbs) {
   const Model bielik{"Bielik", 12, 2, 128, 32};
   const int kv_len = 8192;
@@ -133,23 +135,41 @@ void bench_splits(double copy_gbs) {
   DeviceBuffer<uint16_t> q(random_bf16(size_t(bielik.H) * bielik.D, 8)), out(size_t(bielik.H) * bielik.D);
   DecodeAttentionWorkspace workspace(bielik.H, bielik.D, kMaxSplits);
   const double bytes = cache_bytes(bielik, kv_len);
-  const int chosen = decode_attention_default_splits(kv_len, bielik.H, bielik.Hkv, bielik.D, kMaxSplits);
-  BenchTable table("kv_cache_splits", {"splits", "keys per split", "blocks", "1 layer (us)", "GB/s",
+  BenchTable table("kv_cache_splits", {"version", "splits", "keys per split", "blocks with keys", "1 layer (us)", "GB/s",
                                        "% of copy BW", "32 layers queued (us)", "GB/s", "% of copy BW"});
-  for (int splits : {1, 8, 16, 33, 66, chosen, 2 * chosen, 4 * chosen}) {
-    auto launch = [&](int layer) {
-      decode_attention_v2_split_k_with_splits(as_bf16(out.data()), as_bf16(q.data()), cache.k(layer),
-                                              cache.v(layer), kv_len, kv_len, bielik.H, bielik.Hkv, bielik.D,
-                                              splits, &workspace);
-    };
-    BenchTiming one = time_gpu([&] { launch(0); });
-    BenchTiming per_layer = time_gpu_back_to_back(launch, bielik.layers);
-    double gbs = gb_per_s(bytes, one.median_ms), step_gbs = gb_per_s(bytes, per_layer.median_ms);
-    int keys = std::max((kv_len + splits - 1) / splits, kDecodeMinKeysPerSplit);
-    table.add_row({std::to_string(splits) + (splits == chosen ? " (default)" : ""), std::to_string(keys),
-                   std::to_string(splits * bielik.Hkv), fmt(one.median_ms * 1e3, 1), fmt(gbs, 0),
-                   fmt(100 * gbs / copy_gbs, 1), fmt(per_layer.median_ms * 1e3 * bielik.layers, 1), fmt(step_gbs, 0),
-                   fmt(100 * step_gbs / copy_gbs, 1)});
+  using WithSplits = void (*)(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
+                              int, int, int, int, int, int, DecodeAttentionWorkspace*, cudaStream_t);
+  struct Swept {
+    const char* name;
+    WithSplits launch;
+    int chosen, min_keys;
+  };
+  const Swept swept[] = {
+      {"v2_split_k", decode_attention_v2_split_k_with_splits,
+       decode_attention_v2_default_splits(kv_len, bielik.H, bielik.Hkv, bielik.D, kMaxSplits), kDecodeMinKeysPerSplit},
+      {"v3_pipelined", decode_attention_v3_pipelined_with_splits,
+       decode_attention_v3_default_splits(kv_len, bielik.H, bielik.Hkv, bielik.D, kMaxSplits),
+       kDecodeV3MinKeysPerSplit},
+  };
+  for (const Swept& version : swept) {
+    std::vector<int> counts = {8, 16, 33, 66, 128, 256, 512, version.chosen};
+    std::sort(counts.begin(), counts.end());
+    counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
+    for (int splits : counts) {
+      auto launch = [&](int layer) {
+        version.launch(as_bf16(out.data()), as_bf16(q.data()), cache.k(layer), cache.v(layer), kv_len, kv_len,
+                       bielik.H, bielik.Hkv, bielik.D, splits, &workspace, 0);
+      };
+      BenchTiming one = time_gpu([&] { launch(0); });
+      BenchTiming per_layer = time_gpu_back_to_back(launch, bielik.layers);
+      double gbs = gb_per_s(bytes, one.median_ms), step_gbs = gb_per_s(bytes, per_layer.median_ms);
+      int keys = std::max((kv_len + splits - 1) / splits, version.min_keys);
+      int busy = std::min(splits, (kv_len + keys - 1) / keys);  // splits that get keys
+      table.add_row({version.name, std::to_string(splits) + (splits == version.chosen ? " (default)" : ""),
+                     std::to_string(keys), std::to_string(busy * bielik.Hkv), fmt(one.median_ms * 1e3, 1),
+                     fmt(gbs, 0), fmt(100 * gbs / copy_gbs, 1), fmt(per_layer.median_ms * 1e3 * bielik.layers, 1),
+                     fmt(step_gbs, 0), fmt(100 * step_gbs / copy_gbs, 1)});
+    }
   }
   table.print();
 }

@@ -53,14 +53,19 @@ struct DecodeAttentionWorkspace {
   DeviceBuffer<float> partial_ml;   ///< (max_splits, H, 2) running max m (log2 units) and sum l
 };
 
-/// Splits the split-K versions use when called with a host-side length: one full wave
-/// of blocks (Hkv * splits = SMs * resident blocks per SM, from the kernel's occupancy),
-/// but no split shorter than kDecodeMinKeysPerSplit keys, and at most `max_splits`.
-int decode_attention_default_splits(int kv_len, int H, int Hkv, int D, int max_splits);
+/// Splits v2 uses when called with a host-side length: one full wave of blocks
+/// (Hkv * splits = SMs * resident blocks per SM, from the kernel's occupancy), but no
+/// split shorter than kDecodeMinKeysPerSplit keys, and at most min(max_splits, 1024).
+int decode_attention_v2_default_splits(int kv_len, int H, int Hkv, int D, int max_splits);
 
-/// Keys a split-K block handles at least: below this the per-block fixed costs (the
+/// Keys a v2 block handles at least: below this the per-block fixed costs (the
 /// in-block merge, writing a partial) outweigh the keys it streams.
 constexpr int kDecodeMinKeysPerSplit = 64;
+/// The same for v3, whose blocks stream a short chunk faster (one or two rounds).
+constexpr int kDecodeV3MinKeysPerSplit = 16;
+
+/// Splits v3 uses for a host-side length: as v2, with kDecodeV3MinKeysPerSplit.
+int decode_attention_v3_default_splits(int kv_len, int H, int Hkv, int D, int max_splits);
 
 /// v1: one block per query head, looping over every key with an online softmax.
 /// Simple and correct; it uses only H blocks (12 of 132 SMs for Bielik) and reads each
@@ -77,7 +82,7 @@ void decode_attention_v1_block_per_head(__nv_bfloat16* out, const __nv_bfloat16*
 /// v2: split-K "flash decoding". Grid (splits, Hkv): each block streams one chunk of one
 /// kv head's keys ONCE and keeps partial softmax states for all G query heads of the
 /// group; a combine kernel merges the splits. Splits from
-/// decode_attention_default_splits(kv_len, H, Hkv, D, workspace->max_splits). Same parameters
+/// decode_attention_v2_default_splits(kv_len, H, Hkv, D, workspace->max_splits). Same parameters
 /// as v1; `workspace` must be sized for (H, D).
 void decode_attention_v2_split_k(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k_cache,
                                  const __nv_bfloat16* v_cache, int kv_len, int max_context, int H, int Hkv, int D,
@@ -95,13 +100,32 @@ void decode_attention_v2_split_k_with_splits(__nv_bfloat16* out, const __nv_bflo
 /// decoding), clamped to max_context. The grid is fixed at (num_splits, Hkv) whatever
 /// the length, so one captured launch serves every step; each block derives its chunk
 /// from kv_len and blocks past the end only mark their partial empty and exit.
-/// A good num_splits: decode_attention_default_splits(max_context, H, Hkv, D, max_splits).
+/// A good num_splits: decode_attention_v2_default_splits(max_context, H, Hkv, D, max_splits).
 /// @param d_length (1) device, e.g. KvCache::device_length()
 void decode_attention_v2_split_k_device_length(__nv_bfloat16* out, const __nv_bfloat16* q,
                                                const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
                                                const int* d_length, int new_tokens, int max_context, int H,
                                                int Hkv, int D, int num_splits,
                                                DecodeAttentionWorkspace* workspace, cudaStream_t stream = 0);
+
+/// v3: v2 with software-pipelined loads (the next round's K/V in flight while the
+/// current one is computed), splits down to 16 keys, a one-round combine launched with
+/// programmatic dependent launch on Hopper. Splits from
+/// decode_attention_v3_default_splits. Same parameters as v1.
+void decode_attention_v3_pipelined(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k_cache,
+                                   const __nv_bfloat16* v_cache, int kv_len, int max_context, int H, int Hkv, int D,
+                                   DecodeAttentionWorkspace* workspace, cudaStream_t stream = 0);
+/// v3 with the number of splits given. 1 <= num_splits <= workspace->max_splits.
+void decode_attention_v3_pipelined_with_splits(__nv_bfloat16* out, const __nv_bfloat16* q,
+                                               const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
+                                               int kv_len, int max_context, int H, int Hkv, int D, int num_splits,
+                                               DecodeAttentionWorkspace* workspace, cudaStream_t stream = 0);
+/// v3 for CUDA graphs, as decode_attention_v2_split_k_device_length.
+void decode_attention_v3_pipelined_device_length(__nv_bfloat16* out, const __nv_bfloat16* q,
+                                                 const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
+                                                 const int* d_length, int new_tokens, int max_context, int H,
+                                                 int Hkv, int D, int num_splits,
+                                                 DecodeAttentionWorkspace* workspace, cudaStream_t stream = 0);
 
 /// Every GPU version, in order, so tests and the benchmark loop over the same list.
 using DecodeAttentionLauncher = void (*)(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
@@ -114,13 +138,29 @@ struct DecodeAttentionVersion {
 inline constexpr DecodeAttentionVersion kDecodeAttentionVersions[] = {
     {"v1_block_per_head", decode_attention_v1_block_per_head},
     {"v2_split_k", decode_attention_v2_split_k},
+    {"v3_pipelined", decode_attention_v3_pipelined},
+};
+
+/// The graph forms (length read on the GPU), with the split count each would pick.
+using DecodeAttentionDeviceLengthLauncher = void (*)(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
+                                                     const __nv_bfloat16*, const int*, int, int, int, int, int, int,
+                                                     DecodeAttentionWorkspace*, cudaStream_t);
+struct DecodeAttentionDeviceLengthVersion {
+  const char* name;
+  DecodeAttentionDeviceLengthLauncher launch;
+  int (*default_splits)(int kv_len, int H, int Hkv, int D, int max_splits);
+};
+inline constexpr DecodeAttentionDeviceLengthVersion kDecodeAttentionDeviceLengthVersions[] = {
+    {"v2_split_k_device_length", decode_attention_v2_split_k_device_length, decode_attention_v2_default_splits},
+    {"v3_pipelined_device_length", decode_attention_v3_pipelined_device_length,
+     decode_attention_v3_default_splits},
 };
 
 /// The version the model calls (the fastest one measured, see README).
 inline void decode_attention_forward(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k_cache,
                                      const __nv_bfloat16* v_cache, int kv_len, int max_context, int H, int Hkv,
                                      int D, DecodeAttentionWorkspace* workspace, cudaStream_t stream = 0) {
-  decode_attention_v2_split_k(out, q, k_cache, v_cache, kv_len, max_context, H, Hkv, D, workspace, stream);
+  decode_attention_v3_pipelined(out, q, k_cache, v_cache, kv_len, max_context, H, Hkv, D, workspace, stream);
 }
 
 }  // namespace bielik

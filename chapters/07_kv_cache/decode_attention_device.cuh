@@ -78,4 +78,136 @@ __device__ __forceinline__ void warp_merge_groups(float& m, float& l, float (&ac
   }
 }
 
+/// The G query heads of kv head `kv_head`, this lane's 8 dims of each, pre-scaled by
+/// log2(e)/sqrt(D) so that scores come out in log2 units.
+template <int D, int G>
+__device__ __forceinline__ void load_q_slices(float (&q_slice)[G][8], const __nv_bfloat16* q /* (H, D) */,
+                                              int kv_head, int sub) {
+  const float q_scale = kLog2e * rsqrtf(float(D));
+#pragma unroll
+  for (int i = 0; i < G; ++i) {
+    bf16x8_to_float(*reinterpret_cast<const int4*>(q + (size_t(kv_head) * G + i) * D + sub * 8), q_slice[i]);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) q_slice[i][e] *= q_scale;
+  }
+}
+
+/// Issues the loads of U keys and values for one lane group: key u is
+/// base + u * groups + group (so a warp's groups read neighbouring rows), none past `end`
+/// (those stay zero and are marked invalid). `keys`/`values` already point at this
+/// lane's 8 dims of position 0 of the kv head.
+template <int D, int U>
+__device__ __forceinline__ void load_keys(int4 (&k_raw)[U], int4 (&v_raw)[U], const __nv_bfloat16* keys,
+                                          const __nv_bfloat16* values, int base, int group, int groups, int end) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int key = base + u * groups + group;
+    k_raw[u] = v_raw[u] = make_int4(0, 0, 0, 0);
+    if (key < end) {
+      k_raw[u] = __ldg(reinterpret_cast<const int4*>(keys + size_t(key) * D));
+      v_raw[u] = __ldg(reinterpret_cast<const int4*>(values + size_t(key) * D));
+    }
+  }
+}
+
+/// The U keys loaded by load_keys(base, ...) enter the G heads' softmax states: scores
+/// (8 FMAs per lane and head, summed over the lane group), then ONE online-softmax
+/// update per head for the U keys together (one rescale instead of U). All lanes call.
+template <int D, int G, int U>
+__device__ __forceinline__ void update_states(float (&m)[G], float (&l)[G], float (&acc)[G][8],
+                                              const float (&q_slice)[G][8], const int4 (&k_raw)[U],
+                                              const int4 (&v_raw)[U], int base, int group, int groups, int end) {
+  float s[U][G];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const bool valid = base + u * groups + group < end;
+    float k[8];
+    bf16x8_to_float(k_raw[u], k);
+#pragma unroll
+    for (int i = 0; i < G; ++i) {
+      float dot = 0;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dot += q_slice[i][e] * k[e];
+      s[u][i] = group_sum<LaneLayout<D>::kLanesPerKey>(dot);
+      if (!valid) s[u][i] = -INFINITY;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < G; ++i) {
+    float m_new = m[i];
+#pragma unroll
+    for (int u = 0; u < U; ++u) m_new = fmaxf(m_new, s[u][i]);
+    if (m_new == -INFINITY) continue;  // this group has seen no key yet
+    const float alpha = exp2f(m[i] - m_new);
+    l[i] *= alpha;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[i][e] *= alpha;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const float p = exp2f(s[u][i] - m_new);  // 0 for an invalid key
+      float v[8];
+      bf16x8_to_float(v_raw[u], v);  // zeros for an invalid key; unpacked where used (registers)
+      l[i] += p;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[i][e] += p * v[e];
+    }
+    m[i] = m_new;
+  }
+}
+
+/// Merges the block's lane-group states (shuffles within each warp, shared memory across
+/// the kWarps warps) and writes the block's partial state for its G heads:
+/// acc_out (G, D) and ml_out (G, 2). Called by all threads of a block whose key range
+/// was not empty.
+template <int D, int G, int kWarps>
+__device__ __forceinline__ void write_block_partial(float* acc_out, float* ml_out, float (&m)[G], float (&l)[G],
+                                                    float (&acc)[G][8]) {
+  constexpr int kLanesPerKey = LaneLayout<D>::kLanesPerKey;
+  __shared__ float s_m[kWarps][G], s_l[kWarps][G];
+  __shared__ float s_acc[kWarps][G][D];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane % kLanesPerKey;
+#pragma unroll
+  for (int i = 0; i < G; ++i) {
+    warp_merge_groups<kLanesPerKey>(m[i], l[i], acc[i]);
+    if (lane < kLanesPerKey) {  // group 0 of each warp now holds the warp's state
+      float4* row = reinterpret_cast<float4*>(&s_acc[warp][i][sub * 8]);
+      row[0] = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+      row[1] = make_float4(acc[i][4], acc[i][5], acc[i][6], acc[i][7]);
+      if (sub == 0) {
+        s_m[warp][i] = m[i];
+        s_l[warp][i] = l[i];
+      }
+    }
+  }
+  __syncthreads();
+  for (int index = threadIdx.x; index < G * D; index += blockDim.x) {
+    const int i = index / D, d = index % D;
+    float m_max = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) m_max = fmaxf(m_max, s_m[w][i]);  // finite: the range is not empty
+    float l_sum = 0, a_sum = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float weight = exp2f(s_m[w][i] - m_max);  // 0 for a warp that saw no key
+      l_sum += s_l[w][i] * weight;
+      a_sum += s_acc[w][i][d] * weight;
+    }
+    acc_out[size_t(i) * D + d] = a_sum;
+    if (d == 0) {
+      ml_out[2 * i] = m_max;
+      ml_out[2 * i + 1] = l_sum;
+    }
+  }
+}
+
+/// A block whose key range is empty leaves "no keys" (m = -inf, l = 0) for its G heads;
+/// its acc is not written, and a combine skips it without reading it.
+template <int G>
+__device__ __forceinline__ void write_empty_partial(float* ml_out /* (G, 2) */) {
+  if (threadIdx.x < G) {
+    ml_out[2 * threadIdx.x] = -INFINITY;
+    ml_out[2 * threadIdx.x + 1] = 0;
+  }
+}
+
 }  // namespace bielik::decode

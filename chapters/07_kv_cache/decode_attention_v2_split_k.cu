@@ -48,8 +48,8 @@ __global__ void __launch_bounds__(kV2Warps * 32)
   constexpr int kGroups = kV2Warps * Layout::kKeysPerWarp;  // lane groups in the block
   constexpr int kKeysPerIteration = kGroups * kV2Unroll;
   const int split = blockIdx.x, kv_head = blockIdx.y;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int group = warp * Layout::kKeysPerWarp + lane / Layout::kLanesPerKey;
+  const int lane = threadIdx.x % 32;
+  const int group = threadIdx.x / 32 * Layout::kKeysPerWarp + lane / Layout::kLanesPerKey;
   const int sub = lane % Layout::kLanesPerKey;  // this lane's 8 dims: [sub*8, sub*8+8)
 
   // This block's keys. Every block computes the same chunk size from kv_len.
@@ -59,25 +59,14 @@ __global__ void __launch_bounds__(kV2Warps * 32)
   const int begin = split * chunk, end = min(kv_len, begin + chunk);
   float* ml_out = partial_ml + (size_t(split) * H + kv_head * G) * 2;
   float* acc_out = partial_acc + (size_t(split) * H + kv_head * G) * D;
-  if (begin >= end) {  // past the end: an empty state (the combine skips it, acc unread)
-    if (threadIdx.x < G) {
-      ml_out[2 * threadIdx.x] = -INFINITY;
-      ml_out[2 * threadIdx.x + 1] = 0;
-    }
+  if (begin >= end) {  // past the end
+    decode::write_empty_partial<G>(ml_out);
     return;
   }
 
   // G query heads share this kv head: q_slice[i] is head (kv_head*G + i)'s slice.
-  const float q_scale = decode::kLog2e * rsqrtf(float(D));
   float q_slice[G][8];
-#pragma unroll
-  for (int i = 0; i < G; ++i) {
-    decode::bf16x8_to_float(*reinterpret_cast<const int4*>(q + (size_t(kv_head) * G + i) * D + sub * 8),
-                            q_slice[i]);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) q_slice[i][e] *= q_scale;
-  }
-
+  decode::load_q_slices<D, G>(q_slice, q, kv_head, sub);
   const __nv_bfloat16* keys = k_cache + size_t(kv_head) * max_context * D + sub * 8;
   const __nv_bfloat16* values = v_cache + size_t(kv_head) * max_context * D + sub * 8;
   float m[G], l[G], acc[G][8];
@@ -88,96 +77,14 @@ __global__ void __launch_bounds__(kV2Warps * 32)
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[i][e] = 0;
   }
-
   for (int base = begin; base < end; base += kKeysPerIteration) {  // uniform trip count
-    // All loads first. Key u of this group is base + u*kGroups + group: a warp's lane
-    // groups read neighbouring rows, so each load instruction covers 512 contiguous bytes.
+    // All kUnroll keys' loads first (each warp load instruction covers 512 contiguous
+    // bytes), then the scores and one online-softmax update per head.
     int4 k_raw[kV2Unroll], v_raw[kV2Unroll];
-    bool valid[kV2Unroll];
-#pragma unroll
-    for (int u = 0; u < kV2Unroll; ++u) {
-      const int key = base + u * kGroups + group;
-      valid[u] = key < end;
-      k_raw[u] = v_raw[u] = make_int4(0, 0, 0, 0);
-      if (valid[u]) {
-        k_raw[u] = __ldg(reinterpret_cast<const int4*>(keys + size_t(key) * D));
-        v_raw[u] = __ldg(reinterpret_cast<const int4*>(values + size_t(key) * D));
-      }
-    }
-    // Scores of the kUnroll keys for all G heads.
-    float s[kV2Unroll][G];
-#pragma unroll
-    for (int u = 0; u < kV2Unroll; ++u) {
-      float k[8];
-      decode::bf16x8_to_float(k_raw[u], k);
-#pragma unroll
-      for (int i = 0; i < G; ++i) {
-        float dot = 0;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) dot += q_slice[i][e] * k[e];
-        s[u][i] = decode::group_sum<Layout::kLanesPerKey>(dot);
-        if (!valid[u]) s[u][i] = -INFINITY;
-      }
-    }
-    // One online-softmax update per head for the kUnroll keys together.
-#pragma unroll
-    for (int i = 0; i < G; ++i) {
-      float m_new = m[i];
-#pragma unroll
-      for (int u = 0; u < kV2Unroll; ++u) m_new = fmaxf(m_new, s[u][i]);
-      if (m_new == -INFINITY) continue;  // this group has seen no key yet
-      const float alpha = exp2f(m[i] - m_new);
-      l[i] *= alpha;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[i][e] *= alpha;
-#pragma unroll
-      for (int u = 0; u < kV2Unroll; ++u) {
-        const float p = exp2f(s[u][i] - m_new);  // 0 for an invalid key
-        float v[8];
-        decode::bf16x8_to_float(v_raw[u], v);  // zeros for an invalid key
-        l[i] += p;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[i][e] += p * v[e];
-      }
-      m[i] = m_new;
-    }
+    decode::load_keys<D, kV2Unroll>(k_raw, v_raw, keys, values, base, group, kGroups, end);
+    decode::update_states<D, G, kV2Unroll>(m, l, acc, q_slice, k_raw, v_raw, base, group, kGroups, end);
   }
-
-  // Merge the lane groups of each warp, then the warps through shared memory.
-  __shared__ float s_m[kV2Warps][G], s_l[kV2Warps][G];
-  __shared__ float s_acc[kV2Warps][G][D];
-#pragma unroll
-  for (int i = 0; i < G; ++i) {
-    decode::warp_merge_groups<Layout::kLanesPerKey>(m[i], l[i], acc[i]);
-    if (lane < Layout::kLanesPerKey) {
-      float4* row = reinterpret_cast<float4*>(&s_acc[warp][i][sub * 8]);
-      row[0] = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
-      row[1] = make_float4(acc[i][4], acc[i][5], acc[i][6], acc[i][7]);
-      if (sub == 0) {
-        s_m[warp][i] = m[i];
-        s_l[warp][i] = l[i];
-      }
-    }
-  }
-  __syncthreads();
-  for (int index = threadIdx.x; index < G * D; index += blockDim.x) {
-    const int i = index / D, d = index % D;
-    float m_max = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kV2Warps; ++w) m_max = fmaxf(m_max, s_m[w][i]);  // finite: the chunk is not empty
-    float l_sum = 0, a_sum = 0;
-#pragma unroll
-    for (int w = 0; w < kV2Warps; ++w) {
-      const float weight = exp2f(s_m[w][i] - m_max);
-      l_sum += s_l[w][i] * weight;
-      a_sum += s_acc[w][i][d] * weight;
-    }
-    acc_out[size_t(i) * D + d] = a_sum;
-    if (d == 0) {
-      ml_out[2 * i] = m_max;
-      ml_out[2 * i + 1] = l_sum;
-    }
-  }
+  decode::write_block_partial<D, G, kV2Warps>(acc_out, ml_out, m, l, acc);
 }
 
 // Block reduction over kCombineThreads threads (max or sum), result in every thread.
@@ -310,7 +217,7 @@ void launch_v2(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* 
 
 }  // namespace
 
-int decode_attention_default_splits(int kv_len, int H, int Hkv, int D, int max_splits) {
+int decode_attention_v2_default_splits(int kv_len, int H, int Hkv, int D, int max_splits) {
   decode_attention_check_shape(nullptr, nullptr, nullptr, std::max(kv_len, 1), H, Hkv, D);
   // One full wave: as many blocks as fit on all SMs at once (the split kernel's
   // occupancy is set by its registers: G accumulators of 8 floats per lane).
@@ -339,7 +246,7 @@ void decode_attention_v2_split_k(__nv_bfloat16* out, const __nv_bfloat16* q, con
   decode_attention_check_shape(q, k_cache, v_cache, max_context, H, Hkv, D);
   decode_attention_check_length(kv_len, max_context);
   check_workspace(workspace, H, D, 1);
-  int num_splits = decode_attention_default_splits(kv_len, H, Hkv, D, workspace->max_splits);
+  int num_splits = decode_attention_v2_default_splits(kv_len, H, Hkv, D, workspace->max_splits);
   launch_v2(out, q, k_cache, v_cache, nullptr, kv_len, max_context, H, Hkv, D, num_splits, workspace, stream);
 }
 

@@ -118,25 +118,29 @@ TEST_CASE("decode over the cache equals the last row of causal attention (golden
         std::string label = name + " " + version.name + " kv_len=" + std::to_string(kv_len);
         require_close(label, run_version(version, q, cache, layer, kv_len, H, workspace), want);
       }
-      // v2 with split counts that leave blocks empty, one split, and more splits than keys.
-      for (int splits : {1, 3, 7, 64, kMaxSplits}) {
+      // Split counts that leave blocks empty, one split, and more splits than keys.
+      for (auto [label, with_splits] : {std::pair{"v2", decode_attention_v2_split_k_with_splits},
+                                        std::pair{"v3", decode_attention_v3_pipelined_with_splits}}) {
+        for (int splits : {1, 3, 7, 64, kMaxSplits}) {
+          DeviceBuffer<uint16_t> out(size_t(H) * D);
+          out.fill_bytes(0xFF);
+          with_splits(as_bf16(out.data()), as_bf16(q.data()), cache.k(layer), cache.v(layer), kv_len,
+                      cache.max_context(), H, Hkv, D, splits, &workspace, 0);
+          CUDA_CHECK(cudaDeviceSynchronize());
+          require_close(name + " " + label + " splits=" + std::to_string(splits) + " kv_len=" +
+                            std::to_string(kv_len),
+                        out.to_host(), want);
+        }
+      }
+      // The graph forms, length read from the device (the committed length, 0 new tokens).
+      for (const DecodeAttentionDeviceLengthVersion& version : kDecodeAttentionDeviceLengthVersions) {
         DeviceBuffer<uint16_t> out(size_t(H) * D);
         out.fill_bytes(0xFF);
-        decode_attention_v2_split_k_with_splits(as_bf16(out.data()), as_bf16(q.data()), cache.k(layer),
-                                                cache.v(layer), kv_len, cache.max_context(), H, Hkv, D, splits,
-                                                &workspace);
+        version.launch(as_bf16(out.data()), as_bf16(q.data()), cache.k(layer), cache.v(layer),
+                       cache.device_length(), 0, cache.max_context(), H, Hkv, D, 132, &workspace, 0);
         CUDA_CHECK(cudaDeviceSynchronize());
-        require_close(name + " v2 splits=" + std::to_string(splits) + " kv_len=" + std::to_string(kv_len),
-                      out.to_host(), want);
+        require_close(name + " " + version.name + " kv_len=" + std::to_string(kv_len), out.to_host(), want);
       }
-      // The graph form, length read from the device (the committed length, 0 new tokens).
-      DeviceBuffer<uint16_t> out(size_t(H) * D);
-      out.fill_bytes(0xFF);
-      decode_attention_v2_split_k_device_length(as_bf16(out.data()), as_bf16(q.data()), cache.k(layer),
-                                                cache.v(layer), cache.device_length(), 0, cache.max_context(), H,
-                                                Hkv, D, 132, &workspace);
-      CUDA_CHECK(cudaDeviceSynchronize());
-      require_close(name + " v2 device length kv_len=" + std::to_string(kv_len), out.to_host(), want);
     }
   }
 }
@@ -170,16 +174,17 @@ TEST_CASE("chunked prefill, then token-by-token decode, reproduces every row", "
       for (int layer = 0; layer < layers; ++layer) {
         cache.append(layer, sequence.k_at(p), sequence.v_at(p), 1);
         const int kv_len = cache.length() + 1;  // this token's key is in, not yet committed
-        const DecodeAttentionVersion& version = kDecodeAttentionVersions[layer % 2];
+        const DecodeAttentionVersion& version = kDecodeAttentionVersions[layer % std::size(kDecodeAttentionVersions)];
         require_close(name + " " + version.name + " p=" + std::to_string(p) + " layer " + std::to_string(layer),
                       run_version(version, q, cache, layer, kv_len, H, workspace), want);
-        DeviceBuffer<uint16_t> out(size_t(H) * D);
-        out.fill_bytes(0xFF);
-        decode_attention_v2_split_k_device_length(as_bf16(out.data()), as_bf16(q.data()), cache.k(layer),
-                                                  cache.v(layer), cache.device_length(), 1, cache.max_context(),
-                                                  H, Hkv, D, 7, &workspace);
-        CUDA_CHECK(cudaDeviceSynchronize());
-        require_close(name + " v2 device length p=" + std::to_string(p), out.to_host(), want);
+        for (const DecodeAttentionDeviceLengthVersion& device_version : kDecodeAttentionDeviceLengthVersions) {
+          DeviceBuffer<uint16_t> out(size_t(H) * D);
+          out.fill_bytes(0xFF);
+          device_version.launch(as_bf16(out.data()), as_bf16(q.data()), cache.k(layer), cache.v(layer),
+                                cache.device_length(), 1, cache.max_context(), H, Hkv, D, 7, &workspace, 0);
+          CUDA_CHECK(cudaDeviceSynchronize());
+          require_close(name + " " + device_version.name + " p=" + std::to_string(p), out.to_host(), want);
+        }
       }
       cache.commit(1);
     }
@@ -204,9 +209,13 @@ TEST_CASE("chunked prefill, then token-by-token decode, reproduces every row", "
   }
 }
 
-TEST_CASE("a captured decode-step graph replays correctly as the cache grows", "[ch07][gpu]") {
-  // The graph holds: append at *d_length, attention over *d_length + 1 keys, *d_length += 1.
-  // Nothing about the position is baked in; only the inputs' contents change per replay.
+namespace {
+
+// Captures one decode step of `version` in a CUDA graph: append at *d_length, attention
+// over *d_length + 1 keys, *d_length += 1. Nothing about the position is baked in; only
+// the inputs' contents change per replay. Replays it token after token.
+void check_graph_replay(const DecodeAttentionDeviceLengthVersion& version) {
+  INFO(version.name);
   NpyArray q_file = load("odd_steps_q"), k_file = load("odd_steps_k"), v_file = load("odd_steps_v");
   std::vector<double> expected = load("odd_steps_expected").to_double();
   const int T = int(q_file.shape[0]), H = int(q_file.shape[1]), D = int(q_file.shape[2]);
@@ -221,7 +230,7 @@ TEST_CASE("a captured decode-step graph replays correctly as the cache grows", "
   cache.commit(prompt);
 
   DeviceBuffer<uint16_t> q(size_t(H) * D), k_step(size_t(Hkv) * D), v_step(size_t(Hkv) * D), out(size_t(H) * D);
-  const int splits = decode_attention_default_splits(T, H, Hkv, D, kMaxSplits);
+  const int splits = version.default_splits(T, H, Hkv, D, kMaxSplits);
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaGraph_t graph;
@@ -229,8 +238,8 @@ TEST_CASE("a captured decode-step graph replays correctly as the cache grows", "
   CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   kv_cache_append_at_device_length(cache.k(0), cache.v(0), as_bf16(k_step.data()), as_bf16(v_step.data()),
                                    cache.device_length(), 1, Hkv, D, T, stream);
-  decode_attention_v2_split_k_device_length(as_bf16(out.data()), as_bf16(q.data()), cache.k(0), cache.v(0),
-                                            cache.device_length(), 1, T, H, Hkv, D, splits, &workspace, stream);
+  version.launch(as_bf16(out.data()), as_bf16(q.data()), cache.k(0), cache.v(0), cache.device_length(), 1, T, H,
+                 Hkv, D, splits, &workspace, stream);
   kv_cache_advance_device_length(cache.device_length(), 1, stream);
   CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
   CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
@@ -264,6 +273,14 @@ TEST_CASE("a captured decode-step graph replays correctly as the cache grows", "
   CUDA_CHECK(cudaGraphExecDestroy(exec));
   CUDA_CHECK(cudaGraphDestroy(graph));
   CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+}  // namespace
+
+TEST_CASE("a captured decode-step graph replays correctly as the cache grows", "[ch07][gpu]") {
+  for (const DecodeAttentionDeviceLengthVersion& version : kDecodeAttentionDeviceLengthVersions) {
+    check_graph_replay(version);
+  }
 }
 
 TEST_CASE("appending in two chunks equals appending in one, and matches the CPU append", "[ch07][gpu]") {
@@ -373,12 +390,14 @@ TEST_CASE("every decode version matches the CPU reference on fresh random inputs
     for (const DecodeAttentionVersion& version : kDecodeAttentionVersions) {
       require_close(version.name, run_version(version, q, cache, 0, kv_len, H, workspace), expected);
     }
-    DeviceBuffer<uint16_t> out(size_t(H) * D);
-    out.fill_bytes(0xFF);
-    decode_attention_v2_split_k_device_length(as_bf16(out.data()), as_bf16(q.data()), cache.k(0), cache.v(0),
-                                              cache.device_length(), 0, max_context, H, Hkv, D, 100, &workspace);
-    CUDA_CHECK(cudaDeviceSynchronize());
-    require_close("v2 device length", out.to_host(), expected);
+    for (const DecodeAttentionDeviceLengthVersion& version : kDecodeAttentionDeviceLengthVersions) {
+      DeviceBuffer<uint16_t> out(size_t(H) * D);
+      out.fill_bytes(0xFF);
+      version.launch(as_bf16(out.data()), as_bf16(q.data()), cache.k(0), cache.v(0), cache.device_length(), 0,
+                     max_context, H, Hkv, D, 100, &workspace, 0);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      require_close(version.name, out.to_host(), expected);
+    }
   }
 }
 
@@ -403,6 +422,9 @@ TEST_CASE("decode launchers reject shapes they were not compiled for", "[ch07][g
                     std::invalid_argument);
   REQUIRE_THROWS_AS(decode_attention_v2_split_k_with_splits(as_bf16(out.data()), as_bf16(q.data()), cache.k(0),
                                                             cache.v(0), 5, 16, 12, 2, 128, 5, &workspace),
+                    std::invalid_argument);
+  REQUIRE_THROWS_AS(decode_attention_v3_pipelined_with_splits(as_bf16(out.data()), as_bf16(q.data()), cache.k(0),
+                                                              cache.v(0), 5, 16, 12, 2, 128, 5, &workspace),
                     std::invalid_argument);
   REQUIRE_THROWS_AS(KvCache(1, 2, 100, 16), std::invalid_argument);
   REQUIRE_THROWS_AS(cache.k(1), std::out_of_range);
