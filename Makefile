@@ -4,7 +4,7 @@
 #   make chapter N=02      build and test chapters 00..02 only (staged build)
 #   make bench             run every bench_* program (needs a GPU)
 #   make golden            (re)generate the golden .npy cases
-#   make chat              the Bielik / SmolLM2 chat (arrives with chapter 08)
+#   make chat              chat with SmolLM2-135M (offline default); MODEL=bielik ARGS='...'
 #   make docs              Doxygen HTML into build/docs
 #
 # Variables: BUILD=build  CUDA_ARCH=90 (default: the GPU here, else 89;90)  JOBS=N
