@@ -11,9 +11,14 @@
 //
 // Every timed output is first compared with cuBLASLt's on the same inputs (relative
 // norm error <= 1e-2; "CHECK FAILED" otherwise): a fast wrong kernel is not fast.
+//
+// BIELIK_BENCH_VERSIONS=regex times only the matching versions (cuBLASLt, the
+// reference, always runs), e.g. BIELIK_BENCH_VERSIONS='v4|v5'.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <regex>
 #include <string>
 
 #include "bench.cuh"
@@ -98,17 +103,54 @@ int main() {
   CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, 0));
   std::printf("v5 (wgmma, sm_90a) available: %s\n", matmul_v5_available() ? "yes" : "no");
 
+  std::regex selected(std::getenv("BIELIK_BENCH_VERSIONS") ? std::getenv("BIELIK_BENCH_VERSIONS") : ".");
   std::vector<Entry> entries;
   for (const MatmulVersion& v : kMatmulVersions) {
-    if (!v.available()) continue;
+    if (!v.available() || (v.launch != matmul_cublaslt && !std::regex_search(v.name, selected))) continue;
     bool own_tc = v.launch == matmul_v4_tensor_cores || v.launch == matmul_v5_wgmma;
     entries.push_back({v.name, v.launch, own_tc});
   }
   entries.push_back({"gemv_v1 (T<=8)", gemv_v1_warp_per_row, false});
   entries.push_back({"matmul_forward", matmul_forward, false});
+  bool time_v5_tiles = matmul_v5_available() && std::regex_search("v5_wgmma", selected);
 
-  BenchTable gemm("matmul: time, TFLOP/s, % of cuBLASLt (same inputs, same run)",
-                  {"shape", "T", "version", "time (us)", "TFLOP/s", "% of cuBLASLt", "check"});
+  // Decode: the GEMV against the bandwidth ceiling. Bytes = W + x + y (+ b): the weight
+  // dominates. "isolated": one launch, L2 flushed. "back-to-back": launches queued as in
+  // a forward pass, each on its own copy of W so the copies together exceed the L2
+  // 2.5 times over (every launch still reads its weight from HBM).
+  BenchTable gemv("GEMV (decode): bandwidth vs the D2D copy ceiling",
+                  {"shape", "T", "version", "isolated (us)", "GB/s", "% of copy BW", "back-to-back (us)", "GB/s",
+                   "% of copy BW"});
+  for (const Shape& shape : kShapes) {
+    size_t w_elements = size_t(shape.C_out) * shape.C_in;
+    int copies = int(std::clamp<double>(std::ceil(2.5 * l2_bytes / (2.0 * w_elements)), 2, 256));
+    std::vector<DeviceBuffer<uint16_t>> weights;
+    weights.emplace_back(random_bf16(w_elements, 4, 1.0f / std::sqrt(float(shape.C_in))));
+    for (int i = 1; i < copies; ++i) {
+      weights.emplace_back(w_elements);
+      CUDA_CHECK(cudaMemcpy(weights[i].data(), weights[0].data(), weights[0].bytes(), cudaMemcpyDeviceToDevice));
+    }
+    DeviceBuffer<uint16_t> x(random_bf16(size_t(kGemvMaxTokens) * shape.C_in, 5)), b(random_bf16(shape.C_out, 6));
+    DeviceBuffer<uint16_t> y(size_t(kGemvMaxTokens) * shape.C_out);
+    const __nv_bfloat16* bias = shape.bias ? bf16(b.data()) : nullptr;
+    for (int T = 1; T <= kGemvMaxTokens; ++T) {
+      double bytes = 2.0 * (w_elements + size_t(T) * (shape.C_in + shape.C_out) + (shape.bias ? shape.C_out : 0));
+      for (Launch launch : {Launch(gemv_v1_warp_per_row), Launch(matmul_cublaslt)}) {
+        const char* name = launch == matmul_cublaslt ? "cublaslt" : "gemv_v1";
+        auto run = [&](int i) {
+          launch(bf16(y.data()), bf16(x.data()), bf16(weights[i].data()), bias, T, shape.C_in, shape.C_out, 0);
+        };
+        BenchTiming isolated = time_gpu([&] { run(0); });
+        BenchTiming batched = time_gpu_back_to_back(run, copies);
+        double gbs = gb_per_s(bytes, isolated.median_ms), batched_gbs = gb_per_s(bytes, batched.median_ms);
+        gemv.add_row({shape.name, std::to_string(T), name, fmt(isolated.median_ms * 1e3, 1), fmt(gbs, 0),
+                      fmt(100 * gbs / copy_gbs, 1), fmt(batched.median_ms * 1e3, 1), fmt(batched_gbs, 0),
+                      fmt(100 * batched_gbs / copy_gbs, 1)});
+      }
+    }
+  }
+  gemv.print();  // printed now: the tables below take longer
+
   BenchTable best("best own tensor-core kernel vs cuBLASLt",
                   {"shape", "T", "cuBLASLt (us)", "best own", "own (us)", "% of cuBLASLt"});
   BenchTable tiles("tile shapes at large T (the picked one marked *)",
@@ -118,6 +160,8 @@ int main() {
 
   for (const Shape& shape : kShapes) {
     Problem problem(shape);
+    BenchTable gemm(std::string("matmul ") + shape.name + ": time, TFLOP/s, % of cuBLASLt (same inputs, same run)",
+                    {"shape", "T", "version", "time (us)", "TFLOP/s", "% of cuBLASLt", "check"});
     for (int T : {1, 16, 128, 512, 2048}) {
       double flops = 2.0 * T * shape.C_in * shape.C_out;
       problem.run(matmul_cublaslt, bf16(problem.y_reference.data()), T);
@@ -159,7 +203,7 @@ int main() {
           tiles.add_row({shape.name, std::to_string(T), "v4", std::string(matmul_v4_tile_name(i)) + (picked ? " *" : ""),
                          fmt(t.median_ms * 1e3, 1), fmt(tflop_per_s(flops, t.median_ms), 1)});
         }
-        for (int i = 0; matmul_v5_available() && i < matmul_v5_tile_count(); ++i) {
+        for (int i = 0; time_v5_tiles && i < matmul_v5_tile_count(); ++i) {
           BenchTiming t = time_adaptive([&] {
             matmul_v5_wgmma_tile(i, bf16(problem.y.data()), bf16(problem.x.data()), bf16(problem.W.data()),
                                  problem.bias(), T, shape.C_in, shape.C_out, 0);
@@ -189,48 +233,11 @@ int main() {
         }
       }
     }
+    gemm.print();  // one table per shape, printed as soon as it is done
   }
 
-  // Decode: the GEMV against the bandwidth ceiling. Bytes = W + x + y (+ b): the weight
-  // dominates. "isolated": one launch, L2 flushed. "back-to-back": launches queued as in
-  // a forward pass, each on its own copy of W so the copies together exceed the L2
-  // 2.5 times over (every launch still reads its weight from HBM).
-  BenchTable gemv("GEMV (decode): bandwidth vs the D2D copy ceiling",
-                  {"shape", "T", "version", "isolated (us)", "GB/s", "% of copy BW", "back-to-back (us)", "GB/s",
-                   "% of copy BW"});
-  for (const Shape& shape : kShapes) {
-    size_t w_elements = size_t(shape.C_out) * shape.C_in;
-    int copies = int(std::clamp<double>(std::ceil(2.5 * l2_bytes / (2.0 * w_elements)), 2, 256));
-    std::vector<DeviceBuffer<uint16_t>> weights;
-    weights.emplace_back(random_bf16(w_elements, 4, 1.0f / std::sqrt(float(shape.C_in))));
-    for (int i = 1; i < copies; ++i) {
-      weights.emplace_back(w_elements);
-      CUDA_CHECK(cudaMemcpy(weights[i].data(), weights[0].data(), weights[0].bytes(), cudaMemcpyDeviceToDevice));
-    }
-    DeviceBuffer<uint16_t> x(random_bf16(size_t(kGemvMaxTokens) * shape.C_in, 5)), b(random_bf16(shape.C_out, 6));
-    DeviceBuffer<uint16_t> y(size_t(kGemvMaxTokens) * shape.C_out);
-    const __nv_bfloat16* bias = shape.bias ? bf16(b.data()) : nullptr;
-    for (int T = 1; T <= kGemvMaxTokens; ++T) {
-      double bytes = 2.0 * (w_elements + size_t(T) * (shape.C_in + shape.C_out) + (shape.bias ? shape.C_out : 0));
-      for (Launch launch : {Launch(gemv_v1_warp_per_row), Launch(matmul_cublaslt)}) {
-        const char* name = launch == matmul_cublaslt ? "cublaslt" : "gemv_v1";
-        auto run = [&](int i) {
-          launch(bf16(y.data()), bf16(x.data()), bf16(weights[i].data()), bias, T, shape.C_in, shape.C_out, 0);
-        };
-        BenchTiming isolated = time_gpu([&] { run(0); });
-        BenchTiming batched = time_gpu_back_to_back(run, copies);
-        double gbs = gb_per_s(bytes, isolated.median_ms), batched_gbs = gb_per_s(bytes, batched.median_ms);
-        gemv.add_row({shape.name, std::to_string(T), name, fmt(isolated.median_ms * 1e3, 1), fmt(gbs, 0),
-                      fmt(100 * gbs / copy_gbs, 1), fmt(batched.median_ms * 1e3, 1), fmt(batched_gbs, 0),
-                      fmt(100 * batched_gbs / copy_gbs, 1)});
-      }
-    }
-  }
-
-  gemm.print();
   best.print();
   tiles.print();
   bias_cost.print();
-  gemv.print();
   return 0;
 }

@@ -7,6 +7,7 @@
 //
 // Built twice (CMakeLists.txt): without BIELIK_TEST_ONLY_WGMMA it tests every portable
 // version; with it, only the Hopper-only v5, in a process of its own.
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <tuple>
@@ -103,9 +104,10 @@ struct DeviceCase {
     CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<uint16_t> out = y.to_host();
     size_t used = size_t(T) * golden.C_out;
-    for (size_t i = used; i < out.size(); ++i) {
-      if (out[i] != 0xFFFF) FAIL("wrote outside y's first T rows at element " << i);
-    }
+    size_t first_changed = std::find_if(out.begin() + used, out.end(), [](uint16_t v) { return v != 0xFFFF; }) -
+                           out.begin();
+    INFO("case " << golden.name << " T=" << T << ": first element written past row T: " << first_changed);
+    CHECK(first_changed == out.size());
     out.resize(used);
     return out;
   }
@@ -119,13 +121,15 @@ struct DeviceCase {
     if (golden.exact) {
       std::vector<uint16_t> bits = expected.bf16_bits();
       bits.resize(used);
-      REQUIRE(out == bits);
+      size_t mismatches = 0;
+      for (size_t i = 0; i < used; ++i) mismatches += out[i] != bits[i];
+      CHECK(mismatches == 0);
     } else {
       std::vector<double> reference = expected.to_double();
       reference.resize(used);
       CompareResult result = compare_bf16(label, out, reference, tolerance::kBf16Output);
       INFO(result.report);
-      REQUIRE(result.passed);
+      CHECK(result.passed);
     }
   }
 };
@@ -221,7 +225,7 @@ TEST_CASE("every matmul version matches the CPU reference on fresh random inputs
         CompareResult result = compare_bf16(version.name + (with_bias ? " bias" : " no bias"), dy.to_host(), expected,
                                             tolerance::kBf16Output);
         INFO(result.report);
-        REQUIRE(result.passed);
+        CHECK(result.passed);
       }
     }
   }
@@ -246,18 +250,24 @@ TEST_CASE("misaligned pointers take the scalar paths and stay correct", "[ch03][
                   }});
 #endif
   for (const Named& version : runs) {
+    INFO(version.name);
     dy.fill_bytes(0xFF);
-    version.launch(bf16(dy.data()) + 1, bf16(dx.data()) + 1, bf16(dW.data()) + 1, bf16(db.data()) + 1, T, C_in, C_out,
-                   0);
-    CUDA_CHECK(cudaDeviceSynchronize());
+    try {  // a library refusing the alignment throws: report it and go on with the others
+      version.launch(bf16(dy.data()) + 1, bf16(dx.data()) + 1, bf16(dW.data()) + 1, bf16(db.data()) + 1, T, C_in,
+                     C_out, 0);
+      CUDA_CHECK(cudaDeviceSynchronize());
+    } catch (const std::exception& error) {
+      FAIL_CHECK(version.name << " threw: " << error.what());
+      continue;
+    }
     std::vector<uint16_t> out = dy.to_host();
-    REQUIRE(out[0] == 0xFFFF);  // nothing written before y
+    CHECK(out[0] == 0xFFFF);  // nothing written before y
     int rows = version.name.rfind("gemv", 0) == 0 ? 5 : T;
     std::vector<uint16_t> got(out.begin() + 1, out.begin() + 1 + size_t(rows) * C_out);
     std::vector<float> want(expected.begin(), expected.begin() + size_t(rows) * C_out);
     CompareResult result = compare_bf16(version.name, got, want, tolerance::kBf16Output);
     INFO(result.report);
-    REQUIRE(result.passed);
+    CHECK(result.passed);
   }
 }
 
