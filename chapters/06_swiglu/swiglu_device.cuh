@@ -1,0 +1,62 @@
+/// @file swiglu_device.cuh
+/// @brief What the chapter's kernels share: silu in fp32, the optional bias add, the bias
+/// check, and two load helpers for the GEMV.
+///
+/// unpack_8 and load_streaming do the same as the private helpers of chapter 03's
+/// gemv_v1_warp_per_row.cu; they are written again here because that file keeps them
+/// in an anonymous namespace (see README.md: they belong in a shared header).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <stdexcept>
+
+namespace bielik {
+
+/// silu(z) = z * sigmoid(z) = z / (1 + exp(-z)), in fp32. For z < -88, exp(-z)
+/// overflows to +inf and the quotient is -0 (the right limit), never NaN; for z > 88,
+/// exp(-z) is 0 and silu(z) = z. __expf (ex2.approx) is a few ulp off in fp32, far
+/// below the bf16 rounding that follows.
+__device__ __forceinline__ float silu(float z) { return z / (1.0f + __expf(-z)); }
+
+/// acc + b with a bias, acc alone without one: no add of zero is even compiled
+/// (x + 0.0f is not foldable in IEEE arithmetic: -0 + 0 = +0).
+template <bool HasBias>
+__device__ __forceinline__ float add_bias(float acc, float b) {
+  if constexpr (HasBias) {
+    return acc + b;
+  } else {
+    return acc;
+  }
+}
+
+/// Widens 8 bf16 packed in 16 bytes to fp32: a bf16 is the top half of an fp32.
+__device__ __forceinline__ void unpack_bf16x8(float (&v)[8], uint4 raw) {
+  uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    v[2 * i] = __uint_as_float(words[i] << 16);
+    v[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+  }
+}
+
+/// 16-byte load that does not allocate in L1: each weight is read exactly once, and
+/// should not evict x, which every warp of the block reads.
+__device__ __forceinline__ uint4 load_streaming_16(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+/// Host side: true with biases, false without; both or neither (see swiglu.cuh).
+inline bool swiglu_has_bias(const void* bg, const void* bu) {
+  if ((bg == nullptr) != (bu == nullptr)) {
+    throw std::invalid_argument("swiglu: give both gate and up biases (Bielik) or neither (SmolLM2)");
+  }
+  return bg != nullptr;
+}
+
+}  // namespace bielik
