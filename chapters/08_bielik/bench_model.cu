@@ -1,0 +1,317 @@
+// The model benchmark (issue 7): the whole CUDA backend on a Bielik-shaped checkpoint.
+//
+//   bench_model [--model models/bielik-shaped-random] [--out build/bench/model.json]
+//               [--decode-tokens 256] [--context N]
+//
+// Measures, batch 1, bf16, every number a median of several runs:
+//  * the device-to-device copy bandwidth (read + write), the ceiling of the decode step;
+//  * time to first token (prefill + the last token's logits back on the host) at prompts
+//    of 16, 128, 512 and 2048 tokens, each run from an empty cache;
+//  * decode tokens/s over 256 greedy tokens (EOS ignored) through the CUDA graph, all
+//    steps queued back to back (generate_greedy); also with a host round trip per token,
+//    without PDL, and without the graph, to show what each of those is worth;
+//  * weight bytes read per token / time, against the copy bandwidth;
+//  * GPU memory used by the model (cudaMemGetInfo) against weights + KV cache;
+//  * one decode step kernel by kernel: the step launched eagerly (no graph, no PDL) with
+//    an event after each kernel class, summed over the layers. The sum is larger than the
+//    graph's step: it pays every launch and drain that the graph and PDL hide.
+// Writes JSON for scripts/make_bench_report.py and prints the tables.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench.cuh"
+#include "cuda_check.cuh"
+#include "model_cuda.hpp"
+
+using namespace bielik;
+
+namespace {
+
+struct Args {
+  std::string model = "models/bielik-shaped-random";
+  std::string out = "build/bench/model.json";
+  int decode_tokens = 256;
+  int context = 0;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
+      return argv[++i];
+    };
+    if (flag == "--model") {
+      a.model = value();
+    } else if (flag == "--out") {
+      a.out = value();
+    } else if (flag == "--decode-tokens") {
+      a.decode_tokens = std::stoi(value());
+    } else if (flag == "--context") {
+      a.context = std::stoi(value());
+    } else {
+      throw std::invalid_argument("unknown argument " + flag +
+                                  " (usage: bench_model [--model DIR] [--out FILE] [--decode-tokens N] [--context N])");
+    }
+  }
+  // A relative default resolves against the source tree when run from elsewhere.
+  if (!std::filesystem::exists(a.model) && std::filesystem::exists(std::string(BIELIK_SOURCE_DIR) + "/" + a.model)) {
+    a.model = std::string(BIELIK_SOURCE_DIR) + "/" + a.model;
+  }
+  return a;
+}
+
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+size_t used_device_bytes() {
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return total_bytes - free_bytes;
+}
+
+std::vector<int32_t> random_prompt(int length, int V, uint64_t seed) {
+  std::mt19937_64 engine(seed);
+  std::uniform_int_distribution<int32_t> uniform(3, V - 1);
+  std::vector<int32_t> ids(length);
+  for (auto& id : ids) id = uniform(engine);
+  return ids;
+}
+
+// Keeps the GPU busy while the host queues a probed step, so the events time kernels
+// and not the host's launch speed.
+__global__ void hold_gpu_kernel(long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+}
+
+// Decode tokens/s: prefill 16 tokens, then `tokens` greedy steps queued back to back.
+double decode_tokens_per_s(CudaModel& model, int tokens, int repeats, bool sync_per_token) {
+  const std::vector<int32_t> prompt = random_prompt(16, model.config().vocab_size, 7);
+  std::vector<double> rates;
+  for (int r = 0; r < repeats + 1; ++r) {  // the first run warms up
+    model.reset();
+    const std::vector<float> logits = model.prefill(prompt);
+    int32_t token = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    const double start = now_ms();
+    if (sync_per_token) {
+      for (int i = 0; i < tokens; ++i) token = model.decode_greedy(token);
+    } else {
+      model.generate_greedy(token, tokens);
+    }
+    const double ms = now_ms() - start;
+    if (r > 0) rates.push_back(tokens / (ms * 1e-3));
+  }
+  return median(rates);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Args args = parse(argc, argv);
+    if (!cuda_device_available()) {
+      std::printf("bench_model: no CUDA device\n");
+      return 1;
+    }
+    const std::string device = describe_device();
+    std::printf("bench_model: %s, model %s\n", device.c_str(), args.model.c_str());
+    const double copy_gbs = measure_copy_bandwidth_gbs();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const size_t used_before = used_device_bytes();
+
+    CudaModelOptions options;
+    options.max_context = args.context;
+    const double load_start = now_ms();
+    auto model = std::make_unique<CudaModel>(args.model, options);
+    const double load_s = (now_ms() - load_start) * 1e-3;
+    const ModelConfig& c = model->config();
+    const int L = c.num_hidden_layers, C = c.hidden_size, F = c.intermediate_size, V = c.vocab_size;
+    const int H = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
+    std::printf("loaded in %.1f s: %s, context %d, PDL %s, chapter 06 prefill SwiGLU %s\n", load_s,
+                describe(c).c_str(), model->context_size(), model->uses_pdl() ? "on" : "off",
+                CudaModel::has_chapter06() ? "yes" : "no");
+    size_t peak_used = used_device_bytes();
+
+    // --- TTFT ---
+    nlohmann::json ttft = nlohmann::json::object();
+    BenchTable prefill_table("model_prefill", {"prompt tokens", "TTFT ms", "tokens/s", "TFLOP/s (matmuls)"});
+    for (int n : {16, 128, 512, 2048}) {
+      if (n > model->context_size()) continue;
+      const std::vector<int32_t> prompt = random_prompt(n, V, 100 + n);
+      std::vector<double> times;
+      for (int r = 0; r < 9; ++r) {
+        model->reset();
+        const double start = now_ms();
+        model->prefill(prompt);
+        const double ms = now_ms() - start;
+        if (r >= 2) times.push_back(ms);  // two warm-up runs (cuBLASLt plans, clocks)
+      }
+      peak_used = std::max(peak_used, used_device_bytes());
+      const double ms = median(times);
+      ttft[std::to_string(n)] = ms;
+      const double flops = 2.0 * n * (double(model->decode_weight_bytes()) / 2 - double(V) * C);  // minus lm_head rows
+      prefill_table.add_row({std::to_string(n), fmt(ms, 3), fmt(n / (ms * 1e-3), 0), fmt(tflop_per_s(flops, ms), 1)});
+    }
+
+    // --- decode ---
+    const int tokens = std::min(args.decode_tokens, model->context_size() - 16);
+    const double tok_s = decode_tokens_per_s(*model, tokens, 5, false);
+    const double sync_tok_s = decode_tokens_per_s(*model, tokens, 3, true);
+    peak_used = std::max(peak_used, used_device_bytes());
+    const double mean_keys = 16 + tokens / 2.0;
+    const double kv_bytes_per_token = double(L) * 2 * Hkv * mean_keys * D * 2;
+    const double bytes_per_token = double(model->decode_weight_bytes()) + kv_bytes_per_token;
+    const double ms_per_token = 1000.0 / tok_s;
+    const double decode_gbs = gb_per_s(bytes_per_token, ms_per_token);
+    const double floor_ms = double(model->decode_weight_bytes()) / (copy_gbs * 1e9) * 1e3;
+
+    // --- one step, kernel by kernel ---
+    std::map<std::string, double> class_ms;
+    std::vector<std::string> order;
+    {
+      const std::vector<int32_t> prompt = random_prompt(16, V, 9);
+      model->reset();
+      model->prefill(prompt);
+      cudaStream_t s = model->stream();
+      const int steps = 5;
+      std::vector<cudaEvent_t> events;
+      for (int step = 0; step < steps + 1; ++step) {  // step 0 warms up
+        std::vector<std::pair<std::string, cudaEvent_t>> marks;
+        cudaEvent_t start;
+        CUDA_CHECK(cudaEventCreate(&start));
+        hold_gpu_kernel<<<1, 1, 0, s>>>(20'000'000);  // ~10 ms: the host queues the whole step meanwhile
+        CUDA_CHECK_LAUNCH();
+        CUDA_CHECK(cudaEventRecord(start, s));
+        model->decode_probed(5 + step, [&](const char* name) {
+          cudaEvent_t e;
+          CUDA_CHECK(cudaEventCreate(&e));
+          CUDA_CHECK(cudaEventRecord(e, s));
+          marks.push_back({name, e});
+        });
+        cudaEvent_t previous = start;
+        for (auto& [name, e] : marks) {
+          float ms = 0;
+          CUDA_CHECK(cudaEventElapsedTime(&ms, previous, e));
+          if (step > 0) {
+            if (!class_ms.count(name)) order.push_back(name);
+            class_ms[name] += ms / steps;
+          }
+          previous = e;
+        }
+        for (auto& mark : marks) CUDA_CHECK(cudaEventDestroy(mark.second));
+        CUDA_CHECK(cudaEventDestroy(start));
+      }
+    }
+    const double keys = 16 + 3;  // cache length during the probed steps (about)
+    const int QKV = (H + 2 * Hkv) * D;
+    std::map<std::string, double> class_bytes = {
+        {"qkv", double(L) * QKV * C * 2},
+        {"o_proj", double(L) * C * H * D * 2},
+        {"gate_up_swiglu", double(L) * 2 * F * C * 2},
+        {"down", double(L) * C * F * 2},
+        {"lm_head", double(V) * C * 2},
+        {"attention", double(L) * 2 * Hkv * keys * D * 2},
+    };
+    nlohmann::json breakdown = nlohmann::json::array();
+    BenchTable step_table("model_decode_step", {"kernel (x layers)", "us", "GB/s", "% of copy BW"});
+    double eager_step_us = 0;
+    for (const std::string& name : order) {
+      const double us = class_ms[name] * 1e3;
+      eager_step_us += us;
+      const double gbs = class_bytes.count(name) ? gb_per_s(class_bytes[name], class_ms[name]) : 0.0;
+      breakdown.push_back({{"kernel", name}, {"us", us}, {"gbs", gbs}});
+      step_table.add_row({name, fmt(us, 1), gbs > 0 ? fmt(gbs, 0) : "", gbs > 0 ? fmt(100 * gbs / copy_gbs, 1) : ""});
+    }
+
+    const double weights_gb = model->weight_bytes() / 1e9, kv_gb = model->kv_cache_bytes() / 1e9;
+    const double scratch_gb = model->scratch_bytes() / 1e9;
+    const double peak_gb = (peak_used - used_before) / 1e9;
+    model.reset();  // free it before the variants load
+
+    // --- what the graph and PDL are worth: the same decode without them ---
+    auto variant = [&](bool graph, bool pdl) {
+      CudaModelOptions o = options;
+      o.use_graph = graph;
+      o.use_pdl = pdl;
+      CudaModel m(args.model, o);
+      return decode_tokens_per_s(m, tokens, 3, false);
+    };
+    const double no_pdl_tok_s = variant(true, false);
+    const double eager_tok_s = variant(false, true);
+
+    BenchTable decode_table("model_decode", {"decode path", "tokens/s", "ms/token", "GB/s", "% of copy BW"});
+    auto decode_row = [&](const std::string& label, double rate) {
+      const double gbs = gb_per_s(bytes_per_token, 1000.0 / rate);
+      decode_table.add_row({label, fmt(rate, 0), fmt(1000.0 / rate, 3), fmt(gbs, 0), fmt(100 * gbs / copy_gbs, 1)});
+    };
+    decode_row("graph + PDL, steps queued back to back", tok_s);
+    decode_row("graph + PDL, host sync per token", sync_tok_s);
+    decode_row("graph, no PDL", no_pdl_tok_s);
+    decode_row("no graph (eager launches) + PDL", eager_tok_s);
+    decode_table.add_row({"floor: weights / copy bandwidth", fmt(1000.0 / floor_ms, 0), fmt(floor_ms, 3),
+                          fmt(copy_gbs, 0), "100.0"});
+
+    std::printf("\ncopy bandwidth %.0f GB/s; weights %.3f GB (decode reads %.3f GB/token); KV cache %.3f GB; "
+                "other %.3f GB; peak used %.3f GB (%.1f%% over weights + KV)\n",
+                copy_gbs, weights_gb, double(bytes_per_token) / 1e9, kv_gb, scratch_gb, peak_gb,
+                100.0 * (peak_gb / (weights_gb + kv_gb) - 1.0));
+    prefill_table.print();
+    decode_table.print();
+    step_table.print();
+    std::printf("eager step (sum of the table) %.1f us vs the graph's %.1f us per token\n", eager_step_us,
+                ms_per_token * 1e3);
+
+    nlohmann::json out = {
+        {"device", device},
+        {"model", args.model},
+        {"config", describe(c)},
+        {"context", options.max_context > 0 ? options.max_context : c.max_position_embeddings},
+        {"weights_gb", weights_gb},
+        {"decode_bytes_per_token_gb", bytes_per_token / 1e9},
+        {"kv_cache_gb", kv_gb},
+        {"scratch_gb", scratch_gb},
+        {"copy_gbs", copy_gbs},
+        {"floor_ms", floor_ms},
+        {"ttft_ms", ttft},
+        {"decode_tokens", tokens},
+        {"decode_tok_s", tok_s},
+        {"decode_ms_per_token", ms_per_token},
+        {"decode_gbs", decode_gbs},
+        {"decode_pct_copy", 100.0 * decode_gbs / copy_gbs},
+        {"decode_sync_per_token_tok_s", sync_tok_s},
+        {"decode_no_pdl_tok_s", no_pdl_tok_s},
+        {"decode_no_graph_tok_s", eager_tok_s},
+        {"eager_step_us", eager_step_us},
+        {"peak_memory_gb", peak_gb},
+        {"load_s", load_s},
+        {"prefill_chapter06_swiglu", CudaModel::has_chapter06()},
+        {"breakdown", breakdown},
+    };
+    const std::filesystem::path out_path(args.out);
+    if (out_path.has_parent_path()) std::filesystem::create_directories(out_path.parent_path());
+    std::ofstream(out_path) << out.dump(2) << "\n";
+    std::printf("wrote %s\n", args.out.c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_model: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,39 @@
+# Chapter 08, the CUDA backend: every chapter's kernels assembled into the model, the
+# fused decode kernels, the decode CUDA graph; its GPU test and the model benchmark.
+# Included at the end of this chapter's CMakeLists.txt (after bielik_ch08 and the tiny
+# model golden target exist). Needs chapters 01-05 and 07 in the build; chapter 06 is
+# used when it is there (its fused gate/up + SwiGLU in prefill).
+set(cuda_backend_dir ${CMAKE_CURRENT_LIST_DIR})
+set(cuda_backend_chapters bielik_ch01 bielik_ch02 bielik_ch03 bielik_ch04 bielik_ch05 bielik_ch07)
+set(cuda_backend_missing "")
+foreach(chapter_lib IN LISTS cuda_backend_chapters)
+  if(NOT TARGET ${chapter_lib})
+    list(APPEND cuda_backend_missing ${chapter_lib})
+  endif()
+endforeach()
+
+if(cuda_backend_missing)
+  message(STATUS "chapter 08: CUDA backend skipped (not in this build: ${cuda_backend_missing})")
+else()
+  add_library(bielik_ch08_cuda STATIC
+    ${cuda_backend_dir}/model_cuda.cu
+    ${cuda_backend_dir}/decode_kernels.cu)
+  target_include_directories(bielik_ch08_cuda PUBLIC ${cuda_backend_dir})
+  target_link_libraries(bielik_ch08_cuda PUBLIC bielik_ch08 ${cuda_backend_chapters})
+  if(TARGET bielik_ch06)
+    target_link_libraries(bielik_ch08_cuda PUBLIC bielik_ch06)
+    target_compile_definitions(bielik_ch08_cuda PRIVATE BIELIK_HAVE_CH06)
+  endif()
+
+  # Tiny checkpoints written by the test itself (head_dim 64 and 128, which the attention
+  # kernels need), checked against the CPU backend; plus the golden tiny models.
+  bielik_add_test(test_ch08_model_cuda CHAPTER 08 GPU
+                  SOURCES ${cuda_backend_dir}/test_model_cuda.cu ${cuda_backend_dir}/test_checkpoint_edit.cpp
+                  LIBS bielik_ch08_cuda nlohmann_json::nlohmann_json GOLDEN 08_bielik)
+  set_tests_properties(test_ch08_model_cuda PROPERTIES TIMEOUT 300)
+
+  # bench_model --model DIR [--out build/bench/model.json]
+  bielik_add_bench(bench_model SOURCES ${cuda_backend_dir}/bench_model.cu
+                   LIBS bielik_ch08_cuda nlohmann_json::nlohmann_json)
+  target_compile_definitions(bench_model PRIVATE BIELIK_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+endif()

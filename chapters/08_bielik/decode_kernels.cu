@@ -1,0 +1,469 @@
+// The fused decode kernels (decode_kernels.cuh) and the prefill helpers.
+//
+// decode_gemv is chapter 03's GEMV idea (a warp streams a weight row with 16-byte
+// loads, several in flight) with three things added for the decode step:
+//  * Prologue: each block stages the input vector in shared memory, and for kRmsNorm
+//    normalizes it there (a block reduction of the sum of squares). The vector is tiny
+//    (C = 1536 values, 3 KB, an L2 hit), so recomputing the norm in every block costs
+//    less than a separate norm kernel's launch and drain.
+//  * Epilogue: the bias, and then the residual add or the SwiGLU, on the accumulator
+//    before it is stored: no (1, C) or (1, 2F) intermediate goes through memory.
+//  * PDL: the first batch of weight loads is issued BEFORE griddepcontrol.wait. For the
+//    small matrices (QKV 2048 x 1536, O 1536 x 1536) one batch is a warp's whole row, so
+//    their weights are already in registers when the previous kernel finishes.
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "cuda_check.cuh"
+#include "decode_kernels.cuh"
+#include "matmul_common.cuh"
+
+namespace bielik {
+
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kLoadsPerLane = 8;  // 16-byte weight loads in flight per lane
+constexpr int kMaxK = 16384;      // K bf16 values of shared memory: 32 KB, under the 48 KB default
+
+// Waits until the grid this one depends on has finished and its writes are visible.
+// Returns at once for a kernel launched without a programmatic dependency.
+__device__ __forceinline__ void wait_for_previous_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Lets the next kernel (if launched with PDL) be scheduled now; it still waits for us.
+__device__ __forceinline__ void allow_next_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Weights are read once per step: a streaming load that does not allocate in L1.
+__device__ __forceinline__ uint4 load_streaming(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// A bf16 is the top half of an fp32: widening is a shift or a mask.
+__device__ __forceinline__ float low_bf16(uint32_t word) { return __uint_as_float(word << 16); }
+__device__ __forceinline__ float high_bf16(uint32_t word) { return __uint_as_float(word & 0xffff0000u); }
+
+__device__ __forceinline__ void unpack_8(float (&v)[8], uint4 raw) {
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    v[2 * i] = low_bf16(words[i]);
+    v[2 * i + 1] = high_bf16(words[i]);
+  }
+}
+
+__device__ __forceinline__ uint4 pack_8(const float (&v)[8]) {
+  uint32_t words[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    __nv_bfloat162 pair = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+    words[i] = *reinterpret_cast<uint32_t*>(&pair);
+  }
+  return make_uint4(words[0], words[1], words[2], words[3]);
+}
+
+__device__ __forceinline__ float dot_8(uint4 w, uint4 x, float acc) {
+  const uint32_t ws[4] = {w.x, w.y, w.z, w.w}, xs[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    acc = fmaf(low_bf16(ws[i]), low_bf16(xs[i]), acc);
+    acc = fmaf(high_bf16(ws[i]), high_bf16(xs[i]), acc);
+  }
+  return acc;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+__device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16(v)); }
+
+__device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
+
+// One batch of a warp's weight loads: chunks base, base + 32, ... of row `row` (and of
+// row + N, the up row, when kRows == 2). Chunks past the row and rows < 0 read as zero.
+template <int kRows, int kBatch>
+__device__ __forceinline__ void load_batch(uint4 (&w)[kRows][kBatch], const __nv_bfloat16* W, int N, int K,
+                                           int row, int base) {
+  const int chunks = K / 8;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const __nv_bfloat16* row_start = W + (row >= 0 ? (size_t(row) + size_t(r) * N) * K : 0);
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int chunk = base + 32 * u;
+      w[r][u] = row >= 0 && chunk < chunks ? load_streaming(row_start + 8 * chunk) : make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+template <GemvOutput Out, bool HasBias>
+__device__ __forceinline__ void store_output(const DecodeGemvParams& p, int n, const float (&acc)[2]) {
+  auto bias = [&](int i) { return HasBias ? __bfloat162float(p.bias[i]) : 0.0f; };
+  if constexpr (Out == GemvOutput::kBf16) {
+    static_cast<__nv_bfloat16*>(p.y)[n] = __float2bfloat16(acc[0] + bias(n));
+  } else if constexpr (Out == GemvOutput::kF32) {
+    static_cast<float*>(p.y)[n] = acc[0] + bias(n);
+  } else if constexpr (Out == GemvOutput::kSwiGLU) {
+    const float gate = round_bf16(acc[0] + bias(n));  // the values an unfused GEMM would store
+    const float up = round_bf16(acc[1] + bias(p.N + n));
+    static_cast<__nv_bfloat16*>(p.y)[n] = __float2bfloat16(silu(gate) * up);
+  } else {  // kResidualAdd: one lane owns y[n], so the read-modify-write needs no atomics
+    __nv_bfloat16* y = static_cast<__nv_bfloat16*>(p.y);
+    y[n] = __float2bfloat16(__bfloat162float(y[n]) + round_bf16(acc[0] + bias(n)));
+  }
+}
+
+template <GemvInput In, GemvOutput Out, bool HasBias>
+__global__ void __launch_bounds__(kThreads, 3) decode_gemv_kernel(DecodeGemvParams p, int rows_per_warp) {
+  constexpr int kRows = Out == GemvOutput::kSwiGLU ? 2 : 1;
+  constexpr int kBatch = kLoadsPerLane / kRows;
+  extern __shared__ uint4 x_shared[];  // (K/8) the input, normalized for kRmsNorm
+  __shared__ float warp_partial[kWarps];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int chunks = p.K / 8;
+  const int first = (blockIdx.x * kWarps + warp) * rows_per_warp;
+  const int last = min(first + rows_per_warp, p.N);
+
+  // 1. Weights first: they do not depend on the previous kernel.
+  uint4 w[kRows][kBatch];
+  load_batch<kRows, kBatch>(w, p.W, p.N, p.K, first < last ? first : -1, lane);
+
+  // 2. Every block waits (no early exit before this line: the next kernel's wait relies
+  //    on ours having completed), then stages the input vector.
+  wait_for_previous_kernel();
+  const uint4* x_vectors = reinterpret_cast<const uint4*>(p.x);
+  float sum_squares = 0.0f;
+  for (int c = threadIdx.x; c < chunks; c += kThreads) {
+    const uint4 v = x_vectors[c];
+    x_shared[c] = v;
+    if constexpr (In == GemvInput::kRmsNorm) {
+      float f[8];
+      unpack_8(f, v);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sum_squares += f[j] * f[j];
+    }
+  }
+  if constexpr (In == GemvInput::kRmsNorm) {
+    sum_squares = warp_sum(sum_squares);
+    if (lane == 0) warp_partial[warp] = sum_squares;
+    __syncthreads();
+    float total = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kWarps; ++i) total += warp_partial[i];
+    const float inverse_rms = rsqrtf(total / float(p.K) + p.eps);
+    const uint4* weight_vectors = reinterpret_cast<const uint4*>(p.norm_weight);
+    for (int c = threadIdx.x; c < chunks; c += kThreads) {  // the chunks this thread staged
+      float f[8], g[8];
+      unpack_8(f, x_shared[c]);
+      unpack_8(g, weight_vectors[c]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) f[j] = f[j] * inverse_rms * g[j];
+      x_shared[c] = pack_8(f);  // rounded to bf16 once, as chapter 02's norm stores it
+    }
+  }
+  __syncthreads();
+  allow_next_kernel();
+
+  // 3. The rows: dot products against the staged input, then the epilogue.
+  bool loaded = true;  // the first batch is already in registers
+  for (int row = first; row < last; ++row) {
+    float acc[2] = {0.0f, 0.0f};
+    for (int base = lane; base < chunks; base += 32 * kBatch) {
+      if (!loaded) load_batch<kRows, kBatch>(w, p.W, p.N, p.K, row, base);
+      loaded = false;
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int chunk = base + 32 * u;
+        if (chunk < chunks) {
+          const uint4 xv = x_shared[chunk];
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) acc[r] = dot_8(w[r][u], xv, acc[r]);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) acc[r] = warp_sum(acc[r]);
+    if (lane == 0) store_output<Out, HasBias>(p, row, acc);
+  }
+}
+
+// Every launch goes through cudaLaunchKernelEx so that PDL is one attribute away.
+template <typename... Params, typename... Args>
+void launch(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+            Args... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = pdl && device_supports_pdl() ? 1 : 0;
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+}
+
+template <GemvInput In, GemvOutput Out, bool HasBias>
+void launch_gemv(const DecodeGemvParams& p, bool pdl, cudaStream_t stream) {
+  auto kernel = decode_gemv_kernel<In, Out, HasBias>;
+  const size_t shared_bytes = size_t(p.K) * sizeof(__nv_bfloat16);
+  // One wave: as many blocks as fit on the GPU at once; a warp takes several
+  // consecutive rows when N is larger than the warps of one wave.
+  static const int blocks_per_sm = [&] {
+    int blocks = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, 4096));
+    return std::max(blocks, 1);
+  }();
+  const long long wave_warps = (long long)multiprocessor_count() * blocks_per_sm * kWarps;
+  const int rows_per_warp = int(std::max<long long>(1, (p.N + wave_warps - 1) / wave_warps));
+  const int blocks = (p.N + kWarps * rows_per_warp - 1) / (kWarps * rows_per_warp);
+  launch(pdl, kernel, dim3(blocks), dim3(kThreads), shared_bytes, stream, p, rows_per_warp);
+}
+
+template <GemvInput In, GemvOutput Out>
+void launch_gemv_bias(const DecodeGemvParams& p, bool pdl, cudaStream_t stream) {
+  if (p.bias) {
+    launch_gemv<In, Out, true>(p, pdl, stream);
+  } else {
+    launch_gemv<In, Out, false>(p, pdl, stream);
+  }
+}
+
+template <GemvInput In>
+void launch_gemv_output(GemvOutput output, const DecodeGemvParams& p, bool pdl, cudaStream_t stream) {
+  switch (output) {
+    case GemvOutput::kBf16: launch_gemv_bias<In, GemvOutput::kBf16>(p, pdl, stream); break;
+    case GemvOutput::kF32: launch_gemv_bias<In, GemvOutput::kF32>(p, pdl, stream); break;
+    case GemvOutput::kSwiGLU: launch_gemv_bias<In, GemvOutput::kSwiGLU>(p, pdl, stream); break;
+    case GemvOutput::kResidualAdd: launch_gemv_bias<In, GemvOutput::kResidualAdd>(p, pdl, stream); break;
+  }
+}
+
+bool aligned_16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// One block: the rotation of H + Hkv heads and the copy of Hkv v heads are ~1k values.
+__global__ void __launch_bounds__(256) decode_rope_append_kernel(
+    __nv_bfloat16* qkv,        // (H + 2 Hkv, D)
+    __nv_bfloat16* k_cache,    // (Hkv, max_context, D)
+    __nv_bfloat16* v_cache,    // (Hkv, max_context, D)
+    const int* d_length,       // (1)
+    const float* cos_table,    // (max_positions, D/2)
+    const float* sin_table,    // (max_positions, D/2)
+    int H, int Hkv, int D, int max_context, int max_positions) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
+  const int pos = *d_length;
+  const bool valid = pos >= 0 && pos < max_context && pos < max_positions;
+  const int half = D / 2;
+  for (int i = threadIdx.x; i < (H + Hkv) * half; i += blockDim.x) {
+    const int head = i / half, j = i % half;
+    __nv_bfloat16* x = qkv + size_t(head) * D;
+    const float x1 = __bfloat162float(x[j]), x2 = __bfloat162float(x[j + half]);
+    const float c = valid ? cos_table[size_t(pos) * half + j] : NAN;
+    const float s = valid ? sin_table[size_t(pos) * half + j] : NAN;
+    const __nv_bfloat16 first = __float2bfloat16(x1 * c - x2 * s);  // HF rotate-half
+    const __nv_bfloat16 second = __float2bfloat16(x2 * c + x1 * s);
+    if (head < H) {
+      x[j] = first;
+      x[j + half] = second;
+    } else if (valid) {
+      __nv_bfloat16* k = k_cache + (size_t(head - H) * max_context + pos) * D;
+      k[j] = first;
+      k[j + half] = second;
+    }
+  }
+  if (!valid) return;
+  const __nv_bfloat16* v_new = qkv + size_t(H + Hkv) * D;
+  for (int i = threadIdx.x; i < Hkv * D; i += blockDim.x) {
+    const int head = i / D, d = i % D;
+    v_cache[(size_t(head) * max_context + pos) * D + d] = v_new[i];
+  }
+}
+
+constexpr int kArgmaxThreads = 1024;
+
+// (value, index) a beats b: larger value, or the same value at a lower index.
+__device__ __forceinline__ bool beats(float a, int ia, float b, int ib) { return a > b || (a == b && ia < ib); }
+
+__global__ void __launch_bounds__(kArgmaxThreads) decode_argmax_kernel(int32_t* token,       // (1)
+                                                                       const float* logits,  // (V)
+                                                                       int V, int* d_length) {
+  __shared__ float s_value[kArgmaxThreads / 32];
+  __shared__ int s_index[kArgmaxThreads / 32];
+  __shared__ int s_nan;
+  wait_for_previous_kernel();
+  allow_next_kernel();
+  if (threadIdx.x == 0) s_nan = 0;
+  __syncthreads();
+  float best = -INFINITY;
+  int best_index = INT_MAX;
+  bool nan = false;
+  for (int i = threadIdx.x; i < V; i += kArgmaxThreads) {  // increasing i: first maximum wins
+    const float v = logits[i];
+    if (isnan(v)) nan = true;
+    if (v > best || best_index == INT_MAX) {
+      if (!isnan(v)) {
+        best = v;
+        best_index = i;
+      }
+    }
+  }
+  if (nan) s_nan = 1;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float other = __shfl_xor_sync(0xffffffffu, best, offset);
+    const int other_index = __shfl_xor_sync(0xffffffffu, best_index, offset);
+    if (beats(other, other_index, best, best_index)) {
+      best = other;
+      best_index = other_index;
+    }
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    s_value[warp] = best;
+    s_index[warp] = best_index;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kArgmaxThreads / 32; ++w) {
+      if (beats(s_value[w], s_index[w], best, best_index)) {
+        best = s_value[w];
+        best_index = s_index[w];
+      }
+    }
+    *token = s_nan || best_index == INT_MAX ? -1 : best_index;
+    if (d_length) *d_length += 1;
+  }
+}
+
+__global__ void swiglu_rows_kernel(uint4* act,             // (T, F/8)
+                                   const uint4* gate_up,   // (T, 2F/8)
+                                   int T, int vectors_per_row) {
+  const size_t total = size_t(T) * vectors_per_row;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total; i += size_t(gridDim.x) * blockDim.x) {
+    const size_t t = i / vectors_per_row, c = i % vectors_per_row;
+    float g[8], u[8], out[8];
+    unpack_8(g, gate_up[t * 2 * vectors_per_row + c]);
+    unpack_8(u, gate_up[t * 2 * vectors_per_row + vectors_per_row + c]);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) out[j] = silu(g[j]) * u[j];
+    act[i] = pack_8(out);
+  }
+}
+
+__global__ void split_qkv_kernel(uint4* q, uint4* k, uint4* v,  // (T, H*D/8) (T, Hkv*D/8) (T, Hkv*D/8)
+                                 const uint4* qkv,              // (T, (H + 2 Hkv) D / 8)
+                                 int T, int q_vectors, int kv_vectors) {
+  const int row = q_vectors + 2 * kv_vectors;
+  const size_t total = size_t(T) * row;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total; i += size_t(gridDim.x) * blockDim.x) {
+    const size_t t = i / row;
+    const int c = int(i % row);
+    const uint4 value = qkv[i];
+    if (c < q_vectors) {
+      q[t * q_vectors + c] = value;
+    } else if (c < q_vectors + kv_vectors) {
+      k[t * kv_vectors + (c - q_vectors)] = value;
+    } else {
+      v[t * kv_vectors + (c - q_vectors - kv_vectors)] = value;
+    }
+  }
+}
+
+unsigned grid_for(size_t work, int threads) {
+  const size_t cap = size_t(multiprocessor_count()) * 8;
+  return unsigned(std::max<size_t>(1, std::min((work + threads - 1) / threads, cap)));
+}
+
+}  // namespace
+
+bool device_supports_pdl() {
+  static const bool supported = [] {
+    int device = 0, major = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    return major >= 9;
+  }();
+  return supported;
+}
+
+void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, bool pdl, cudaStream_t stream) {
+  if (p.K <= 0 || p.N <= 0 || p.K % 8 != 0 || p.K > kMaxK || !p.y || !aligned_16(p.x) || !aligned_16(p.W) ||
+      (input == GemvInput::kRmsNorm && (!p.norm_weight || !aligned_16(p.norm_weight)))) {
+    throw std::invalid_argument("decode_gemv: needs 0 < K <= " + std::to_string(kMaxK) +
+                                ", K % 8 == 0, N > 0 and 16-byte aligned x, W (and norm weight); got N=" +
+                                std::to_string(p.N) + " K=" + std::to_string(p.K));
+  }
+  if (input == GemvInput::kRmsNorm) {
+    launch_gemv_output<GemvInput::kRmsNorm>(output, p, pdl, stream);
+  } else {
+    launch_gemv_output<GemvInput::kPlain>(output, p, pdl, stream);
+  }
+}
+
+void decode_rope_append(__nv_bfloat16* qkv, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache, const int* d_length,
+                        const RopeTable& table, int H, int Hkv, int max_context, bool pdl, cudaStream_t stream) {
+  if (table.D <= 0 || table.cos.size() == 0) throw std::invalid_argument("decode_rope_append: table not built");
+  launch(pdl, decode_rope_append_kernel, dim3(1), dim3(256), 0, stream, qkv, k_cache, v_cache, d_length,
+         static_cast<const float*>(table.cos.data()), static_cast<const float*>(table.sin.data()), H, Hkv, table.D,
+         max_context, table.max_positions);
+}
+
+void decode_argmax(int32_t* token, const float* logits, int V, int* d_length, bool pdl, cudaStream_t stream) {
+  if (V <= 0) throw std::invalid_argument("decode_argmax: V must be positive");
+  launch(pdl, decode_argmax_kernel, dim3(1), dim3(kArgmaxThreads), 0, stream, token, logits, V, d_length);
+}
+
+int32_t decode_argmax_cpu(const float* logits, int V) {
+  int32_t best = -1;
+  for (int i = 0; i < V; ++i) {
+    if (std::isnan(logits[i])) return -1;
+    if (best < 0 || logits[i] > logits[best]) best = i;
+  }
+  return best;
+}
+
+void swiglu_rows(__nv_bfloat16* act, const __nv_bfloat16* gate_up, int T, int F, cudaStream_t stream) {
+  if (F % 8 != 0 || !aligned_16(act) || !aligned_16(gate_up)) {
+    throw std::invalid_argument("swiglu_rows: needs F % 8 == 0 and 16-byte aligned pointers, F=" + std::to_string(F));
+  }
+  if (T <= 0) return;
+  const size_t work = size_t(T) * (F / 8);
+  swiglu_rows_kernel<<<grid_for(work, 256), 256, 0, stream>>>(reinterpret_cast<uint4*>(act),
+                                                              reinterpret_cast<const uint4*>(gate_up), T, F / 8);
+  CUDA_CHECK_LAUNCH();
+}
+
+void split_qkv(__nv_bfloat16* q, __nv_bfloat16* k, __nv_bfloat16* v, const __nv_bfloat16* qkv, int T, int H,
+               int Hkv, int D, cudaStream_t stream) {
+  if (D % 8 != 0 || !aligned_16(q) || !aligned_16(k) || !aligned_16(v) || !aligned_16(qkv)) {
+    throw std::invalid_argument("split_qkv: needs D % 8 == 0 and 16-byte aligned pointers, D=" + std::to_string(D));
+  }
+  if (T <= 0) return;
+  const size_t work = size_t(T) * (H + 2 * Hkv) * (D / 8);
+  split_qkv_kernel<<<grid_for(work, 256), 256, 0, stream>>>(
+      reinterpret_cast<uint4*>(q), reinterpret_cast<uint4*>(k), reinterpret_cast<uint4*>(v),
+      reinterpret_cast<const uint4*>(qkv), T, H * D / 8, Hkv * D / 8);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace bielik

@@ -1,0 +1,117 @@
+/// @file decode_kernels.cuh
+/// @brief Chapter 08: the fused kernels of the CUDA backend's decode step, and two small
+/// helpers of its prefill.
+///
+/// A decode step (T = 1) reads every weight once and does 2 FLOPs per weight, so its time
+/// is (bytes of weights) / (memory bandwidth) plus whatever lies between the kernels. At
+/// Bielik's size a layer reads 93 MB in ~25 us, and a launch + drain costs ~2-4 us: with
+/// ten kernels a layer, the gaps would cost as much as the bytes. So the step is built
+/// from few kernels that each do more:
+///
+///   decode_gemv(kRmsNorm, kBf16)         norm of the residual stream + QKV projection
+///   decode_rope_append                   RoPE on q and k, k and v into the KV cache
+///   (chapter 07 decode attention)
+///   decode_gemv(kPlain, kResidualAdd)    O projection, added into the residual stream
+///   decode_gemv(kRmsNorm, kSwiGLU)       norm + gate and up projections + SwiGLU
+///   decode_gemv(kPlain, kResidualAdd)    down projection, added into the residual stream
+///   ...
+///   decode_gemv(kRmsNorm, kF32)          final norm + lm_head, fp32 logits
+///   decode_argmax                        next token id (and the KV length += 1)
+///
+/// Every kernel here can be launched with programmatic dependent launch (PDL, Hopper):
+/// it is then scheduled while the previous kernel still runs, starts loading its WEIGHTS
+/// (which no kernel writes) at once, and waits on the GPU (griddepcontrol.wait) only
+/// before it reads the previous kernel's output. The launch latency and the first HBM
+/// round trip are hidden behind the previous kernel. Without PDL (or before sm_90) the
+/// wait is a no-op and the kernels behave like ordinary launches.
+///
+/// Numerics follow the unfused chapter kernels: bf16 in and out, fp32 accumulation, the
+/// normalized input rounded to bf16 (as chapter 02 stores it), projections rounded to
+/// bf16 before the residual add or the SwiGLU (as chapter 03 stores them).
+///
+/// Symbols: C hidden, F ffn hidden, H / Hkv query / kv heads, D head_dim, V vocab;
+/// N and K are a GEMV's output and input sizes. All pointers are device pointers.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "rope.cuh"
+
+namespace bielik {
+
+/// Where a decode GEMV's input vector comes from.
+enum class GemvInput {
+  kPlain,    ///< x as given
+  kRmsNorm,  ///< bf16(rmsnorm(x) * norm_weight), computed by every block from x (K values)
+};
+
+/// What a decode GEMV does with output n (acc = W[n, :] . input, b = bias or 0).
+enum class GemvOutput {
+  kBf16,         ///< y[n] = bf16(acc + b[n])
+  kF32,          ///< y[n] = acc + b[n], fp32 (logits)
+  kSwiGLU,       ///< W is (2N, K), gate rows then up rows: y[n] = bf16(silu(g) * u),
+                 ///< g = bf16(acc_gate + b[n]), u = bf16(acc_up + b[N + n])
+  kResidualAdd,  ///< y is the residual stream: y[n] = bf16(y[n] + bf16(acc + b[n]))
+};
+
+/// Arguments of one decode GEMV.
+struct DecodeGemvParams {
+  void* y;                           ///< (N) bf16, or float for kF32; in/out for kResidualAdd
+  const __nv_bfloat16* x;            ///< (K)
+  const __nv_bfloat16* norm_weight;  ///< (K) for kRmsNorm, else unused
+  const __nv_bfloat16* W;            ///< (N, K), or (2N, K) for kSwiGLU
+  const __nv_bfloat16* bias;         ///< (N), (2N) for kSwiGLU, or nullptr
+  int N = 0;
+  int K = 0;
+  float eps = 0;  ///< kRmsNorm epsilon
+};
+
+/// y = f(x W^T + b) for one token. One warp per output row (a few consecutive rows per
+/// warp when N is large), 16-byte streaming loads of W with 8 in flight per lane, the
+/// input vector staged (and normalized) in shared memory by every block.
+/// Needs K % 8 == 0, K <= 16384 (shared memory), 16-byte aligned x, W and norm_weight;
+/// throws std::invalid_argument otherwise. `pdl`: launch with programmatic dependent
+/// launch (ignored before sm_90).
+void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& params, bool pdl,
+                 cudaStream_t stream = 0);
+
+/// RoPE and the KV-cache append of one token whose position is read on the GPU
+/// (pos = *d_length): q rotated in place, k rotated and written to the cache at pos, v
+/// copied to the cache at pos. If pos is outside the cache or the table, nothing is
+/// written to the cache and q becomes NaN (a host-side check must have prevented it).
+/// @param qkv      (H + 2 Hkv, D) the QKV projection of the token: q heads, k heads, v heads
+/// @param k_cache  (Hkv, max_context, D) one layer
+/// @param v_cache  (Hkv, max_context, D) one layer
+/// @param d_length (1) the number of tokens already in the cache
+void decode_rope_append(__nv_bfloat16* qkv, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache, const int* d_length,
+                        const RopeTable& table, int H, int Hkv, int max_context, bool pdl, cudaStream_t stream = 0);
+
+/// token[0] = argmax(logits) (lowest index on ties; -1 if a logit is NaN), then, when
+/// d_length is not null, *d_length += 1: the commit of the decode step, on the GPU.
+/// @param token    (1) written
+/// @param logits   (V)
+/// @param d_length (1) or nullptr
+void decode_argmax(int32_t* token, const float* logits, int V, int* d_length, bool pdl, cudaStream_t stream = 0);
+
+/// Plain C++ reference of decode_argmax: -1 when a value is NaN.
+int32_t decode_argmax_cpu(const float* logits, int V);
+
+/// Prefill: act[t, f] = bf16(silu(gate_up[t, f]) * gate_up[t, F + f]), the SwiGLU of one
+/// GEMM's output over the concatenated gate and up weights. Needs F % 8 == 0.
+/// @param act     (T, F)
+/// @param gate_up (T, 2F)
+void swiglu_rows(__nv_bfloat16* act, const __nv_bfloat16* gate_up, int T, int F, cudaStream_t stream = 0);
+
+/// Prefill: splits the fused QKV projection (T, (H + 2 Hkv) D) into token-major q (T, H, D),
+/// k (T, Hkv, D) and v (T, Hkv, D), the layouts RoPE, the cache and attention read.
+/// Needs D % 8 == 0.
+void split_qkv(__nv_bfloat16* q, __nv_bfloat16* k, __nv_bfloat16* v, const __nv_bfloat16* qkv, int T, int H,
+               int Hkv, int D, cudaStream_t stream = 0);
+
+/// True when the current GPU can use programmatic dependent launch (sm_90 and later).
+bool device_supports_pdl();
+
+}  // namespace bielik

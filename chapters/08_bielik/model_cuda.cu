@@ -1,0 +1,529 @@
+// The CUDA backend (model_cuda.hpp): loading, prefill, the decode graph.
+#include "model_cuda.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+
+#include "attention.cuh"
+#include "cuda_check.cuh"
+#include "decode_kernels.cuh"
+#include "embedding.cuh"
+#include "matmul.cuh"
+#include "model_weights.hpp"
+#include "rmsnorm.cuh"
+#include "safetensors.hpp"
+#ifdef BIELIK_HAVE_CH06
+#include "swiglu.cuh"
+#endif
+
+namespace bielik {
+namespace {
+
+// Logits::kAll rows per lm_head GEMM: bounds the (rows, V) bf16 scratch (16 MB for Bielik).
+constexpr int kLogitRows = 256;
+// Tensors start on 256-byte boundaries inside the one weight allocation: 16-byte vector
+// loads need 16, and 256 keeps every tensor on its own cache lines.
+constexpr size_t kAlignElements = 128;
+
+ModelConfig load_checked_config(const std::string& model_dir) {
+  if (!std::filesystem::is_directory(model_dir)) {
+    throw std::runtime_error("model directory '" + model_dir + "' does not exist");
+  }
+  ModelConfig c = load_model_config(model_dir + "/config.json");
+  auto fail = [&](const std::string& why) {
+    throw std::invalid_argument(model_dir + ": the CUDA backend cannot run this shape: " + why + " (" +
+                                describe(c) + ")");
+  };
+  if (c.head_dim != 64 && c.head_dim != 128) {
+    fail("head_dim must be 64 or 128 (the attention kernels are compiled for those), got " +
+         std::to_string(c.head_dim));
+  }
+  if (c.num_key_value_heads <= 0 || c.num_attention_heads % c.num_key_value_heads != 0 ||
+      c.num_attention_heads / c.num_key_value_heads > 8) {
+    fail("needs H a multiple of Hkv with H / Hkv <= 8");
+  }
+  if (c.hidden_size % 8 != 0 || c.intermediate_size % 8 != 0) {
+    fail("hidden_size and intermediate_size must be multiples of 8 (16-byte rows)");
+  }
+  return c;
+}
+
+int context_of(const ModelConfig& config, int requested) {
+  if (requested < 0) throw std::invalid_argument("max_context must be >= 0, got " + std::to_string(requested));
+  if (requested == 0) {
+    if (config.max_position_embeddings <= 0) {
+      throw std::invalid_argument("config.json has no max_position_embeddings: give a context length");
+    }
+    return config.max_position_embeddings;
+  }
+  if (config.max_position_embeddings > 0 && requested > config.max_position_embeddings) {
+    throw std::invalid_argument("a context of " + std::to_string(requested) +
+                                " tokens exceeds the model's max_position_embeddings (" +
+                                std::to_string(config.max_position_embeddings) + ")");
+  }
+  return requested;
+}
+
+}  // namespace
+
+CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& options)
+    : config_(load_checked_config(model_dir)),
+      options_(options),
+      kv_(config_.num_hidden_layers, config_.num_key_value_heads, config_.head_dim,
+          context_of(config_, options.max_context)) {
+  if (options_.prefill_chunk < 1) {
+    throw std::invalid_argument("prefill_chunk must be >= 1, got " + std::to_string(options_.prefill_chunk));
+  }
+  C_ = config_.hidden_size;
+  F_ = config_.intermediate_size;
+  H_ = config_.num_attention_heads;
+  Hkv_ = config_.num_key_value_heads;
+  D_ = config_.head_dim;
+  V_ = config_.vocab_size;
+  QKV_ = (H_ + 2 * Hkv_) * D_;
+  const int context = kv_.max_context();
+  const int Tc = std::min(options_.prefill_chunk, context);
+  use_pdl_ = options_.use_pdl && device_supports_pdl();
+
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  cudaDeviceProp properties{};
+  CUDA_CHECK(cudaGetDeviceProperties(&properties, device));
+  device_name_ = properties.name;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+
+  try {
+    load_weights(model_dir);
+    rope_ = rope_table_build(D_, config_.rope_theta, context, stream_);
+
+    // The decode attention reads the length on the GPU, so its grid is fixed for every
+    // length. Splits sized for 2k keys: a full 8k cache still gets 64-key splits (a few
+    // rounds each), while at chat lengths the combine does not wade through hundreds
+    // of empty splits (they cost a block launch each and a load in the combine).
+    attention_workspace_ = std::make_unique<DecodeAttentionWorkspace>(H_, D_, 1024);
+    attention_splits_ = decode_attention_v3_default_splits(std::min(context, 2048), H_, Hkv_, D_, 1024);
+
+    const size_t tc = size_t(Tc);
+    p_tokens_ = DeviceBuffer<int32_t>(tc);
+    p_positions_ = DeviceBuffer<int32_t>(tc);
+    p_x_ = DeviceBuffer<__nv_bfloat16>(tc * C_);
+    p_h_ = DeviceBuffer<__nv_bfloat16>(tc * C_);
+    p_proj_ = DeviceBuffer<__nv_bfloat16>(tc * C_);
+    p_qkv_ = DeviceBuffer<__nv_bfloat16>(tc * QKV_);
+    p_q_ = DeviceBuffer<__nv_bfloat16>(tc * H_ * D_);
+    p_attn_ = DeviceBuffer<__nv_bfloat16>(tc * H_ * D_);
+    p_k_ = DeviceBuffer<__nv_bfloat16>(tc * Hkv_ * D_);
+    p_v_ = DeviceBuffer<__nv_bfloat16>(tc * Hkv_ * D_);
+    if (!(has_chapter06() && options_.prefill_chapter06_swiglu)) p_gate_up_ = DeviceBuffer<__nv_bfloat16>(tc * 2 * F_);
+    p_act_ = DeviceBuffer<__nv_bfloat16>(tc * F_);
+    p_k_gathered_ = DeviceBuffer<__nv_bfloat16>(size_t(context) * Hkv_ * D_);
+    p_v_gathered_ = DeviceBuffer<__nv_bfloat16>(size_t(context) * Hkv_ * D_);
+    p_logits_ = DeviceBuffer<__nv_bfloat16>(size_t(std::min(kLogitRows, Tc)) * V_);
+    d_token_ = DeviceBuffer<int32_t>(1);
+    d_x_ = DeviceBuffer<__nv_bfloat16>(C_);
+    d_qkv_ = DeviceBuffer<__nv_bfloat16>(QKV_);
+    d_attn_ = DeviceBuffer<__nv_bfloat16>(size_t(H_) * D_);
+    d_act_ = DeviceBuffer<__nv_bfloat16>(F_);
+    d_logits_ = DeviceBuffer<float>(V_);
+    for (size_t bytes : {p_tokens_.bytes(), p_positions_.bytes(), p_x_.bytes(), p_h_.bytes(), p_proj_.bytes(),
+                         p_qkv_.bytes(), p_q_.bytes(), p_attn_.bytes(), p_k_.bytes(), p_v_.bytes(),
+                         p_gate_up_.bytes(), p_act_.bytes(), p_k_gathered_.bytes(), p_v_gathered_.bytes(),
+                         p_logits_.bytes(), d_token_.bytes(), d_x_.bytes(), d_qkv_.bytes(), d_attn_.bytes(),
+                         d_act_.bytes(), d_logits_.bytes(), attention_workspace_->partial_acc.bytes(),
+                         attention_workspace_->partial_ml.bytes(), rope_.cos.bytes(), rope_.sin.bytes()}) {
+      scratch_bytes_ += bytes;
+    }
+
+    void* pinned = nullptr;
+    CUDA_CHECK(cudaMallocHost(&pinned, size_t(V_) * sizeof(float)));
+    h_logits_.reset(static_cast<float*>(pinned));
+    CUDA_CHECK(cudaMallocHost(&pinned, size_t(context) * sizeof(int32_t)));
+    h_tokens_.reset(static_cast<int32_t*>(pinned));
+
+    // One eager step first: every launcher's one-time host work (occupancy queries, the
+    // attention split kernel's setup) happens outside the capture, and a kernel that
+    // cannot launch fails here with its own message. Then forget it.
+    CUDA_CHECK(cudaMemsetAsync(d_token_.data(), 0, sizeof(int32_t), stream_));
+    enqueue_decode_step(stream_, use_pdl_, nullptr);
+    kv_.reset(stream_);
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+
+    if (options_.use_graph) {
+      try {
+        capture_graph(use_pdl_);
+      } catch (const std::exception& error) {
+        if (!use_pdl_) throw;
+        // A driver that cannot capture programmatic launches: keep the graph, lose PDL.
+        std::fprintf(stderr, "CudaModel: capturing the decode graph with PDL failed (%s); capturing without\n",
+                     error.what());
+        cudaGetLastError();
+        use_pdl_ = false;
+        capture_graph(false);
+      }
+    }
+  } catch (...) {
+    if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
+    if (graph_) cudaGraphDestroy(graph_);
+    cudaStreamDestroy(stream_);
+    throw;
+  }
+}
+
+void CudaModel::capture_graph(bool pdl) {
+  CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  try {
+    enqueue_decode_step(stream_, pdl, nullptr);
+  } catch (...) {
+    cudaGraph_t broken = nullptr;
+    cudaStreamEndCapture(stream_, &broken);
+    if (broken) cudaGraphDestroy(broken);
+    throw;
+  }
+  CUDA_CHECK(cudaStreamEndCapture(stream_, &graph_));
+  try {
+    CUDA_CHECK(cudaGraphInstantiate(&graph_exec_, graph_, 0));
+    CUDA_CHECK(cudaGraphUpload(graph_exec_, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  } catch (...) {
+    if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
+    cudaGraphDestroy(graph_);
+    graph_exec_ = nullptr;
+    graph_ = nullptr;
+    throw;
+  }
+}
+
+CudaModel::~CudaModel() {
+  cudaStreamSynchronize(stream_);
+  if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
+  if (graph_) cudaGraphDestroy(graph_);
+  cudaStreamDestroy(stream_);
+}
+
+void CudaModel::load_weights(const std::string& model_dir) {
+  const Checkpoint checkpoint = Checkpoint::open_dir(model_dir);
+  const ModelWeights w = map_model_weights(checkpoint, config_);
+
+  // Pass 1: where each tensor goes. Concatenations (q|k|v, gate|up) are consecutive
+  // placements: row-major (out, in) matrices stack along `out` by simply following
+  // each other.
+  struct Placement {
+    const TensorView* view;
+    size_t offset;  // elements
+  };
+  std::vector<Placement> placements;
+  size_t total = 0;
+  auto align = [](size_t n) { return (n + kAlignElements - 1) / kAlignElements * kAlignElements; };
+  // Places the views back to back (one logical tensor) and returns its offset.
+  auto place = [&](std::initializer_list<const TensorView*> views) -> size_t {
+    const size_t start = total = align(total);
+    for (const TensorView* view : views) {
+      placements.push_back({view, total});
+      total += view->numel();
+    }
+    return start;
+  };
+  auto place_optional = [&](std::initializer_list<const TensorView*> views) -> long long {
+    for (const TensorView* view : views) {
+      if (view == nullptr) return -1;
+    }
+    return (long long)place(views);
+  };
+
+  struct Offsets {
+    size_t input_norm, w_qkv, w_o, post_norm, w_gate_up, w_down;
+    long long b_qkv, b_o, b_gate_up, b_down;
+  };
+  std::vector<Offsets> offsets;
+  const size_t embed = place({w.embed});
+  for (const LayerWeights& lw : w.layers) {
+    Offsets o{};
+    o.input_norm = place({lw.input_norm});
+    o.w_qkv = place({lw.wq, lw.wk, lw.wv});
+    o.b_qkv = place_optional({lw.bq, lw.bk, lw.bv});
+    o.w_o = place({lw.wo});
+    o.b_o = place_optional({lw.bo});
+    o.post_norm = place({lw.post_norm});
+    o.w_gate_up = place({lw.w_gate, lw.w_up});
+    o.b_gate_up = place_optional({lw.b_gate, lw.b_up});
+    o.w_down = place({lw.w_down});
+    o.b_down = place_optional({lw.b_down});
+    offsets.push_back(o);
+  }
+  const size_t final_norm = place({w.final_norm});
+  const size_t lm_head = config_.tie_word_embeddings ? embed : place({w.lm_head});
+
+  // Pass 2: one allocation, one copy per tensor. The mapped bytes may be unaligned
+  // (safetensors.hpp), which cudaMemcpy does not mind; checkpoint files are little endian
+  // like every GPU host.
+  weights_ = DeviceBuffer<__nv_bfloat16>(align(total));
+  for (const Placement& p : placements) {
+    CUDA_CHECK(cudaMemcpy(weights_.data() + p.offset, p.view->data, p.view->byte_size, cudaMemcpyHostToDevice));
+  }
+
+  const __nv_bfloat16* base = weights_.data();
+  auto at = [&](long long offset) { return offset < 0 ? nullptr : base + offset; };
+  embed_ = base + embed;
+  final_norm_ = base + final_norm;
+  lm_head_ = base + lm_head;
+  for (const Offsets& o : offsets) {
+    layers_.push_back(Layer{base + o.input_norm, base + o.w_qkv, at(o.b_qkv), base + o.w_o, at(o.b_o),
+                            base + o.post_norm, base + o.w_gate_up, at(o.b_gate_up), base + o.w_down,
+                            at(o.b_down)});
+  }
+}
+
+size_t CudaModel::decode_weight_bytes() const {
+  const size_t embed_bytes = size_t(V_) * C_ * sizeof(__nv_bfloat16);
+  // Tied: the table is read in full by the lm_head, so nothing is skipped.
+  return config_.tie_word_embeddings ? weights_.bytes() : weights_.bytes() - embed_bytes;
+}
+
+std::string CudaModel::name() const { return "cuda (" + device_name_ + ")"; }
+
+bool CudaModel::has_chapter06() {
+#ifdef BIELIK_HAVE_CH06
+  return true;
+#else
+  return false;
+#endif
+}
+
+void CudaModel::check_fits(size_t count, const char* what) const {
+  const size_t used = size_t(kv_.length());
+  const size_t context = size_t(kv_.max_context());
+  if (used + count > context) {
+    std::string message = std::string(what) + " of " + std::to_string(count) + " tokens exceeds the context of " +
+                          std::to_string(context) + " tokens";
+    if (used > 0) {
+      message += " (" + std::to_string(used) + " already used, " + std::to_string(context - used) + " left)";
+    }
+    throw std::length_error(message);
+  }
+}
+
+void CudaModel::check_token(int32_t token) const {
+  if (token < 0 || token >= V_) {
+    throw std::out_of_range("token id " + std::to_string(token) + " is outside the vocabulary [0, " +
+                            std::to_string(V_) + ")");
+  }
+}
+
+void CudaModel::reset() {
+  kv_.reset(stream_);
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+std::vector<float> CudaModel::prefill(const std::vector<int32_t>& tokens, Logits which) {
+  if (tokens.empty()) throw std::invalid_argument("prefill needs at least one token");
+  check_fits(tokens.size(), "prompt");
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= V_) {
+      throw std::out_of_range("token id " + std::to_string(tokens[i]) + " at index " + std::to_string(i) +
+                              " is outside the vocabulary [0, " + std::to_string(V_) + ")");
+    }
+  }
+  const bool all = which == Logits::kAll;
+  const size_t V = size_t(V_);
+  const size_t chunk = size_t(std::min(options_.prefill_chunk, kv_.max_context()));
+  std::vector<float> logits(all ? tokens.size() * V : V);
+  for (size_t start = 0; start < tokens.size(); start += chunk) {
+    const int T = int(std::min(chunk, tokens.size() - start));
+    const bool last_chunk = start + size_t(T) == tokens.size();
+    float* out = all ? logits.data() + start * V : (last_chunk ? logits.data() : nullptr);
+    forward_chunk(tokens.data() + start, T, all, out);
+  }
+  return logits;
+}
+
+void CudaModel::forward_chunk(const int32_t* tokens, int T, bool all_logits, float* logits) {
+  cudaStream_t s = stream_;
+  const int P = kv_.length();
+  const int context = kv_.max_context();
+  const float eps = config_.rms_norm_eps;
+  const int HD = H_ * D_;
+
+  CUDA_CHECK(cudaMemcpyAsync(p_tokens_.data(), tokens, size_t(T) * sizeof(int32_t), cudaMemcpyHostToDevice, s));
+  rope_positions_from_offset(p_positions_.data(), T, P, s);
+  embedding_forward(p_x_.data(), embed_, p_tokens_.data(), T, C_, V_, nullptr, s);
+
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& L = layers_[l];
+    // h = rmsnorm(x); from layer 1 on, the previous layer's MLP output is added first.
+    if (l == 0) {
+      rmsnorm_forward(p_h_.data(), p_x_.data(), L.input_norm, T, C_, eps, s);
+    } else {
+      fused_residual_rmsnorm_forward(p_h_.data(), p_x_.data(), p_proj_.data(), L.input_norm, T, C_, eps, s);
+    }
+    matmul_forward(p_qkv_.data(), p_h_.data(), L.w_qkv, L.b_qkv, T, C_, QKV_, s);
+    split_qkv(p_q_.data(), p_k_.data(), p_v_.data(), p_qkv_.data(), T, H_, Hkv_, D_, s);
+    rope_forward(p_q_.data(), p_k_.data(), p_positions_.data(), T, H_, Hkv_, rope_, s);
+    kv_.append(int(l), p_k_.data(), p_v_.data(), T, s);
+    if (P == 0) {
+      attention_forward(p_attn_.data(), p_q_.data(), p_k_.data(), p_v_.data(), T, T, H_, Hkv_, D_, s);
+    } else {
+      kv_cache_gather_token_major(p_k_gathered_.data(), p_v_gathered_.data(), kv_.k(int(l)), kv_.v(int(l)), P + T,
+                                  Hkv_, D_, context, s);
+      attention_forward(p_attn_.data(), p_q_.data(), p_k_gathered_.data(), p_v_gathered_.data(), T, P + T, H_,
+                        Hkv_, D_, s);
+    }
+    matmul_forward(p_proj_.data(), p_attn_.data(), L.w_o, L.b_o, T, HD, C_, s);
+    fused_residual_rmsnorm_forward(p_h_.data(), p_x_.data(), p_proj_.data(), L.post_norm, T, C_, eps, s);
+#ifdef BIELIK_HAVE_CH06
+    if (options_.prefill_chapter06_swiglu) {  // gate and up in one tensor-core kernel, SwiGLU in its epilogue
+      swiglu_gate_up_forward(p_act_.data(), p_h_.data(), L.w_gate_up, L.b_gate_up, L.w_gate_up + size_t(F_) * C_,
+                             L.b_gate_up ? L.b_gate_up + F_ : nullptr, T, C_, F_, s);
+    } else
+#endif
+    {  // one GEMM over the concatenated gate|up weights (T, 2F), then the activation
+      matmul_forward(p_gate_up_.data(), p_h_.data(), L.w_gate_up, L.b_gate_up, T, C_, 2 * F_, s);
+      swiglu_rows(p_act_.data(), p_gate_up_.data(), T, F_, s);
+    }
+    matmul_forward(p_proj_.data(), p_act_.data(), L.w_down, L.b_down, T, F_, C_, s);
+  }
+  kv_.commit(T, s);
+
+  if (logits != nullptr) {
+    // The last residual add, fused with the final norm (every row: it is cheap).
+    fused_residual_rmsnorm_forward(p_h_.data(), p_x_.data(), p_proj_.data(), final_norm_, T, C_, eps, s);
+    const size_t V = size_t(V_);
+    if (all_logits) {
+      std::vector<uint16_t> bits(size_t(kLogitRows) * V);
+      for (int first = 0; first < T; first += kLogitRows) {
+        const int rows = std::min(kLogitRows, T - first);
+        matmul_forward(p_logits_.data(), p_h_.data() + size_t(first) * C_, lm_head_, nullptr, rows, C_, V_, s);
+        CUDA_CHECK(cudaMemcpyAsync(bits.data(), p_logits_.data(), size_t(rows) * V * sizeof(uint16_t),
+                                   cudaMemcpyDeviceToHost, s));
+        CUDA_CHECK(cudaStreamSynchronize(s));
+        for (size_t i = 0; i < size_t(rows) * V; ++i) {
+          const uint32_t wide = uint32_t(bits[i]) << 16;
+          std::memcpy(&logits[size_t(first) * V + i], &wide, sizeof(float));
+        }
+      }
+    } else {
+      // Only the last token's logits: the decode path's fp32 lm_head GEMV on one row.
+      DecodeGemvParams head{};
+      head.y = d_logits_.data();
+      head.x = p_h_.data() + size_t(T - 1) * C_;
+      head.W = lm_head_;
+      head.N = V_;
+      head.K = C_;
+      decode_gemv(GemvInput::kPlain, GemvOutput::kF32, head, false, s);
+      CUDA_CHECK(cudaMemcpyAsync(h_logits_.get(), d_logits_.data(), V * sizeof(float), cudaMemcpyDeviceToHost, s));
+      CUDA_CHECK(cudaStreamSynchronize(s));
+      std::memcpy(logits, h_logits_.get(), V * sizeof(float));
+    }
+  }
+  CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::function<void(const char*)>* after) {
+  auto done = [&](const char* name) {
+    if (after) (*after)(name);
+  };
+  const float eps = config_.rms_norm_eps;
+  const int context = kv_.max_context();
+  int* d_length = kv_.device_length();
+
+  embedding_forward(d_x_.data(), embed_, d_token_.data(), 1, C_, V_, nullptr, s);
+  done("embedding");
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& L = layers_[l];
+    DecodeGemvParams qkv{d_qkv_.data(), d_x_.data(), L.input_norm, L.w_qkv, L.b_qkv, QKV_, C_, eps};
+    decode_gemv(GemvInput::kRmsNorm, GemvOutput::kBf16, qkv, pdl, s);
+    done("qkv");
+    decode_rope_append(d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)), d_length, rope_, H_, Hkv_, context, pdl, s);
+    done("rope_append");
+    decode_attention_v3_pipelined_device_length(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)),
+                                                d_length, 1, context, H_, Hkv_, D_, attention_splits_,
+                                                attention_workspace_.get(), s);
+    done("attention");
+    DecodeGemvParams o{d_x_.data(), d_attn_.data(), nullptr, L.w_o, L.b_o, C_, H_ * D_, eps};
+    decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, o, pdl, s);
+    done("o_proj");
+    DecodeGemvParams gate_up{d_act_.data(), d_x_.data(), L.post_norm, L.w_gate_up, L.b_gate_up, F_, C_, eps};
+    decode_gemv(GemvInput::kRmsNorm, GemvOutput::kSwiGLU, gate_up, pdl, s);
+    done("gate_up_swiglu");
+    DecodeGemvParams down{d_x_.data(), d_act_.data(), nullptr, L.w_down, L.b_down, C_, F_, eps};
+    decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, down, pdl, s);
+    done("down");
+  }
+  DecodeGemvParams head{d_logits_.data(), d_x_.data(), final_norm_, lm_head_, nullptr, V_, C_, eps};
+  decode_gemv(GemvInput::kRmsNorm, GemvOutput::kF32, head, pdl, s);
+  done("lm_head");
+  // The argmax overwrites the input token (the next step's input when generating) and
+  // commits the step on the GPU: the device KV length += 1.
+  decode_argmax(d_token_.data(), d_logits_.data(), V_, d_length, pdl, s);
+  done("argmax");
+}
+
+void CudaModel::run_decode_step() {
+  if (graph_exec_) {
+    CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
+  } else {
+    enqueue_decode_step(stream_, use_pdl_, nullptr);
+  }
+}
+
+std::vector<float> CudaModel::decode(int32_t token) {
+  check_token(token);
+  check_fits(1, "prompt");
+  h_tokens_.get()[0] = token;
+  CUDA_CHECK(cudaMemcpyAsync(d_token_.data(), h_tokens_.get(), sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  run_decode_step();
+  CUDA_CHECK(cudaMemcpyAsync(h_logits_.get(), d_logits_.data(), size_t(V_) * sizeof(float), cudaMemcpyDeviceToHost,
+                             stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  kv_.commit_host(1);
+  return std::vector<float>(h_logits_.get(), h_logits_.get() + V_);
+}
+
+int32_t CudaModel::decode_greedy(int32_t token) {
+  std::vector<int32_t> next = generate_greedy(token, 1);
+  return next[0];
+}
+
+std::vector<int32_t> CudaModel::generate_greedy(int32_t token, int count) {
+  check_token(token);
+  if (count < 0) throw std::invalid_argument("generate_greedy: count must be >= 0");
+  check_fits(size_t(count), "generation");
+  if (count == 0) return {};
+  int32_t* host = h_tokens_.get();
+  host[0] = token;
+  CUDA_CHECK(cudaMemcpyAsync(d_token_.data(), host, sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  // Every step's input is the previous step's argmax, already on the GPU: the steps are
+  // queued back to back, each followed by a 4-byte copy of its token, and the host waits
+  // once at the end. (Stream order: copy i happens before step i+1 overwrites d_token_.)
+  for (int i = 0; i < count; ++i) {
+    run_decode_step();
+    CUDA_CHECK(cudaMemcpyAsync(host + i, d_token_.data(), sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+  }
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  kv_.commit_host(count);
+  std::vector<int32_t> tokens(host, host + count);
+  for (int32_t t : tokens) {
+    if (t < 0) throw std::runtime_error("decode produced NaN logits (argmax undefined)");
+  }
+  return tokens;
+}
+
+void CudaModel::decode_probed(int32_t token, const std::function<void(const char*)>& after_kernel) {
+  check_token(token);
+  check_fits(1, "prompt");
+  h_tokens_.get()[0] = token;
+  CUDA_CHECK(cudaMemcpyAsync(d_token_.data(), h_tokens_.get(), sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  enqueue_decode_step(stream_, false, &after_kernel);
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  kv_.commit_host(1);
+}
+
+std::unique_ptr<Backend> make_cuda_backend(const std::string& model_dir, int max_context) {
+  CudaModelOptions options;
+  options.max_context = max_context;
+  return std::make_unique<CudaModel>(model_dir, options);
+}
+
+}  // namespace bielik

@@ -1,0 +1,190 @@
+/// @file model_cuda.hpp
+/// @brief The whole model on the GPU: the chapters' kernels assembled, bf16 weights, a KV
+/// cache, prefill in chunks, and decode as one replayed CUDA graph.
+///
+/// Prefill (T tokens at positions P..P+T-1, in chunks of at most prefill_chunk tokens):
+///
+///     x = embedding(tokens)                                         chapter 01
+///     for each layer:
+///         h = rmsnorm(x) (fused with the previous residual add)     chapter 02
+///         qkv = h Wqkv^T + bqkv     (q, k, v weights concatenated)  chapter 03
+///         q, k = rope(q, k) at positions P..P+T-1                    chapter 04
+///         append k, v to the KV cache                                chapter 07
+///         a = attention(q, cache positions 0..P+T-1)                 chapter 05
+///         x = x + a Wo^T + bo;  h = rmsnorm(x)                        chapters 03, 02
+///         act = silu(h Wg^T + bg) * (h Wu^T + bu)  (one GEMM, 2F wide)
+///         mlp = act Wd^T + bd   (added into x by the next fused norm)
+///     logits = rmsnorm(x) lm_head^T   (the last row only, unless Logits::kAll)
+///
+/// Attention over the cache: the first chunk (P == 0) attends to its own token-major k, v.
+/// A chunk on top of a cache (P > 0: a new chat turn, or the second chunk of a long
+/// prompt) needs keys 0..P+T-1, which the cache holds head-major; they are gathered into
+/// a token-major scratch first (chapter 07's kv_cache_gather_token_major). That copy moves
+/// 2 * Hkv * D * 2 bytes per cached token per layer (1 KB for Bielik): 2 MB per layer at a
+/// 2k-token context, ~1 us of bandwidth next to the chunk's ~0.2 ms of matmuls per layer.
+///
+/// Decode (T = 1) runs the fused kernels of decode_kernels.cuh, captured ONCE into a CUDA
+/// graph at load time. Nothing in the graph depends on the position: the input token, the
+/// position (RoPE, cache append, attention length) and the commit are all read or written
+/// in device memory, so every step replays the same graph. A step is one graph launch plus
+/// a small copy back: the next token id (greedy), or the V logits (sampling).
+///
+/// Memory is allocated once, in the constructor: the weights, the KV cache, the prefill
+/// activations for one chunk, the decode buffers. Nothing is allocated per token.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend.hpp"
+#include "decode_attention.cuh"
+#include "device_buffer.cuh"
+#include "kv_cache.cuh"
+#include "model_config.hpp"
+#include "rope.cuh"
+
+namespace bielik {
+
+struct CudaModelOptions {
+  int max_context = 0;       ///< KV cache length in tokens; 0: max_position_embeddings
+  int prefill_chunk = 2048;  ///< most tokens per prefill pass (sizes the activation buffers)
+  bool use_graph = true;     ///< decode by replaying the captured CUDA graph (else launch eagerly)
+  bool use_pdl = true;       ///< programmatic dependent launch between decode kernels (sm_90+)
+  /// Prefill's gate/up + SwiGLU through chapter 06's fused kernel when the build has
+  /// chapter 06 (else, or when false: one GEMM over gate|up, then the activation).
+  bool prefill_chapter06_swiglu = true;
+};
+
+class CudaModel final : public Backend {
+ public:
+  /// Reads `model_dir`/config.json and the safetensors checkpoint (shapes checked by
+  /// map_model_weights), copies the weights to the GPU and captures the decode graph.
+  /// Throws std::runtime_error for a bad checkpoint, std::invalid_argument for a shape the
+  /// kernels cannot run (head_dim not 64 or 128, sizes not multiples of 8, more than 8
+  /// query heads per kv head) or a bad option.
+  explicit CudaModel(const std::string& model_dir, const CudaModelOptions& options = {});
+  ~CudaModel() override;
+  CudaModel(const CudaModel&) = delete;
+  CudaModel& operator=(const CudaModel&) = delete;
+
+  std::vector<float> prefill(const std::vector<int32_t>& tokens, Logits which = Logits::kLast) override;
+  std::vector<float> decode(int32_t token) override;
+  void reset() override;
+  int position() const override { return kv_.length(); }
+  int context_size() const override { return kv_.max_context(); }
+  const ModelConfig& config() const override { return config_; }
+  std::string name() const override;
+
+  /// The greedy fast path: runs `token` at position() and returns the argmax of the
+  /// logits, computed on the GPU (only 4 bytes come back). Same checks as decode().
+  int32_t decode_greedy(int32_t token);
+
+  /// `count` greedy steps: `token` first, then each step's argmax feeds the next step on
+  /// the GPU, without a round trip to the host; returns the `count` generated ids. Throws
+  /// std::length_error before any work when position() + count > context_size().
+  std::vector<int32_t> generate_greedy(int32_t token, int count);
+
+  /// One decode step of `token`, launched eagerly (never the graph, no PDL) with
+  /// `after_kernel(name)` called on the host after each kernel class is enqueued
+  /// ("embedding", "qkv", "rope_append", "attention", "o_proj", "gate_up_swiglu", "down",
+  /// "lm_head", "argmax"): the benchmark records an event there. Advances position().
+  void decode_probed(int32_t token, const std::function<void(const char*)>& after_kernel);
+
+  /// The stream every kernel of this model runs on.
+  cudaStream_t stream() const { return stream_; }
+  /// Device bytes of the weights (all tensors, the embedding table included).
+  size_t weight_bytes() const { return weights_.bytes(); }
+  /// Weight bytes one decode step reads: all but the embedding table (one row of it).
+  size_t decode_weight_bytes() const;
+  size_t kv_cache_bytes() const { return kv_.bytes(); }
+  /// Device bytes of everything else: activations, scratch, logits.
+  size_t scratch_bytes() const { return scratch_bytes_; }
+  bool uses_pdl() const { return use_pdl_; }
+  /// True when this build has chapter 06 (prefill_chapter06_swiglu can take effect).
+  static bool has_chapter06();
+
+ private:
+  struct Layer {
+    const __nv_bfloat16* input_norm;  // (C)
+    const __nv_bfloat16* w_qkv;       // ((H + 2 Hkv) D, C): q rows, then k rows, then v rows
+    const __nv_bfloat16* b_qkv;       // ((H + 2 Hkv) D) or nullptr
+    const __nv_bfloat16* w_o;         // (C, H D)
+    const __nv_bfloat16* b_o;         // (C) or nullptr
+    const __nv_bfloat16* post_norm;   // (C)
+    const __nv_bfloat16* w_gate_up;   // (2F, C): gate rows, then up rows
+    const __nv_bfloat16* b_gate_up;   // (2F) or nullptr
+    const __nv_bfloat16* w_down;      // (C, F)
+    const __nv_bfloat16* b_down;      // (C) or nullptr
+  };
+
+  void load_weights(const std::string& model_dir);
+  void check_fits(size_t count, const char* what) const;
+  void check_token(int32_t token) const;
+  // Runs T <= prefill_chunk tokens at positions position()..+T-1 and commits them;
+  // writes (T, V) logits when all_logits, the last token's (V) when `logits` is set.
+  void forward_chunk(const int32_t* tokens, int T, bool all_logits, float* logits);
+  // Enqueues one decode step on `stream`: reads d_token_ and the device KV length, writes
+  // logits_ and d_token_ (the argmax), advances the device length.
+  void enqueue_decode_step(cudaStream_t stream, bool pdl, const std::function<void(const char*)>* after_kernel);
+  void run_decode_step();  // the graph, or the eager launches
+  void capture_graph(bool pdl);  // the decode step into graph_ / graph_exec_
+
+  ModelConfig config_;
+  CudaModelOptions options_;
+  int C_, F_, H_, Hkv_, D_, V_, QKV_;  // QKV_ = (H + 2 Hkv) D
+  bool use_pdl_ = false;
+  std::string device_name_;
+  cudaStream_t stream_ = nullptr;
+
+  DeviceBuffer<__nv_bfloat16> weights_;  // every tensor, 256-byte aligned, in one allocation
+  const __nv_bfloat16* embed_ = nullptr;       // (V, C)
+  const __nv_bfloat16* final_norm_ = nullptr;  // (C)
+  const __nv_bfloat16* lm_head_ = nullptr;     // (V, C); == embed_ when tied
+  std::vector<Layer> layers_;
+
+  KvCache kv_;
+  RopeTable rope_;
+  std::unique_ptr<DecodeAttentionWorkspace> attention_workspace_;
+  int attention_splits_ = 1;
+  size_t scratch_bytes_ = 0;
+
+  // Prefill activations for one chunk of Tc = prefill_chunk tokens.
+  DeviceBuffer<int32_t> p_tokens_, p_positions_;   // (Tc) (Tc)
+  DeviceBuffer<__nv_bfloat16> p_x_, p_h_, p_proj_;  // (Tc, C) residual stream, normed, block output
+  DeviceBuffer<__nv_bfloat16> p_qkv_;               // (Tc, (H + 2 Hkv) D)
+  DeviceBuffer<__nv_bfloat16> p_q_, p_attn_;        // (Tc, H, D) each
+  DeviceBuffer<__nv_bfloat16> p_k_, p_v_;           // (Tc, Hkv, D) each
+  DeviceBuffer<__nv_bfloat16> p_gate_up_, p_act_;   // (Tc, 2F) unless chapter 06 does gate/up, (Tc, F)
+  DeviceBuffer<__nv_bfloat16> p_k_gathered_, p_v_gathered_;  // (max_context, Hkv, D) each
+  DeviceBuffer<__nv_bfloat16> p_logits_;            // (kLogitRows, V) for Logits::kAll
+
+  // Decode buffers (one token).
+  DeviceBuffer<int32_t> d_token_;       // (1) input token; the argmax overwrites it
+  DeviceBuffer<__nv_bfloat16> d_x_;     // (C) residual stream
+  DeviceBuffer<__nv_bfloat16> d_qkv_;   // ((H + 2 Hkv) D)
+  DeviceBuffer<__nv_bfloat16> d_attn_;  // (H D)
+  DeviceBuffer<__nv_bfloat16> d_act_;   // (F)
+  DeviceBuffer<float> d_logits_;        // (V) fp32, also the prefill's last-row logits
+
+  // Pinned host memory for the copies back (async, no staging).
+  struct PinnedDeleter {
+    void operator()(void* p) const { cudaFreeHost(p); }
+  };
+  std::unique_ptr<float, PinnedDeleter> h_logits_;      // (V)
+  std::unique_ptr<int32_t, PinnedDeleter> h_tokens_;    // (max_context) generated ids
+
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t graph_exec_ = nullptr;
+};
+
+/// The factory the chat program uses: a CudaModel with default options and the given
+/// KV-cache length (0: max_position_embeddings).
+std::unique_ptr<Backend> make_cuda_backend(const std::string& model_dir, int max_context);
+
+}  // namespace bielik
