@@ -15,7 +15,7 @@
 // The SM holds 8 warps either way (about 200 registers each), only the critical path
 // halves. Measured on an H200 (README): it pays where the grid is small or
 // the blocks are long: a 512-token turn over a 4096-token context +23%, decode +22%,
-// SmolLM2's heads +18%, T = 512 +7%; it ties v3 at T = 2048 and loses 2% at T = 8192,
+// SmolLM2's heads +20%, T = 512 +7%; it ties v3 at T = 2048 and loses 2% at T = 8192,
 // where plenty of blocks already balance the SMs and the merge is pure overhead.
 // Each group synchronizes its 4 warps with a named barrier (bar.sync id, 128), so the
 // groups never wait for each other until the merge.
