@@ -133,6 +133,22 @@ int main() {
     DeviceBuffer<uint16_t> x(random_bf16(size_t(kGemvMaxTokens) * shape.C_in, 5)), b(random_bf16(shape.C_out, 6));
     DeviceBuffer<uint16_t> y(size_t(kGemvMaxTokens) * shape.C_out);
     const __nv_bfloat16* bias = shape.bias ? bf16(b.data()) : nullptr;
+    // cudaMemcpy moving the same bytes (copying half of W's bytes reads and writes W's
+    // size): what any kernel of this size pays for launch, ramp-up and tail.
+    {
+      double bytes = 2.0 * w_elements;
+      size_t copied = size_t(bytes / 2);
+      DeviceBuffer<char> scratch(copied);
+      auto copy = [&](int i) {
+        CUDA_CHECK(cudaMemcpyAsync(scratch.data(), weights[i].data(), copied, cudaMemcpyDeviceToDevice));
+      };
+      BenchTiming isolated = time_gpu([&] { copy(0); });
+      BenchTiming batched = time_gpu_back_to_back(copy, copies);
+      double gbs = gb_per_s(bytes, isolated.median_ms), batched_gbs = gb_per_s(bytes, batched.median_ms);
+      gemv.add_row({shape.name, "-", "cudaMemcpy, same bytes", fmt(isolated.median_ms * 1e3, 1), fmt(gbs, 0),
+                    fmt(100 * gbs / copy_gbs, 1), fmt(batched.median_ms * 1e3, 1), fmt(batched_gbs, 0),
+                    fmt(100 * batched_gbs / copy_gbs, 1)});
+    }
     for (int T = 1; T <= kGemvMaxTokens; ++T) {
       double bytes = 2.0 * (w_elements + size_t(T) * (shape.C_in + shape.C_out) + (shape.bias ? shape.C_out : 0));
       for (Launch launch : {Launch(gemv_v1_warp_per_row), Launch(matmul_cublaslt)}) {

@@ -6,7 +6,7 @@
 //
 //  * One warp reads one row W[n, :] (contiguous, C_in * 2 bytes): lane l takes 16-byte
 //    chunks l, l + 32, l + 64, ... so each warp-wide load is 512 contiguous bytes.
-//  * Several loads in flight: each lane issues kLoadsInFlight independent 16-byte loads
+//  * Several loads in flight: each lane issues 4 to 8 independent 16-byte loads
 //    before it uses the first. Little's law: bandwidth = bytes in flight / latency;
 //    at ~4.3 TB/s and ~1 us that is ~4 MB in flight across the GPU, far more than one
 //    load per thread can keep.
@@ -33,8 +33,13 @@ namespace bielik {
 
 namespace {
 
-constexpr int kGemvWarps = 8;       // warps per block
-constexpr int kLoadsInFlight = 4;   // 16-byte W loads issued before the first is used
+constexpr int kGemvWarps = 8;  // warps per block
+
+// 16-byte W loads a lane issues before it uses the first. At T <= 2 registers are
+// plentiful and 8 cover a whole 1536-wide row (6 chunks per lane) in one round trip;
+// at larger T the x values and accumulators need the registers.
+template <int T>
+inline constexpr int kLoadsInFlight = T <= 2 ? 8 : 4;
 
 // Widens 8 bf16 packed in 16 bytes to fp32: a bf16 is the top half of an fp32.
 __device__ __forceinline__ void unpack_8(float (&v)[8], uint4 raw) {
@@ -92,15 +97,16 @@ __global__ void __launch_bounds__(32 * kGemvWarps, 2)
   if (n < N) {  // no early return: the block meets at __syncthreads below
     const __nv_bfloat16* w_row = W + size_t(n) * K;
     int chunks = (K + 7) / 8, stride = 32 * warps_per_row;
-    for (int base = part * 32 + lane; base < chunks; base += kLoadsInFlight * stride) {
-      uint4 w_raw[kLoadsInFlight];
+    constexpr int kLoads = kLoadsInFlight<T>;
+    for (int base = part * 32 + lane; base < chunks; base += kLoads * stride) {
+      uint4 w_raw[kLoads];
 #pragma unroll
-      for (int u = 0; u < kLoadsInFlight; ++u) {  // all loads first...
+      for (int u = 0; u < kLoads; ++u) {  // all loads first...
         int chunk = base + u * stride;
         w_raw[u] = chunk < chunks ? load_chunk<Vector, true>(w_row, chunk, K) : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
-      for (int u = 0; u < kLoadsInFlight; ++u) {  // ...then the arithmetic
+      for (int u = 0; u < kLoads; ++u) {  // ...then the arithmetic
         int chunk = base + u * stride;
         if (chunk >= chunks) break;
         float w[8];

@@ -91,9 +91,10 @@ int matmul_v5_pick_tile(int T, int C_out);
 
 /// The reference GEMM: cuBLASLt, bf16 in/out, fp32 compute, the bias added by its
 /// epilogue (CUBLASLT_EPILOGUE_BIAS). One handle, one 32 MiB workspace and one cached
-/// plan per (shape, bias, alignment) for the whole process. Not thread-safe to call
-/// from several host threads on different streams at once (one shared workspace).
-/// Same parameters as v1.
+/// plan per (shape, bias, alignment) for the whole process; calls from several host
+/// threads are serialized, and two streams must not run it concurrently (one shared
+/// workspace). Shapes or alignments cuBLASLt refuses (2-byte-aligned tensors) run on
+/// v4 instead. Same parameters as v1.
 void matmul_cublaslt(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W, const __nv_bfloat16* bias,
                      int T, int C_in, int C_out, cudaStream_t stream = 0);
 
@@ -125,11 +126,14 @@ inline constexpr MatmulVersion kMatmulVersions[] = {
     {"cublaslt", matmul_cublaslt, matmul_always_available},
 };
 
-/// What the model calls: GEMV for decode-sized T, the fastest GEMM otherwise
-/// (measured on the H200, README.md). Same parameters as v1.
+/// What the model calls, chosen from the H200 measurements in README.md: the GEMV for
+/// decode (T = 1), where it beats or ties cuBLASLt on every Bielik shape; cuBLASLt for
+/// T >= 2, where it is the fastest on the large layers (our GEMV re-reads x per row and
+/// loses from T = 2 on gate/up/down; our best GEMM, v5, reaches 55-83% of it at T = 2048).
+/// Same parameters as v1.
 inline void matmul_forward(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W,
                            const __nv_bfloat16* bias, int T, int C_in, int C_out, cudaStream_t stream = 0) {
-  if (T <= kGemvMaxTokens) {
+  if (T == 1) {
     gemv_v1_warp_per_row(y, x, W, bias, T, C_in, C_out, stream);
   } else {
     matmul_cublaslt(y, x, W, bias, T, C_in, C_out, stream);

@@ -289,7 +289,7 @@ TEST_CASE("gemv_v1 matches the golden answers for every T = 1..8", "[ch03][gpu]"
 TEST_CASE("matmul_forward is right on both sides of the GEMV/GEMM switch", "[ch03][gpu]") {
   GoldenCase golden = load_case("q_proj");
   DeviceCase device(golden);
-  for (int T : {1, kGemvMaxTokens, kGemvMaxTokens + 1, golden.T}) {
+  for (int T : {1, 2, kGemvMaxTokens, kGemvMaxTokens + 1, golden.T}) {
     device.check("matmul_forward", device.run(matmul_forward, T, true), T, true);
   }
 }
