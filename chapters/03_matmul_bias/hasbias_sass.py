@@ -24,13 +24,19 @@ KERNELS = {
 BIAS_ARGUMENT = "c[0x0][0x228]"
 
 
-def functions(sass):
-    """{mangled name: [instruction text, ...]} from cuobjdump's output."""
-    result, current = {}, None
+def functions(sass, arch):
+    """{mangled name: [instruction text, ...]} of the cubins for `arch` (a build for
+    89;90 holds every kernel twice) from cuobjdump's output."""
+    result, current, section_arch = {}, None, None
     for line in sass.splitlines():
+        arch_line = re.match(r"\s*arch = (sm_\w+)", line)
+        if arch_line:
+            section_arch = arch_line.group(1)
+            continue
         header = re.search(r"Function : (\S+)", line)
         if header:
-            current = result.setdefault(header.group(1), [])
+            wanted = section_arch is not None and section_arch.startswith(arch)
+            current = result.setdefault(header.group(1), []) if wanted else None
             continue
         instruction = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?);", line)
         if current is not None and instruction:
@@ -52,7 +58,7 @@ def summary(instructions):
 def main():
     binary = sys.argv[1]
     sass = subprocess.run(["cuobjdump", "--dump-sass", binary], check=True, capture_output=True, text=True).stdout
-    found = functions(sass)
+    found = functions(sass, "sm_90")  # sm_90 and sm_90a
     for label, (without, with_bias) in KERNELS.items():
         names = [next((n for n in found if n.startswith(prefix)), None) for prefix in (without, with_bias)]
         if None in names:

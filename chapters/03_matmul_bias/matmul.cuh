@@ -127,9 +127,10 @@ inline constexpr MatmulVersion kMatmulVersions[] = {
 };
 
 /// What the model calls, chosen from the H200 measurements in README.md: the GEMV for
-/// decode (T = 1), where it beats or ties cuBLASLt on every Bielik shape; cuBLASLt for
-/// T >= 2, where it is the fastest on the large layers (our GEMV re-reads x per row and
-/// loses from T = 2 on gate/up/down; our best GEMM, v5, reaches 55-83% of it at T = 2048).
+/// decode (T = 1), where, launched back to back, it beats cuBLASLt on every Bielik
+/// shape; cuBLASLt for T >= 2, where it is the fastest on the large layers (our GEMV
+/// re-reads x per row and loses from T = 2 on gate/up/down; our best GEMM, v5, reaches
+/// 50-82% of it at T = 2048).
 /// Same parameters as v1.
 inline void matmul_forward(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W,
                            const __nv_bfloat16* bias, int T, int C_in, int C_out, cudaStream_t stream = 0) {

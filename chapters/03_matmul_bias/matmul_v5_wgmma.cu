@@ -14,8 +14,9 @@
 // v4's (8 rows of one column land on 8 different bank groups), now fixed by hardware;
 // the cp.async copies write exactly that layout.
 //
-// Block: 2 warpgroups (256 threads), a 128 x BN tile of y (BN = 128, 192 or 256, chosen
-// like v4's tile from the problem's shape); warpgroup w owns rows 64w..64w+63. Each
+// Block: 2 warpgroups (256 threads), a 128 x BN tile of y (BN = 128, 192 or 256; or one
+// warpgroup and 64 x 128 for small grids), chosen like v4's tile from the problem's
+// shape (128x192 wins on every large Bielik shape); warpgroup w owns rows 64w..64w+63. Each
 // k-tile of 64: wait for its copies, one barrier, 4 wgmma (k = 0, 16, 32, 48: the
 // descriptor's start moves 32 bytes), commit, then wait until only this tile's group is
 // unfinished, i.e. the previous tile's MMAs are done, and refill the stage of the tile
