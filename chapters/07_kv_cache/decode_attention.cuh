@@ -156,11 +156,13 @@ inline constexpr DecodeAttentionDeviceLengthVersion kDecodeAttentionDeviceLength
      decode_attention_v3_default_splits},
 };
 
-/// The version the model calls (the fastest one measured, see README).
+/// The version the model calls: v2, the fastest measured with its default splits at 4k
+/// and 8k keys (v3 wins at 1k, and at 8k only with fewer splits than its default
+/// picks; see the README). For CUDA graphs use decode_attention_v2_split_k_device_length.
 inline void decode_attention_forward(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k_cache,
                                      const __nv_bfloat16* v_cache, int kv_len, int max_context, int H, int Hkv,
                                      int D, DecodeAttentionWorkspace* workspace, cudaStream_t stream = 0) {
-  decode_attention_v3_pipelined(out, q, k_cache, v_cache, kv_len, max_context, H, Hkv, D, workspace, stream);
+  decode_attention_v2_split_k(out, q, k_cache, v_cache, kv_len, max_context, H, Hkv, D, workspace, stream);
 }
 
 }  // namespace bielik
