@@ -5,7 +5,7 @@
 #
 #  1. makes the Bielik-shaped random checkpoint if absent (models/bielik-shaped-random,
 #     scripts/make_random_checkpoint.py: torch + safetensors);
-#  2. builds bench_model (chapters 01-05, 07, 08; 06 too when CHAPTERS includes it);
+#  2. builds bench_model (chapters 01-05, 07 and 08: CHAPTERS defaults to '0[1234578]');
 #  3. runs bench_model -> build/bench/model.json (+ its tables as CSV);
 #  4. runs the PyTorch baseline -> build/bench/pytorch.json (SKIP_COMPILED=1 skips the
 #     torch.compile run, which takes minutes to compile);
@@ -21,6 +21,13 @@ bench_dir="$build/bench"
 mkdir -p "$bench_dir"
 status=0
 step() { echo "== $(date -u +%H:%M:%S) $*"; }
+# Copies what exists so far to $OUT: a run cut short still returns the finished steps.
+publish() {
+  [ -n "${OUT:-}" ] || return 0
+  mkdir -p "$OUT"
+  cp docs/benchmarks.md docs/benchmarks.png "$bench_dir"/*.json "$bench_dir"/*.csv "$OUT"/ 2>/dev/null
+  return 0
+}
 
 step "checkpoint $model"
 if [ ! -f "$model/model.safetensors" ]; then
@@ -42,6 +49,7 @@ BIELIK_BENCH_DIR="$bench_dir" "$build/chapters/08_bielik/bench_model" --model "$
 
 step "report (our numbers)"
 python3 scripts/make_bench_report.py --bench-dir "$bench_dir" --out docs || status=1
+publish
 
 step "PyTorch baseline"
 compiled_flag=()
@@ -52,11 +60,6 @@ python3 scripts/bench_pytorch.py --model "$model" --out "$bench_dir/pytorch.json
 step "report (with the baseline)"
 python3 scripts/make_bench_report.py --bench-dir "$bench_dir" --out docs || status=1
 
-if [ -n "${OUT:-}" ]; then
-  mkdir -p "$OUT"
-  cp docs/benchmarks.md "$OUT"/ 2>/dev/null
-  cp docs/benchmarks.png "$OUT"/ 2>/dev/null
-  cp "$bench_dir"/*.json "$bench_dir"/*.csv "$OUT"/ 2>/dev/null
-fi
+publish
 step "done (status $status)"
 exit $status

@@ -145,9 +145,8 @@ int main(int argc, char** argv) {
     const ModelConfig& c = model->config();
     const int L = c.num_hidden_layers, C = c.hidden_size, F = c.intermediate_size, V = c.vocab_size;
     const int H = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
-    std::printf("loaded in %.1f s: %s, context %d, PDL %s, chapter 06 prefill SwiGLU %s\n", load_s,
-                describe(c).c_str(), model->context_size(), model->uses_pdl() ? "on" : "off",
-                CudaModel::has_chapter06() ? "yes" : "no");
+    std::printf("loaded in %.1f s: %s, context %d, PDL %s\n", load_s, describe(c).c_str(), model->context_size(),
+                model->uses_pdl() ? "on" : "off");
     size_t peak_used = used_device_bytes();
 
     // --- TTFT ---
@@ -302,7 +301,6 @@ int main(int argc, char** argv) {
         {"eager_step_us", eager_step_us},
         {"peak_memory_gb", peak_gb},
         {"load_s", load_s},
-        {"prefill_chapter06_swiglu", CudaModel::has_chapter06()},
         {"breakdown", breakdown},
     };
     const std::filesystem::path out_path(args.out);

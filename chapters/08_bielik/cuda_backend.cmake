@@ -1,8 +1,9 @@
 # Chapter 08, the CUDA backend: every chapter's kernels assembled into the model, the
 # fused decode kernels, the decode CUDA graph; its GPU test and the model benchmark.
 # Included at the end of this chapter's CMakeLists.txt (after bielik_ch08 and the tiny
-# model golden target exist). Needs chapters 01-05 and 07 in the build; chapter 06 is
-# used when it is there (its fused gate/up + SwiGLU in prefill).
+# model golden target exist). Needs chapters 01-05 and 07 in the build (chapter 06 is
+# not used: the decode step has its own GEMV with the norm and SwiGLU fused, and prefill
+# runs gate|up as one cuBLASLt GEMM + the activation, chapter 06's fastest form there).
 set(cuda_backend_dir ${CMAKE_CURRENT_LIST_DIR})
 set(cuda_backend_chapters bielik_ch01 bielik_ch02 bielik_ch03 bielik_ch04 bielik_ch05 bielik_ch07)
 set(cuda_backend_missing "")
@@ -20,10 +21,6 @@ else()
     ${cuda_backend_dir}/decode_kernels.cu)
   target_include_directories(bielik_ch08_cuda PUBLIC ${cuda_backend_dir})
   target_link_libraries(bielik_ch08_cuda PUBLIC bielik_ch08 ${cuda_backend_chapters})
-  if(TARGET bielik_ch06)
-    target_link_libraries(bielik_ch08_cuda PUBLIC bielik_ch06)
-    target_compile_definitions(bielik_ch08_cuda PRIVATE BIELIK_HAVE_CH06)
-  endif()
 
   # Tiny checkpoints written by the test itself (head_dim 64 and 128, which the attention
   # kernels need), checked against the CPU backend; plus the golden tiny models.

@@ -27,7 +27,6 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kLoadsPerLane = 8;  // 16-byte weight loads in flight per lane
 constexpr int kMaxK = 16384;      // K bf16 values of shared memory: 32 KB, under the 48 KB default
 
 // Waits until the grid this one depends on has finished and its writes are visible.
@@ -97,18 +96,18 @@ __device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(_
 
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
 
-// One batch of a warp's weight loads: chunks base, base + 32, ... of row `row` (and of
+// One batch of a warp's weight loads: chunks base, base + stride, ... of row `row` (and of
 // row + N, the up row, when kRows == 2). Chunks past the row and rows < 0 read as zero.
 template <int kRows, int kBatch>
 __device__ __forceinline__ void load_batch(uint4 (&w)[kRows][kBatch], const __nv_bfloat16* W, int N, int K,
-                                           int row, int base) {
+                                           int row, int base, int stride) {
   const int chunks = K / 8;
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const __nv_bfloat16* row_start = W + (row >= 0 ? (size_t(row) + size_t(r) * N) * K : 0);
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
-      const int chunk = base + 32 * u;
+      const int chunk = base + stride * u;
       w[r][u] = row >= 0 && chunk < chunks ? load_streaming(row_start + 8 * chunk) : make_uint4(0, 0, 0, 0);
     }
   }
@@ -131,67 +130,106 @@ __device__ __forceinline__ void store_output(const DecodeGemvParams& p, int n, c
   }
 }
 
-template <GemvInput In, GemvOutput Out, bool HasBias>
-__global__ void __launch_bounds__(kThreads, 3) decode_gemv_kernel(DecodeGemvParams p, int rows_per_warp) {
-  constexpr int kRows = Out == GemvOutput::kSwiGLU ? 2 : 1;
-  constexpr int kBatch = kLoadsPerLane / kRows;
-  extern __shared__ uint4 x_shared[];  // (K/8) the input, normalized for kRmsNorm
-  __shared__ float warp_partial[kWarps];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int chunks = p.K / 8;
-  const int first = (blockIdx.x * kWarps + warp) * rows_per_warp;
-  const int last = min(first + rows_per_warp, p.N);
+constexpr int kNormHeld = 2;  // norm-weight chunks a thread loads before the wait (K <= 4096)
 
-  // 1. Weights first: they do not depend on the previous kernel.
+// Layout of the work: a unit is one output row (a gate/up pair for kSwiGLU) handled by
+// `split` warps of the same block, each taking every split-th group of 32 chunks of the
+// row; their sums meet in shared memory. split = 1 for short rows; the down projection
+// (K = 8960, only 1536 rows) uses 2, so that 3072 warps share the 27.5 MB evenly instead
+// of 1536 warps on 192 blocks (some SMs with two blocks, others with one). A warp does
+// `rows_per_warp` consecutive units (the lm_head: 32000 rows).
+template <GemvInput In, GemvOutput Out, bool HasBias, int kBatch>
+__global__ void __launch_bounds__(kThreads, 3)
+    decode_gemv_kernel(DecodeGemvParams p, int rows_per_warp, int split) {
+  constexpr int kRows = Out == GemvOutput::kSwiGLU ? 2 : 1;
+  extern __shared__ uint4 x_shared[];  // (K/8) the input, normalized for kRmsNorm
+  __shared__ float warp_partial[kWarps][kRows];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int part = warp % split;
+  const int chunks = p.K / 8;
+  const int first = (blockIdx.x * (kWarps / split) + warp / split) * rows_per_warp;
+  const int base_first = part * 32 + lane, stride = 32 * split;
+
+  // 1. Weights first (the first batch of the first row, the norm weight): no kernel
+  //    writes them, so they are loaded while the previous kernel may still run.
   uint4 w[kRows][kBatch];
-  load_batch<kRows, kBatch>(w, p.W, p.N, p.K, first < last ? first : -1, lane);
+  load_batch<kRows, kBatch>(w, p.W, p.N, p.K, first < p.N ? first : -1, base_first, stride);
+  uint4 norm_held[kNormHeld];
+  if constexpr (In == GemvInput::kRmsNorm) {
+#pragma unroll
+    for (int j = 0; j < kNormHeld; ++j) {
+      const int c = threadIdx.x + j * kThreads;
+      norm_held[j] = c < chunks ? __ldg(reinterpret_cast<const uint4*>(p.norm_weight) + c) : make_uint4(0, 0, 0, 0);
+    }
+  }
 
   // 2. Every block waits (no early exit before this line: the next kernel's wait relies
-  //    on ours having completed), then stages the input vector.
+  //    on ours having completed), then stages the input vector, 4 loads in flight.
   wait_for_previous_kernel();
   const uint4* x_vectors = reinterpret_cast<const uint4*>(p.x);
   float sum_squares = 0.0f;
-  for (int c = threadIdx.x; c < chunks; c += kThreads) {
-    const uint4 v = x_vectors[c];
-    x_shared[c] = v;
-    if constexpr (In == GemvInput::kRmsNorm) {
-      float f[8];
-      unpack_8(f, v);
+  for (int c0 = threadIdx.x; c0 < chunks; c0 += 4 * kThreads) {
+    uint4 v[4];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) sum_squares += f[j] * f[j];
+    for (int u = 0; u < 4; ++u) {
+      const int c = c0 + u * kThreads;
+      v[u] = c < chunks ? x_vectors[c] : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int c = c0 + u * kThreads;
+      if (c < chunks) x_shared[c] = v[u];
+      if constexpr (In == GemvInput::kRmsNorm) {
+        float f[8];
+        unpack_8(f, v[u]);  // zeros past the end
+#pragma unroll
+        for (int j = 0; j < 8; ++j) sum_squares += f[j] * f[j];
+      }
     }
   }
   if constexpr (In == GemvInput::kRmsNorm) {
     sum_squares = warp_sum(sum_squares);
-    if (lane == 0) warp_partial[warp] = sum_squares;
+    if (lane == 0) warp_partial[warp][0] = sum_squares;
     __syncthreads();
     float total = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kWarps; ++i) total += warp_partial[i];
+    for (int i = 0; i < kWarps; ++i) total += warp_partial[i][0];
     const float inverse_rms = rsqrtf(total / float(p.K) + p.eps);
-    const uint4* weight_vectors = reinterpret_cast<const uint4*>(p.norm_weight);
-    for (int c = threadIdx.x; c < chunks; c += kThreads) {  // the chunks this thread staged
+    // Each thread normalizes the chunks it staged (no barrier needed between the two).
+    auto normalize = [&](int c, uint4 weight) {
       float f[8], g[8];
       unpack_8(f, x_shared[c]);
-      unpack_8(g, weight_vectors[c]);
+      unpack_8(g, weight);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) f[j] = f[j] * inverse_rms * g[j];
+      for (int e = 0; e < 8; ++e) f[e] = f[e] * inverse_rms * g[e];
       x_shared[c] = pack_8(f);  // rounded to bf16 once, as chapter 02's norm stores it
+    };
+#pragma unroll
+    for (int j = 0; j < kNormHeld; ++j) {
+      const int c = threadIdx.x + j * kThreads;
+      if (c < chunks) normalize(c, norm_held[j]);
     }
+    for (int c = threadIdx.x + kNormHeld * kThreads; c < chunks; c += kThreads) {
+      normalize(c, __ldg(reinterpret_cast<const uint4*>(p.norm_weight) + c));
+    }
+    __syncthreads();  // warp_partial is reused below, and x_shared is complete
   }
   __syncthreads();
   allow_next_kernel();
 
-  // 3. The rows: dot products against the staged input, then the epilogue.
+  // 3. The rows: dot products against the staged input, then the epilogue. The trip
+  //    count is the same for every warp of the block (the barriers below need that).
   bool loaded = true;  // the first batch is already in registers
-  for (int row = first; row < last; ++row) {
+  for (int i = 0; i < rows_per_warp; ++i) {
+    const int row = first + i;
+    const bool valid = row < p.N;
     float acc[2] = {0.0f, 0.0f};
-    for (int base = lane; base < chunks; base += 32 * kBatch) {
-      if (!loaded) load_batch<kRows, kBatch>(w, p.W, p.N, p.K, row, base);
+    for (int base = base_first; valid && base < chunks; base += kBatch * stride) {
+      if (!loaded) load_batch<kRows, kBatch>(w, p.W, p.N, p.K, row, base, stride);
       loaded = false;
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
-        const int chunk = base + 32 * u;
+        const int chunk = base + stride * u;
         if (chunk < chunks) {
           const uint4 xv = x_shared[chunk];
 #pragma unroll
@@ -199,9 +237,25 @@ __global__ void __launch_bounds__(kThreads, 3) decode_gemv_kernel(DecodeGemvPara
         }
       }
     }
+    loaded = false;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) acc[r] = warp_sum(acc[r]);
-    if (lane == 0) store_output<Out, HasBias>(p, row, acc);
+    if (split > 1) {  // the parts of the row meet in shared memory
+      if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) warp_partial[warp][r] = acc[r];
+      }
+      __syncthreads();
+      if (part == 0) {
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          acc[r] = 0.0f;
+          for (int q = 0; q < split; ++q) acc[r] += warp_partial[warp + q][r];
+        }
+      }
+      __syncthreads();
+    }
+    if (valid && part == 0 && lane == 0) store_output<Out, HasBias>(p, row, acc);
   }
 }
 
@@ -222,29 +276,46 @@ void launch(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, size_t s
   CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
 }
 
-template <GemvInput In, GemvOutput Out, bool HasBias>
+template <GemvInput In, GemvOutput Out, bool HasBias, int kBatch>
 void launch_gemv(const DecodeGemvParams& p, bool pdl, cudaStream_t stream) {
-  auto kernel = decode_gemv_kernel<In, Out, HasBias>;
+  auto kernel = decode_gemv_kernel<In, Out, HasBias, kBatch>;
   const size_t shared_bytes = size_t(p.K) * sizeof(__nv_bfloat16);
-  // One wave: as many blocks as fit on the GPU at once; a warp takes several
-  // consecutive rows when N is larger than the warps of one wave.
+  // One wave: as many blocks as fit on the GPU at once.
   static const int blocks_per_sm = [&] {
     int blocks = 0;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, 4096));
     return std::max(blocks, 1);
   }();
   const long long wave_warps = (long long)multiprocessor_count() * blocks_per_sm * kWarps;
-  const int rows_per_warp = int(std::max<long long>(1, (p.N + wave_warps - 1) / wave_warps));
-  const int blocks = (p.N + kWarps * rows_per_warp - 1) / (kWarps * rows_per_warp);
-  launch(pdl, kernel, dim3(blocks), dim3(kThreads), shared_bytes, stream, p, rows_per_warp);
+  // Long rows (K > 2048) are split over 2, 4 or 8 warps while that still fits one wave.
+  int split = 1;
+  while (p.K > 2048 && split < kWarps && (long long)p.N * split * 2 <= wave_warps) split *= 2;
+  const long long unit_slots = wave_warps / split;  // units the wave runs side by side
+  const int rows_per_warp = int(std::max<long long>(1, (p.N + unit_slots - 1) / unit_slots));
+  const int units_per_block = kWarps / split;
+  const int blocks = (p.N + units_per_block * rows_per_warp - 1) / (units_per_block * rows_per_warp);
+  launch(pdl, kernel, dim3(blocks), dim3(kThreads), shared_bytes, stream, p, rows_per_warp, split);
 }
 
+// kBatch: 16-byte loads per lane per row before the first is used. A gate/up pair of
+// Bielik's rows (K = 1536: 6 chunks per lane) fits one batch of 2 x 6; other rows take
+// batches of 8.
 template <GemvInput In, GemvOutput Out>
 void launch_gemv_bias(const DecodeGemvParams& p, bool pdl, cudaStream_t stream) {
+  constexpr bool kPair = Out == GemvOutput::kSwiGLU;
+  const bool short_pair = kPair && p.K / 8 <= 6 * 32;
   if (p.bias) {
-    launch_gemv<In, Out, true>(p, pdl, stream);
+    if (short_pair) {
+      launch_gemv<In, Out, true, 6>(p, pdl, stream);
+    } else {
+      launch_gemv<In, Out, true, kPair ? 4 : 8>(p, pdl, stream);
+    }
   } else {
-    launch_gemv<In, Out, false>(p, pdl, stream);
+    if (short_pair) {
+      launch_gemv<In, Out, false, 6>(p, pdl, stream);
+    } else {
+      launch_gemv<In, Out, false, kPair ? 4 : 8>(p, pdl, stream);
+    }
   }
 }
 
@@ -260,8 +331,10 @@ void launch_gemv_output(GemvOutput output, const DecodeGemvParams& p, bool pdl, 
 
 bool aligned_16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// One block: the rotation of H + Hkv heads and the copy of Hkv v heads are ~1k values.
-__global__ void __launch_bounds__(256) decode_rope_append_kernel(
+// One thread per rotation pair (q and k heads) and per v value: every thread makes the
+// same two trips to memory (the position, then its inputs), instead of a single block
+// looping over ~1k values with a memory round trip per iteration.
+__global__ void __launch_bounds__(128) decode_rope_append_kernel(
     __nv_bfloat16* qkv,        // (H + 2 Hkv, D)
     __nv_bfloat16* k_cache,    // (Hkv, max_context, D)
     __nv_bfloat16* v_cache,    // (Hkv, max_context, D)
@@ -274,7 +347,9 @@ __global__ void __launch_bounds__(256) decode_rope_append_kernel(
   const int pos = *d_length;
   const bool valid = pos >= 0 && pos < max_context && pos < max_positions;
   const int half = D / 2;
-  for (int i = threadIdx.x; i < (H + Hkv) * half; i += blockDim.x) {
+  const int pairs = (H + Hkv) * half;
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < pairs) {
     const int head = i / half, j = i % half;
     __nv_bfloat16* x = qkv + size_t(head) * D;
     const float x1 = __bfloat162float(x[j]), x2 = __bfloat162float(x[j + half]);
@@ -290,12 +365,9 @@ __global__ void __launch_bounds__(256) decode_rope_append_kernel(
       k[j] = first;
       k[j + half] = second;
     }
-  }
-  if (!valid) return;
-  const __nv_bfloat16* v_new = qkv + size_t(H + Hkv) * D;
-  for (int i = threadIdx.x; i < Hkv * D; i += blockDim.x) {
-    const int head = i / D, d = i % D;
-    v_cache[(size_t(head) * max_context + pos) * D + d] = v_new[i];
+  } else if (i < pairs + Hkv * D && valid) {
+    const int index = i - pairs, head = index / D, d = index % D;
+    v_cache[(size_t(head) * max_context + pos) * D + d] = qkv[size_t(H + Hkv) * D + index];
   }
 }
 
@@ -423,7 +495,9 @@ void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, 
 void decode_rope_append(__nv_bfloat16* qkv, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache, const int* d_length,
                         const RopeTable& table, int H, int Hkv, int max_context, bool pdl, cudaStream_t stream) {
   if (table.D <= 0 || table.cos.size() == 0) throw std::invalid_argument("decode_rope_append: table not built");
-  launch(pdl, decode_rope_append_kernel, dim3(1), dim3(256), 0, stream, qkv, k_cache, v_cache, d_length,
+  const int threads = (H + Hkv) * (table.D / 2) + Hkv * table.D;
+  launch(pdl, decode_rope_append_kernel, dim3((threads + 127) / 128), dim3(128), 0, stream, qkv, k_cache, v_cache,
+         d_length,
          static_cast<const float*>(table.cos.data()), static_cast<const float*>(table.sin.data()), H, Hkv, table.D,
          max_context, table.max_positions);
 }

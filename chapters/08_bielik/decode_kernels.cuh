@@ -70,8 +70,11 @@ struct DecodeGemvParams {
 };
 
 /// y = f(x W^T + b) for one token. One warp per output row (a few consecutive rows per
-/// warp when N is large), 16-byte streaming loads of W with 8 in flight per lane, the
-/// input vector staged (and normalized) in shared memory by every block.
+/// warp when N is large, 2-8 warps per row when K > 2048 and N alone would not fill one
+/// wave), 16-byte streaming loads of W with 8 (gate/up: 2 x 6) in flight per lane, the
+/// input vector staged (and normalized) in shared memory by every block. One wave of
+/// blocks: every block is resident from the start, which is what lets its first weight
+/// loads go out before the PDL wait.
 /// Needs K % 8 == 0, K <= 16384 (shared memory), 16-byte aligned x, W and norm_weight;
 /// throws std::invalid_argument otherwise. `pdl`: launch with programmatic dependent
 /// launch (ignored before sm_90).

@@ -15,9 +15,6 @@
 #include "model_weights.hpp"
 #include "rmsnorm.cuh"
 #include "safetensors.hpp"
-#ifdef BIELIK_HAVE_CH06
-#include "swiglu.cuh"
-#endif
 
 namespace bielik {
 namespace {
@@ -100,11 +97,12 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     rope_ = rope_table_build(D_, config_.rope_theta, context, stream_);
 
     // The decode attention reads the length on the GPU, so its grid is fixed for every
-    // length. Splits sized for 2k keys: a full 8k cache still gets 64-key splits (a few
-    // rounds each), while at chat lengths the combine does not wade through hundreds
-    // of empty splits (they cost a block launch each and a load in the combine).
+    // length. Splits sized for 512 keys (32 for Bielik): a full 8k cache still spreads
+    // over 64 blocks of 256 keys, while at chat lengths the step does not pay for
+    // hundreds of empty splits (a block launch each, and a load each in the combine).
+    // Measured on the H200 (bench_model): 128 splits cost ~10 us a layer at 20 keys.
     attention_workspace_ = std::make_unique<DecodeAttentionWorkspace>(H_, D_, 1024);
-    attention_splits_ = decode_attention_v3_default_splits(std::min(context, 2048), H_, Hkv_, D_, 1024);
+    attention_splits_ = decode_attention_v3_default_splits(std::min(context, 512), H_, Hkv_, D_, 1024);
 
     const size_t tc = size_t(Tc);
     p_tokens_ = DeviceBuffer<int32_t>(tc);
@@ -117,7 +115,7 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     p_attn_ = DeviceBuffer<__nv_bfloat16>(tc * H_ * D_);
     p_k_ = DeviceBuffer<__nv_bfloat16>(tc * Hkv_ * D_);
     p_v_ = DeviceBuffer<__nv_bfloat16>(tc * Hkv_ * D_);
-    if (!(has_chapter06() && options_.prefill_chapter06_swiglu)) p_gate_up_ = DeviceBuffer<__nv_bfloat16>(tc * 2 * F_);
+    p_gate_up_ = DeviceBuffer<__nv_bfloat16>(tc * 2 * F_);
     p_act_ = DeviceBuffer<__nv_bfloat16>(tc * F_);
     p_k_gathered_ = DeviceBuffer<__nv_bfloat16>(size_t(context) * Hkv_ * D_);
     p_v_gathered_ = DeviceBuffer<__nv_bfloat16>(size_t(context) * Hkv_ * D_);
@@ -284,13 +282,6 @@ size_t CudaModel::decode_weight_bytes() const {
 
 std::string CudaModel::name() const { return "cuda (" + device_name_ + ")"; }
 
-bool CudaModel::has_chapter06() {
-#ifdef BIELIK_HAVE_CH06
-  return true;
-#else
-  return false;
-#endif
-}
 
 void CudaModel::check_fits(size_t count, const char* what) const {
   const size_t used = size_t(kv_.length());
@@ -372,16 +363,12 @@ void CudaModel::forward_chunk(const int32_t* tokens, int T, bool all_logits, flo
     }
     matmul_forward(p_proj_.data(), p_attn_.data(), L.w_o, L.b_o, T, HD, C_, s);
     fused_residual_rmsnorm_forward(p_h_.data(), p_x_.data(), p_proj_.data(), L.post_norm, T, C_, eps, s);
-#ifdef BIELIK_HAVE_CH06
-    if (options_.prefill_chapter06_swiglu) {  // gate and up in one tensor-core kernel, SwiGLU in its epilogue
-      swiglu_gate_up_forward(p_act_.data(), p_h_.data(), L.w_gate_up, L.b_gate_up, L.w_gate_up + size_t(F_) * C_,
-                             L.b_gate_up ? L.b_gate_up + F_ : nullptr, T, C_, F_, s);
-    } else
-#endif
-    {  // one GEMM over the concatenated gate|up weights (T, 2F), then the activation
-      matmul_forward(p_gate_up_.data(), p_h_.data(), L.w_gate_up, L.b_gate_up, T, C_, 2 * F_, s);
-      swiglu_rows(p_act_.data(), p_gate_up_.data(), T, F_, s);
-    }
+    // Gate and up as ONE GEMM over the concatenated (2F, C) weights, then the activation.
+    // (Chapter 06 measured its fused tensor-core SwiGLU at half of cuBLASLt's speed at
+    // prefill sizes and routes T >= 5 to cuBLASLt + elementwise itself: this is that,
+    // in one GEMM instead of two and without its on-demand scratch buffers.)
+    matmul_forward(p_gate_up_.data(), p_h_.data(), L.w_gate_up, L.b_gate_up, T, C_, 2 * F_, s);
+    swiglu_rows(p_act_.data(), p_gate_up_.data(), T, F_, s);
     matmul_forward(p_proj_.data(), p_act_.data(), L.w_down, L.b_down, T, F_, C_, s);
   }
   kv_.commit(T, s);

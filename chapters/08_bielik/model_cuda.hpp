@@ -56,9 +56,6 @@ struct CudaModelOptions {
   int prefill_chunk = 2048;  ///< most tokens per prefill pass (sizes the activation buffers)
   bool use_graph = true;     ///< decode by replaying the captured CUDA graph (else launch eagerly)
   bool use_pdl = true;       ///< programmatic dependent launch between decode kernels (sm_90+)
-  /// Prefill's gate/up + SwiGLU through chapter 06's fused kernel when the build has
-  /// chapter 06 (else, or when false: one GEMM over gate|up, then the activation).
-  bool prefill_chapter06_swiglu = true;
 };
 
 class CudaModel final : public Backend {
@@ -106,8 +103,6 @@ class CudaModel final : public Backend {
   /// Device bytes of everything else: activations, scratch, logits.
   size_t scratch_bytes() const { return scratch_bytes_; }
   bool uses_pdl() const { return use_pdl_; }
-  /// True when this build has chapter 06 (prefill_chapter06_swiglu can take effect).
-  static bool has_chapter06();
 
  private:
   struct Layer {
@@ -160,7 +155,7 @@ class CudaModel final : public Backend {
   DeviceBuffer<__nv_bfloat16> p_qkv_;               // (Tc, (H + 2 Hkv) D)
   DeviceBuffer<__nv_bfloat16> p_q_, p_attn_;        // (Tc, H, D) each
   DeviceBuffer<__nv_bfloat16> p_k_, p_v_;           // (Tc, Hkv, D) each
-  DeviceBuffer<__nv_bfloat16> p_gate_up_, p_act_;   // (Tc, 2F) unless chapter 06 does gate/up, (Tc, F)
+  DeviceBuffer<__nv_bfloat16> p_gate_up_, p_act_;   // (Tc, 2F) (Tc, F)
   DeviceBuffer<__nv_bfloat16> p_k_gathered_, p_v_gathered_;  // (max_context, Hkv, D) each
   DeviceBuffer<__nv_bfloat16> p_logits_;            // (kLogitRows, V) for Logits::kAll
 

@@ -98,8 +98,11 @@ std::string tiny_checkpoint(const TinySpec& s) {
                            {"eos_token_id", 2}};
   std::ofstream(dir / "config.json") << config.dump(2);
 
-  // Scales as in golden/gen_08_tiny_model.py: activations O(1) through the layers, the
-  // attention and MLP contributions large enough that a wrong op shows in the logits.
+  // Scales like golden/gen_08_tiny_model.py's (biases 0.3, norms 1 +- 0.2, a wider
+  // lm_head so the logits spread), but projections at gain 1.0 instead of 1.5: with
+  // D = 64/128 the 1.5 gain made attention so sharp that the bf16 rounding of one
+  // activation moved the logits by ~2% (GPU-only path differences alone reached 1.8e-2,
+  // measured on the H200), which tests the model's chaos, not the kernels.
   std::mt19937_64 engine(s.seed);
   TensorMap tensors;
   tensors["model.embed_tokens.weight"] = bf16_tensor({s.V, s.C}, engine, 1.0);
@@ -115,7 +118,7 @@ std::string tiny_checkpoint(const TinySpec& s) {
     tensors[p + "input_layernorm.weight"] = bf16_tensor({s.C}, engine, 0.2, 1.0);
     tensors[p + "post_attention_layernorm.weight"] = bf16_tensor({s.C}, engine, 0.2, 1.0);
     for (const auto& proj : projections) {
-      tensors[p + proj.name + ".weight"] = bf16_tensor({proj.out, proj.in}, engine, 1.5 / std::sqrt(double(proj.in)));
+      tensors[p + proj.name + ".weight"] = bf16_tensor({proj.out, proj.in}, engine, 1.0 / std::sqrt(double(proj.in)));
       if (s.bias) tensors[p + proj.name + ".bias"] = bf16_tensor({proj.out}, engine, 0.3);
     }
   }
