@@ -74,7 +74,7 @@ def main():
         out.append("## Prefill: time to first token")
         out.append("")
         rows = []
-        for n, ms in model.get("ttft_ms", {}).items():
+        for n, ms in sorted(model.get("ttft_ms", {}).items(), key=lambda item: int(item[0])):
             row = [n, f"{ms:.2f}", f"{int(n) / ms * 1000:.0f}"]
             if torch_result and str(n) in {str(k) for k in torch_result.get("prefill_ms", {})}:
                 t = {str(k): v for k, v in torch_result["prefill_ms"].items()}[str(n)]
@@ -144,7 +144,7 @@ def main():
             left.legend()
         left.set_ylabel("decode tokens/s (higher is better)")
         left.tick_params(axis="x", labelrotation=20)
-        ns = list(model.get("ttft_ms", {}).keys())
+        ns = sorted(model.get("ttft_ms", {}).keys(), key=int)
         right.plot([int(n) for n in ns], [model["ttft_ms"][n] for n in ns], "o-", label="this project")
         if torch_result:
             tp = {str(k): v for k, v in torch_result.get("prefill_ms", {}).items()}
