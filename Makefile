@@ -49,11 +49,15 @@ chapter: deps
 	cmake --build $(BUILD)-ch$(N) -j $(JOBS)
 	ctest --test-dir $(BUILD)-ch$(N) --output-on-failure
 
+# Every chapter's bench_* program, then the model benchmark of chapter 08 against
+# PyTorch (scripts/bench_all.sh: makes the random Bielik-shaped checkpoint if absent,
+# writes docs/benchmarks.md and docs/benchmarks.png). Needs a GPU.
 bench: build
 	@mkdir -p $(BUILD)/bench
-	@for program in $$(find $(BUILD) -maxdepth 3 -type f -name 'bench_*' -perm -u+x | sort); do \
+	@for program in $$(find $(BUILD) -maxdepth 3 -type f -name 'bench_*' ! -name bench_model -perm -u+x | sort); do \
 	  echo "== $$program"; BIELIK_BENCH_DIR=$(BUILD)/bench $$program || exit 1; \
 	done
+	BUILD=$(BUILD) CHAPTERS="$(CHAPTERS)" CUDA_ARCH="$(CUDA_ARCH)" bash scripts/bench_all.sh
 
 docs: configure
 	@command -v doxygen >/dev/null || { echo "doxygen not found: apt-get install doxygen"; exit 1; }
