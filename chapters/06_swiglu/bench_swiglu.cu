@@ -30,7 +30,7 @@ using namespace bielik;
 namespace {
 
 constexpr int kC = 1536, kF = 8960, kMaxT = 2048;
-constexpr int kTokens[] = {1, 16, 128, 512, 2048};
+constexpr int kTokens[] = {1, 16, 64, 128, 256, 512, 1024, 2048};  // the brief asks 1, 16, 128, 512, 2048; the rest locate crossovers
 
 __nv_bfloat16* bf16(uint16_t* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
 
@@ -184,7 +184,7 @@ int main() {
            swiglu_v4_gemv(bf16(mlp.h.data()), bf16(mlp.x.data()), bf16(wg[i].data()), bf16(mlp.bg.data()),
                           bf16(wu[i].data()), bf16(mlp.bu.data()), T, kC, kF, 0);
          }},
-        {"v1_unfused (ch03 GEMV x 2 + elementwise)",
+        {"v1_unfused (matmul_forward x 2 + elementwise)",
          [&](int i, int T) {
            swiglu_v1_unfused(bf16(mlp.h.data()), bf16(mlp.x.data()), bf16(wg[i].data()), bf16(mlp.bg.data()),
                              bf16(wu[i].data()), bf16(mlp.bu.data()), T, kC, kF, 0);

@@ -29,6 +29,7 @@
 ///   v3 dual GEMM          one tensor-core kernel, two accumulators sharing each x tile;
 ///                         g and u never leave registers
 ///   v4 GEMV (T <= 8)      decode: each warp streams row j of Wg and of Wu, writes h[:, j]
+///   cublaslt_unfused      the reference: v1 with cuBLASLt at every T
 ///
 /// Sizes: any T >= 0, C >= 1, F >= 1. The fast paths need 16-byte rows (C % 8 == 0) and
 /// 16-byte-aligned x, Wg, Wu; paired stores need an even F and 4-byte-aligned h, bg, bu
@@ -78,8 +79,8 @@ void swiglu_activation(__nv_bfloat16* h, const __nv_bfloat16* g, const __nv_bflo
 // ---------------------------------------------------------------------------------------
 // GPU: the gate/up half, one launcher per version (same parameters for all)
 
-/// v1: gate and up through chapter 03's matmul_forward (cuBLASLt for T > 8, its GEMV
-/// below), then swiglu_activation. Uses two (T, F) scratch buffers owned by the process
+/// v1: gate and up through chapter 03's matmul_forward (its GEMV at T = 1, cuBLASLt
+/// otherwise), then swiglu_activation. Uses two (T, F) scratch buffers owned by the process
 /// (grown on demand, which synchronizes the device): not for CUDA-graph capture nor for
 /// concurrent calls from several host threads.
 /// @param h  (T, F) device, written fully
@@ -136,6 +137,14 @@ inline constexpr int kSwigluGemvMaxTokens = 8;
 void swiglu_v4_gemv(__nv_bfloat16* h, const __nv_bfloat16* x, const __nv_bfloat16* Wg, const __nv_bfloat16* bg,
                     const __nv_bfloat16* Wu, const __nv_bfloat16* bu, int T, int C, int F, cudaStream_t stream = 0);
 
+/// The library reference: cuBLASLt for g and for u (bias in its epilogue), then
+/// swiglu_activation; v1 with chapter 03's cuBLASLt wrapper forced at every T. On the
+/// H200 this is the fastest form from T = 5 up (README.md), so swiglu_gate_up_forward
+/// calls it there. Same scratch buffers and caveats as v1. Same parameters as v1.
+void swiglu_cublaslt_unfused(__nv_bfloat16* h, const __nv_bfloat16* x, const __nv_bfloat16* Wg,
+                             const __nv_bfloat16* bg, const __nv_bfloat16* Wu, const __nv_bfloat16* bu, int T, int C,
+                             int F, cudaStream_t stream = 0);
+
 /// Every gate/up version, in order, so tests and the benchmark loop over one list.
 using SwigluLauncher = void (*)(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
                                 const __nv_bfloat16*, const __nv_bfloat16*, int, int, int, cudaStream_t);
@@ -149,18 +158,28 @@ inline constexpr SwigluVersion kSwigluVersions[] = {
     {"v2_epilogue_fused", swiglu_v2_epilogue_fused, INT_MAX},
     {"v3_dual_gemm", swiglu_v3_dual_gemm, INT_MAX},
     {"v4_gemv", swiglu_v4_gemv, kSwigluGemvMaxTokens},
+    {"cublaslt_unfused", swiglu_cublaslt_unfused, INT_MAX},
 };
 
-/// What the model calls for the gate/up half: the GEMV form for decode-sized T, the
-/// fused dual GEMM otherwise (the choice and its measurements: README.md).
-/// Same parameters as v1; no scratch memory, safe to capture in a CUDA graph.
+/// Largest T for which the fused GEMV beats cuBLASLt + elementwise (H200, README.md):
+/// its cost grows with T (each weight chunk meets T rows of x), cuBLASLt's barely does.
+inline constexpr int kSwigluGemvFasterUpTo = 4;
+
+/// What the model calls for the gate/up half, whatever measured fastest on the H200
+/// (README.md): the fused GEMV (v4) for T <= kSwigluGemvFasterUpTo, i.e. decode, and
+/// cuBLASLt gate + up + elementwise above that. Our fused dual GEMM (v3) reaches only
+/// 50-93% of cuBLASLt there: fusion saves memory traffic, but mma.sync cannot keep up
+/// with cuBLASLt's Hopper (wgmma) kernels once the GEMM is compute-bound.
+/// Decode (T <= 4) uses no scratch and is safe to capture in a CUDA graph; larger T
+/// uses the process scratch of v1 (swiglu_scratch.cuh: the first call at a new
+/// largest T allocates and synchronizes). Same parameters as v1.
 inline void swiglu_gate_up_forward(__nv_bfloat16* h, const __nv_bfloat16* x, const __nv_bfloat16* Wg,
                                    const __nv_bfloat16* bg, const __nv_bfloat16* Wu, const __nv_bfloat16* bu, int T,
                                    int C, int F, cudaStream_t stream = 0) {
-  if (T <= kSwigluGemvMaxTokens) {
+  if (T <= kSwigluGemvFasterUpTo) {
     swiglu_v4_gemv(h, x, Wg, bg, Wu, bu, T, C, F, stream);
   } else {
-    swiglu_v3_dual_gemm(h, x, Wg, bg, Wu, bu, T, C, F, stream);
+    swiglu_cublaslt_unfused(h, x, Wg, bg, Wu, bu, T, C, F, stream);
   }
 }
 

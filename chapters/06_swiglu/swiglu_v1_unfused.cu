@@ -1,7 +1,7 @@
 // v1: the unfused MLP activation, three launches, the way a framework runs it.
 //
-//   g = x Wg^T + bg      chapter 03's matmul_forward (cuBLASLt with its bias epilogue
-//   u = x Wu^T + bu      for T > 8, chapter 03's GEMV for decode)
+//   g = x Wg^T + bg      chapter 03's matmul_forward (its GEMV at T = 1, cuBLASLt with
+//   u = x Wu^T + bu      its bias epilogue otherwise)
 //   h = silu(g) * u      swiglu_activation, one elementwise kernel
 //
 // This is what PyTorch does for `down(act(gate(x)) * up(x))` (plus one more launch,

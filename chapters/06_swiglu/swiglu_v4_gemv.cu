@@ -6,7 +6,7 @@
 // >94% padding, and all that matters is streaming the weights at the full memory
 // bandwidth, once. The ceiling is the copy bandwidth: 55 MB at ~4.2 TB/s is ~13 us.
 //
-// What changed from running chapter 03's GEMV twice (what v1 does at T <= 8):
+// What changed from running chapter 03's GEMV twice (what v1 does at T = 1):
 //  * One launch instead of three (gate GEMV, up GEMV, activation): at ~13 us per MLP
 //    half, 2-3 us of launch gaps and tails are worth a fifth of the time.
 //  * g and u never leave registers: no (T, F) intermediates (tiny at T = 1, but two

@@ -5,6 +5,8 @@
 // them), and through the scalar paths (misaligned pointers, odd counts). Outputs are
 // poisoned with 0xFF bytes (bf16 NaN) first, so an element a kernel forgot to write
 // fails, and the rows past T must still hold the poison, so writing out of bounds fails.
+#include <algorithm>
+#include <cmath>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -84,17 +86,18 @@ GoldenCase load_case(const std::string& name) {
 
 // The first `used` elements of `out` compared with the first `used` of `expected`;
 // everything after must still be poison.
+// CHECK, not REQUIRE: one failing version must not hide the others' results.
 void check_rows(const std::string& label, std::vector<uint16_t> out, const NpyArray& expected, size_t used) {
   INFO(label);
-  for (size_t i = used; i < out.size(); ++i) {
-    if (out[i] != 0xFFFF) FAIL("wrote past the first T rows at element " << i);
-  }
+  size_t written_past = 0;
+  for (size_t i = used; i < out.size(); ++i) written_past += out[i] != 0xFFFF;
+  CHECK(written_past == 0);  // elements past the first T rows that lost their poison
   out.resize(used);
   std::vector<double> reference = expected.to_double();
   reference.resize(used);
   CompareResult result = compare_bf16(label, out, reference, tolerance::kBf16Output);
   INFO(result.report);
-  REQUIRE(result.passed);
+  CHECK(result.passed);
 }
 
 // Inputs on the device once per case; outputs poisoned before every run.
@@ -189,7 +192,7 @@ TEST_CASE("mlp_forward matches the golden y (and leaves the golden h in its scra
   for (const char* name : kCases) {
     GoldenCase golden = load_case(name);
     DeviceCase device(golden);
-    for (int T : {golden.T, 1, std::min(golden.T, kSwigluGemvMaxTokens + 1)}) {  // GEMM, GEMV, first GEMM size
+    for (int T : {golden.T, 1, std::min(golden.T, kSwigluGemvFasterUpTo + 1)}) {  // GEMM, GEMV, first GEMM size
       for (bool with_bias : {true, false}) device.check_mlp(T, with_bias);
     }
   }
@@ -220,7 +223,7 @@ TEST_CASE("every gate/up version matches the CPU reference on fresh random input
         CompareResult result = compare_bf16(version.name + (with_bias ? " bias" : " no bias"), dh.to_host(),
                                             expected, tolerance::kBf16Output);
         INFO(result.report);
-        REQUIRE(result.passed);
+        CHECK(result.passed);
       }
     }
   }
@@ -242,18 +245,23 @@ TEST_CASE("misaligned pointers take the scalar paths and stay correct", "[ch06][
   std::vector<float> expected = cpu_gate_up(tail(x), tail(Wg), &bg_used, tail(Wu), &bu_used, T, C, F);
   for (const Named& version : versions_and_forward()) {
     int rows = std::min(T, version.max_tokens);
-    dh.fill_bytes(0xFF);
-    version.launch(bf16(dh.data()) + 1, bf16(dx.data()) + 1, bf16(dWg.data()) + 1, bf16(dbg.data()) + 1,
-                   bf16(dWu.data()) + 1, bf16(dbu.data()) + 1, rows, C, F, 0);
-    CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<uint16_t> out = dh.to_host();
     INFO(version.name);
-    REQUIRE(out[0] == 0xFFFF);  // nothing written before h
+    dh.fill_bytes(0xFF);
+    try {  // one version failing (v1/v2 lean on chapter 03's GEMMs) must not hide the others
+      version.launch(bf16(dh.data()) + 1, bf16(dx.data()) + 1, bf16(dWg.data()) + 1, bf16(dbg.data()) + 1,
+                     bf16(dWu.data()) + 1, bf16(dbu.data()) + 1, rows, C, F, 0);
+      CUDA_CHECK(cudaDeviceSynchronize());
+    } catch (const std::exception& error) {
+      FAIL_CHECK(error.what());
+      continue;
+    }
+    std::vector<uint16_t> out = dh.to_host();
+    CHECK(out[0] == 0xFFFF);  // nothing written before h
     std::vector<uint16_t> got(out.begin() + 1, out.begin() + 1 + size_t(rows) * F);
     std::vector<float> want(expected.begin(), expected.begin() + size_t(rows) * F);
     CompareResult result = compare_bf16(version.name, got, want, tolerance::kBf16Output);
     INFO(result.report);
-    REQUIRE(result.passed);
+    CHECK(result.passed);
   }
 }
 
@@ -277,19 +285,21 @@ TEST_CASE("swiglu_activation matches the CPU reference, vector and scalar paths"
     INFO(result.report);
     REQUIRE(result.passed);
     // Sharper than the norm: fp32 math rounded once, so every element within one bf16
-    // step (2^-8 relative) of the fp32 reference (plus a hair for __expf).
+    // step (2^-8 relative) of the fp32 reference (plus 1% of that for __expf).
     for (size_t i = 0; i < count; ++i) {
       float v = bf16_bits_to_float(got[i]);
-      REQUIRE(std::abs(v - expected[i]) <= std::abs(expected[i]) * (1.0f / 256) + 1e-30f);
+      REQUIRE(std::abs(v - expected[i]) <= std::abs(expected[i]) * (1.01f / 256) + 1e-30f);
     }
   }
 }
 
-TEST_CASE("swiglu_gate_up_forward is right on both sides of the GEMV/GEMM switch", "[ch06][gpu]") {
+TEST_CASE("swiglu_gate_up_forward is right on both sides of the GEMV/cuBLASLt switch", "[ch06][gpu]") {
   GoldenCase golden = load_case("bielik");
   DeviceCase device(golden);
-  for (int T : {1, kSwigluGemvMaxTokens, kSwigluGemvMaxTokens + 1, golden.T}) {
-    device.check_gate_up({"swiglu_gate_up_forward", swiglu_gate_up_forward}, T, true);
+  for (int T : {1, kSwigluGemvFasterUpTo, kSwigluGemvFasterUpTo + 1, kSwigluGemvMaxTokens + 1, golden.T}) {
+    for (bool with_bias : {true, false}) {
+      device.check_gate_up({"swiglu_gate_up_forward", swiglu_gate_up_forward}, T, with_bias);
+    }
   }
 }
 
