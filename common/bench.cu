@@ -114,7 +114,11 @@ void BenchTable::print() const {
   std::fflush(stdout);
 
   if (const char* directory = std::getenv("BIELIK_BENCH_DIR")) {
-    std::ofstream csv(std::string(directory) + "/" + name_ + ".csv");
+    std::string file_name = name_;  // table names may hold '/' ("TFLOP/s"): not in a file name
+    for (char& c : file_name) {
+      if (c == '/' || c == ' ') c = '_';
+    }
+    std::ofstream csv(std::string(directory) + "/" + file_name + ".csv");
     for (size_t c = 0; c < columns_.size(); ++c) csv << (c ? "," : "") << columns_[c];
     csv << "\n";
     for (const auto& row : rows_) {
