@@ -7,6 +7,8 @@
 #     scripts/make_random_checkpoint.py: torch + safetensors);
 #  2. builds bench_model (chapters 01-05, 07 and 08: CHAPTERS defaults to '0[1234578]');
 #  3. runs bench_model -> build/bench/model.json (+ its tables as CSV);
+#  3b. checks the CUDA backend's logits against HF transformers on the same checkpoint
+#     (scripts/compare_hf_logits.py -> build/bench/hf_logits.json);
 #  4. runs the PyTorch baseline -> build/bench/pytorch.json (SKIP_COMPILED=1 skips the
 #     torch.compile run, which takes minutes to compile);
 #  5. writes docs/benchmarks.md and docs/benchmarks.png (scripts/make_bench_report.py),
@@ -25,7 +27,10 @@ step() { echo "== $(date -u +%H:%M:%S) $*"; }
 publish() {
   [ -n "${OUT:-}" ] || return 0
   mkdir -p "$OUT"
-  cp docs/benchmarks.md docs/benchmarks.png "$bench_dir"/*.json "$bench_dir"/*.csv "$OUT"/ 2>/dev/null
+  # The device tool returns at most 8 files: the report, the plot, the JSON files, and
+  # every CSV table in one archive.
+  cp docs/benchmarks.md docs/benchmarks.png "$bench_dir"/*.json "$OUT"/ 2>/dev/null
+  tar -C "$bench_dir" -cf "$OUT/bench_csv.tar" $(cd "$bench_dir" && ls *.csv 2>/dev/null) 2>/dev/null
   return 0
 }
 
@@ -46,6 +51,12 @@ fi
 step "bench_model"
 BIELIK_BENCH_DIR="$bench_dir" "$build/chapters/08_bielik/bench_model" --model "$model" --out "$bench_dir/model.json" \
   || { echo "bench_model: FAILED"; status=1; }
+
+step "logits vs HF transformers (same checkpoint)"
+cmake --build "$build" --target dump_logits -j "$(nproc)" >>"$bench_dir/build.log" 2>&1 \
+  && python3 scripts/compare_hf_logits.py --model "$model" --dump-logits "$build/chapters/08_bielik/dump_logits" \
+       --out "$bench_dir/hf_logits.json" \
+  || { echo "compare_hf_logits: FAILED"; status=1; }
 
 step "report (our numbers)"
 python3 scripts/make_bench_report.py --bench-dir "$bench_dir" --out docs || status=1
