@@ -4,27 +4,42 @@
 
 #include "model_cpu.hpp"
 
+#ifdef BIELIK_HAVE_CUDA_BACKEND
+#include "device_buffer.cuh"
+#include "model_cuda.hpp"
+#endif
+
 namespace bielik {
 
 std::string resolve_device(const std::string& requested) {
   if (requested != "auto" && requested != "cpu" && requested != "cuda") {
     throw std::invalid_argument("unknown device '" + requested + "' (use cpu, cuda or auto)");
   }
+  if (requested == "cpu") return "cpu";
 #ifdef BIELIK_HAVE_CUDA_BACKEND
-  // TODO(cuda backend): "auto" -> "cuda" when cuda_device_available(); "cuda" without
-  // a device -> runtime_error("no CUDA device found").
-#endif
+  // No driver, or a driver without a device, both read as "no device": cudaGetDeviceCount
+  // fails or counts 0, and the statically linked runtime needs nothing else to say so.
+  const bool have_device = cuda_device_available();
+  if (requested == "auto") return have_device ? "cuda" : "cpu";
+  if (!have_device) {
+    throw std::runtime_error("--device cuda: no CUDA device found (no GPU, or no NVIDIA driver); use --device cpu");
+  }
+  return "cuda";
+#else
   if (requested == "cuda") {
-    throw std::runtime_error("the CUDA backend is not part of this build yet (it arrives later in chapter 08); "
-                             "use --device cpu");
+    throw std::runtime_error("--device cuda: this build has no CUDA backend (it needs chapters 01-05 and 07 "
+                             "in the build); use --device cpu");
   }
   return "cpu";
+#endif
 }
 
 std::unique_ptr<Backend> open_backend(const std::string& model_dir, const BackendOptions& options) {
   const std::string device = resolve_device(options.device);
   if (device == "cpu") return std::make_unique<CpuModel>(model_dir, CpuModelOptions{options.threads, options.context});
-  // The CUDA backend is constructed here once it exists.
+#ifdef BIELIK_HAVE_CUDA_BACKEND
+  if (device == "cuda") return make_cuda_backend(model_dir, options.context);
+#endif
   throw std::logic_error("no backend for device '" + device + "'");
 }
 

@@ -1,10 +1,14 @@
 /// @file backend_factory.hpp
 /// @brief Picks and opens the backend for `--device cpu|cuda|auto`.
 ///
-/// The seam where the CUDA backend plugs in: when it lands, the chapter's CMake defines
-/// BIELIK_HAVE_CUDA_BACKEND for this file and open_backend() constructs it; "auto" then
-/// means "cuda when a CUDA device is present, else cpu". Until then only "cpu" exists
-/// and "--device cuda" says so instead of silently running on the CPU.
+/// Compiled into the `bielik-chat` program itself, not into a library: it is the one
+/// place that needs both backends, and the CUDA backend's library (bielik_ch08_cuda)
+/// already links the CPU one (bielik_ch08), so a factory inside bielik_ch08 would make a
+/// link cycle. When the CUDA backend is part of the build, the chapter's CMake defines
+/// BIELIK_HAVE_CUDA_BACKEND for this file: "auto" then means "cuda when a CUDA device is
+/// present, else cpu", and "cuda" without a device is an error. In a build without it
+/// (a chapter filter that leaves chapters 01-07 out), only "cpu" exists and "--device
+/// cuda" says so instead of silently running on the CPU.
 #pragma once
 
 #include <memory>

@@ -261,6 +261,14 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  // The device first: "--device cuda" on a machine without one is a flag problem, not a
+  // model problem, and is said before any file is read.
+  try {
+    args.backend.device = resolve_device(args.backend.device);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bielik-chat: %s\n", e.what());
+    return 1;
+  }
   if (!std::filesystem::is_directory(args.model)) {
     std::fprintf(stderr,
                  "bielik-chat: model directory '%s' not found.\n"
