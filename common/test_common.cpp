@@ -12,20 +12,13 @@
 #include "catch_compat.hpp"
 #include "compare.hpp"
 #include "npy.hpp"
+#include "test_support.hpp"
 
 using namespace bielik;
 
 namespace {
 std::string temp_path(const std::string& name) { return "/tmp/bielik_test_common_" + name; }
 
-bool throws_containing(const std::function<void()>& action, const std::string& needle) {
-  try {
-    action();
-  } catch (const std::exception& error) {
-    return std::string(error.what()).find(needle) != std::string::npos;
-  }
-  return false;
-}
 }  // namespace
 
 TEST_CASE("npy: save then load round-trips float32 and bf16 bits", "[npy]") {
@@ -41,8 +34,8 @@ TEST_CASE("npy: save then load round-trips float32 and bf16 bits", "[npy]") {
 }
 
 TEST_CASE("npy: errors name the file and the problem", "[npy]") {
-  REQUIRE(throws_containing([] { load_npy("/nonexistent/case.npy"); }, "run `make golden`"));
-  REQUIRE(throws_containing([] { load_npy("/nonexistent/case.npy"); }, "/nonexistent/case.npy"));
+  REQUIRE(contains(error_of([] { load_npy("/nonexistent/case.npy"); }), "run `make golden`"));
+  REQUIRE(contains(error_of([] { load_npy("/nonexistent/case.npy"); }), "/nonexistent/case.npy"));
 
   std::vector<float> values(100, 1.0f);
   save_npy(temp_path("full.npy"), "<f4", {100}, values.data(), values.size() * sizeof(float));
@@ -52,17 +45,17 @@ TEST_CASE("npy: errors name the file and the problem", "[npy]") {
     std::ofstream out(temp_path("truncated.npy"), std::ios::binary);
     out.write(content.data(), static_cast<std::streamsize>(content.size() - 10));
   }
-  REQUIRE(throws_containing([] { load_npy(temp_path("truncated.npy")); }, "truncated data"));
+  REQUIRE(contains(error_of([] { load_npy(temp_path("truncated.npy")); }), "truncated data"));
 
   {
     std::ofstream out(temp_path("garbage.npy"), std::ios::binary);
     out << "this is not numpy";
   }
-  REQUIRE(throws_containing([] { load_npy(temp_path("garbage.npy")); }, "bad magic"));
+  REQUIRE(contains(error_of([] { load_npy(temp_path("garbage.npy")); }), "bad magic"));
 
   NpyArray loaded = load_npy(temp_path("full.npy"));
-  REQUIRE(throws_containing([&] { loaded.require_shape({10, 10}); }, "expected shape (10, 10)"));
-  REQUIRE(throws_containing([&] { loaded.bf16_bits(); }, "expected bf16 bits"));
+  REQUIRE(contains(error_of([&] { loaded.require_shape({10, 10}); }), "expected shape (10, 10)"));
+  REQUIRE(contains(error_of([&] { loaded.bf16_bits(); }), "expected bf16 bits"));
 }
 
 TEST_CASE("bf16: round to nearest even, exact widening", "[bf16]") {

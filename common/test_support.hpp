@@ -2,8 +2,13 @@
 /// @brief Small helpers shared by the tests: where golden data lives, fresh random inputs.
 #pragma once
 
+#include <stdlib.h>
+
 #include <cstdint>
+#include <cstdlib>
+#include <fstream>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -38,5 +43,39 @@ inline std::vector<int32_t> random_ints(size_t count, uint64_t seed, int32_t low
   for (auto& v : values) v = uniform(engine);
   return values;
 }
+
+/// The message of the exception of type E that `call` throws, or "" when it throws none,
+/// so `REQUIRE(contains(error_of(...), "file.json"))` fails when nothing is thrown.
+template <typename E = std::exception, typename F>
+std::string error_of(F&& call) {
+  try {
+    call();
+  } catch (const E& error) {
+    return error.what();
+  }
+  return "";
+}
+
+inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+/// A fresh scratch directory under /tmp for one test, removed with everything in it.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char pattern[] = "/tmp/bielik_test_XXXXXX";
+    if (::mkdtemp(pattern) == nullptr) throw std::runtime_error("cannot create a temporary directory in /tmp");
+    path = pattern;
+  }
+  ~TempDir() { std::system(("rm -rf '" + path + "'").c_str()); }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  /// path/name (the file need not exist).
+  std::string file(const std::string& name) const { return path + "/" + name; }
+  /// Writes `text` to path/name and returns the file's path.
+  std::string write(const std::string& name, const std::string& text) const {
+    std::ofstream(file(name), std::ios::binary) << text;
+    return file(name);
+  }
+};
 
 }  // namespace bielik

@@ -56,8 +56,6 @@ std::string expected_answer() {
   return tokenizer.decode(load_npy(golden_path("08_bielik", "tiny_smollm_chat_reply.npy")).to_int32());
 }
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
 const std::string kGreedy = " --temperature 0 --max-new-tokens 12 --threads 2";
 
 }  // namespace

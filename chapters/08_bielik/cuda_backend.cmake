@@ -33,4 +33,8 @@ else()
   bielik_add_bench(bench_model SOURCES ${cuda_backend_dir}/bench_model.cu
                    LIBS bielik_ch08_cuda nlohmann_json::nlohmann_json)
   target_compile_definitions(bench_model PRIVATE BIELIK_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+
+  # dump_logits: (T, V) logits of a prompt as .npy, for scripts/compare_hf_logits.py.
+  add_executable(dump_logits ${cuda_backend_dir}/dump_logits.cpp)
+  target_link_libraries(dump_logits PRIVATE bielik_ch08_cuda)
 endif()

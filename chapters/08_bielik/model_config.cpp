@@ -161,4 +161,20 @@ std::string describe(const ModelConfig& c) {
   return out.str();
 }
 
+int context_length_of(const ModelConfig& config, int requested) {
+  if (requested < 0) throw std::invalid_argument("max_context must be >= 0, got " + std::to_string(requested));
+  if (requested == 0) {
+    if (config.max_position_embeddings <= 0) {
+      throw std::invalid_argument("config.json has no max_position_embeddings: give a context length");
+    }
+    return config.max_position_embeddings;
+  }
+  if (config.max_position_embeddings > 0 && requested > config.max_position_embeddings) {
+    throw std::invalid_argument("a context of " + std::to_string(requested) +
+                                " tokens exceeds the model's max_position_embeddings (" +
+                                std::to_string(config.max_position_embeddings) + ")");
+  }
+  return requested;
+}
+
 }  // namespace bielik

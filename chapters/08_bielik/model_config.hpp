@@ -42,4 +42,9 @@ ModelConfig load_model_config(const std::string& config_json_path);
 /// One line for logs: "C=1536 F=8960 L=32 H=12 Hkv=2 D=128 V=32000 theta=1e+06 ...".
 std::string describe(const ModelConfig& config);
 
+/// The KV-cache length a backend should allocate: `requested` tokens, or the model's
+/// max_position_embeddings when `requested` is 0. Throws std::invalid_argument for a
+/// negative request, a request beyond max_position_embeddings, or 0 with no limit known.
+int context_length_of(const ModelConfig& config, int requested);
+
 }  // namespace bielik

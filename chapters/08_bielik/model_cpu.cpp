@@ -45,27 +45,11 @@ ModelConfig load_config_of(const std::string& model_dir) {
   return load_model_config(model_dir + "/config.json");
 }
 
-int context_of(const ModelConfig& config, int requested) {
-  if (requested < 0) throw std::invalid_argument("max_context must be >= 0, got " + std::to_string(requested));
-  if (requested == 0) {
-    if (config.max_position_embeddings <= 0) {
-      throw std::invalid_argument("config.json has no max_position_embeddings: give a context length");
-    }
-    return config.max_position_embeddings;
-  }
-  if (config.max_position_embeddings > 0 && requested > config.max_position_embeddings) {
-    throw std::invalid_argument("a context of " + std::to_string(requested) +
-                                " tokens exceeds the model's max_position_embeddings (" +
-                                std::to_string(config.max_position_embeddings) + ")");
-  }
-  return requested;
-}
-
 }  // namespace
 
 CpuModel::CpuModel(const std::string& model_dir, const CpuModelOptions& options)
     : config_(load_config_of(model_dir)),
-      context_(context_of(config_, options.max_context)),
+      context_(context_length_of(config_, options.max_context)),
       pool_(options.threads > 0 ? options.threads : default_threads()) {
   const Checkpoint checkpoint = Checkpoint::open_dir(model_dir);
   const ModelWeights w = map_model_weights(checkpoint, config_);

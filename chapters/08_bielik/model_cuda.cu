@@ -48,29 +48,13 @@ ModelConfig load_checked_config(const std::string& model_dir) {
   return c;
 }
 
-int context_of(const ModelConfig& config, int requested) {
-  if (requested < 0) throw std::invalid_argument("max_context must be >= 0, got " + std::to_string(requested));
-  if (requested == 0) {
-    if (config.max_position_embeddings <= 0) {
-      throw std::invalid_argument("config.json has no max_position_embeddings: give a context length");
-    }
-    return config.max_position_embeddings;
-  }
-  if (config.max_position_embeddings > 0 && requested > config.max_position_embeddings) {
-    throw std::invalid_argument("a context of " + std::to_string(requested) +
-                                " tokens exceeds the model's max_position_embeddings (" +
-                                std::to_string(config.max_position_embeddings) + ")");
-  }
-  return requested;
-}
-
 }  // namespace
 
 CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& options)
     : config_(load_checked_config(model_dir)),
       options_(options),
       kv_(config_.num_hidden_layers, config_.num_key_value_heads, config_.head_dim,
-          context_of(config_, options.max_context)) {
+          context_length_of(config_, options.max_context)) {
   if (options_.prefill_chunk < 1) {
     throw std::invalid_argument("prefill_chunk must be >= 1, got " + std::to_string(options_.prefill_chunk));
   }

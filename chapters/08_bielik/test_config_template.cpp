@@ -9,6 +9,7 @@
 #include <string>
 
 #include "catch_compat.hpp"
+#include "test_support.hpp"
 #include "chat_template.hpp"
 #include "model_config.hpp"
 
@@ -16,33 +17,6 @@ using namespace bielik;
 using nlohmann::json;
 
 namespace {
-
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char pattern[] = "/tmp/bielik_test_cfg_XXXXXX";
-    REQUIRE(::mkdtemp(pattern) != nullptr);
-    path = pattern;
-  }
-  ~TempDir() { std::system(("rm -rf '" + path + "'").c_str()); }
-  std::string write(const std::string& name, const std::string& text) const {
-    std::string file = path + "/" + name;
-    std::ofstream(file) << text;
-    return file;
-  }
-};
-
-template <class F>
-std::string error_of(F&& call) {
-  try {
-    call();
-  } catch (const std::runtime_error& error) {
-    return error.what();
-  }
-  return "";
-}
-
-bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 // Bielik-1.5B-v3's shape as in the project's reconstructed config (shared/models/).
 json bielik_like() {
@@ -76,7 +50,7 @@ TEST_CASE("model config: Bielik-shaped config.json reads every field", "[ch08][c
   REQUIRE(c.bos_token_id == 1);
   REQUIRE(c.eos_token_ids == std::vector<int>{2});
   REQUIRE(c.torch_dtype == "bfloat16");
-  REQUIRE(has(describe(c), "H=12 Hkv=2 D=128"));
+  REQUIRE(contains(describe(c), "H=12 Hkv=2 D=128"));
 }
 
 TEST_CASE("model config: defaults for optional keys", "[ch08][cpu]") {
@@ -127,18 +101,18 @@ TEST_CASE("model config: invalid configs fail naming the file and the key", "[ch
     std::string path = dir.write("config.json", j.dump());
     std::string message = error_of([&] { load_model_config(path); });
     INFO("key " << c.key << " = " << c.value.dump() << "\nmessage: " << message);
-    CHECK(has(message, path));
-    CHECK(has(message, c.expected));
+    CHECK(contains(message, path));
+    CHECK(contains(message, c.expected));
   }
 
   json no_head_dim = bielik_like();
   no_head_dim.erase("head_dim");
   no_head_dim["hidden_size"] = 1540;  // not divisible by 12 heads
   std::string path = dir.write("config.json", no_head_dim.dump());
-  REQUIRE(has(error_of([&] { load_model_config(path); }), "not divisible by num_attention_heads"));
+  REQUIRE(contains(error_of([&] { load_model_config(path); }), "not divisible by num_attention_heads"));
 
-  REQUIRE(has(error_of([&] { load_model_config(dir.write("config.json", "{\"hidden_size\": ")); }), "malformed JSON"));
-  REQUIRE(has(error_of([&] { load_model_config(dir.path + "/absent.json"); }), "absent.json"));
+  REQUIRE(contains(error_of([&] { load_model_config(dir.write("config.json", "{\"hidden_size\": ")); }), "malformed JSON"));
+  REQUIRE(contains(error_of([&] { load_model_config(dir.path + "/absent.json"); }), "absent.json"));
 }
 
 // --- chat template ---------------------------------------------------------------------
@@ -201,15 +175,15 @@ TEST_CASE("chat template: non-ChatML, missing or broken configs fail naming the 
   json llama2 = {{"chat_template", "{% for message in messages %}[INST] {{ message['content'] }} [/INST]{% endfor %}"}};
   std::string path = dir.write("tokenizer_config.json", llama2.dump());
   std::string message = error_of([&] { ChatTemplate::from_tokenizer_config(path); });
-  CHECK(has(message, path));
-  CHECK(has(message, "unsupported chat template: only ChatML is implemented"));
+  CHECK(contains(message, path));
+  CHECK(contains(message, "unsupported chat template: only ChatML is implemented"));
 
   path = dir.write("tokenizer_config.json", json{{"bos_token", "<s>"}}.dump());
   message = error_of([&] { ChatTemplate::from_tokenizer_config(path); });
-  CHECK(has(message, path));
-  CHECK(has(message, "no \"chat_template\""));
+  CHECK(contains(message, path));
+  CHECK(contains(message, "no \"chat_template\""));
 
   path = dir.write("tokenizer_config.json", "{\"chat_template\": ");
-  CHECK(has(error_of([&] { ChatTemplate::from_tokenizer_config(path); }), "malformed JSON"));
-  CHECK(has(error_of([&] { ChatTemplate::from_tokenizer_config(dir.path + "/none.json"); }), "none.json"));
+  CHECK(contains(error_of([&] { ChatTemplate::from_tokenizer_config(path); }), "malformed JSON"));
+  CHECK(contains(error_of([&] { ChatTemplate::from_tokenizer_config(dir.path + "/none.json"); }), "none.json"));
 }

@@ -18,19 +18,6 @@ namespace {
 
 std::string tiny(const std::string& model) { return golden_path("08_bielik", model); }
 
-// The message of the exception `make` throws (fails the test if it throws nothing).
-template <typename Exception, typename Make>
-std::string error_of(Make make) {
-  try {
-    make();
-  } catch (const Exception& e) {
-    return e.what();
-  }
-  FAIL("no exception thrown");
-  return "";
-}
-
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 }  // namespace
 

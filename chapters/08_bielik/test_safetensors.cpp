@@ -15,23 +15,13 @@
 #include "catch_compat.hpp"
 #include "model_config.hpp"
 #include "safetensors.hpp"
+#include "test_support.hpp"
 
 using namespace bielik;
 using nlohmann::json;
 
 namespace {
 
-// A fresh scratch directory per test case under /tmp (removed on success too).
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char pattern[] = "/tmp/bielik_test_st_XXXXXX";
-    REQUIRE(::mkdtemp(pattern) != nullptr);
-    path = pattern;
-  }
-  ~TempDir() { std::system(("rm -rf '" + path + "'").c_str()); }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-};
 
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary);
@@ -70,18 +60,6 @@ std::string bf16_bytes(const std::vector<uint16_t>& bits) {
   return bytes;
 }
 
-// Runs `open` and returns the error message (empty if it did not throw).
-template <class F>
-std::string error_of(F&& open) {
-  try {
-    open();
-  } catch (const std::runtime_error& error) {
-    return error.what();
-  }
-  return "";
-}
-
-bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 }  // namespace
 
@@ -123,8 +101,8 @@ TEST_CASE("safetensors: a good file reads back names, dtypes, shapes and bytes",
   REQUIRE(moved.contains("ids"));
   REQUIRE_FALSE(moved.contains("nope"));
   std::string missing = error_of([&] { moved.tensor("nope"); });
-  REQUIRE(has(missing, "a.safetensors"));
-  REQUIRE(has(missing, "'nope'"));
+  REQUIRE(contains(missing, "a.safetensors"));
+  REQUIRE(contains(missing, "'nope'"));
 }
 
 TEST_CASE("safetensors: missing, truncated and malformed files fail with the file and the problem", "[ch08][cpu]") {
@@ -169,13 +147,13 @@ TEST_CASE("safetensors: missing, truncated and malformed files fail with the fil
     write_bytes(path, c.bytes);
     std::string message = error_of([&] { SafetensorsFile::open(path); });
     INFO("case: " << c.what << "\nmessage: " << message);
-    CHECK(has(message, path));
-    CHECK(has(message, c.expected));
+    CHECK(contains(message, path));
+    CHECK(contains(message, c.expected));
   }
 
   std::string message = error_of([&] { SafetensorsFile::open(dir.file("absent.safetensors")); });
-  REQUIRE(has(message, "absent.safetensors"));
-  REQUIRE(has(message, "No such file"));
+  REQUIRE(contains(message, "absent.safetensors"));
+  REQUIRE(contains(message, "No such file"));
 
   // The control case: the good bytes do open (so the failures above are the edits).
   write_bytes(dir.file("good.safetensors"), good);
@@ -195,10 +173,10 @@ TEST_CASE("Checkpoint: one file, shards with an index, checked dtype and shape",
     REQUIRE(shape_error == dir.file("model.safetensors") +
                                ": tensor 'model.layers.3.self_attn.q_proj.weight' has shape (4, 2), expected (4, 4)");
     std::string dtype_error = error_of([&] { checkpoint.tensor_checked("model.layers.3.self_attn.q_proj.weight", "F32", {4, 2}); });
-    REQUIRE(has(dtype_error, "has dtype BF16, expected F32"));
+    REQUIRE(contains(dtype_error, "has dtype BF16, expected F32"));
     std::string missing = error_of([&] { checkpoint.tensor("lm_head.weight"); });
-    REQUIRE(has(missing, dir.path));
-    REQUIRE(has(missing, "'lm_head.weight'"));
+    REQUIRE(contains(missing, dir.path));
+    REQUIRE(contains(missing, "'lm_head.weight'"));
   }
   SECTION("sharded with model.safetensors.index.json") {
     TempDir dir;
@@ -219,25 +197,25 @@ TEST_CASE("Checkpoint: one file, shards with an index, checked dtype and shape",
     index["weight_map"]["d"] = "model-00002-of-00002.safetensors";
     write_bytes(dir.file("model.safetensors.index.json"), index.dump());
     std::string message = error_of([&] { Checkpoint::open_dir(dir.path); });
-    REQUIRE(has(message, "model.safetensors.index.json"));
-    REQUIRE(has(message, "'d'"));
+    REQUIRE(contains(message, "model.safetensors.index.json"));
+    REQUIRE(contains(message, "'d'"));
 
     // The index names a shard that is not there.
     index["weight_map"]["d"] = "model-00003-of-00002.safetensors";
     write_bytes(dir.file("model.safetensors.index.json"), index.dump());
     message = error_of([&] { Checkpoint::open_dir(dir.path); });
-    REQUIRE(has(message, "model-00003-of-00002.safetensors"));
+    REQUIRE(contains(message, "model-00003-of-00002.safetensors"));
 
     write_bytes(dir.file("model.safetensors.index.json"), "{\"weight_map\": ");
-    REQUIRE(has(error_of([&] { Checkpoint::open_dir(dir.path); }), "malformed JSON"));
+    REQUIRE(contains(error_of([&] { Checkpoint::open_dir(dir.path); }), "malformed JSON"));
     write_bytes(dir.file("model.safetensors.index.json"), "{}");
-    REQUIRE(has(error_of([&] { Checkpoint::open_dir(dir.path); }), "no 'weight_map'"));
+    REQUIRE(contains(error_of([&] { Checkpoint::open_dir(dir.path); }), "no 'weight_map'"));
   }
   SECTION("empty directory") {
     TempDir dir;
     std::string message = error_of([&] { Checkpoint::open_dir(dir.path); });
-    REQUIRE(has(message, dir.path));
-    REQUIRE(has(message, "model.safetensors"));
+    REQUIRE(contains(message, dir.path));
+    REQUIRE(contains(message, "model.safetensors"));
   }
 }
 

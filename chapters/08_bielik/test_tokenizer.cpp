@@ -34,18 +34,6 @@ const char* kVariants[] = {"bytelevel",         "bytelevel_string_merges", "byte
 
 std::string tokenizer_path(const std::string& name) { return golden_path("08_tokenizer", name + ".json"); }
 
-bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
-template <class F>
-std::string error_of(F&& call) {
-  try {
-    call();
-  } catch (const std::exception& error) {
-    return error.what();
-  }
-  return "";
-}
-
 // Checks encode, decode and streaming decode of every case against the reference.
 void check_cases(const Tokenizer& tokenizer, const json& cases, const std::string& name) {
   for (const json& c : cases) {
@@ -186,11 +174,11 @@ TEST_CASE("tokenizer: broken tokenizer.json files fail naming the file", "[ch08]
     std::ofstream(path) << c.text;
     std::string message = error_of([&] { Tokenizer::from_file(path); });
     INFO("case: " << c.what << "\nmessage: " << message);
-    CHECK(has(message, path));
-    CHECK(has(message, c.expected));
+    CHECK(contains(message, path));
+    CHECK(contains(message, c.expected));
   }
   std::string missing = error_of([&] { Tokenizer::from_file(dir + "/absent.json"); });
-  CHECK(has(missing, dir + "/absent.json"));
+  CHECK(contains(missing, dir + "/absent.json"));
   // The unedited file loads: the failures above come from the edits.
   std::ofstream(path) << good.dump();
   REQUIRE(Tokenizer::from_file(path).vocab_size() > 256);
