@@ -7,7 +7,8 @@
 # CHAPTERS limits the build to matching chapter folders (Makefile variable), e.g.
 # CHAPTERS='0[45]' builds common/, chapter 04 and chapter 05 only.
 # Output goes to $OUT (the device tool's result folder) or build/gpu_run/ otherwise:
-# summary.md (machine, test summary, benchmark tables) and full logs.
+# summary.md (machine, test summary, benchmark tables), build.log, ctest.log, bench.log
+# and bench_outputs.tar (each bench program's output and CSV tables).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 labels="${1:-.}"
@@ -48,13 +49,17 @@ test_status=$?
 mkdir -p build/bench
 echo >>"$summary"
 echo "## Benchmarks" >>"$summary"
-for program in $(find build -maxdepth 3 -type f -name 'bench_*' -perm -u+x | sort); do
+# bench_model needs a checkpoint and has its own script (scripts/bench_all.sh).
+# Each program's output goes into one archive: the device tool returns at most 8 files.
+mkdir -p build/gpu_run_bench
+for program in $(find build -maxdepth 3 -type f -name 'bench_*' ! -name bench_model -perm -u+x | sort); do
   name=$(basename "$program")
   [[ "$name" =~ $benches ]] || continue
   echo "== $name" >>"$out/bench.log"
-  BIELIK_BENCH_DIR=build/bench timeout 300 "$program" >"$out/$name.txt" 2>&1
+  BIELIK_BENCH_DIR=build/bench timeout 300 "$program" >"build/gpu_run_bench/$name.txt" 2>&1
   echo "bench $name: exit $?" >>"$out/bench.log"
-  cat "$out/$name.txt" >>"$summary"
+  cat "build/gpu_run_bench/$name.txt" >>"$summary"
 done
+tar -C build -cf "$out/bench_outputs.tar" gpu_run_bench bench 2>/dev/null
 cat "$summary"
 [ $test_status -eq 0 ]
