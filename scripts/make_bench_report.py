@@ -92,6 +92,23 @@ def main():
             out.append(f"Peak {model['peak_memory_gb']:.2f} GB = weights {model.get('weights_gb', 0):.2f} GB + KV cache "
                        f"{model.get('kv_cache_gb', 0):.2f} GB + other {model['peak_memory_gb'] - model.get('weights_gb', 0) - model.get('kv_cache_gb', 0):.2f} GB.")
             out.append("")
+        out.append("## Against the targets (issue 7)")
+        out.append("")
+        rows = []
+        decode = model["decode_tok_s"]
+        rows.append(["decode tokens/s", ">= 1150", f"{decode:.0f}", "met" if decode >= 1150 else
+                     f"missed: {decode / 1150:.0%} of the target"])
+        ttft = {str(k): v for k, v in model.get("ttft_ms", {}).items()}.get("512")
+        if ttft is not None:
+            rows.append(["TTFT, 512-token prompt", "<= 4 ms", f"{ttft:.2f} ms", "met" if ttft <= 4 else
+                         f"missed by {100 * (ttft / 4 - 1):.0f}%"])
+        if "peak_memory_gb" in model and model.get("weights_gb"):
+            base = model["weights_gb"] + model.get("kv_cache_gb", 0)
+            over = 100 * (model["peak_memory_gb"] / base - 1)
+            rows.append(["peak GPU memory", "<= weights + KV cache + 10%", f"+{over:.1f}%",
+                         "met" if over <= 10 else "missed"])
+        out.append(table(["what", "target", "measured", "verdict"], rows))
+        out.append("")
         if model.get("breakdown"):
             out.append("## One decode step, per kernel (summed over the layers)")
             out.append("")
