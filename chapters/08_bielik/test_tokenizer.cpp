@@ -138,9 +138,9 @@ TEST_CASE("tokenizer: invalid UTF-8 input is refused with its byte offset", "[ch
 }
 
 TEST_CASE("tokenizer: broken tokenizer.json files fail naming the file", "[ch08][cpu]") {
-  char pattern[] = "/tmp/bielik_test_tok_XXXXXX";
-  REQUIRE(::mkdtemp(pattern) != nullptr);
-  std::string dir = pattern, path = dir + "/tokenizer.json";
+  TempDir temp;
+  const std::string& dir = temp.path;
+  std::string path = temp.file("tokenizer.json");
   json good = read_json(tokenizer_path("bytelevel"));
   struct Case {
     const char* what;
@@ -182,7 +182,6 @@ TEST_CASE("tokenizer: broken tokenizer.json files fail naming the file", "[ch08]
   // The unedited file loads: the failures above come from the edits.
   std::ofstream(path) << good.dump();
   REQUIRE(Tokenizer::from_file(path).vocab_size() > 256);
-  std::system(("rm -rf '" + dir + "'").c_str());
 }
 
 TEST_CASE("pre-tokenizer: Unicode classes equal Python's unicodedata on the covered blocks", "[ch08][cpu]") {
