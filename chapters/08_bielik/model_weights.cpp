@@ -5,33 +5,6 @@
 namespace bielik {
 namespace {
 
-void require_positive(const char* field, int value) {
-  if (value <= 0) {
-    throw std::runtime_error("config.json: " + std::string(field) + " must be positive, got " +
-                             std::to_string(value));
-  }
-}
-
-// Checks the config fields the weight shapes are built from, so a bad config.json fails
-// here with its own name instead of as a puzzling shape mismatch.
-void check_config(const ModelConfig& c) {
-  require_positive("hidden_size", c.hidden_size);
-  require_positive("intermediate_size", c.intermediate_size);
-  require_positive("num_hidden_layers", c.num_hidden_layers);
-  require_positive("num_attention_heads", c.num_attention_heads);
-  require_positive("num_key_value_heads", c.num_key_value_heads);
-  require_positive("head_dim", c.head_dim);
-  require_positive("vocab_size", c.vocab_size);
-  if (c.num_attention_heads % c.num_key_value_heads != 0) {
-    throw std::runtime_error("config.json: num_attention_heads (" + std::to_string(c.num_attention_heads) +
-                             ") is not a multiple of num_key_value_heads (" +
-                             std::to_string(c.num_key_value_heads) + ")");
-  }
-  if (c.head_dim % 2 != 0) {  // rotate-half RoPE pairs element i with i + D/2
-    throw std::runtime_error("config.json: head_dim must be even for RoPE, got " + std::to_string(c.head_dim));
-  }
-}
-
 // One projection: the weight always, the bias iff `has_bias`.
 struct Projection {
   const TensorView* weight;
@@ -62,7 +35,6 @@ Projection map_projection(const Checkpoint& checkpoint, const std::string& name,
 }  // namespace
 
 ModelWeights map_model_weights(const Checkpoint& checkpoint, const ModelConfig& config) {
-  check_config(config);
   const int64_t C = config.hidden_size, F = config.intermediate_size, V = config.vocab_size;
   const int64_t HD = int64_t(config.num_attention_heads) * config.head_dim;
   const int64_t HkvD = int64_t(config.num_key_value_heads) * config.head_dim;

@@ -59,8 +59,9 @@ struct ModelWeights {
   const TensorView* lm_head;         // (V, C); == embed when tie_word_embeddings
 };
 
-/// Checks the config's shape (positive sizes, H divisible by Hkv, even D) and maps
-/// every tensor with Checkpoint::tensor_checked. Throws std::runtime_error naming the
+/// Maps every tensor with Checkpoint::tensor_checked. `config` comes from
+/// load_model_config, which has already checked its sizes (positive, H divisible by
+/// Hkv, even D). Throws std::runtime_error naming the
 /// tensor, its shape and the expected shape; for a bias that disagrees with the
 /// config, naming the bias and the config flag.
 ModelWeights map_model_weights(const Checkpoint& checkpoint, const ModelConfig& config);
