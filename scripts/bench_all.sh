@@ -10,7 +10,8 @@
 #  3b. checks the CUDA backend's logits against HF transformers on the same checkpoint
 #     (scripts/compare_hf_logits.py -> build/bench/hf_logits.json);
 #  4. runs the PyTorch baseline -> build/bench/pytorch.json (SKIP_COMPILED=1 skips the
-#     torch.compile run, which takes minutes to compile);
+#     torch.compile run, which takes minutes to compile; SKIP_PYTORCH=1 skips the step,
+#     for a quick check of our own numbers);
 #  5. writes docs/benchmarks.md and docs/benchmarks.png (scripts/make_bench_report.py),
 #     and copies them with the JSON files to $OUT when it is set.
 # A failing step is reported and the later steps still run on what exists, so one broken
@@ -61,6 +62,11 @@ cmake --build "$build" --target dump_logits -j "$(nproc)" >>"$bench_dir/build.lo
 step "report (our numbers)"
 python3 scripts/make_bench_report.py --bench-dir "$bench_dir" --out docs || status=1
 publish
+
+if [ "${SKIP_PYTORCH:-0}" = 1 ]; then
+  step "done without the PyTorch baseline (status $status)"
+  exit $status
+fi
 
 step "PyTorch baseline"
 compiled_flag=()
