@@ -225,14 +225,16 @@ void check_graph_replay(const DecodeAttentionDeviceLengthVersion& version) {
   DecodeAttentionWorkspace workspace(H, D, kMaxSplits);
   KvCache cache(1, Hkv, D, T);
   poison(cache);
-  const int prompt = 40;
-  cache.append(0, sequence.k_at(0), sequence.v_at(0), prompt);
-  cache.commit(prompt);
-
   DeviceBuffer<uint16_t> q(size_t(H) * D), k_step(size_t(Hkv) * D), v_step(size_t(Hkv) * D), out(size_t(H) * D);
   const int splits = version.default_splits(T, H, Hkv, D, kMaxSplits);
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // The prompt goes in on the same stream: a non-blocking stream is not ordered after the
+  // legacy default stream, so an append/commit there could still be running when the
+  // first replay reads the device length (seen on the H200 with tests running side by side).
+  const int prompt = 40;
+  cache.append(0, sequence.k_at(0), sequence.v_at(0), prompt, stream);
+  cache.commit(prompt, stream);
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));

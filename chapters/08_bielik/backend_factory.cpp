@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 
+#include "model_config.hpp"
 #include "model_cpu.hpp"
 
 #ifdef BIELIK_HAVE_CUDA_BACKEND
@@ -34,8 +35,18 @@ std::string resolve_device(const std::string& requested) {
 #endif
 }
 
-std::unique_ptr<Backend> open_backend(const std::string& model_dir, const BackendOptions& options) {
-  const std::string device = resolve_device(options.device);
+std::unique_ptr<Backend> open_backend(const std::string& model_dir, const BackendOptions& options,
+                                      std::string* note) {
+  std::string device = resolve_device(options.device);
+#ifdef BIELIK_HAVE_CUDA_BACKEND
+  if (device == "cuda" && options.device == "auto") {
+    const std::string why = cuda_backend_unsupported_reason(load_model_config(model_dir + "/config.json"));
+    if (!why.empty()) {
+      device = "cpu";
+      if (note) *note = "the CUDA backend cannot run this model (" + why + "); using the CPU backend";
+    }
+  }
+#endif
   if (device == "cpu") return std::make_unique<CpuModel>(model_dir, CpuModelOptions{options.threads, options.context});
 #ifdef BIELIK_HAVE_CUDA_BACKEND
   if (device == "cuda") return make_cuda_backend(model_dir, options.context);

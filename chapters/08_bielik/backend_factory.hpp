@@ -29,7 +29,10 @@ struct BackendOptions {
 /// CUDA backend or without a device.
 std::string resolve_device(const std::string& requested);
 
-/// Loads the model in `model_dir` on the resolved device.
-std::unique_ptr<Backend> open_backend(const std::string& model_dir, const BackendOptions& options);
+/// Loads the model in `model_dir` on the resolved device. With "auto", a model the CUDA
+/// backend cannot run (cuda_backend_unsupported_reason) goes to the CPU backend, and
+/// `note` (when given) says why; an explicit "cuda" fails with that reason instead.
+std::unique_ptr<Backend> open_backend(const std::string& model_dir, const BackendOptions& options,
+                                      std::string* note = nullptr);
 
 }  // namespace bielik

@@ -264,7 +264,7 @@ int main(int argc, char** argv) {
   // The device first: "--device cuda" on a machine without one is a flag problem, not a
   // model problem, and is said before any file is read.
   try {
-    args.backend.device = resolve_device(args.backend.device);
+    (void)resolve_device(args.backend.device);  // open_backend resolves "auto" again, model in hand
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bielik-chat: %s\n", e.what());
     return 1;
@@ -284,7 +284,9 @@ int main(int argc, char** argv) {
   try {
     tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_file(args.model + "/tokenizer.json"));
     chat_template = std::make_unique<ChatTemplate>(ChatTemplate::from_tokenizer_config(args.model + "/tokenizer_config.json"));
-    backend = open_backend(args.model, args.backend);
+    std::string note;
+    backend = open_backend(args.model, args.backend, &note);
+    if (!note.empty()) std::fprintf(stderr, "bielik-chat: %s\n", note.c_str());
     session = std::make_unique<ChatSession>(*backend, *tokenizer, *chat_template, args.sampling, args.system);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bielik-chat: cannot load the model: %s\n", e.what());

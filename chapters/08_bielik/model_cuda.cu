@@ -30,25 +30,30 @@ ModelConfig load_checked_config(const std::string& model_dir) {
     throw std::runtime_error("model directory '" + model_dir + "' does not exist");
   }
   ModelConfig c = load_model_config(model_dir + "/config.json");
-  auto fail = [&](const std::string& why) {
+  const std::string why = cuda_backend_unsupported_reason(c);
+  if (!why.empty()) {
     throw std::invalid_argument(model_dir + ": the CUDA backend cannot run this shape: " + why + " (" +
                                 describe(c) + ")");
-  };
-  if (c.head_dim != 64 && c.head_dim != 128) {
-    fail("head_dim must be 64 or 128 (the attention kernels are compiled for those), got " +
-         std::to_string(c.head_dim));
-  }
-  if (c.num_key_value_heads <= 0 || c.num_attention_heads % c.num_key_value_heads != 0 ||
-      c.num_attention_heads / c.num_key_value_heads > 8) {
-    fail("needs H a multiple of Hkv with H / Hkv <= 8");
-  }
-  if (c.hidden_size % 8 != 0 || c.intermediate_size % 8 != 0) {
-    fail("hidden_size and intermediate_size must be multiples of 8 (16-byte rows)");
   }
   return c;
 }
 
 }  // namespace
+
+std::string cuda_backend_unsupported_reason(const ModelConfig& c) {
+  if (c.head_dim != 64 && c.head_dim != 128) {
+    return "head_dim must be 64 or 128 (the attention kernels are compiled for those), got " +
+           std::to_string(c.head_dim);
+  }
+  if (c.num_key_value_heads <= 0 || c.num_attention_heads % c.num_key_value_heads != 0 ||
+      c.num_attention_heads / c.num_key_value_heads > 8) {
+    return "needs H a multiple of Hkv with H / Hkv <= 8";
+  }
+  if (c.hidden_size % 8 != 0 || c.intermediate_size % 8 != 0) {
+    return "hidden_size and intermediate_size must be multiples of 8 (16-byte rows)";
+  }
+  return "";
+}
 
 CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& options)
     : config_(load_checked_config(model_dir)),

@@ -178,6 +178,10 @@ class CudaModel final : public Backend {
   cudaGraphExec_t graph_exec_ = nullptr;
 };
 
+/// Why the CUDA backend cannot run a model of this shape, or "" when it can (the
+/// kernels are compiled for D = 64 and 128, GQA groups up to 8, 16-byte rows).
+std::string cuda_backend_unsupported_reason(const ModelConfig& config);
+
 /// The factory the chat program uses: a CudaModel with default options and the given
 /// KV-cache length (0: max_position_embeddings).
 std::unique_ptr<Backend> make_cuda_backend(const std::string& model_dir, int max_context);
