@@ -25,7 +25,7 @@ def main():
         us = value(r, "gpu__time_duration.sum") * SCALE_US[units[col["gpu__time_duration.sum"]]]
         read = value(r, "dram__bytes_read.sum") * SCALE_MB[units[col["dram__bytes_read.sum"]]]
         written = value(r, "dram__bytes_write.sum") * SCALE_MB[units[col["dram__bytes_write.sum"]]]
-        print(f"{r[col['Kernel Name']][:58]:58s} {us:8.2f} {read:8.2f} {written:7.2f} {(read + written) / us * 1e-3 * 1e3:6.0f} "
+        print(f"{r[col['Kernel Name']][:58]:58s} {us:8.2f} {read:8.2f} {written:7.2f} {(read + written) / us * 1e3:6.0f} "
               f"{value(r, 'dram__throughput.avg.pct_of_peak_sustained_elapsed'):6.1f} "
               f"{r[col['launch__registers_per_thread']]:>5s} "
               f"{value(r, 'sm__warps_active.avg.pct_of_peak_sustained_active'):5.1f} "

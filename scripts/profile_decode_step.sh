@@ -18,4 +18,4 @@ cmake --build "$build" --target dump_logits >/dev/null
 ncu --clock-control none --launch-count "$count" --csv --page raw \
   --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size,launch__block_size \
   "$build/chapters/08_bielik/dump_logits" --model "$model" --device cuda --tokens 5,6 --out /tmp/profile_logits.npy \
-  | python3 scripts/ncu_table.py
+  | tee "${NCU_RAW:-/dev/null}" | python3 scripts/ncu_table.py
