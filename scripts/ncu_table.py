@@ -3,8 +3,8 @@ scripts/profile_decode_step.sh for the metrics it expects)."""
 import csv
 import sys
 
-SCALE_MB = {"byte": 1e-6, "Kbyte": 1e-3, "Mbyte": 1.0, "Gbyte": 1e3}
-SCALE_US = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}
+SCALE_MB = {"byte": 1e-6, "Kbyte": 1e-3, "Mbyte": 1.0, "Gbyte": 1e3, "B": 1e-6, "KB": 1e-3, "MB": 1.0, "GB": 1e3}
+SCALE_US = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "ns": 1e-3, "us": 1.0, "ms": 1e3}
 
 
 def main():
