@@ -18,83 +18,19 @@
 #include <string>
 
 #include "cuda_check.cuh"
+#include "decode_device.cuh"
 #include "decode_kernels.cuh"
 #include "matmul_common.cuh"
+#include "weight_stream.cuh"
 
 namespace bielik {
 
+using namespace decode_device;
+
 namespace {
 
-constexpr int kWarps = 8;
-constexpr int kThreads = kWarps * 32;
 constexpr int kMaxK = 16384;      // K bf16 values of shared memory: 32 KB, under the 48 KB default
 
-// Waits until the grid this one depends on has finished and its writes are visible.
-// Returns at once for a kernel launched without a programmatic dependency.
-__device__ __forceinline__ void wait_for_previous_kernel() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-// Lets the next kernel (if launched with PDL) be scheduled now; it still waits for us.
-__device__ __forceinline__ void allow_next_kernel() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-// Weights are read once per step: a streaming load that does not allocate in L1.
-__device__ __forceinline__ uint4 load_streaming(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-// A bf16 is the top half of an fp32: widening is a shift or a mask.
-__device__ __forceinline__ float low_bf16(uint32_t word) { return __uint_as_float(word << 16); }
-__device__ __forceinline__ float high_bf16(uint32_t word) { return __uint_as_float(word & 0xffff0000u); }
-
-__device__ __forceinline__ void unpack_8(float (&v)[8], uint4 raw) {
-  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    v[2 * i] = low_bf16(words[i]);
-    v[2 * i + 1] = high_bf16(words[i]);
-  }
-}
-
-__device__ __forceinline__ uint4 pack_8(const float (&v)[8]) {
-  uint32_t words[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    __nv_bfloat162 pair = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
-    words[i] = *reinterpret_cast<uint32_t*>(&pair);
-  }
-  return make_uint4(words[0], words[1], words[2], words[3]);
-}
-
-__device__ __forceinline__ float dot_8(uint4 w, uint4 x, float acc) {
-  const uint32_t ws[4] = {w.x, w.y, w.z, w.w}, xs[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    acc = fmaf(low_bf16(ws[i]), low_bf16(xs[i]), acc);
-    acc = fmaf(high_bf16(ws[i]), high_bf16(xs[i]), acc);
-  }
-  return acc;
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
-__device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16(v)); }
-
-__device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
 
 // One batch of a warp's weight loads: chunks base, base + stride, ... of row `row` (and of
 // row + N, the up row, when kRows == 2). Chunks past the row and rows < 0 read as zero.
@@ -113,24 +49,7 @@ __device__ __forceinline__ void load_batch(uint4 (&w)[kRows][kBatch], const __nv
   }
 }
 
-template <GemvOutput Out, bool HasBias>
-__device__ __forceinline__ void store_output(const DecodeGemvParams& p, int n, const float (&acc)[2]) {
-  auto bias = [&](int i) { return HasBias ? __bfloat162float(p.bias[i]) : 0.0f; };
-  if constexpr (Out == GemvOutput::kBf16) {
-    static_cast<__nv_bfloat16*>(p.y)[n] = __float2bfloat16(acc[0] + bias(n));
-  } else if constexpr (Out == GemvOutput::kF32) {
-    static_cast<float*>(p.y)[n] = acc[0] + bias(n);
-  } else if constexpr (Out == GemvOutput::kSwiGLU) {
-    const float gate = round_bf16(acc[0] + bias(n));  // the values an unfused GEMM would store
-    const float up = round_bf16(acc[1] + bias(p.N + n));
-    static_cast<__nv_bfloat16*>(p.y)[n] = __float2bfloat16(silu(gate) * up);
-  } else {  // kResidualAdd: one lane owns y[n], so the read-modify-write needs no atomics
-    __nv_bfloat16* y = static_cast<__nv_bfloat16*>(p.y);
-    y[n] = __float2bfloat16(__bfloat162float(y[n]) + round_bf16(acc[0] + bias(n)));
-  }
-}
 
-constexpr int kNormHeld = 2;  // norm-weight chunks a thread loads before the wait (K <= 4096)
 
 // Layout of the work: a unit is one output row (a gate/up pair for kSwiGLU) handled by
 // `split` warps of the same block, each taking every split-th group of 32 chunks of the
@@ -155,66 +74,10 @@ __global__ void __launch_bounds__(kThreads, 3)
   uint4 w[kRows][kBatch];
   load_batch<kRows, kBatch>(w, p.W, p.N, p.K, first < p.N ? first : -1, base_first, stride);
   uint4 norm_held[kNormHeld];
-  if constexpr (In == GemvInput::kRmsNorm) {
-#pragma unroll
-    for (int j = 0; j < kNormHeld; ++j) {
-      const int c = threadIdx.x + j * kThreads;
-      norm_held[j] = c < chunks ? __ldg(reinterpret_cast<const uint4*>(p.norm_weight) + c) : make_uint4(0, 0, 0, 0);
-    }
-  }
+  load_norm_weight<In>(p, norm_held);
 
-  // 2. Every block waits (no early exit before this line: the next kernel's wait relies
-  //    on ours having completed), then stages the input vector, 4 loads in flight.
-  wait_for_previous_kernel();
-  const uint4* x_vectors = reinterpret_cast<const uint4*>(p.x);
-  float sum_squares = 0.0f;
-  for (int c0 = threadIdx.x; c0 < chunks; c0 += 4 * kThreads) {
-    uint4 v[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int c = c0 + u * kThreads;
-      v[u] = c < chunks ? x_vectors[c] : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int c = c0 + u * kThreads;
-      if (c < chunks) x_shared[c] = v[u];
-      if constexpr (In == GemvInput::kRmsNorm) {
-        float f[8];
-        unpack_8(f, v[u]);  // zeros past the end
-#pragma unroll
-        for (int j = 0; j < 8; ++j) sum_squares += f[j] * f[j];
-      }
-    }
-  }
-  if constexpr (In == GemvInput::kRmsNorm) {
-    sum_squares = warp_sum(sum_squares);
-    if (lane == 0) warp_partial[warp][0] = sum_squares;
-    __syncthreads();
-    float total = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kWarps; ++i) total += warp_partial[i][0];
-    const float inverse_rms = rsqrtf(total / float(p.K) + p.eps);
-    // Each thread normalizes the chunks it staged (no barrier needed between the two).
-    auto normalize = [&](int c, uint4 weight) {
-      float f[8], g[8];
-      unpack_8(f, x_shared[c]);
-      unpack_8(g, weight);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) f[e] = f[e] * inverse_rms * g[e];
-      x_shared[c] = pack_8(f);  // rounded to bf16 once, as chapter 02's norm stores it
-    };
-#pragma unroll
-    for (int j = 0; j < kNormHeld; ++j) {
-      const int c = threadIdx.x + j * kThreads;
-      if (c < chunks) normalize(c, norm_held[j]);
-    }
-    for (int c = threadIdx.x + kNormHeld * kThreads; c < chunks; c += kThreads) {
-      normalize(c, __ldg(reinterpret_cast<const uint4*>(p.norm_weight) + c));
-    }
-    __syncthreads();  // warp_partial is reused below, and x_shared is complete
-  }
-  __syncthreads();
+  // 2. Every block waits, then stages the input vector (normalized for kRmsNorm).
+  stage_input<In>(p, x_shared, &warp_partial[0][0], norm_held);
   allow_next_kernel();
 
   // 3. The rows: dot products against the staged input, then the epilogue. The trip
@@ -259,22 +122,6 @@ __global__ void __launch_bounds__(kThreads, 3)
   }
 }
 
-// Every launch goes through cudaLaunchKernelEx so that PDL is one attribute away.
-template <typename... Params, typename... Args>
-void launch(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
-            Args... args) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = shared_bytes;
-  config.stream = stream;
-  cudaLaunchAttribute attribute = {};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = pdl && device_supports_pdl() ? 1 : 0;
-  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
-}
 
 template <GemvInput In, GemvOutput Out, bool HasBias, int kBatch>
 void launch_gemv(const DecodeGemvParams& p, bool pdl, cudaStream_t stream) {
@@ -329,7 +176,6 @@ void launch_gemv_output(GemvOutput output, const DecodeGemvParams& p, bool pdl, 
   }
 }
 
-bool aligned_16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // One thread per rotation pair (q and k heads) and per v value: every thread makes the
 // same two trips to memory (the position, then its inputs), instead of a single block
@@ -478,12 +324,21 @@ bool device_supports_pdl() {
   return supported;
 }
 
-void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, bool pdl, cudaStream_t stream) {
+void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, bool pdl, cudaStream_t stream,
+                 DecodeGemvKernel kernel) {
   if (p.K <= 0 || p.N <= 0 || p.K % 8 != 0 || p.K > kMaxK || !p.y || !aligned_16(p.x) || !aligned_16(p.W) ||
       (input == GemvInput::kRmsNorm && (!p.norm_weight || !aligned_16(p.norm_weight)))) {
     throw std::invalid_argument("decode_gemv: needs 0 < K <= " + std::to_string(kMaxK) +
                                 ", K % 8 == 0, N > 0 and 16-byte aligned x, W (and norm weight); got N=" +
                                 std::to_string(p.N) + " K=" + std::to_string(p.K));
+  }
+  static const bool have_bulk_copy = weight_stream_supported();
+  if (kernel == DecodeGemvKernel::kBulkStream && !have_bulk_copy) {
+    throw std::invalid_argument("decode_gemv: the bulk-stream kernel needs sm_90 or newer");
+  }
+  if (kernel == DecodeGemvKernel::kBulkStream || (kernel == DecodeGemvKernel::kAuto && have_bulk_copy)) {
+    decode_gemv_stream(input, output, p, pdl, stream);
+    return;
   }
   if (input == GemvInput::kRmsNorm) {
     launch_gemv_output<GemvInput::kRmsNorm>(output, p, pdl, stream);

@@ -78,8 +78,18 @@ struct DecodeGemvParams {
 /// Needs K % 8 == 0, K <= 16384 (shared memory), 16-byte aligned x, W and norm_weight;
 /// throws std::invalid_argument otherwise. `pdl`: launch with programmatic dependent
 /// launch (ignored before sm_90).
+/// `kernel` picks the implementation: kRegisterLoads (decode_kernels.cu: every warp
+/// loads its rows into registers), kBulkStream (decode_gemv_stream.cu, sm_90+: the
+/// bulk-copy engine streams each block's rows through a shared-memory ring), kAuto the
+/// best one the device has. kBulkStream on an older device throws std::invalid_argument.
+enum class DecodeGemvKernel { kAuto, kRegisterLoads, kBulkStream };
+
 void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& params, bool pdl,
-                 cudaStream_t stream = 0);
+                 cudaStream_t stream = 0, DecodeGemvKernel kernel = DecodeGemvKernel::kAuto);
+
+/// The kBulkStream implementation, without decode_gemv's checks (called by it).
+void decode_gemv_stream(GemvInput input, GemvOutput output, const DecodeGemvParams& params, bool pdl,
+                        cudaStream_t stream);
 
 /// RoPE and the KV-cache append of one token whose position is read on the GPU
 /// (pos = *d_length): q rotated in place, k rotated and written to the cache at pos, v

@@ -33,6 +33,7 @@
 #include "sampler.hpp"
 #include "test_checkpoint_edit.hpp"
 #include "test_support.hpp"
+#include "weight_stream.cuh"
 
 using namespace bielik;
 
@@ -437,11 +438,18 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
       {GemvInput::kPlain, GemvOutput::kF32, 1003, 200, false},          // odd sizes
       {GemvInput::kRmsNorm, GemvOutput::kSwiGLU, 43, 344, false},
       {GemvInput::kPlain, GemvOutput::kBf16, 7, 8, true},
+      {GemvInput::kRmsNorm, GemvOutput::kSwiGLU, 129, 2056, true},  // two stages a row, the last shorter
+      {GemvInput::kPlain, GemvOutput::kResidualAdd, 300, 8968, false},
   };
+  std::vector<DecodeGemvKernel> kernels = {DecodeGemvKernel::kRegisterLoads};
+  if (weight_stream_supported()) kernels.push_back(DecodeGemvKernel::kBulkStream);
   uint64_t case_seed = seed;
   for (const Case& c : cases) {
-    for (bool pdl : {false, true}) {
-      INFO("N=" << c.N << " K=" << c.K << " output " << int(c.output) << " pdl " << pdl);
+    for (int variant = 0; variant < 2 * int(kernels.size()); ++variant) {
+      const bool pdl = variant % 2 == 1;
+      const DecodeGemvKernel kernel = kernels[variant / 2];
+      INFO("N=" << c.N << " K=" << c.K << " output " << int(c.output) << " pdl " << pdl << " kernel "
+                << (kernel == DecodeGemvKernel::kBulkStream ? "bulk stream" : "register loads"));
       const int rows = c.output == GemvOutput::kSwiGLU ? 2 * c.N : c.N;
       const std::vector<uint16_t> x = random_bf16(c.K, ++case_seed, 2.0f);
       const std::vector<uint16_t> W = random_bf16(size_t(rows) * c.K, ++case_seed, 1.0f / std::sqrt(float(c.K)));
@@ -495,7 +503,7 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
       p.N = c.N;
       p.K = c.K;
       p.eps = 1e-6f;
-      decode_gemv(c.input, c.output, p, pdl);
+      decode_gemv(c.input, c.output, p, pdl, 0, kernel);
       CUDA_CHECK(cudaDeviceSynchronize());
       CompareResult r = c.output == GemvOutput::kF32
                             ? compare("decode_gemv f32", d_y32.to_host(), expected, 1e-3)
