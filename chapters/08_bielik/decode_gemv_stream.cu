@@ -138,13 +138,12 @@ void launch_stream(const DecodeGemvParams& p, bool pdl, cudaStream_t stream) {
   const size_t shared_bytes = kBarrierBytes + (size_t(p.K) * 2 + 127) / 128 * 128 + size_t(stages) * slot_bytes;
   auto kernel = decode_gemv_stream_kernel<In, Out, HasBias>;
   // Shapes of one model repeat every layer: the occupancy per shared-memory size is
-  // asked once. The kernel may use up to the device's opt-in maximum.
+  // asked once. The dynamic shared memory allowed grows to the largest size asked for.
   static std::map<size_t, int> blocks_per_sm;
-  if (blocks_per_sm.empty()) {
-    int device = 0, optin = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+  static size_t shared_allowed = 48 * 1024;
+  if (shared_bytes > shared_allowed) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
+    shared_allowed = shared_bytes;
   }
   auto known = blocks_per_sm.find(shared_bytes);
   if (known == blocks_per_sm.end()) {
