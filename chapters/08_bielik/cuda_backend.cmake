@@ -35,6 +35,9 @@ else()
                    LIBS bielik_ch08_cuda nlohmann_json::nlohmann_json)
   target_compile_definitions(bench_model PRIVATE BIELIK_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
 
+  # bench_decode_gemv: the decode GEMV implementations on Bielik's shapes.
+  bielik_add_bench(bench_decode_gemv SOURCES ${cuda_backend_dir}/bench_decode_gemv.cu LIBS bielik_ch08_cuda)
+
   # dump_logits: (T, V) logits of a prompt as .npy, for scripts/compare_hf_logits.py.
   add_executable(dump_logits ${cuda_backend_dir}/dump_logits.cpp)
   target_link_libraries(dump_logits PRIVATE bielik_ch08_cuda)

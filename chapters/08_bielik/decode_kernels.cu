@@ -122,17 +122,100 @@ __global__ void __launch_bounds__(kThreads, 3)
   }
 }
 
+// The same work layout, software-pipelined: a warp's work is a flat sequence of steps
+// (row i, batch b), the same count for every lane and warp, and the loads of step n + 1
+// are issued before step n is computed. The register kernel above leaves HBM idle while
+// its warps all compute and reduce at about the same moment, then ask again; here every
+// warp has a batch in flight at all times. Costs a second set of batch registers
+// (launch bounds of 2 blocks per SM instead of 3).
+template <GemvInput In, GemvOutput Out, bool HasBias, int kBatch>
+__global__ void __launch_bounds__(kThreads, 2)
+    decode_gemv_pipelined_kernel(DecodeGemvParams p, int rows_per_warp, int split) {
+  constexpr int kRows = Out == GemvOutput::kSwiGLU ? 2 : 1;
+  extern __shared__ uint4 x_shared[];  // (K/8) the input, normalized for kRmsNorm
+  __shared__ float warp_partial[kWarps][kRows];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int part = warp % split;
+  const int chunks = p.K / 8;
+  const int first = (blockIdx.x * (kWarps / split) + warp / split) * rows_per_warp;
+  const int base_first = part * 32 + lane, stride = 32 * split;
+  const int batch_span = kBatch * stride;                                 // chunks one batch covers
+  const int batches_per_row = (chunks + batch_span - 1) / batch_span;     // same for every lane
+  const int steps = rows_per_warp * batches_per_row;
+  auto row_of = [&](int step) {
+    const int row = first + step / batches_per_row;
+    return row < p.N ? row : -1;  // -1: loads read zeros
+  };
+  auto base_of = [&](int step) { return base_first + (step % batches_per_row) * batch_span; };
+
+  uint4 w[kRows][kBatch], w_next[kRows][kBatch];
+  load_batch<kRows, kBatch>(w, p.W, p.N, p.K, row_of(0), base_of(0), stride);  // before the PDL wait
+  uint4 norm_held[kNormHeld];
+  load_norm_weight<In>(p, norm_held);
+  stage_input<In>(p, x_shared, &warp_partial[0][0], norm_held);
+  allow_next_kernel();
+
+  float acc[2] = {0.0f, 0.0f};
+  for (int step = 0; step < steps; ++step) {
+    if (step + 1 < steps) load_batch<kRows, kBatch>(w_next, p.W, p.N, p.K, row_of(step + 1), base_of(step + 1), stride);
+    const int base = base_of(step);
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int chunk = base + stride * u;
+      if (chunk < chunks) {
+        const uint4 xv = x_shared[chunk];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) acc[r] = dot_8(w[r][u], xv, acc[r]);
+      }
+    }
+    if (step % batches_per_row == batches_per_row - 1) {  // the row is complete
+      const int row = row_of(step);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) acc[r] = warp_sum(acc[r]);
+      if (split > 1) {  // the parts of the row meet in shared memory
+        if (lane == 0) {
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) warp_partial[warp][r] = acc[r];
+        }
+        __syncthreads();
+        if (part == 0) {
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) {
+            acc[r] = 0.0f;
+            for (int q = 0; q < split; ++q) acc[r] += warp_partial[warp + q][r];
+          }
+        }
+        __syncthreads();
+      }
+      if (row >= 0 && part == 0 && lane == 0) store_output<Out, HasBias>(p, row, acc);
+      acc[0] = acc[1] = 0.0f;
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) w[r][u] = w_next[r][u];
+    }
+  }
+}
+
+
+template <typename Kernel>
+int occupancy(Kernel kernel) {
+  int blocks = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, 4096));
+  return std::max(blocks, 1);
+}
 
 template <GemvInput In, GemvOutput Out, bool HasBias, int kBatch>
-void launch_gemv(const DecodeGemvParams& p, bool pdl, cudaStream_t stream) {
-  auto kernel = decode_gemv_kernel<In, Out, HasBias, kBatch>;
+void launch_gemv(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaStream_t stream) {
+  auto kernel = pipelined ? decode_gemv_pipelined_kernel<In, Out, HasBias, kBatch>
+                          : decode_gemv_kernel<In, Out, HasBias, kBatch>;
   const size_t shared_bytes = size_t(p.K) * sizeof(__nv_bfloat16);
   // One wave: as many blocks as fit on the GPU at once.
-  static const int blocks_per_sm = [&] {
-    int blocks = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, 4096));
-    return std::max(blocks, 1);
-  }();
+  static const int blocks_per_sm_of[2] = {
+      occupancy(decode_gemv_kernel<In, Out, HasBias, kBatch>),
+      occupancy(decode_gemv_pipelined_kernel<In, Out, HasBias, kBatch>)};
+  const int blocks_per_sm = blocks_per_sm_of[pipelined ? 1 : 0];
   const long long wave_warps = (long long)multiprocessor_count() * blocks_per_sm * kWarps;
   // Long rows (K > 2048) are split over 2, 4 or 8 warps while that still fits one wave.
   int split = 1;
@@ -148,31 +231,32 @@ void launch_gemv(const DecodeGemvParams& p, bool pdl, cudaStream_t stream) {
 // Bielik's rows (K = 1536: 6 chunks per lane) fits one batch of 2 x 6; other rows take
 // batches of 8.
 template <GemvInput In, GemvOutput Out>
-void launch_gemv_bias(const DecodeGemvParams& p, bool pdl, cudaStream_t stream) {
+void launch_gemv_bias(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaStream_t stream) {
   constexpr bool kPair = Out == GemvOutput::kSwiGLU;
   const bool short_pair = kPair && p.K / 8 <= 6 * 32;
   if (p.bias) {
     if (short_pair) {
-      launch_gemv<In, Out, true, 6>(p, pdl, stream);
+      launch_gemv<In, Out, true, 6>(p, pipelined, pdl, stream);
     } else {
-      launch_gemv<In, Out, true, kPair ? 4 : 8>(p, pdl, stream);
+      launch_gemv<In, Out, true, kPair ? 4 : 8>(p, pipelined, pdl, stream);
     }
   } else {
     if (short_pair) {
-      launch_gemv<In, Out, false, 6>(p, pdl, stream);
+      launch_gemv<In, Out, false, 6>(p, pipelined, pdl, stream);
     } else {
-      launch_gemv<In, Out, false, kPair ? 4 : 8>(p, pdl, stream);
+      launch_gemv<In, Out, false, kPair ? 4 : 8>(p, pipelined, pdl, stream);
     }
   }
 }
 
 template <GemvInput In>
-void launch_gemv_output(GemvOutput output, const DecodeGemvParams& p, bool pdl, cudaStream_t stream) {
+void launch_gemv_output(GemvOutput output, const DecodeGemvParams& p, bool pipelined, bool pdl,
+                        cudaStream_t stream) {
   switch (output) {
-    case GemvOutput::kBf16: launch_gemv_bias<In, GemvOutput::kBf16>(p, pdl, stream); break;
-    case GemvOutput::kF32: launch_gemv_bias<In, GemvOutput::kF32>(p, pdl, stream); break;
-    case GemvOutput::kSwiGLU: launch_gemv_bias<In, GemvOutput::kSwiGLU>(p, pdl, stream); break;
-    case GemvOutput::kResidualAdd: launch_gemv_bias<In, GemvOutput::kResidualAdd>(p, pdl, stream); break;
+    case GemvOutput::kBf16: launch_gemv_bias<In, GemvOutput::kBf16>(p, pipelined, pdl, stream); break;
+    case GemvOutput::kF32: launch_gemv_bias<In, GemvOutput::kF32>(p, pipelined, pdl, stream); break;
+    case GemvOutput::kSwiGLU: launch_gemv_bias<In, GemvOutput::kSwiGLU>(p, pipelined, pdl, stream); break;
+    case GemvOutput::kResidualAdd: launch_gemv_bias<In, GemvOutput::kResidualAdd>(p, pipelined, pdl, stream); break;
   }
 }
 
@@ -336,14 +420,15 @@ void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, 
   if (kernel == DecodeGemvKernel::kBulkStream && !have_bulk_copy) {
     throw std::invalid_argument("decode_gemv: the bulk-stream kernel needs sm_90 or newer");
   }
-  if (kernel == DecodeGemvKernel::kBulkStream || (kernel == DecodeGemvKernel::kAuto && have_bulk_copy)) {
+  if (kernel == DecodeGemvKernel::kBulkStream) {
     decode_gemv_stream(input, output, p, pdl, stream);
     return;
   }
+  const bool pipelined = kernel != DecodeGemvKernel::kRegisterLoads;
   if (input == GemvInput::kRmsNorm) {
-    launch_gemv_output<GemvInput::kRmsNorm>(output, p, pdl, stream);
+    launch_gemv_output<GemvInput::kRmsNorm>(output, p, pipelined, pdl, stream);
   } else {
-    launch_gemv_output<GemvInput::kPlain>(output, p, pdl, stream);
+    launch_gemv_output<GemvInput::kPlain>(output, p, pipelined, pdl, stream);
   }
 }
 

@@ -78,11 +78,16 @@ struct DecodeGemvParams {
 /// Needs K % 8 == 0, K <= 16384 (shared memory), 16-byte aligned x, W and norm_weight;
 /// throws std::invalid_argument otherwise. `pdl`: launch with programmatic dependent
 /// launch (ignored before sm_90).
-/// `kernel` picks the implementation: kRegisterLoads (decode_kernels.cu: every warp
-/// loads its rows into registers), kBulkStream (decode_gemv_stream.cu, sm_90+: the
-/// bulk-copy engine streams each block's rows through a shared-memory ring), kAuto the
-/// best one the device has. kBulkStream on an older device throws std::invalid_argument.
-enum class DecodeGemvKernel { kAuto, kRegisterLoads, kBulkStream };
+/// `kernel` picks the implementation (bench_decode_gemv compares them):
+///  - kRegisterLoads: every warp loads a batch of its row into registers, uses it, loads
+///    the next (decode_kernels.cu);
+///  - kRegisterPipelined: the same, with the next batch's loads issued before the
+///    current batch is used (two batches of registers);
+///  - kBulkStream (sm_90+): the bulk-copy engine streams each block's rows through a
+///    shared-memory ring (decode_gemv_stream.cu); throws std::invalid_argument before
+///    sm_90;
+///  - kAuto: the one the model uses, kRegisterPipelined.
+enum class DecodeGemvKernel { kAuto, kRegisterLoads, kRegisterPipelined, kBulkStream };
 
 void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& params, bool pdl,
                  cudaStream_t stream = 0, DecodeGemvKernel kernel = DecodeGemvKernel::kAuto);

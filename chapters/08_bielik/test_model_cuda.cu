@@ -441,7 +441,7 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
       {GemvInput::kRmsNorm, GemvOutput::kSwiGLU, 129, 2056, true},  // two stages a row, the last shorter
       {GemvInput::kPlain, GemvOutput::kResidualAdd, 300, 8968, false},
   };
-  std::vector<DecodeGemvKernel> kernels = {DecodeGemvKernel::kRegisterLoads};
+  std::vector<DecodeGemvKernel> kernels = {DecodeGemvKernel::kRegisterLoads, DecodeGemvKernel::kRegisterPipelined};
   if (weight_stream_supported()) kernels.push_back(DecodeGemvKernel::kBulkStream);
   uint64_t case_seed = seed;
   for (const Case& c : cases) {
@@ -449,7 +449,9 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
       const bool pdl = variant % 2 == 1;
       const DecodeGemvKernel kernel = kernels[variant / 2];
       INFO("N=" << c.N << " K=" << c.K << " output " << int(c.output) << " pdl " << pdl << " kernel "
-                << (kernel == DecodeGemvKernel::kBulkStream ? "bulk stream" : "register loads"));
+                << (kernel == DecodeGemvKernel::kBulkStream       ? "bulk stream"
+                    : kernel == DecodeGemvKernel::kRegisterLoads ? "register loads"
+                                                                 : "register pipelined"));
       const int rows = c.output == GemvOutput::kSwiGLU ? 2 * c.N : c.N;
       const std::vector<uint16_t> x = random_bf16(c.K, ++case_seed, 2.0f);
       const std::vector<uint16_t> W = random_bf16(size_t(rows) * c.K, ++case_seed, 1.0f / std::sqrt(float(c.K)));

@@ -1,0 +1,103 @@
+// The decode GEMVs of one Bielik layer, kernel by kernel and implementation by
+// implementation (DecodeGemvKernel), against the copy bandwidth of the same run.
+//
+//   bench_decode_gemv
+//
+// Each shape is timed two ways, median of several samples:
+//  * alone: one launch with the L2 scrubbed first (what Nsight Compute would show);
+//  * in a stream: 48 launches back to back with PDL, each on its own copy of the weights
+//    (3 copies, more bytes than the 60 MB L2), which is how the decode graph runs them.
+// GB/s counts the weight bytes (the input and output vectors are a few KB).
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "bench.cuh"
+#include "cuda_check.cuh"
+#include "decode_kernels.cuh"
+#include "device_buffer.cuh"
+#include "weight_stream.cuh"
+
+using namespace bielik;
+
+namespace {
+
+struct Shape {
+  const char* name;
+  GemvInput input;
+  GemvOutput output;
+  int N, K;
+  bool bias;
+};
+
+const char* kernel_name(DecodeGemvKernel kernel) {
+  switch (kernel) {
+    case DecodeGemvKernel::kRegisterLoads: return "register loads";
+    case DecodeGemvKernel::kRegisterPipelined: return "register pipelined";
+    case DecodeGemvKernel::kBulkStream: return "bulk stream (TMA)";
+    default: return "auto";
+  }
+}
+
+}  // namespace
+
+int main() {
+  if (!cuda_device_available()) {
+    std::printf("bench_decode_gemv: no CUDA device, nothing to measure\n");
+    return 0;
+  }
+  const double copy_gbs = measure_copy_bandwidth_gbs();
+  std::printf("%s; copy bandwidth %.0f GB/s\n\n", describe_device().c_str(), copy_gbs);
+  const Shape shapes[] = {
+      {"qkv 1536->2048 +norm", GemvInput::kRmsNorm, GemvOutput::kBf16, 2048, 1536, true},
+      {"o 1536->1536 +residual", GemvInput::kPlain, GemvOutput::kResidualAdd, 1536, 1536, true},
+      {"gate_up 1536->2x8960 +swiglu", GemvInput::kRmsNorm, GemvOutput::kSwiGLU, 8960, 1536, true},
+      {"down 8960->1536 +residual", GemvInput::kPlain, GemvOutput::kResidualAdd, 1536, 8960, true},
+      {"lm_head 1536->32000 f32", GemvInput::kRmsNorm, GemvOutput::kF32, 32000, 1536, false},
+  };
+  std::vector<DecodeGemvKernel> kernels = {DecodeGemvKernel::kRegisterLoads, DecodeGemvKernel::kRegisterPipelined};
+  if (weight_stream_supported()) kernels.push_back(DecodeGemvKernel::kBulkStream);
+
+  BenchTable table("decode_gemv", {"shape", "kernel", "MB", "alone us", "alone % copy BW", "in stream us",
+                                   "in stream GB/s", "in stream % copy BW"});
+  constexpr int kCopies = 3, kLaunches = 48;
+  for (const Shape& shape : shapes) {
+    const int rows = shape.output == GemvOutput::kSwiGLU ? 2 * shape.N : shape.N;
+    const size_t weight_elements = size_t(rows) * shape.K;
+    const double bytes = double(weight_elements) * 2;
+    std::vector<DeviceBuffer<__nv_bfloat16>> weights;
+    for (int c = 0; c < kCopies; ++c) {
+      weights.emplace_back(weight_elements);
+      weights.back().fill_bytes(0x3c);  // small finite bf16 values; the time does not depend on them
+    }
+    DeviceBuffer<__nv_bfloat16> x(shape.K), norm(shape.K), bias(rows);
+    x.fill_bytes(0x3c);
+    norm.fill_bytes(0x3f);
+    bias.fill_bytes(0);
+    DeviceBuffer<float> y(size_t(shape.N));  // big enough for bf16 or f32 outputs
+    for (DecodeGemvKernel kernel : kernels) {
+      auto params = [&](int copy) {
+        DecodeGemvParams p{};
+        p.y = y.data();
+        p.x = x.data();
+        p.norm_weight = norm.data();
+        p.W = weights[copy].data();
+        p.bias = shape.bias ? bias.data() : nullptr;
+        p.N = shape.N;
+        p.K = shape.K;
+        p.eps = 1e-6f;
+        return p;
+      };
+      const BenchTiming alone =
+          time_gpu([&] { decode_gemv(shape.input, shape.output, params(0), false, 0, kernel); });
+      const BenchTiming streamed = time_gpu_back_to_back(
+          [&](int i) { decode_gemv(shape.input, shape.output, params(i % kCopies), true, 0, kernel); }, kLaunches);
+      const double stream_gbs = gb_per_s(bytes, streamed.median_ms);
+      table.add_row({shape.name, kernel_name(kernel), fmt(bytes / 1e6, 1), fmt(alone.median_ms * 1e3, 2),
+                     fmt(100 * gb_per_s(bytes, alone.median_ms) / copy_gbs, 1), fmt(streamed.median_ms * 1e3, 2),
+                     fmt(stream_gbs, 0), fmt(100 * stream_gbs / copy_gbs, 1)});
+    }
+  }
+  table.print();
+  return 0;
+}
