@@ -222,7 +222,7 @@ int main(int argc, char** argv) {
     const double keys = 16 + 3;  // cache length during the probed steps (about)
     const int QKV = (H + 2 * Hkv) * D;
     std::map<std::string, double> class_bytes = {
-        {"qkv", double(L) * QKV * C * 2},
+        {"qkv_rope_append", double(L) * QKV * C * 2},
         {"o_proj", double(L) * C * H * D * 2},
         {"gate_up_swiglu", double(L) * 2 * F * C * 2},
         {"down", double(L) * C * F * 2},

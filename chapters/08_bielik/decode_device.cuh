@@ -85,20 +85,68 @@ __device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(_
 
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
 
+/// Weight rows a unit reads: 1, or 2 for the pair outputs. SwiGLU: gate row n and up row
+/// N + n. RoPE: dims j and j + D/2 of head n / (D/2), the pair that rotates together.
+template <GemvOutput Out>
+__host__ __device__ constexpr int rows_per_unit() {
+  return Out == GemvOutput::kSwiGLU || Out == GemvOutput::kRopeAppend ? 2 : 1;
+}
+
+template <GemvOutput Out>
+__device__ __forceinline__ int weight_row(const DecodeGemvParams& p, int unit, int r) {
+  if constexpr (Out == GemvOutput::kRopeAppend) {
+    const int half = p.rope.D / 2;
+    return (unit / half) * p.rope.D + unit % half + r * half;
+  } else {
+    return unit + r * p.N;
+  }
+}
+
+/// RoPE and the cache append of one rotation pair (a, c) = (dim j, dim j + D/2) of head
+/// `head`, already rounded to bf16 as the unfused QKV GEMV would store them.
+__device__ __forceinline__ void rope_append_pair(const DecodeGemvParams& p, int head, int j, float a, float c) {
+  const RopeAppendTarget& t = p.rope;
+  const int half = t.D / 2;
+  const int pos = *t.d_length;
+  const bool valid = pos >= 0 && pos < t.max_context && pos < t.max_positions;
+  if (head < t.H + t.Hkv) {
+    const float cs = valid ? t.cos[size_t(pos) * half + j] : NAN;
+    const float sn = valid ? t.sin[size_t(pos) * half + j] : NAN;
+    const __nv_bfloat16 first = __float2bfloat16(a * cs - c * sn);  // HF rotate-half
+    const __nv_bfloat16 second = __float2bfloat16(c * cs + a * sn);
+    if (head < t.H) {
+      __nv_bfloat16* q = static_cast<__nv_bfloat16*>(p.y) + size_t(head) * t.D;
+      q[j] = first;
+      q[j + half] = second;
+    } else if (valid) {
+      __nv_bfloat16* k = t.k_cache + (size_t(head - t.H) * t.max_context + pos) * t.D;
+      k[j] = first;
+      k[j + half] = second;
+    }
+  } else if (valid) {
+    __nv_bfloat16* v = t.v_cache + (size_t(head - t.H - t.Hkv) * t.max_context + pos) * t.D;
+    v[j] = __float2bfloat16(a);
+    v[j + half] = __float2bfloat16(c);
+  }
+}
+
 template <GemvOutput Out, bool HasBias>
 __device__ __forceinline__ void store_output(const DecodeGemvParams& p, int n, const float (&acc)[2]) {
-  auto bias = [&](int i) { return HasBias ? __bfloat162float(p.bias[i]) : 0.0f; };
+  auto bias = [&](int r) { return HasBias ? __bfloat162float(p.bias[weight_row<Out>(p, n, r)]) : 0.0f; };
   if constexpr (Out == GemvOutput::kBf16) {
-    static_cast<__nv_bfloat16*>(p.y)[n] = __float2bfloat16(acc[0] + bias(n));
+    static_cast<__nv_bfloat16*>(p.y)[n] = __float2bfloat16(acc[0] + bias(0));
   } else if constexpr (Out == GemvOutput::kF32) {
-    static_cast<float*>(p.y)[n] = acc[0] + bias(n);
+    static_cast<float*>(p.y)[n] = acc[0] + bias(0);
   } else if constexpr (Out == GemvOutput::kSwiGLU) {
-    const float gate = round_bf16(acc[0] + bias(n));  // the values an unfused GEMM would store
-    const float up = round_bf16(acc[1] + bias(p.N + n));
+    const float gate = round_bf16(acc[0] + bias(0));  // the values an unfused GEMM would store
+    const float up = round_bf16(acc[1] + bias(1));
     static_cast<__nv_bfloat16*>(p.y)[n] = __float2bfloat16(silu(gate) * up);
+  } else if constexpr (Out == GemvOutput::kRopeAppend) {
+    const int half = p.rope.D / 2;
+    rope_append_pair(p, n / half, n % half, round_bf16(acc[0] + bias(0)), round_bf16(acc[1] + bias(1)));
   } else {  // kResidualAdd: one lane owns y[n], so the read-modify-write needs no atomics
     __nv_bfloat16* y = static_cast<__nv_bfloat16*>(p.y);
-    y[n] = __float2bfloat16(__bfloat162float(y[n]) + round_bf16(acc[0] + bias(n)));
+    y[n] = __float2bfloat16(__bfloat162float(y[n]) + round_bf16(acc[0] + bias(0)));
   }
 }
 

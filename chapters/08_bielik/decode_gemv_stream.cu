@@ -173,6 +173,7 @@ void launch_stream_output(GemvOutput output, const DecodeGemvParams& p, bool pdl
     case GemvOutput::kF32: launch_stream_bias<In, GemvOutput::kF32>(p, pdl, stream); break;
     case GemvOutput::kSwiGLU: launch_stream_bias<In, GemvOutput::kSwiGLU>(p, pdl, stream); break;
     case GemvOutput::kResidualAdd: launch_stream_bias<In, GemvOutput::kResidualAdd>(p, pdl, stream); break;
+    case GemvOutput::kRopeAppend: throw std::invalid_argument("decode_gemv_stream: no kRopeAppend form");
   }
 }
 

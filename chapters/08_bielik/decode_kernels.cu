@@ -32,35 +32,28 @@ namespace {
 constexpr int kMaxK = 16384;      // K bf16 values of shared memory: 32 KB, under the 48 KB default
 
 
-// One batch of a warp's weight loads: chunks base, base + stride, ... of row `row` (and of
-// row + N, the up row, when kRows == 2). Chunks past the row and rows < 0 read as zero.
-template <int kRows, int kBatch>
-__device__ __forceinline__ void load_batch(uint4 (&w)[kRows][kBatch], const __nv_bfloat16* W, int N, int K,
-                                           int row, int base, int stride) {
-  const int chunks = K / 8;
+// One batch of a warp's weight loads: chunks base, base + stride, ... of unit `unit`'s
+// weight rows (two rows for the pair outputs). Chunks past the row and units < 0 read
+// as zero.
+template <GemvOutput Out, int kBatch>
+__device__ __forceinline__ void load_batch(uint4 (&w)[rows_per_unit<Out>()][kBatch], const DecodeGemvParams& p,
+                                           int unit, int base, int stride) {
+  const int chunks = p.K / 8;
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const __nv_bfloat16* row_start = W + (row >= 0 ? (size_t(row) + size_t(r) * N) * K : 0);
+  for (int r = 0; r < rows_per_unit<Out>(); ++r) {
+    const __nv_bfloat16* row_start = p.W + (unit >= 0 ? size_t(weight_row<Out>(p, unit, r)) * p.K : 0);
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       const int chunk = base + stride * u;
-      w[r][u] = row >= 0 && chunk < chunks ? load_streaming(row_start + 8 * chunk) : make_uint4(0, 0, 0, 0);
+      w[r][u] = unit >= 0 && chunk < chunks ? load_streaming(row_start + 8 * chunk) : make_uint4(0, 0, 0, 0);
     }
   }
 }
 
-
-
-// Layout of the work: a unit is one output row (a gate/up pair for kSwiGLU) handled by
-// `split` warps of the same block, each taking every split-th group of 32 chunks of the
-// row; their sums meet in shared memory. split = 1 for short rows; the down projection
-// (K = 8960, only 1536 rows) uses 2, so that 3072 warps share the 27.5 MB evenly instead
-// of 1536 warps on 192 blocks (some SMs with two blocks, others with one). A warp does
-// `rows_per_warp` consecutive units (the lm_head: 32000 rows).
 template <GemvInput In, GemvOutput Out, bool HasBias, int kBatch>
 __global__ void __launch_bounds__(kThreads, 3)
     decode_gemv_kernel(DecodeGemvParams p, int rows_per_warp, int split) {
-  constexpr int kRows = Out == GemvOutput::kSwiGLU ? 2 : 1;
+  constexpr int kRows = rows_per_unit<Out>();
   extern __shared__ uint4 x_shared[];  // (K/8) the input, normalized for kRmsNorm
   __shared__ float warp_partial[kWarps][kRows];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -72,7 +65,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   // 1. Weights first (the first batch of the first row, the norm weight): no kernel
   //    writes them, so they are loaded while the previous kernel may still run.
   uint4 w[kRows][kBatch];
-  load_batch<kRows, kBatch>(w, p.W, p.N, p.K, first < p.N ? first : -1, base_first, stride);
+  load_batch<Out, kBatch>(w, p, first < p.N ? first : -1, base_first, stride);
   uint4 norm_held[kNormHeld];
   load_norm_weight<In>(p, norm_held);
 
@@ -88,7 +81,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     const bool valid = row < p.N;
     float acc[2] = {0.0f, 0.0f};
     for (int base = base_first; valid && base < chunks; base += kBatch * stride) {
-      if (!loaded) load_batch<kRows, kBatch>(w, p.W, p.N, p.K, row, base, stride);
+      if (!loaded) load_batch<Out, kBatch>(w, p, row, base, stride);
       loaded = false;
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
@@ -131,7 +124,7 @@ __global__ void __launch_bounds__(kThreads, 3)
 template <GemvInput In, GemvOutput Out, bool HasBias, int kBatch>
 __global__ void __launch_bounds__(kThreads, 2)
     decode_gemv_pipelined_kernel(DecodeGemvParams p, int rows_per_warp, int split) {
-  constexpr int kRows = Out == GemvOutput::kSwiGLU ? 2 : 1;
+  constexpr int kRows = rows_per_unit<Out>();
   extern __shared__ uint4 x_shared[];  // (K/8) the input, normalized for kRmsNorm
   __shared__ float warp_partial[kWarps][kRows];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -149,7 +142,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   auto base_of = [&](int step) { return base_first + (step % batches_per_row) * batch_span; };
 
   uint4 w[kRows][kBatch], w_next[kRows][kBatch];
-  load_batch<kRows, kBatch>(w, p.W, p.N, p.K, row_of(0), base_of(0), stride);  // before the PDL wait
+  load_batch<Out, kBatch>(w, p, row_of(0), base_of(0), stride);  // before the PDL wait
   uint4 norm_held[kNormHeld];
   load_norm_weight<In>(p, norm_held);
   stage_input<In>(p, x_shared, &warp_partial[0][0], norm_held);
@@ -157,7 +150,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   float acc[2] = {0.0f, 0.0f};
   for (int step = 0; step < steps; ++step) {
-    if (step + 1 < steps) load_batch<kRows, kBatch>(w_next, p.W, p.N, p.K, row_of(step + 1), base_of(step + 1), stride);
+    if (step + 1 < steps) load_batch<Out, kBatch>(w_next, p, row_of(step + 1), base_of(step + 1), stride);
     const int base = base_of(step);
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
@@ -232,7 +225,7 @@ void launch_gemv(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaStream
 // batches of 8.
 template <GemvInput In, GemvOutput Out>
 void launch_gemv_bias(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaStream_t stream) {
-  constexpr bool kPair = Out == GemvOutput::kSwiGLU;
+  constexpr bool kPair = rows_per_unit<Out>() == 2;
   const bool short_pair = kPair && p.K / 8 <= 6 * 32;
   if (p.bias) {
     if (short_pair) {
@@ -257,6 +250,7 @@ void launch_gemv_output(GemvOutput output, const DecodeGemvParams& p, bool pipel
     case GemvOutput::kF32: launch_gemv_bias<In, GemvOutput::kF32>(p, pipelined, pdl, stream); break;
     case GemvOutput::kSwiGLU: launch_gemv_bias<In, GemvOutput::kSwiGLU>(p, pipelined, pdl, stream); break;
     case GemvOutput::kResidualAdd: launch_gemv_bias<In, GemvOutput::kResidualAdd>(p, pipelined, pdl, stream); break;
+    case GemvOutput::kRopeAppend: launch_gemv_bias<In, GemvOutput::kRopeAppend>(p, pipelined, pdl, stream); break;
   }
 }
 
@@ -416,6 +410,18 @@ void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, 
                                 ", K % 8 == 0, N > 0 and 16-byte aligned x, W (and norm weight); got N=" +
                                 std::to_string(p.N) + " K=" + std::to_string(p.K));
   }
+  if (output == GemvOutput::kRopeAppend) {
+    const RopeAppendTarget& t = p.rope;
+    if (!t.k_cache || !t.v_cache || !t.d_length || !t.cos || !t.sin || t.D <= 0 || t.D % 2 != 0 || t.H <= 0 ||
+        t.Hkv <= 0 || p.N != (t.H + 2 * t.Hkv) * (t.D / 2) || t.max_context <= 0 || t.max_positions <= 0) {
+      throw std::invalid_argument("decode_gemv kRopeAppend: needs the cache, length and RoPE table pointers, an even D "
+                                  "and N = (H + 2 Hkv) D / 2; got N=" + std::to_string(p.N) + " H=" +
+                                  std::to_string(t.H) + " Hkv=" + std::to_string(t.Hkv) + " D=" + std::to_string(t.D));
+    }
+    if (kernel == DecodeGemvKernel::kBulkStream) {
+      throw std::invalid_argument("decode_gemv: the bulk-stream kernel has no kRopeAppend form");
+    }
+  }
   static const bool have_bulk_copy = weight_stream_supported();
   if (kernel == DecodeGemvKernel::kBulkStream && !have_bulk_copy) {
     throw std::invalid_argument("decode_gemv: the bulk-stream kernel needs sm_90 or newer");
@@ -424,7 +430,7 @@ void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, 
     decode_gemv_stream(input, output, p, pdl, stream);
     return;
   }
-  const bool pipelined = kernel != DecodeGemvKernel::kRegisterLoads;
+  const bool pipelined = kernel == DecodeGemvKernel::kRegisterPipelined;
   if (input == GemvInput::kRmsNorm) {
     launch_gemv_output<GemvInput::kRmsNorm>(output, p, pipelined, pdl, stream);
   } else {

@@ -55,6 +55,23 @@ enum class GemvOutput {
   kSwiGLU,       ///< W is (2N, K), gate rows then up rows: y[n] = bf16(silu(g) * u),
                  ///< g = bf16(acc_gate + b[n]), u = bf16(acc_up + b[N + n])
   kResidualAdd,  ///< y is the residual stream: y[n] = bf16(y[n] + bf16(acc + b[n]))
+  kRopeAppend,   ///< the QKV projection with RoPE and the KV-cache append fused in (below)
+};
+
+/// Where kRopeAppend puts its results. W is the fused QKV weight ((H + 2 Hkv) D, K), and
+/// N = (H + 2 Hkv) D / 2 counts rotation pairs: unit n is head n / (D/2), dims
+/// j = n % (D/2) and j + D/2, the two values RoPE mixes, computed by one warp. With
+/// pos = *d_length: q heads are rotated and written to y ((H, D) bf16); k heads are
+/// rotated and written to the cache at pos; v heads go to the cache at pos as they are.
+/// Numerics equal the unfused path (QKV rounded to bf16, then decode_rope_append). If pos
+/// is outside the cache or the table, the cache is not touched and q becomes NaN.
+struct RopeAppendTarget {
+  __nv_bfloat16* k_cache = nullptr;  ///< (Hkv, max_context, D) one layer
+  __nv_bfloat16* v_cache = nullptr;  ///< (Hkv, max_context, D) one layer
+  const int* d_length = nullptr;     ///< (1) tokens already in the cache: this token's position
+  const float* cos = nullptr;        ///< (max_positions, D/2)
+  const float* sin = nullptr;        ///< (max_positions, D/2)
+  int H = 0, Hkv = 0, D = 0, max_context = 0, max_positions = 0;
 };
 
 /// Arguments of one decode GEMV.
@@ -62,11 +79,12 @@ struct DecodeGemvParams {
   void* y;                           ///< (N) bf16, or float for kF32; in/out for kResidualAdd
   const __nv_bfloat16* x;            ///< (K)
   const __nv_bfloat16* norm_weight;  ///< (K) for kRmsNorm, else unused
-  const __nv_bfloat16* W;            ///< (N, K), or (2N, K) for kSwiGLU
-  const __nv_bfloat16* bias;         ///< (N), (2N) for kSwiGLU, or nullptr
+  const __nv_bfloat16* W;            ///< (N, K), or (2N, K) for kSwiGLU and kRopeAppend
+  const __nv_bfloat16* bias;         ///< (N), (2N) for kSwiGLU and kRopeAppend, or nullptr
   int N = 0;
   int K = 0;
-  float eps = 0;  ///< kRmsNorm epsilon
+  float eps = 0;           ///< kRmsNorm epsilon
+  RopeAppendTarget rope;   ///< kRopeAppend only
 };
 
 /// y = f(x W^T + b) for one token. One warp per output row (a few consecutive rows per
@@ -86,7 +104,8 @@ struct DecodeGemvParams {
 ///  - kBulkStream (sm_90+): the bulk-copy engine streams each block's rows through a
 ///    shared-memory ring (decode_gemv_stream.cu); throws std::invalid_argument before
 ///    sm_90;
-///  - kAuto: the one the model uses, kRegisterPipelined.
+///  - kAuto: the one the model uses, kRegisterLoads: the fastest of the three measured
+///    back to back on the H200 (bench_decode_gemv; chapter README).
 enum class DecodeGemvKernel { kAuto, kRegisterLoads, kRegisterPipelined, kBulkStream };
 
 void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& params, bool pdl,

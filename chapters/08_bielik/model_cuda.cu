@@ -408,11 +408,13 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   done("embedding");
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
-    DecodeGemvParams qkv{d_qkv_.data(), d_x_.data(), L.input_norm, L.w_qkv, L.b_qkv, QKV_, C_, eps};
-    decode_gemv(GemvInput::kRmsNorm, GemvOutput::kBf16, qkv, pdl, s);
-    done("qkv");
-    decode_rope_append(d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)), d_length, rope_, H_, Hkv_, context, pdl, s);
-    done("rope_append");
+    // Norm + QKV + bias + RoPE + cache append, one kernel: q lands in d_qkv_, k and v in
+    // the cache at *d_length.
+    DecodeGemvParams qkv{d_qkv_.data(), d_x_.data(), L.input_norm, L.w_qkv, L.b_qkv, QKV_ / 2, C_, eps};
+    qkv.rope = RopeAppendTarget{kv_.k(int(l)), kv_.v(int(l)), d_length, rope_.cos.data(), rope_.sin.data(),
+                                H_, Hkv_, D_, context, rope_.max_positions};
+    decode_gemv(GemvInput::kRmsNorm, GemvOutput::kRopeAppend, qkv, pdl, s);
+    done("qkv_rope_append");
     decode_attention_v3_pipelined_device_length(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)),
                                                 d_length, 1, context, H_, Hkv_, D_, attention_splits_,
                                                 attention_workspace_.get(), s);

@@ -516,6 +516,67 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
   }
 }
 
+TEST_CASE("decode_gemv kRopeAppend equals the QKV GEMV then decode_rope_append, bit for bit", "[ch08][gpu][kernels]") {
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  struct Shape {
+    int H, Hkv, D, K, max_context;
+  };
+  uint64_t case_seed = seed;
+  for (const Shape& shape : {Shape{12, 2, 128, 1536, 40}, Shape{3, 1, 64, 200, 9}}) {
+    const int rows = (shape.H + 2 * shape.Hkv) * shape.D;
+    const RopeTable table = rope_table_build(shape.D, 1e6f, shape.max_context);
+    const std::vector<uint16_t> x = random_bf16(shape.K, ++case_seed, 2.0f);
+    const std::vector<uint16_t> W = random_bf16(size_t(rows) * shape.K, ++case_seed, 1.0f / std::sqrt(float(shape.K)));
+    const std::vector<uint16_t> bias = random_bf16(rows, ++case_seed, 0.5f);
+    const std::vector<uint16_t> norm = random_bf16(shape.K, ++case_seed, 1.0f);
+    DeviceBuffer<uint16_t> d_x(x), d_W(W), d_bias(bias), d_norm(norm);
+    const size_t cache_elements = size_t(shape.Hkv) * shape.max_context * shape.D;
+    // The valid positions, and one past the cache: that one must leave the cache alone.
+    for (int pos : {0, 5, shape.max_context - 1, shape.max_context}) {
+      INFO("H=" << shape.H << " Hkv=" << shape.Hkv << " D=" << shape.D << " K=" << shape.K << " pos=" << pos);
+      DeviceBuffer<int> d_length(std::vector<int>{pos});
+      auto as_bf16 = [](DeviceBuffer<uint16_t>& b) { return reinterpret_cast<__nv_bfloat16*>(b.data()); };
+      // Unfused: the QKV GEMV (bf16 out), then RoPE + append.
+      DeviceBuffer<uint16_t> qkv{size_t(rows)}, k_ref{cache_elements}, v_ref{cache_elements};
+      qkv.fill_bytes(0xFF);
+      k_ref.fill_bytes(0xFF);
+      v_ref.fill_bytes(0xFF);
+      DecodeGemvParams p{as_bf16(qkv), as_bf16(d_x), as_bf16(d_norm), as_bf16(d_W), as_bf16(d_bias), rows, shape.K, 1e-6f};
+      decode_gemv(GemvInput::kRmsNorm, GemvOutput::kBf16, p, false);
+      decode_rope_append(as_bf16(qkv), as_bf16(k_ref), as_bf16(v_ref), d_length.data(), table, shape.H, shape.Hkv,
+                         shape.max_context, false);
+      // Fused, both register kernels.
+      for (DecodeGemvKernel kernel : {DecodeGemvKernel::kRegisterLoads, DecodeGemvKernel::kRegisterPipelined}) {
+        DeviceBuffer<uint16_t> q(size_t(shape.H) * shape.D), k(cache_elements), v(cache_elements);
+        q.fill_bytes(0xFF);
+        k.fill_bytes(0xFF);
+        v.fill_bytes(0xFF);
+        DecodeGemvParams f = p;
+        f.y = q.data();
+        f.N = rows / 2;
+        f.rope = RopeAppendTarget{as_bf16(k), as_bf16(v), d_length.data(), table.cos.data(), table.sin.data(),
+                                  shape.H, shape.Hkv, shape.D, shape.max_context, table.max_positions};
+        decode_gemv(GemvInput::kRmsNorm, GemvOutput::kRopeAppend, f, true, 0, kernel);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<uint16_t> q_fused = q.to_host(), q_ref = qkv.to_host();
+        if (pos < shape.max_context) {
+          REQUIRE(std::equal(q_fused.begin(), q_fused.end(), q_ref.begin()));
+        } else {  // outside the cache: q is NaN, as the unfused kernel makes it
+          for (uint16_t bits : q_fused) REQUIRE(std::isnan(bf16_bits_to_float(bits)));
+        }
+        REQUIRE(k.to_host() == k_ref.to_host());  // also: untouched (0xFFFF) at pos = max_context
+        REQUIRE(v.to_host() == v_ref.to_host());
+      }
+    }
+  }
+  // A wrong N is refused.
+  DecodeGemvParams bad{};
+  bad.N = 7;
+  bad.K = 8;
+  REQUIRE_THROWS_AS(decode_gemv(GemvInput::kPlain, GemvOutput::kRopeAppend, bad, false), std::invalid_argument);
+}
+
 TEST_CASE("decode_argmax: first maximum, NaN gives -1, commits the length", "[ch08][gpu][kernels]") {
   const uint64_t seed = fresh_seed();
   INFO("seed " << seed);
