@@ -47,10 +47,13 @@ struct DecodeAttentionWorkspace {
   /// Room for up to `max_splits` splits of H heads of D values.
   DecodeAttentionWorkspace(int H, int D, int max_splits)
       : H(H), D(D), max_splits(max_splits), partial_acc(size_t(max_splits) * H * D),
-        partial_ml(size_t(max_splits) * H * 2) {}
+        partial_ml(size_t(max_splits) * H * 2), split_counters(size_t(H)) {
+    split_counters.fill_bytes(0);
+  }
   int H, D, max_splits;
   DeviceBuffer<float> partial_acc;  ///< (max_splits, H, D) sum_j p_j v_j, unnormalized
   DeviceBuffer<float> partial_ml;   ///< (max_splits, H, 2) running max m (log2 units) and sum l
+  DeviceBuffer<int> split_counters; ///< (Hkv <= H) v4: splits done per kv head, 0 between calls
 };
 
 /// Splits v2 uses when called with a host-side length: one full wave of blocks
@@ -127,6 +130,19 @@ void decode_attention_v3_pipelined_device_length(__nv_bfloat16* out, const __nv_
                                                  int Hkv, int D, int num_splits,
                                                  DecodeAttentionWorkspace* workspace, cudaStream_t stream = 0);
 
+/// v4: v3 in one kernel: the last split block of each kv head merges the splits (a
+/// counter per kv head in the workspace), launched with PDL. Splits as v3. Same
+/// parameters as v1. One workspace must not serve two v4 calls at the same time.
+void decode_attention_v4_fused_combine(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k_cache,
+                                       const __nv_bfloat16* v_cache, int kv_len, int max_context, int H, int Hkv,
+                                       int D, DecodeAttentionWorkspace* workspace, cudaStream_t stream = 0);
+/// v4 for CUDA graphs, as decode_attention_v2_split_k_device_length.
+void decode_attention_v4_fused_combine_device_length(__nv_bfloat16* out, const __nv_bfloat16* q,
+                                                     const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
+                                                     const int* d_length, int new_tokens, int max_context, int H,
+                                                     int Hkv, int D, int num_splits,
+                                                     DecodeAttentionWorkspace* workspace, cudaStream_t stream = 0);
+
 /// Every GPU version, in order, so tests and the benchmark loop over the same list.
 using DecodeAttentionLauncher = void (*)(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
                                          const __nv_bfloat16*, int, int, int, int, int,
@@ -139,6 +155,7 @@ inline constexpr DecodeAttentionVersion kDecodeAttentionVersions[] = {
     {"v1_block_per_head", decode_attention_v1_block_per_head},
     {"v2_split_k", decode_attention_v2_split_k},
     {"v3_pipelined", decode_attention_v3_pipelined},
+    {"v4_fused_combine", decode_attention_v4_fused_combine},
 };
 
 /// The graph forms (length read on the GPU), with the split count each would pick.
@@ -153,6 +170,8 @@ struct DecodeAttentionDeviceLengthVersion {
 inline constexpr DecodeAttentionDeviceLengthVersion kDecodeAttentionDeviceLengthVersions[] = {
     {"v2_split_k_device_length", decode_attention_v2_split_k_device_length, decode_attention_v2_default_splits},
     {"v3_pipelined_device_length", decode_attention_v3_pipelined_device_length,
+     decode_attention_v3_default_splits},
+    {"v4_fused_combine_device_length", decode_attention_v4_fused_combine_device_length,
      decode_attention_v3_default_splits},
 };
 

@@ -210,4 +210,48 @@ __device__ __forceinline__ void write_empty_partial(float* ml_out /* (G, 2) */) 
   }
 }
 
+
+/// v3's split body (also v4's): one block's keys [begin, end) of kv head `kv_head`
+/// streamed in rounds of kUnroll keys per lane group, the next round's loads in flight
+/// while the current one is computed; the block's partial state is written at the end.
+template <int D, int G, int kWarps, int kUnroll>
+__device__ __forceinline__ void pipelined_split_partial(float* acc_out, float* ml_out, const __nv_bfloat16* q,
+                                                        const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
+                                                        int kv_head, int max_context, int begin, int end) {
+  using Layout = LaneLayout<D>;
+  constexpr int kGroups = kWarps * Layout::kKeysPerWarp;  // lane groups in the block
+  constexpr int kKeysPerRound = kGroups * kUnroll;
+  const int lane = threadIdx.x % 32;
+  const int group = threadIdx.x / 32 * Layout::kKeysPerWarp + lane / Layout::kLanesPerKey;
+  const int sub = lane % Layout::kLanesPerKey;
+  // The first round's loads go out before anything else.
+  const __nv_bfloat16* keys = k_cache + size_t(kv_head) * max_context * D + sub * 8;
+  const __nv_bfloat16* values = v_cache + size_t(kv_head) * max_context * D + sub * 8;
+  int4 k_raw[kUnroll], v_raw[kUnroll];
+  load_keys<D, kUnroll>(k_raw, v_raw, keys, values, begin, group, kGroups, end);
+
+  float q_slice[G][8];
+  load_q_slices<D, G>(q_slice, q, kv_head, sub);
+  float m[G], l[G], acc[G][8];
+#pragma unroll
+  for (int i = 0; i < G; ++i) {
+    m[i] = -INFINITY;
+    l[i] = 0;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[i][e] = 0;
+  }
+  for (int base = begin; base < end; base += kKeysPerRound) {  // uniform trip count
+    // Next round's loads in flight (none past `end`) while this round is computed.
+    int4 k_next[kUnroll], v_next[kUnroll];
+    load_keys<D, kUnroll>(k_next, v_next, keys, values, base + kKeysPerRound, group, kGroups, end);
+    update_states<D, G, kUnroll>(m, l, acc, q_slice, k_raw, v_raw, base, group, kGroups, end);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      k_raw[u] = k_next[u];
+      v_raw[u] = v_next[u];
+    }
+  }
+  write_block_partial<D, G, kWarps>(acc_out, ml_out, m, l, acc);
+}
+
 }  // namespace bielik::decode

@@ -58,13 +58,7 @@ __global__ void __launch_bounds__(kV3Warps * 32)
                                      const int* d_length,  // (1) or nullptr: kv_len = *d_length + kv_len_arg
                                      int kv_len_arg, int max_context, int num_splits, int H) {
   allow_dependent_launch();
-  using Layout = decode::LaneLayout<D>;
-  constexpr int kGroups = kV3Warps * Layout::kKeysPerWarp;  // lane groups in the block
-  constexpr int kKeysPerRound = kGroups * kV3Unroll;        // 16 keys (D=128), 32 (D=64)
   const int split = blockIdx.x, kv_head = blockIdx.y;
-  const int lane = threadIdx.x % 32;
-  const int group = threadIdx.x / 32 * Layout::kKeysPerWarp + lane / Layout::kLanesPerKey;
-  const int sub = lane % Layout::kLanesPerKey;
 
   int kv_len = d_length ? *d_length + kv_len_arg : kv_len_arg;
   kv_len = min(kv_len, max_context);
@@ -77,34 +71,9 @@ __global__ void __launch_bounds__(kV3Warps * 32)
     return;
   }
 
-  // The first round's loads go out before anything else.
-  const __nv_bfloat16* keys = k_cache + size_t(kv_head) * max_context * D + sub * 8;
-  const __nv_bfloat16* values = v_cache + size_t(kv_head) * max_context * D + sub * 8;
-  int4 k_raw[kV3Unroll], v_raw[kV3Unroll];
-  decode::load_keys<D, kV3Unroll>(k_raw, v_raw, keys, values, begin, group, kGroups, end);
-
-  float q_slice[G][8];
-  decode::load_q_slices<D, G>(q_slice, q, kv_head, sub);
-  float m[G], l[G], acc[G][8];
-#pragma unroll
-  for (int i = 0; i < G; ++i) {
-    m[i] = -INFINITY;
-    l[i] = 0;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[i][e] = 0;
-  }
-  for (int base = begin; base < end; base += kKeysPerRound) {  // uniform trip count
-    // Next round's loads in flight (none past `end`) while this round is computed.
-    int4 k_next[kV3Unroll], v_next[kV3Unroll];
-    decode::load_keys<D, kV3Unroll>(k_next, v_next, keys, values, base + kKeysPerRound, group, kGroups, end);
-    decode::update_states<D, G, kV3Unroll>(m, l, acc, q_slice, k_raw, v_raw, base, group, kGroups, end);
-#pragma unroll
-    for (int u = 0; u < kV3Unroll; ++u) {
-      k_raw[u] = k_next[u];
-      v_raw[u] = v_next[u];
-    }
-  }
-  decode::write_block_partial<D, G, kV3Warps>(acc_out, ml_out, m, l, acc);
+  // Rounds of 2 keys per lane group: 16 keys a round for D=128, 32 for D=64.
+  decode::pipelined_split_partial<D, G, kV3Warps, kV3Unroll>(acc_out, ml_out, q, k_cache, v_cache, kv_head,
+                                                            max_context, begin, end);
 }
 
 // One block per query head. Thread (r, c) merges float4 column c of splits r, r + kRows,

@@ -1,0 +1,168 @@
+// v4: v3 in ONE kernel: the last block of each kv head's splits does the combine.
+//
+// In the model's decode step, v3's two kernels (splits, then combine) are two of the
+// seven launches of a layer, and at chat lengths each costs more in launch and drain
+// (~3 us measured alone) than in work. What changed from v3:
+//  * No combine kernel. Every split block writes its partial state, makes it visible
+//    GPU-wide (__threadfence), and takes a ticket from a per-kv-head counter. The block
+//    that draws the last ticket knows every other split of its kv head has written, and
+//    merges the splits of its G query heads itself (the "last block" reduction); it then
+//    resets the counter for the next call, so the kernel can sit in a CUDA graph.
+//  * The launch is programmatic (PDL): the blocks are scheduled while the QKV kernel
+//    still runs and wait on the GPU (griddepcontrol.wait) before reading the length, q
+//    and the cache.
+// The partial states are the same as v3's (same split body), so v4's output equals v3's
+// up to the order of the final merge.
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "cuda_check.cuh"
+#include "decode_attention.cuh"
+#include "decode_attention_device.cuh"
+
+namespace bielik {
+
+namespace {
+
+constexpr int kV4Warps = 4;
+constexpr int kV4Unroll = 2;
+
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+template <int D, int G>
+__global__ void __launch_bounds__(kV4Warps * 32)
+    decode_attention_v4_kernel(__nv_bfloat16* out,            // (H, D)
+                               float* partial_acc,            // (splits, H, D)
+                               float* partial_ml,             // (splits, H, 2)
+                               int* counters,                 // (Hkv) zero between calls
+                               const __nv_bfloat16* q,        // (H, D)
+                               const __nv_bfloat16* k_cache,  // (Hkv, max_context, D)
+                               const __nv_bfloat16* v_cache,  // (Hkv, max_context, D)
+                               const int* d_length,  // (1) or nullptr: kv_len = *d_length + kv_len_arg
+                               int kv_len_arg, int max_context, int num_splits, int H) {
+  __shared__ bool is_last;
+  const int split = blockIdx.x, kv_head = blockIdx.y;
+  wait_for_previous_grid();  // q and the cache come from the kernel before
+  allow_dependent_launch();
+
+  int kv_len = d_length ? *d_length + kv_len_arg : kv_len_arg;
+  kv_len = min(kv_len, max_context);
+  const int chunk = max((kv_len + num_splits - 1) / num_splits, kDecodeV3MinKeysPerSplit);
+  const int begin = split * chunk, end = min(kv_len, begin + chunk);
+  float* ml_out = partial_ml + (size_t(split) * H + kv_head * G) * 2;
+  float* acc_out = partial_acc + (size_t(split) * H + kv_head * G) * D;
+  if (begin >= end) {
+    decode::write_empty_partial<G>(ml_out);
+  } else {
+    decode::pipelined_split_partial<D, G, kV4Warps, kV4Unroll>(acc_out, ml_out, q, k_cache, v_cache, kv_head,
+                                                                max_context, begin, end);
+  }
+
+  // The ticket: this block's writes are visible GPU-wide before it counts itself in.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicAdd(&counters[kv_head], 1) == num_splits - 1;
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();  // see the other blocks' partials (read through L2 below, not L1)
+
+  // Merge: thread t owns (head i, column d) pairs t, t + blockDim, ...; each merges all
+  // splits online (its loads are independent of one another).
+  for (int index = threadIdx.x; index < G * D; index += blockDim.x) {
+    const int h = kv_head * G + index / D, d = index % D;
+    float m = -INFINITY, l = 0.0f, a = 0.0f;
+    for (int s = 0; s < num_splits; ++s) {
+      const float2 ml = __ldcg(reinterpret_cast<const float2*>(partial_ml + (size_t(s) * H + h) * 2));
+      if (ml.x == -INFINITY) continue;  // an empty split: its acc was never written
+      const float part = __ldcg(partial_acc + (size_t(s) * H + h) * D + d);
+      const float m_new = fmaxf(m, ml.x);
+      const float old_weight = exp2f(m - m_new), new_weight = exp2f(ml.x - m_new);
+      l = l * old_weight + ml.y * new_weight;
+      a = a * old_weight + part * new_weight;
+      m = m_new;
+    }
+    // l > 0 whenever kv_len >= 1; a zero-length device cache gives zeros, not NaN.
+    out[size_t(h) * D + d] = __float2bfloat16(l > 0 ? a / l : 0.0f);
+  }
+  if (threadIdx.x == 0) counters[kv_head] = 0;  // ready for the next call (graph replays)
+}
+
+using Kernel = void (*)(__nv_bfloat16*, float*, float*, int*, const __nv_bfloat16*, const __nv_bfloat16*,
+                        const __nv_bfloat16*, const int*, int, int, int, int);
+
+template <int D>
+Kernel kernel_for_group(int G) {
+  switch (G) {
+    case 1: return decode_attention_v4_kernel<D, 1>;
+    case 2: return decode_attention_v4_kernel<D, 2>;
+    case 3: return decode_attention_v4_kernel<D, 3>;
+    case 4: return decode_attention_v4_kernel<D, 4>;
+    case 5: return decode_attention_v4_kernel<D, 5>;
+    case 6: return decode_attention_v4_kernel<D, 6>;
+    case 7: return decode_attention_v4_kernel<D, 7>;
+    case 8: return decode_attention_v4_kernel<D, 8>;
+  }
+  throw std::invalid_argument("decode attention v4: G = " + std::to_string(G) + " outside 1..8");
+}
+
+void launch_v4(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k_cache,
+               const __nv_bfloat16* v_cache, const int* d_length, int kv_len_arg, int max_context, int H, int Hkv,
+               int D, int num_splits, DecodeAttentionWorkspace* workspace, cudaStream_t stream) {
+  if (!workspace || workspace->H < H || workspace->D != D || num_splits < 1 || num_splits > workspace->max_splits) {
+    throw std::invalid_argument("decode attention v4: workspace missing or too small for H=" + std::to_string(H) +
+                                " D=" + std::to_string(D) + " splits=" + std::to_string(num_splits));
+  }
+  Kernel kernel = D == 128 ? kernel_for_group<128>(H / Hkv) : kernel_for_group<64>(H / Hkv);
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(num_splits, Hkv);
+  config.blockDim = dim3(kV4Warps * 32);
+  config.stream = stream;
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  static const bool pdl = [] {
+    int device = 0, major = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    return major >= 9;
+  }();
+  config.attrs = &attribute;
+  config.numAttrs = pdl ? 1 : 0;
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, out, workspace->partial_acc.data(), workspace->partial_ml.data(),
+                                workspace->split_counters.data(), q, k_cache, v_cache, d_length, kv_len_arg,
+                                max_context, num_splits, H));
+}
+
+}  // namespace
+
+void decode_attention_v4_fused_combine(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k_cache,
+                                       const __nv_bfloat16* v_cache, int kv_len, int max_context, int H, int Hkv,
+                                       int D, DecodeAttentionWorkspace* workspace, cudaStream_t stream) {
+  decode_attention_check_shape(q, k_cache, v_cache, max_context, H, Hkv, D);
+  decode_attention_check_length(kv_len, max_context);
+  if (!workspace) throw std::invalid_argument("decode attention v4: workspace is null");
+  const int num_splits = decode_attention_v3_default_splits(kv_len, H, Hkv, D, workspace->max_splits);
+  launch_v4(out, q, k_cache, v_cache, nullptr, kv_len, max_context, H, Hkv, D, num_splits, workspace, stream);
+}
+
+void decode_attention_v4_fused_combine_device_length(__nv_bfloat16* out, const __nv_bfloat16* q,
+                                                     const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
+                                                     const int* d_length, int new_tokens, int max_context, int H,
+                                                     int Hkv, int D, int num_splits,
+                                                     DecodeAttentionWorkspace* workspace, cudaStream_t stream) {
+  decode_attention_check_shape(q, k_cache, v_cache, max_context, H, Hkv, D);
+  if (!d_length) throw std::invalid_argument("decode attention v4: d_length is null");
+  launch_v4(out, q, k_cache, v_cache, d_length, new_tokens, max_context, H, Hkv, D, num_splits, workspace, stream);
+}
+
+}  // namespace bielik
