@@ -131,12 +131,15 @@ void decode_attention_v3_pipelined_device_length(__nv_bfloat16* out, const __nv_
                                                  DecodeAttentionWorkspace* workspace, cudaStream_t stream = 0);
 
 /// v4: v3 in one kernel: the last split block of each kv head merges the splits (a
-/// counter per kv head in the workspace), launched with PDL. Splits as v3. Same
-/// parameters as v1. One workspace must not serve two v4 calls at the same time.
+/// counter per kv head in the workspace), launched with PDL. Splits from
+/// decode_attention_v4_default_splits. Same parameters as v1. One workspace must not
+/// serve two v4 calls at the same time.
 void decode_attention_v4_fused_combine(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k_cache,
                                        const __nv_bfloat16* v_cache, int kv_len, int max_context, int H, int Hkv,
                                        int D, DecodeAttentionWorkspace* workspace, cudaStream_t stream = 0);
-/// v4 for CUDA graphs, as decode_attention_v2_split_k_device_length.
+/// v3's splits, at most 256 (v4's merge keeps a weight per split in shared memory).
+int decode_attention_v4_default_splits(int kv_len, int H, int Hkv, int D, int max_splits);
+/// v4 for CUDA graphs, as decode_attention_v2_split_k_device_length; num_splits <= 256.
 void decode_attention_v4_fused_combine_device_length(__nv_bfloat16* out, const __nv_bfloat16* q,
                                                      const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
                                                      const int* d_length, int new_tokens, int max_context, int H,
@@ -172,7 +175,7 @@ inline constexpr DecodeAttentionDeviceLengthVersion kDecodeAttentionDeviceLength
     {"v3_pipelined_device_length", decode_attention_v3_pipelined_device_length,
      decode_attention_v3_default_splits},
     {"v4_fused_combine_device_length", decode_attention_v4_fused_combine_device_length,
-     decode_attention_v3_default_splits},
+     decode_attention_v4_default_splits},
 };
 
 /// The version the model calls: v2, the fastest measured with its default splits at 4k

@@ -27,6 +27,7 @@ namespace {
 
 constexpr int kV4Warps = 4;
 constexpr int kV4Unroll = 2;
+constexpr int kV4MaxSplits = 256;  // the merge keeps a weight per (split, head) in shared memory
 
 __device__ __forceinline__ void wait_for_previous_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -51,6 +52,8 @@ __global__ void __launch_bounds__(kV4Warps * 32)
                                const int* d_length,  // (1) or nullptr: kv_len = *d_length + kv_len_arg
                                int kv_len_arg, int max_context, int num_splits, int H) {
   __shared__ bool is_last;
+  __shared__ float s_weight[kV4MaxSplits][G], s_sum[kV4MaxSplits][G];
+  __shared__ float s_inverse[G];
   const int split = blockIdx.x, kv_head = blockIdx.y;
   wait_for_previous_grid();  // q and the cache come from the kernel before
   allow_dependent_launch();
@@ -76,23 +79,47 @@ __global__ void __launch_bounds__(kV4Warps * 32)
   if (!is_last) return;
   __threadfence();  // see the other blocks' partials (read through L2 below, not L1)
 
-  // Merge: thread t owns (head i, column d) pairs t, t + blockDim, ...; each merges all
-  // splits online (its loads are independent of one another).
-  for (int index = threadIdx.x; index < G * D; index += blockDim.x) {
-    const int h = kv_head * G + index / D, d = index % D;
-    float m = -INFINITY, l = 0.0f, a = 0.0f;
+  // Merge, in three passes so that no load waits for another:
+  //  1. every (split, head) max and sum into shared memory, all loads independent;
+  //  2. per head: the global max M, each split's weight 2^(m_s - M), 1 / sum_s w_s l_s;
+  //  3. thread t owns (head i, column d) pairs t, t + blockDim, ...: sum_s w_s acc_s[d],
+  //     unrolled so that several splits' loads are in flight (empty splits, weight 0,
+  //     are never read: their acc was never written).
+  // (A first version merged online, split after split: each load waited for the
+  // previous merge, 300 us per layer at 198 splits.)
+  for (int index = threadIdx.x; index < G * num_splits; index += blockDim.x) {
+    const int s = index / G, i = index % G;
+    const float2 ml = __ldcg(reinterpret_cast<const float2*>(partial_ml + (size_t(s) * H + kv_head * G + i) * 2));
+    s_weight[s][i] = ml.x;  // the max for now, the weight after pass 2
+    s_sum[s][i] = ml.y;
+  }
+  __syncthreads();
+  if (threadIdx.x < G) {
+    const int i = threadIdx.x;
+    float m_max = -INFINITY;
+    for (int s = 0; s < num_splits; ++s) m_max = fmaxf(m_max, s_weight[s][i]);
+    float l_total = 0.0f;
     for (int s = 0; s < num_splits; ++s) {
-      const float2 ml = __ldcg(reinterpret_cast<const float2*>(partial_ml + (size_t(s) * H + h) * 2));
-      if (ml.x == -INFINITY) continue;  // an empty split: its acc was never written
-      const float part = __ldcg(partial_acc + (size_t(s) * H + h) * D + d);
-      const float m_new = fmaxf(m, ml.x);
-      const float old_weight = exp2f(m - m_new), new_weight = exp2f(ml.x - m_new);
-      l = l * old_weight + ml.y * new_weight;
-      a = a * old_weight + part * new_weight;
-      m = m_new;
+      const float m = s_weight[s][i];
+      const float weight = m == -INFINITY ? 0.0f : exp2f(m - m_max);
+      s_weight[s][i] = weight;
+      l_total += weight * s_sum[s][i];
     }
-    // l > 0 whenever kv_len >= 1; a zero-length device cache gives zeros, not NaN.
-    out[size_t(h) * D + d] = __float2bfloat16(l > 0 ? a / l : 0.0f);
+    // l_total > 0 whenever kv_len >= 1; a zero-length device cache gives zeros, not NaN.
+    s_inverse[i] = l_total > 0 ? 1.0f / l_total : 0.0f;
+  }
+  __syncthreads();
+  for (int index = threadIdx.x; index < G * D; index += blockDim.x) {
+    const int i = index / D, d = index % D;
+    const float* column = partial_acc + size_t(kv_head * G + i) * D + d;
+    float a = 0.0f;
+#pragma unroll 8
+    for (int s = 0; s < num_splits; ++s) {
+      const float weight = s_weight[s][i];
+      const float part = weight != 0.0f ? __ldcg(column + size_t(s) * H * D) : 0.0f;
+      a += weight * part;
+    }
+    out[size_t(kv_head * G + i) * D + d] = __float2bfloat16(a * s_inverse[i]);
   }
   if (threadIdx.x == 0) counters[kv_head] = 0;  // ready for the next call (graph replays)
 }
@@ -118,7 +145,8 @@ Kernel kernel_for_group(int G) {
 void launch_v4(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k_cache,
                const __nv_bfloat16* v_cache, const int* d_length, int kv_len_arg, int max_context, int H, int Hkv,
                int D, int num_splits, DecodeAttentionWorkspace* workspace, cudaStream_t stream) {
-  if (!workspace || workspace->H < H || workspace->D != D || num_splits < 1 || num_splits > workspace->max_splits) {
+  if (!workspace || workspace->H < H || workspace->D != D || num_splits < 1 || num_splits > workspace->max_splits ||
+      num_splits > kV4MaxSplits) {
     throw std::invalid_argument("decode attention v4: workspace missing or too small for H=" + std::to_string(H) +
                                 " D=" + std::to_string(D) + " splits=" + std::to_string(num_splits));
   }
@@ -145,13 +173,17 @@ void launch_v4(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* 
 
 }  // namespace
 
+int decode_attention_v4_default_splits(int kv_len, int H, int Hkv, int D, int max_splits) {
+  return std::min(decode_attention_v3_default_splits(kv_len, H, Hkv, D, max_splits), kV4MaxSplits);
+}
+
 void decode_attention_v4_fused_combine(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k_cache,
                                        const __nv_bfloat16* v_cache, int kv_len, int max_context, int H, int Hkv,
                                        int D, DecodeAttentionWorkspace* workspace, cudaStream_t stream) {
   decode_attention_check_shape(q, k_cache, v_cache, max_context, H, Hkv, D);
   decode_attention_check_length(kv_len, max_context);
   if (!workspace) throw std::invalid_argument("decode attention v4: workspace is null");
-  const int num_splits = decode_attention_v3_default_splits(kv_len, H, Hkv, D, workspace->max_splits);
+  const int num_splits = decode_attention_v4_default_splits(kv_len, H, Hkv, D, workspace->max_splits);
   launch_v4(out, q, k_cache, v_cache, nullptr, kv_len, max_context, H, Hkv, D, num_splits, workspace, stream);
 }
 

@@ -227,19 +227,19 @@ template <GemvInput In, GemvOutput Out>
 void launch_gemv_bias(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaStream_t stream) {
   constexpr bool kPair = rows_per_unit<Out>() == 2;
   const bool short_pair = kPair && p.K / 8 <= 6 * 32;
-  if (p.bias) {
+  // Long single rows (the down projection, K = 8960 split over 2 warps: 17.5 loads per
+  // lane) in two batches of 9 instead of three of 8: one HBM round trip fewer per warp.
+  const bool long_row = !kPair && p.K > 2048;
+  with_bias_flag(p.bias, [&](auto has_bias) {
+    constexpr bool kBias = decltype(has_bias)::value;
     if (short_pair) {
-      launch_gemv<In, Out, true, 6>(p, pipelined, pdl, stream);
+      launch_gemv<In, Out, kBias, 6>(p, pipelined, pdl, stream);
+    } else if (long_row) {
+      launch_gemv<In, Out, kBias, 9>(p, pipelined, pdl, stream);
     } else {
-      launch_gemv<In, Out, true, kPair ? 4 : 8>(p, pipelined, pdl, stream);
+      launch_gemv<In, Out, kBias, kPair ? 4 : 8>(p, pipelined, pdl, stream);
     }
-  } else {
-    if (short_pair) {
-      launch_gemv<In, Out, false, 6>(p, pipelined, pdl, stream);
-    } else {
-      launch_gemv<In, Out, false, kPair ? 4 : 8>(p, pipelined, pdl, stream);
-    }
-  }
+  });
 }
 
 template <GemvInput In>
