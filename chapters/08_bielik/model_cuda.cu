@@ -415,7 +415,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
                                 H_, Hkv_, D_, context, rope_.max_positions};
     decode_gemv(GemvInput::kRmsNorm, GemvOutput::kRopeAppend, qkv, pdl, s);
     done("qkv_rope_append");
-    decode_attention_v4_fused_combine_device_length(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)),
+    decode_attention_v3_pipelined_device_length(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)),
                                                 d_length, 1, context, H_, Hkv_, D_, attention_splits_,
                                                 attention_workspace_.get(), s);
     done("attention");
