@@ -256,6 +256,22 @@ int main(int argc, char** argv) {
     const double no_pdl_tok_s = variant(true, false);
     const double eager_tok_s = variant(false, true);
 
+    // --- how many GEMV blocks per SM: fewer leaves room for PDL to start the next kernel ---
+    BenchTable occupancy_table("model_decode_gemv_blocks_per_sm",
+                               {"QKV, O blocks/SM", "gate/up, down, lm_head blocks/SM", "tokens/s", "ms/token"});
+    nlohmann::json occupancy_sweep = nlohmann::json::array();
+    for (auto [small, large] : {std::pair{0, 0}, std::pair{1, 0}, std::pair{2, 0}, std::pair{1, 2}, std::pair{2, 2},
+                                std::pair{1, 1}}) {
+      CudaModelOptions o = options;
+      o.small_gemv_blocks_per_sm = small;
+      o.large_gemv_blocks_per_sm = large;
+      CudaModel m(args.model, o);
+      const double rate = decode_tokens_per_s(m, tokens, 3, false);
+      auto label = [](int cap) { return cap == 0 ? std::string("all that fit") : std::to_string(cap); };
+      occupancy_table.add_row({label(small), label(large), fmt(rate, 0), fmt(1000.0 / rate, 3)});
+      occupancy_sweep.push_back({{"small_blocks_per_sm", small}, {"large_blocks_per_sm", large}, {"tok_s", rate}});
+    }
+
     BenchTable decode_table("model_decode", {"decode path", "tokens/s", "ms/token", "GB/s", "% of copy BW"});
     auto decode_row = [&](const std::string& label, double rate) {
       const double gbs = gb_per_s(bytes_per_token, 1000.0 / rate);
@@ -275,6 +291,7 @@ int main(int argc, char** argv) {
     prefill_table.print();
     decode_table.print();
     step_table.print();
+    occupancy_table.print();
     std::printf("eager step (sum of the table) %.1f us vs the graph's %.1f us per token\n", eager_step_us,
                 ms_per_token * 1e3);
 
@@ -298,6 +315,7 @@ int main(int argc, char** argv) {
         {"decode_sync_per_token_tok_s", sync_tok_s},
         {"decode_no_pdl_tok_s", no_pdl_tok_s},
         {"decode_no_graph_tok_s", eager_tok_s},
+        {"decode_gemv_blocks_per_sm_sweep", occupancy_sweep},
         {"eager_step_us", eager_step_us},
         {"peak_memory_gb", peak_gb},
         {"load_s", load_s},

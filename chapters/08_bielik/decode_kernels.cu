@@ -208,7 +208,9 @@ void launch_gemv(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaStream
   static const int blocks_per_sm_of[2] = {
       occupancy(decode_gemv_kernel<In, Out, HasBias, kBatch>),
       occupancy(decode_gemv_pipelined_kernel<In, Out, HasBias, kBatch>)};
-  const int blocks_per_sm = blocks_per_sm_of[pipelined ? 1 : 0];
+  const int occupancy_blocks = blocks_per_sm_of[pipelined ? 1 : 0];
+  const int blocks_per_sm =
+      p.max_blocks_per_sm > 0 ? std::min(occupancy_blocks, p.max_blocks_per_sm) : occupancy_blocks;
   const long long wave_warps = (long long)multiprocessor_count() * blocks_per_sm * kWarps;
   // Long rows (K > 2048) are split over 2, 4 or 8 warps while that still fits one wave.
   int split = 1;

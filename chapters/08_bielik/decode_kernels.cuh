@@ -85,6 +85,7 @@ struct DecodeGemvParams {
   int K = 0;
   float eps = 0;           ///< kRmsNorm epsilon
   RopeAppendTarget rope;   ///< kRopeAppend only
+  int max_blocks_per_sm = 0;  ///< register kernels: cap on resident blocks per SM (0: occupancy)
 };
 
 /// y = f(x W^T + b) for one token. One warp per output row (a few consecutive rows per

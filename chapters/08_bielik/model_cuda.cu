@@ -413,6 +413,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     DecodeGemvParams qkv{d_qkv_.data(), d_x_.data(), L.input_norm, L.w_qkv, L.b_qkv, QKV_ / 2, C_, eps};
     qkv.rope = RopeAppendTarget{kv_.k(int(l)), kv_.v(int(l)), d_length, rope_.cos.data(), rope_.sin.data(),
                                 H_, Hkv_, D_, context, rope_.max_positions};
+    qkv.max_blocks_per_sm = options_.small_gemv_blocks_per_sm;
     decode_gemv(GemvInput::kRmsNorm, GemvOutput::kRopeAppend, qkv, pdl, s);
     done("qkv_rope_append");
     decode_attention_v3_pipelined_device_length(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)),
@@ -420,16 +421,20 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
                                                 attention_workspace_.get(), s);
     done("attention");
     DecodeGemvParams o{d_x_.data(), d_attn_.data(), nullptr, L.w_o, L.b_o, C_, H_ * D_, eps};
+    o.max_blocks_per_sm = options_.small_gemv_blocks_per_sm;
     decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, o, pdl, s);
     done("o_proj");
     DecodeGemvParams gate_up{d_act_.data(), d_x_.data(), L.post_norm, L.w_gate_up, L.b_gate_up, F_, C_, eps};
+    gate_up.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
     decode_gemv(GemvInput::kRmsNorm, GemvOutput::kSwiGLU, gate_up, pdl, s);
     done("gate_up_swiglu");
     DecodeGemvParams down{d_x_.data(), d_act_.data(), nullptr, L.w_down, L.b_down, C_, F_, eps};
+    down.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
     decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, down, pdl, s);
     done("down");
   }
   DecodeGemvParams head{d_logits_.data(), d_x_.data(), final_norm_, lm_head_, nullptr, V_, C_, eps};
+  head.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
   decode_gemv(GemvInput::kRmsNorm, GemvOutput::kF32, head, pdl, s);
   done("lm_head");
   // The argmax overwrites the input token (the next step's input when generating) and

@@ -56,6 +56,12 @@ struct CudaModelOptions {
   int prefill_chunk = 2048;  ///< most tokens per prefill pass (sizes the activation buffers)
   bool use_graph = true;     ///< decode by replaying the captured CUDA graph (else launch eagerly)
   bool use_pdl = true;       ///< programmatic dependent launch between decode kernels (sm_90+)
+  /// Resident blocks per SM the decode GEMVs may use (0: as many as fit), for the small
+  /// ones (QKV, O) and the large ones (gate/up, down, lm_head). Fewer leaves room on each
+  /// SM for the NEXT kernel's blocks, which PDL then starts early: their weight loads
+  /// overlap this kernel (bench_model sweeps these).
+  int small_gemv_blocks_per_sm = 0;
+  int large_gemv_blocks_per_sm = 0;
 };
 
 class CudaModel final : public Backend {
