@@ -80,13 +80,17 @@ __device__ __forceinline__ void warp_merge_groups(float& m, float& l, float (&ac
 
 /// The G query heads of kv head `kv_head`, this lane's 8 dims of each, pre-scaled by
 /// log2(e)/sqrt(D) so that scores come out in log2 units.
-template <int D, int G>
+/// kCoherent (all loads here): read through L2 only, for data written earlier in the SAME
+/// kernel by other blocks (chapter 08's persistent decode step); L1 and the read-only
+/// path could hold a stale copy. The separate-kernel versions read with the cached paths.
+template <int D, int G, bool kCoherent = false>
 __device__ __forceinline__ void load_q_slices(float (&q_slice)[G][8], const __nv_bfloat16* q /* (H, D) */,
                                               int kv_head, int sub) {
   const float q_scale = kLog2e * rsqrtf(float(D));
 #pragma unroll
   for (int i = 0; i < G; ++i) {
-    bf16x8_to_float(*reinterpret_cast<const int4*>(q + (size_t(kv_head) * G + i) * D + sub * 8), q_slice[i]);
+    const int4* source = reinterpret_cast<const int4*>(q + (size_t(kv_head) * G + i) * D + sub * 8);
+    bf16x8_to_float(kCoherent ? __ldcg(source) : *source, q_slice[i]);
 #pragma unroll
     for (int e = 0; e < 8; ++e) q_slice[i][e] *= q_scale;
   }
@@ -96,7 +100,7 @@ __device__ __forceinline__ void load_q_slices(float (&q_slice)[G][8], const __nv
 /// base + u * groups + group (so a warp's groups read neighbouring rows), none past `end`
 /// (those stay zero and are marked invalid). `keys`/`values` already point at this
 /// lane's 8 dims of position 0 of the kv head.
-template <int D, int U>
+template <int D, int U, bool kCoherent = false>
 __device__ __forceinline__ void load_keys(int4 (&k_raw)[U], int4 (&v_raw)[U], const __nv_bfloat16* keys,
                                           const __nv_bfloat16* values, int base, int group, int groups, int end) {
 #pragma unroll
@@ -104,8 +108,10 @@ __device__ __forceinline__ void load_keys(int4 (&k_raw)[U], int4 (&v_raw)[U], co
     const int key = base + u * groups + group;
     k_raw[u] = v_raw[u] = make_int4(0, 0, 0, 0);
     if (key < end) {
-      k_raw[u] = __ldg(reinterpret_cast<const int4*>(keys + size_t(key) * D));
-      v_raw[u] = __ldg(reinterpret_cast<const int4*>(values + size_t(key) * D));
+      const int4* k_source = reinterpret_cast<const int4*>(keys + size_t(key) * D);
+      const int4* v_source = reinterpret_cast<const int4*>(values + size_t(key) * D);
+      k_raw[u] = kCoherent ? __ldcg(k_source) : __ldg(k_source);
+      v_raw[u] = kCoherent ? __ldcg(v_source) : __ldg(v_source);
     }
   }
 }
@@ -214,7 +220,7 @@ __device__ __forceinline__ void write_empty_partial(float* ml_out /* (G, 2) */) 
 /// v3's split body (also v4's): one block's keys [begin, end) of kv head `kv_head`
 /// streamed in rounds of kUnroll keys per lane group, the next round's loads in flight
 /// while the current one is computed; the block's partial state is written at the end.
-template <int D, int G, int kWarps, int kUnroll>
+template <int D, int G, int kWarps, int kUnroll, bool kCoherent = false>
 __device__ __forceinline__ void pipelined_split_partial(float* acc_out, float* ml_out, const __nv_bfloat16* q,
                                                         const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
                                                         int kv_head, int max_context, int begin, int end) {
@@ -228,10 +234,10 @@ __device__ __forceinline__ void pipelined_split_partial(float* acc_out, float* m
   const __nv_bfloat16* keys = k_cache + size_t(kv_head) * max_context * D + sub * 8;
   const __nv_bfloat16* values = v_cache + size_t(kv_head) * max_context * D + sub * 8;
   int4 k_raw[kUnroll], v_raw[kUnroll];
-  load_keys<D, kUnroll>(k_raw, v_raw, keys, values, begin, group, kGroups, end);
+  load_keys<D, kUnroll, kCoherent>(k_raw, v_raw, keys, values, begin, group, kGroups, end);
 
   float q_slice[G][8];
-  load_q_slices<D, G>(q_slice, q, kv_head, sub);
+  load_q_slices<D, G, kCoherent>(q_slice, q, kv_head, sub);
   float m[G], l[G], acc[G][8];
 #pragma unroll
   for (int i = 0; i < G; ++i) {
@@ -243,7 +249,7 @@ __device__ __forceinline__ void pipelined_split_partial(float* acc_out, float* m
   for (int base = begin; base < end; base += kKeysPerRound) {  // uniform trip count
     // Next round's loads in flight (none past `end`) while this round is computed.
     int4 k_next[kUnroll], v_next[kUnroll];
-    load_keys<D, kUnroll>(k_next, v_next, keys, values, base + kKeysPerRound, group, kGroups, end);
+    load_keys<D, kUnroll, kCoherent>(k_next, v_next, keys, values, base + kKeysPerRound, group, kGroups, end);
     update_states<D, G, kUnroll>(m, l, acc, q_slice, k_raw, v_raw, base, group, kGroups, end);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {

@@ -256,6 +256,20 @@ int main(int argc, char** argv) {
     const double no_pdl_tok_s = variant(true, false);
     const double eager_tok_s = variant(false, true);
 
+    // --- the persistent decode step (one kernel per token), 1 and 2 blocks per SM ---
+    double persistent_tok_s[3] = {0, 0, 0};
+    for (int blocks : {1, 2}) {
+      try {
+        CudaModelOptions o = options;
+        o.persistent_decode = true;
+        o.persistent_blocks_per_sm = blocks;
+        CudaModel m(args.model, o);
+        persistent_tok_s[blocks] = decode_tokens_per_s(m, tokens, 3, false);
+      } catch (const std::exception& e) {
+        std::printf("persistent decode (%d blocks/SM): %s\n", blocks, e.what());
+      }
+    }
+
     // --- how many GEMV blocks per SM: fewer leaves room for PDL to start the next kernel ---
     BenchTable occupancy_table("model_decode_gemv_blocks_per_sm",
                                {"QKV, O blocks/SM", "gate/up, down, lm_head blocks/SM", "tokens/s", "ms/token"});
@@ -281,6 +295,8 @@ int main(int argc, char** argv) {
     decode_row("graph + PDL, host sync per token", sync_tok_s);
     decode_row("graph, no PDL", no_pdl_tok_s);
     decode_row("no graph (eager launches) + PDL", eager_tok_s);
+    if (persistent_tok_s[1] > 0) decode_row("persistent kernel, 1 block/SM", persistent_tok_s[1]);
+    if (persistent_tok_s[2] > 0) decode_row("persistent kernel, 2 blocks/SM", persistent_tok_s[2]);
     decode_table.add_row({"floor: weights / copy bandwidth", fmt(1000.0 / floor_ms, 0), fmt(floor_ms, 3),
                           fmt(copy_gbs, 0), "100.0"});
 
@@ -316,6 +332,7 @@ int main(int argc, char** argv) {
         {"decode_no_pdl_tok_s", no_pdl_tok_s},
         {"decode_no_graph_tok_s", eager_tok_s},
         {"decode_gemv_blocks_per_sm_sweep", occupancy_sweep},
+        {"decode_persistent_tok_s", {{"1", persistent_tok_s[1]}, {"2", persistent_tok_s[2]}}},
         {"eager_step_us", eager_step_us},
         {"peak_memory_gb", peak_gb},
         {"load_s", load_s},

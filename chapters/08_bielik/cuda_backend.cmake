@@ -19,7 +19,8 @@ else()
   add_library(bielik_ch08_cuda STATIC
     ${cuda_backend_dir}/model_cuda.cu
     ${cuda_backend_dir}/decode_kernels.cu
-    ${cuda_backend_dir}/decode_gemv_stream.cu)
+    ${cuda_backend_dir}/decode_gemv_stream.cu
+    ${cuda_backend_dir}/decode_step_persistent.cu)
   target_include_directories(bielik_ch08_cuda PUBLIC ${cuda_backend_dir})
   target_link_libraries(bielik_ch08_cuda PUBLIC bielik_ch08 ${cuda_backend_chapters})
 

@@ -146,7 +146,27 @@ __device__ __forceinline__ void store_output(const DecodeGemvParams& p, int n, c
     rope_append_pair(p, n / half, n % half, round_bf16(acc[0] + bias(0)), round_bf16(acc[1] + bias(1)));
   } else {  // kResidualAdd: one lane owns y[n], so the read-modify-write needs no atomics
     __nv_bfloat16* y = static_cast<__nv_bfloat16*>(p.y);
-    y[n] = __float2bfloat16(__bfloat162float(y[n]) + round_bf16(acc[0] + bias(0)));
+    // Read through L2: in the persistent step other blocks rewrote y since this SM last
+    // read it, and L1 is not coherent.
+    y[n] = __float2bfloat16(__bfloat162float(__ldcg(y + n)) + round_bf16(acc[0] + bias(0)));
+  }
+}
+
+// One batch of a warp's weight loads: chunks base, base + stride, ... of unit `unit`'s
+// weight rows (two rows for the pair outputs). Chunks past the row and units < 0 read
+// as zero.
+template <GemvOutput Out, int kBatch>
+__device__ __forceinline__ void load_batch(uint4 (&w)[rows_per_unit<Out>()][kBatch], const DecodeGemvParams& p,
+                                           int unit, int base, int stride) {
+  const int chunks = p.K / 8;
+#pragma unroll
+  for (int r = 0; r < rows_per_unit<Out>(); ++r) {
+    const __nv_bfloat16* row_start = p.W + (unit >= 0 ? size_t(weight_row<Out>(p, unit, r)) * p.K : 0);
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int chunk = base + stride * u;
+      w[r][u] = unit >= 0 && chunk < chunks ? load_streaming(row_start + 8 * chunk) : make_uint4(0, 0, 0, 0);
+    }
   }
 }
 
@@ -167,7 +187,9 @@ __device__ __forceinline__ void load_norm_weight(const DecodeGemvParams& p, uint
 /// memory, RMS-normalized for kRmsNorm (a block reduction in `scratch`, kWarps floats).
 /// Ends with a __syncthreads: x_shared is complete for every thread. Every thread of the
 /// block must call it (no early exit before: the next kernel's wait relies on ours).
-template <GemvInput In>
+/// kCoherent: read x through L2 only (x was written earlier in the same kernel by other
+/// blocks: chapter 08's persistent decode step; L1 may hold an old copy).
+template <GemvInput In, bool kCoherent = false>
 __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_shared, float* scratch,
                                             const uint4 (&norm_held)[kNormHeld]) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -180,7 +202,7 @@ __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int c = c0 + u * kThreads;
-      v[u] = c < chunks ? x_vectors[c] : make_uint4(0, 0, 0, 0);
+      v[u] = c < chunks ? (kCoherent ? __ldcg(x_vectors + c) : x_vectors[c]) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < 4; ++u) {

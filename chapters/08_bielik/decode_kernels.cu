@@ -32,24 +32,6 @@ namespace {
 constexpr int kMaxK = 16384;      // K bf16 values of shared memory: 32 KB, under the 48 KB default
 
 
-// One batch of a warp's weight loads: chunks base, base + stride, ... of unit `unit`'s
-// weight rows (two rows for the pair outputs). Chunks past the row and units < 0 read
-// as zero.
-template <GemvOutput Out, int kBatch>
-__device__ __forceinline__ void load_batch(uint4 (&w)[rows_per_unit<Out>()][kBatch], const DecodeGemvParams& p,
-                                           int unit, int base, int stride) {
-  const int chunks = p.K / 8;
-#pragma unroll
-  for (int r = 0; r < rows_per_unit<Out>(); ++r) {
-    const __nv_bfloat16* row_start = p.W + (unit >= 0 ? size_t(weight_row<Out>(p, unit, r)) * p.K : 0);
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int chunk = base + stride * u;
-      w[r][u] = unit >= 0 && chunk < chunks ? load_streaming(row_start + 8 * chunk) : make_uint4(0, 0, 0, 0);
-    }
-  }
-}
-
 template <GemvInput In, GemvOutput Out, bool HasBias, int kBatch>
 __global__ void __launch_bounds__(kThreads, 3)
     decode_gemv_kernel(DecodeGemvParams p, int rows_per_warp, int split) {

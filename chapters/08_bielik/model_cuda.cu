@@ -138,7 +138,49 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     kv_.reset(stream_);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
 
-    if (options_.use_graph) {
+    if (options_.persistent_decode) {
+      if (!decode_step_persistent_supported(D_, H_, Hkv_)) {
+        throw std::invalid_argument(model_dir + ": the persistent decode step cannot run here (no cooperative "
+                                    "launch, or D / GQA group unsupported)");
+      }
+      std::vector<PersistentLayer> host_layers;
+      for (size_t l = 0; l < layers_.size(); ++l) {
+        const Layer& L = layers_[l];
+        host_layers.push_back({L.input_norm, L.w_qkv, L.b_qkv, L.w_o, L.b_o, L.post_norm, L.w_gate_up, L.b_gate_up,
+                               L.w_down, L.b_down, kv_.k(int(l)), kv_.v(int(l))});
+      }
+      d_persistent_layers_ = DeviceBuffer<PersistentLayer>(host_layers);
+      d_barrier_ = DeviceBuffer<unsigned>(2);
+      d_barrier_.fill_bytes(0);
+      PersistentStep& p = persistent_step_;
+      p.layers = d_persistent_layers_.data();
+      p.L = int(layers_.size());
+      p.C = C_;
+      p.F = F_;
+      p.H = H_;
+      p.Hkv = Hkv_;
+      p.D = D_;
+      p.V = V_;
+      p.eps = config_.rms_norm_eps;
+      p.embed = embed_;
+      p.final_norm = final_norm_;
+      p.lm_head = lm_head_;
+      p.x = d_x_.data();
+      p.q = d_qkv_.data();
+      p.attn = d_attn_.data();
+      p.act = d_act_.data();
+      p.logits = d_logits_.data();
+      p.token = d_token_.data();
+      p.d_length = kv_.device_length();
+      p.cos = rope_.cos.data();
+      p.sin = rope_.sin.data();
+      p.max_context = context;
+      p.max_positions = rope_.max_positions;
+      p.partial_acc = attention_workspace_->partial_acc.data();
+      p.partial_ml = attention_workspace_->partial_ml.data();
+      p.splits = attention_splits_;
+      p.barrier = d_barrier_.data();
+    } else if (options_.use_graph) {
       try {
         capture_graph(use_pdl_);
       } catch (const std::exception& error) {
@@ -444,7 +486,9 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
 }
 
 void CudaModel::run_decode_step() {
-  if (graph_exec_) {
+  if (options_.persistent_decode) {
+    decode_step_persistent(persistent_step_, options_.persistent_blocks_per_sm, stream_);
+  } else if (graph_exec_) {
     CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
   } else {
     enqueue_decode_step(stream_, use_pdl_, nullptr);

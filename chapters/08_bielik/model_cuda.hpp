@@ -44,6 +44,7 @@
 
 #include "backend.hpp"
 #include "decode_attention.cuh"
+#include "decode_persistent.cuh"
 #include "device_buffer.cuh"
 #include "kv_cache.cuh"
 #include "model_config.hpp"
@@ -62,6 +63,11 @@ struct CudaModelOptions {
   /// overlap this kernel (bench_model sweeps these).
   int small_gemv_blocks_per_sm = 0;
   int large_gemv_blocks_per_sm = 0;
+  /// Decode with ONE persistent kernel per token (decode_persistent.cuh) instead of the
+  /// graph of per-projection kernels; needs cooperative launch. An experiment: off unless
+  /// asked for (bench_model measures both).
+  bool persistent_decode = false;
+  int persistent_blocks_per_sm = 2;  ///< 1 or 2 blocks of 256 threads per SM
 };
 
 class CudaModel final : public Backend {
@@ -152,6 +158,11 @@ class CudaModel final : public Backend {
   KvCache kv_;
   RopeTable rope_;
   std::unique_ptr<DecodeAttentionWorkspace> attention_workspace_;
+  // The persistent decode step (options_.persistent_decode): its per-layer pointers on
+  // the device, the grid barrier's state, and the step's arguments.
+  DeviceBuffer<PersistentLayer> d_persistent_layers_;
+  DeviceBuffer<unsigned> d_barrier_;
+  PersistentStep persistent_step_;
   int attention_splits_ = 1;
   size_t scratch_bytes_ = 0;
 

@@ -1,0 +1,76 @@
+/// @file decode_persistent.cuh
+/// @brief Chapter 08: the whole decode step as ONE persistent kernel (an experiment
+/// against the graph of ~200 kernels; CudaModelOptions::persistent_decode).
+///
+/// Measured on the H200, one decode GEMV boundary costs ~3-4 us (drain, wait, input
+/// from L2, ramp), about as much as the bytes of the QKV or O projection. Here every
+/// block of a grid that fills the GPU once runs every phase of every layer, and the
+/// phases are separated by a grid-wide barrier (an atomic counter and a generation flag
+/// in global memory) instead of a kernel boundary. Before each barrier a warp already
+/// loads the first batch of its rows of the NEXT projection (weights never change), so
+/// that after the barrier it computes at once.
+///
+/// Phases per layer: norm + QKV + RoPE + append | attention splits | merge of the
+/// splits | O + residual | norm + gate/up + SwiGLU | down + residual; then norm +
+/// lm_head and the argmax (block 0), which writes the next token and increments the
+/// KV length. Activations written inside the kernel are read through L2 only (L1 is not
+/// coherent across blocks). The launch is cooperative: every block is resident, or the
+/// launch fails (never a deadlock at a barrier).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace bielik {
+
+/// One layer's weights and KV cache, as the kernel reads them (a device array of L).
+struct PersistentLayer {
+  const __nv_bfloat16* input_norm;  ///< (C)
+  const __nv_bfloat16* w_qkv;       ///< ((H + 2 Hkv) D, C)
+  const __nv_bfloat16* b_qkv;       ///< ((H + 2 Hkv) D) or nullptr
+  const __nv_bfloat16* w_o;         ///< (C, H D)
+  const __nv_bfloat16* b_o;         ///< (C) or nullptr
+  const __nv_bfloat16* post_norm;   ///< (C)
+  const __nv_bfloat16* w_gate_up;   ///< (2F, C)
+  const __nv_bfloat16* b_gate_up;   ///< (2F) or nullptr
+  const __nv_bfloat16* w_down;      ///< (C, F)
+  const __nv_bfloat16* b_down;      ///< (C) or nullptr
+  __nv_bfloat16* k_cache;           ///< (Hkv, max_context, D)
+  __nv_bfloat16* v_cache;           ///< (Hkv, max_context, D)
+};
+
+/// Everything one step reads and writes. All pointers are device pointers.
+struct PersistentStep {
+  const PersistentLayer* layers = nullptr;  ///< (L)
+  int L = 0, C = 0, F = 0, H = 0, Hkv = 0, D = 0, V = 0;
+  float eps = 0;
+  const __nv_bfloat16* embed = nullptr;       ///< (V, C)
+  const __nv_bfloat16* final_norm = nullptr;  ///< (C)
+  const __nv_bfloat16* lm_head = nullptr;     ///< (V, C)
+  __nv_bfloat16* x = nullptr;                 ///< (C) residual stream
+  __nv_bfloat16* q = nullptr;                 ///< (H, D) rotated queries
+  __nv_bfloat16* attn = nullptr;              ///< (H, D) attention output
+  __nv_bfloat16* act = nullptr;               ///< (F) SwiGLU output
+  float* logits = nullptr;                    ///< (V)
+  int32_t* token = nullptr;                   ///< (1) in: this step's token; out: the argmax (-1 on NaN)
+  int* d_length = nullptr;                    ///< (1) tokens in the cache; += 1 at the end
+  const float* cos = nullptr;                 ///< (max_positions, D/2)
+  const float* sin = nullptr;                 ///< (max_positions, D/2)
+  int max_context = 0, max_positions = 0;
+  float* partial_acc = nullptr;  ///< (splits, H, D)
+  float* partial_ml = nullptr;   ///< (splits, H, 2)
+  int splits = 0;                ///< attention splits, 1..256
+  unsigned* barrier = nullptr;   ///< (2) zeroed once before the first step
+};
+
+/// True when the device can run it: cooperative launch, and D in {64, 128} with
+/// H / Hkv <= 8.
+bool decode_step_persistent_supported(int D, int H, int Hkv);
+
+/// Launches one decode step on blocks_per_sm (1 or 2) blocks of 256 threads per SM.
+/// Throws std::invalid_argument for an unsupported shape or a grid the device cannot hold.
+void decode_step_persistent(const PersistentStep& step, int blocks_per_sm, cudaStream_t stream = 0);
+
+}  // namespace bielik

@@ -1,0 +1,367 @@
+// The persistent decode step (decode_persistent.cuh): one kernel per token.
+#include <algorithm>
+#include <climits>
+#include <stdexcept>
+#include <string>
+
+#include "cuda_check.cuh"
+#include "decode_attention.cuh"
+#include "decode_attention_device.cuh"
+#include "decode_device.cuh"
+#include "decode_persistent.cuh"
+#include "matmul_common.cuh"
+
+namespace bielik {
+
+using namespace decode_device;
+
+namespace {
+
+constexpr int kMaxSplits = 256;  // the merge keeps a weight per split in shared memory
+constexpr int kAttentionUnroll = 2;
+
+// --- the grid barrier -----------------------------------------------------------------
+// state[0] counts arrivals, state[1] is the generation. The last block to arrive resets
+// the count and bumps the generation; the others spin on the generation. Everything a
+// block wrote before the barrier is visible to every block after it (the fences).
+__device__ __forceinline__ void grid_barrier(unsigned* state) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    volatile unsigned* generation = state + 1;
+    const unsigned seen = *generation;
+    __threadfence();
+    if (atomicAdd(state, 1u) == gridDim.x - 1) {
+      atomicExch(state, 0u);
+      __threadfence();
+      atomicAdd(state + 1, 1u);
+    } else {
+      // A block that never arrives would be a bug (the launch is cooperative, so every
+      // block is resident): trap after ~seconds instead of hanging the GPU.
+      long long spins = 0;
+      while (*generation == seen) {
+        if (++spins > (1LL << 31)) __trap();
+      }
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+// --- GEMV phases --------------------------------------------------------------------------
+template <GemvOutput Out, int kBatch>
+struct WeightBatch {
+  uint4 w[rows_per_unit<Out>()][kBatch];
+};
+
+// This warp's units [x, y) of a GEMV with N units, spread over every warp of the grid in
+// contiguous runs (neighbouring rows are neighbouring memory).
+__device__ __forceinline__ int2 warp_units(int N) {
+  const long long warps = (long long)gridDim.x * kWarps;
+  const long long w = (long long)blockIdx.x * kWarps + threadIdx.x / 32;
+  return make_int2(int(w * N / warps), int((w + 1) * N / warps));
+}
+
+// The first batch of this warp's first unit: issued before the barrier that ends the
+// previous phase, so the bytes are on their way while the grid synchronizes.
+template <GemvOutput Out, int kBatch>
+__device__ __forceinline__ void prefetch_first_batch(WeightBatch<Out, kBatch>& batch, const DecodeGemvParams& p) {
+  const int2 units = warp_units(p.N);
+  load_batch<Out, kBatch>(batch.w, p, units.x < units.y ? units.x : -1, threadIdx.x % 32, 32);
+}
+
+// One GEMV over the whole grid: stage (and normalize) the input, then each warp its
+// units, the next step's loads issued before the current step's math.
+template <GemvInput In, GemvOutput Out, int kBatch>
+__device__ __forceinline__ void gemv_phase(const DecodeGemvParams& p, WeightBatch<Out, kBatch>& batch,
+                                           uint4* x_shared, float* scratch) {
+  constexpr int kRows = rows_per_unit<Out>();
+  uint4 norm_held[kNormHeld];
+  load_norm_weight<In>(p, norm_held);
+  stage_input<In, true>(p, x_shared, scratch, norm_held);
+  const int lane = threadIdx.x % 32;
+  const int2 units = warp_units(p.N);
+  const int chunks = p.K / 8;
+  const int batches_per_unit = (chunks + kBatch * 32 - 1) / (kBatch * 32);
+  const int steps = (units.y - units.x) * batches_per_unit;
+  WeightBatch<Out, kBatch> next;
+  float acc[2] = {0.0f, 0.0f};
+  for (int step = 0; step < steps; ++step) {
+    const int unit = units.x + step / batches_per_unit, base = (step % batches_per_unit) * kBatch * 32 + lane;
+    if (step + 1 < steps) {
+      const int next_unit = units.x + (step + 1) / batches_per_unit;
+      load_batch<Out, kBatch>(next.w, p, next_unit, ((step + 1) % batches_per_unit) * kBatch * 32 + lane, 32);
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int chunk = base + 32 * u;
+      if (chunk < chunks) {
+        const uint4 xv = x_shared[chunk];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) acc[r] = dot_8(batch.w[r][u], xv, acc[r]);
+      }
+    }
+    if (step % batches_per_unit == batches_per_unit - 1) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) acc[r] = warp_sum(acc[r]);
+      if (lane == 0) {
+        if (p.bias) {
+          store_output<Out, true>(p, unit, acc);
+        } else {
+          store_output<Out, false>(p, unit, acc);
+        }
+      }
+      acc[0] = acc[1] = 0.0f;
+    }
+    batch = next;
+  }
+}
+
+// --- attention phases ---------------------------------------------------------------------
+template <int D, int G>
+__device__ __forceinline__ void attention_splits(const PersistentStep& p, const PersistentLayer& layer) {
+  const int kv_len = min(*p.d_length + 1, p.max_context);
+  const int chunk = max((kv_len + p.splits - 1) / p.splits, kDecodeV3MinKeysPerSplit);
+  for (int item = blockIdx.x; item < p.splits * p.Hkv; item += gridDim.x) {
+    const int split = item % p.splits, kv_head = item / p.splits;
+    const int begin = split * chunk, end = min(kv_len, begin + chunk);
+    float* ml_out = p.partial_ml + (size_t(split) * p.H + kv_head * G) * 2;
+    float* acc_out = p.partial_acc + (size_t(split) * p.H + kv_head * G) * D;
+    if (begin >= end) {
+      decode::write_empty_partial<G>(ml_out);
+    } else {
+      decode::pipelined_split_partial<D, G, kWarps, kAttentionUnroll, true>(acc_out, ml_out, p.q, layer.k_cache,
+                                                                            layer.v_cache, kv_head, p.max_context,
+                                                                            begin, end);
+    }
+    __syncthreads();  // the partial's shared memory is reused by the next item
+  }
+}
+
+// One block per query head: weights 2^(m_s - M) first, then every column's weighted sum
+// with independent loads (kRows splits side by side).
+template <int D>
+__device__ __forceinline__ void merge_splits(const PersistentStep& p) {
+  constexpr int kRows = kThreads / D;
+  __shared__ float s_weight[kMaxSplits], s_sum[kMaxSplits];
+  __shared__ float s_inverse;
+  __shared__ float s_part[kRows][D];
+  const int r = threadIdx.x / D, d = threadIdx.x % D;
+  for (int h = blockIdx.x; h < p.H; h += gridDim.x) {
+    for (int s = threadIdx.x; s < p.splits; s += kThreads) {
+      const float2 ml = __ldcg(reinterpret_cast<const float2*>(p.partial_ml + (size_t(s) * p.H + h) * 2));
+      s_weight[s] = ml.x;
+      s_sum[s] = ml.y;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float m_max = -INFINITY;
+      for (int s = 0; s < p.splits; ++s) m_max = fmaxf(m_max, s_weight[s]);
+      float l_total = 0.0f;
+      for (int s = 0; s < p.splits; ++s) {
+        const float weight = s_weight[s] == -INFINITY ? 0.0f : exp2f(s_weight[s] - m_max);
+        s_weight[s] = weight;
+        l_total += weight * s_sum[s];
+      }
+      s_inverse = l_total > 0 ? 1.0f / l_total : 0.0f;
+    }
+    __syncthreads();
+    float a = 0.0f;
+#pragma unroll 4
+    for (int s = r; s < p.splits; s += kRows) {
+      const float weight = s_weight[s];
+      const float part = weight != 0.0f ? __ldcg(p.partial_acc + (size_t(s) * p.H + h) * D + d) : 0.0f;
+      a += weight * part;
+    }
+    s_part[r][d] = a;
+    __syncthreads();
+    if (r == 0) {
+      for (int other = 1; other < kRows; ++other) a += s_part[other][d];
+      p.attn[size_t(h) * D + d] = __float2bfloat16(a * s_inverse);
+    }
+    __syncthreads();
+  }
+}
+
+// --- the step's end: argmax on block 0 --------------------------------------------------
+__device__ __forceinline__ bool beats(float a, int ia, float b, int ib) { return a > b || (a == b && ia < ib); }
+
+__device__ __forceinline__ void argmax_and_commit(const PersistentStep& p) {
+  __shared__ float s_value[kWarps];
+  __shared__ int s_index[kWarps];
+  __shared__ int s_nan;
+  if (threadIdx.x == 0) s_nan = 0;
+  __syncthreads();
+  float best = -INFINITY;
+  int best_index = INT_MAX;
+  bool nan = false;
+  for (int i = threadIdx.x; i < p.V; i += kThreads) {
+    const float v = __ldcg(p.logits + i);
+    if (isnan(v)) {
+      nan = true;
+    } else if (v > best || best_index == INT_MAX) {
+      best = v;
+      best_index = i;
+    }
+  }
+  if (nan) s_nan = 1;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float other = __shfl_xor_sync(0xffffffffu, best, offset);
+    const int other_index = __shfl_xor_sync(0xffffffffu, best_index, offset);
+    if (beats(other, other_index, best, best_index)) {
+      best = other;
+      best_index = other_index;
+    }
+  }
+  if (threadIdx.x % 32 == 0) {
+    s_value[threadIdx.x / 32] = best;
+    s_index[threadIdx.x / 32] = best_index;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kWarps; ++w) {
+      if (beats(s_value[w], s_index[w], best, best_index)) {
+        best = s_value[w];
+        best_index = s_index[w];
+      }
+    }
+    *p.token = s_nan || best_index == INT_MAX ? -1 : best_index;
+    *p.d_length += 1;
+  }
+}
+
+// kBlocksPerSm: 2 caps registers at 128 (some spilling, 16 warps per SM), 1 lets the
+// compiler keep everything in registers (8 warps per SM). bench_model measures both.
+template <int D, int G, int kBlocksPerSm>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm) decode_step_persistent_kernel(PersistentStep p) {
+  extern __shared__ uint4 x_shared[];  // (max(C, F, H D) / 8) the current phase's input
+  __shared__ float scratch[kWarps];
+  const int C = p.C, QKV_PAIRS = (p.H + 2 * p.Hkv) * D / 2;
+
+  // The projections of layer l, in the form decode_gemv takes them.
+  auto qkv_params = [&](const PersistentLayer& layer) {
+    DecodeGemvParams g{p.q, p.x, layer.input_norm, layer.w_qkv, layer.b_qkv, QKV_PAIRS, C, p.eps};
+    g.rope = RopeAppendTarget{layer.k_cache, layer.v_cache, p.d_length, p.cos, p.sin, p.H, p.Hkv, D,
+                              p.max_context, p.max_positions};
+    return g;
+  };
+  auto o_params = [&](const PersistentLayer& layer) {
+    return DecodeGemvParams{p.x, p.attn, nullptr, layer.w_o, layer.b_o, C, p.H * D, p.eps};
+  };
+  auto gate_up_params = [&](const PersistentLayer& layer) {
+    return DecodeGemvParams{p.act, p.x, layer.post_norm, layer.w_gate_up, layer.b_gate_up, p.F, C, p.eps};
+  };
+  auto down_params = [&](const PersistentLayer& layer) {
+    return DecodeGemvParams{p.x, p.act, nullptr, layer.w_down, layer.b_down, C, p.F, p.eps};
+  };
+
+  // 0. The embedding row of this step's token (written by the previous step's argmax).
+  WeightBatch<GemvOutput::kRopeAppend, 6> qkv_batch;
+  prefetch_first_batch(qkv_batch, qkv_params(p.layers[0]));
+  {
+    const int token = __ldcg(p.token);
+    const uint4* row = reinterpret_cast<const uint4*>(p.embed + size_t(token) * C);
+    for (int c = blockIdx.x * kThreads + threadIdx.x; c < C / 8; c += gridDim.x * kThreads) {
+      reinterpret_cast<uint4*>(p.x)[c] = __ldg(row + c);
+    }
+  }
+  grid_barrier(p.barrier);
+
+  for (int l = 0; l < p.L; ++l) {
+    const PersistentLayer layer = p.layers[l];
+    gemv_phase<GemvInput::kRmsNorm, GemvOutput::kRopeAppend, 6>(qkv_params(layer), qkv_batch, x_shared, scratch);
+    grid_barrier(p.barrier);
+
+    attention_splits<D, G>(p, layer);
+    WeightBatch<GemvOutput::kResidualAdd, 8> o_batch;
+    prefetch_first_batch(o_batch, o_params(layer));
+    grid_barrier(p.barrier);
+    merge_splits<D>(p);
+    grid_barrier(p.barrier);
+
+    gemv_phase<GemvInput::kPlain, GemvOutput::kResidualAdd, 8>(o_params(layer), o_batch, x_shared, scratch);
+    WeightBatch<GemvOutput::kSwiGLU, 6> gate_up_batch;
+    prefetch_first_batch(gate_up_batch, gate_up_params(layer));
+    grid_barrier(p.barrier);
+
+    gemv_phase<GemvInput::kRmsNorm, GemvOutput::kSwiGLU, 6>(gate_up_params(layer), gate_up_batch, x_shared,
+                                                            scratch);
+    WeightBatch<GemvOutput::kResidualAdd, 9> down_batch;
+    prefetch_first_batch(down_batch, down_params(layer));
+    grid_barrier(p.barrier);
+
+    gemv_phase<GemvInput::kPlain, GemvOutput::kResidualAdd, 9>(down_params(layer), down_batch, x_shared, scratch);
+    if (l + 1 < p.L) prefetch_first_batch(qkv_batch, qkv_params(p.layers[l + 1]));
+    grid_barrier(p.barrier);
+  }
+
+  DecodeGemvParams head{p.logits, p.x, p.final_norm, p.lm_head, nullptr, p.V, C, p.eps};
+  WeightBatch<GemvOutput::kF32, 8> head_batch;
+  prefetch_first_batch(head_batch, head);
+  gemv_phase<GemvInput::kRmsNorm, GemvOutput::kF32, 8>(head, head_batch, x_shared, scratch);
+  grid_barrier(p.barrier);
+  if (blockIdx.x == 0) argmax_and_commit(p);
+}
+
+using StepKernel = void (*)(PersistentStep);
+
+template <int D, int kBlocksPerSm>
+StepKernel kernel_for_group(int G) {
+  switch (G) {
+    case 1: return decode_step_persistent_kernel<D, 1, kBlocksPerSm>;
+    case 2: return decode_step_persistent_kernel<D, 2, kBlocksPerSm>;
+    case 3: return decode_step_persistent_kernel<D, 3, kBlocksPerSm>;
+    case 4: return decode_step_persistent_kernel<D, 4, kBlocksPerSm>;
+    case 5: return decode_step_persistent_kernel<D, 5, kBlocksPerSm>;
+    case 6: return decode_step_persistent_kernel<D, 6, kBlocksPerSm>;
+    case 7: return decode_step_persistent_kernel<D, 7, kBlocksPerSm>;
+    case 8: return decode_step_persistent_kernel<D, 8, kBlocksPerSm>;
+  }
+  throw std::invalid_argument("persistent decode: H / Hkv = " + std::to_string(G) + " outside 1..8");
+}
+
+}  // namespace
+
+bool decode_step_persistent_supported(int D, int H, int Hkv) {
+  if ((D != 64 && D != 128) || Hkv <= 0 || H % Hkv != 0 || H / Hkv > 8) return false;
+  int device = 0, cooperative = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, device) != cudaSuccess) return false;
+  return cooperative != 0;
+}
+
+void decode_step_persistent(const PersistentStep& step, int blocks_per_sm_wanted, cudaStream_t stream) {
+  if (!decode_step_persistent_supported(step.D, step.H, step.Hkv) || step.splits < 1 || step.splits > kMaxSplits ||
+      (blocks_per_sm_wanted != 1 && blocks_per_sm_wanted != 2) ||
+      step.C % 8 != 0 || step.F % 8 != 0 || !step.layers || !step.barrier) {
+    throw std::invalid_argument("persistent decode: unsupported shape or missing buffers (D=" +
+                                std::to_string(step.D) + " H=" + std::to_string(step.H) +
+                                " Hkv=" + std::to_string(step.Hkv) + " splits=" + std::to_string(step.splits) + ")");
+  }
+  const int G = step.H / step.Hkv;
+  StepKernel kernel = blocks_per_sm_wanted == 1
+                          ? (step.D == 128 ? kernel_for_group<128, 1>(G) : kernel_for_group<64, 1>(G))
+                          : (step.D == 128 ? kernel_for_group<128, 2>(G) : kernel_for_group<64, 2>(G));
+  const size_t shared_bytes = size_t(std::max({step.C, step.F, step.H * step.D})) * sizeof(__nv_bfloat16);
+  int blocks_per_sm = 0;
+  if (shared_bytes > 48 * 1024) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
+  }
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kThreads, shared_bytes));
+  if (blocks_per_sm < 1) throw std::invalid_argument("persistent decode: a block does not fit on an SM");
+  const int blocks = multiprocessor_count() * std::min(blocks_per_sm, blocks_per_sm_wanted);
+
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeCooperative;  // all blocks resident, or the launch fails
+  attribute.val.cooperative = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, step));
+}
+
+}  // namespace bielik
