@@ -170,7 +170,7 @@ __device__ __forceinline__ void write_block_partial(float* acc_out, float* ml_ou
                                                     float (&acc)[G][8]) {
   constexpr int kLanesPerKey = LaneLayout<D>::kLanesPerKey;
   __shared__ float s_m[kWarps][G], s_l[kWarps][G];
-  __shared__ float s_acc[kWarps][G][D];
+  __shared__ __align__(16) float s_acc[kWarps][G][D];  // read and written as float4
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane % kLanesPerKey;
 #pragma unroll
   for (int i = 0; i < G; ++i) {
