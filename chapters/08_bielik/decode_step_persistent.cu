@@ -39,7 +39,7 @@ __device__ __forceinline__ void grid_barrier(unsigned* state) {
       // block is resident): trap after ~seconds instead of hanging the GPU.
       long long spins = 0;
       while (*generation == seen) {
-        if (++spins > (1LL << 31)) __trap();
+        if (++spins > (1LL << 26)) __trap();
       }
     }
     __threadfence();
@@ -259,7 +259,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) decode_step_persistent
   WeightBatch<GemvOutput::kRopeAppend, 6> qkv_batch;
   prefetch_first_batch(qkv_batch, qkv_params(p.layers[0]));
   {
-    const int token = __ldcg(p.token);
+    // A -1 (NaN logits last step) is reported to the host by the argmax; read row 0
+    // rather than outside the table.
+    const int token = min(max(__ldcg(p.token), 0), p.V - 1);
     const uint4* row = reinterpret_cast<const uint4*>(p.embed + size_t(token) * C);
     for (int c = blockIdx.x * kThreads + threadIdx.x; c < C / 8; c += gridDim.x * kThreads) {
       reinterpret_cast<uint4*>(p.x)[c] = __ldg(row + c);
