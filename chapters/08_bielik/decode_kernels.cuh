@@ -8,8 +8,8 @@
 /// ten kernels a layer, the gaps would cost as much as the bytes. So the step is built
 /// from few kernels that each do more:
 ///
-///   decode_gemv(kRmsNorm, kBf16)         norm of the residual stream + QKV projection
-///   decode_rope_append                   RoPE on q and k, k and v into the KV cache
+///   decode_gemv(kRmsNorm, kRopeAppend)  norm of the residual stream + QKV projection,
+///                                        RoPE on q and k, k and v into the KV cache
 ///   (chapter 07 decode attention)
 ///   decode_gemv(kPlain, kResidualAdd)    O projection, added into the residual stream
 ///   decode_gemv(kRmsNorm, kSwiGLU)       norm + gate and up projections + SwiGLU
@@ -116,6 +116,8 @@ void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& par
 void decode_gemv_stream(GemvInput input, GemvOutput output, const DecodeGemvParams& params, bool pdl,
                         cudaStream_t stream);
 
+/// The unfused form of kRopeAppend's epilogue (the model fuses it into the QKV GEMV; the
+/// test checks the fused form against this, bit for bit).
 /// RoPE and the KV-cache append of one token whose position is read on the GPU
 /// (pos = *d_length): q rotated in place, k rotated and written to the cache at pos, v
 /// copied to the cache at pos. If pos is outside the cache or the table, nothing is
