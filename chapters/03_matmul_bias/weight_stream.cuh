@@ -33,15 +33,12 @@
 
 #include <cstdint>
 
+#include "pdl.cuh"
+
 namespace bielik {
 
 /// True when the current device has the bulk-copy engine (compute capability 9.0+).
-inline bool weight_stream_supported() {
-  int device = 0, major = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
-  return major >= 9;
-}
+inline bool weight_stream_supported() { return device_is_sm90_or_newer(); }
 
 namespace stream_ptx {
 

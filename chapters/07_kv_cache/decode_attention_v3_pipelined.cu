@@ -25,6 +25,7 @@
 #include "cuda_check.cuh"
 #include "decode_attention.cuh"
 #include "decode_attention_device.cuh"
+#include "pdl.cuh"
 
 namespace bielik {
 
@@ -34,19 +35,6 @@ constexpr int kV3Warps = 4;
 constexpr int kV3Unroll = 2;  // keys per lane group per round
 constexpr int kV3CombineThreads = 256;
 
-// Lets the dependent (combine) grid be scheduled now; it still waits for our results.
-__device__ __forceinline__ void allow_dependent_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-// Waits until the grid this one depends on has finished and its writes are visible.
-// Returns at once when the kernel was launched without a programmatic dependency.
-__device__ __forceinline__ void wait_for_previous_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
 
 template <int D, int G>
 __global__ void __launch_bounds__(kV3Warps * 32)
@@ -57,7 +45,7 @@ __global__ void __launch_bounds__(kV3Warps * 32)
                                      const __nv_bfloat16* v_cache,  // (Hkv, max_context, D)
                                      const int* d_length,  // (1) or nullptr: kv_len = *d_length + kv_len_arg
                                      int kv_len_arg, int max_context, int num_splits, int H) {
-  allow_dependent_launch();
+  pdl_allow_dependents();
   const int split = blockIdx.x, kv_head = blockIdx.y;
 
   int kv_len = d_length ? *d_length + kv_len_arg : kv_len_arg;
@@ -90,7 +78,7 @@ __global__ void __launch_bounds__(kV3CombineThreads)
   __shared__ float s_m[kRows], s_l[kRows];
   __shared__ float4 s_acc[kRows][kColumns];
   const int h = blockIdx.x, r = threadIdx.x / kColumns, c = threadIdx.x % kColumns;
-  wait_for_previous_grid();  // the split kernel's partials are complete and visible
+  pdl_wait();  // the split kernel's partials are complete and visible
 
   float m = -INFINITY, l = 0;
   float a[4] = {0, 0, 0, 0};
@@ -156,14 +144,6 @@ SplitKernel split_kernel(int D, int G) {
   return D == 128 ? split_kernel_for_group<128>(G) : split_kernel_for_group<64>(G);
 }
 
-// Programmatic dependent launch needs Hopper (sm_90); older GPUs get a plain launch.
-bool device_has_pdl() {
-  int device = 0, major = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  return major >= 9;
-}
-
 void launch_v3(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k_cache,
                const __nv_bfloat16* v_cache, const int* d_length, int kv_len_arg, int max_context, int H, int Hkv,
                int D, int num_splits, DecodeAttentionWorkspace* workspace, cudaStream_t stream) {
@@ -177,25 +157,10 @@ void launch_v3(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* 
       partial_acc, partial_ml, q, k_cache, v_cache, d_length, kv_len_arg, max_context, num_splits, H);
   CUDA_CHECK_LAUNCH();
 
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(H);
-  config.blockDim = dim3(kV3CombineThreads);
-  config.stream = stream;
-  cudaLaunchAttribute attribute = {};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  static const bool pdl = device_has_pdl();
-  config.attrs = &attribute;
-  config.numAttrs = pdl ? 1 : 0;
-  if (D == 128) {
-    CUDA_CHECK(cudaLaunchKernelEx(&config, decode_attention_v3_combine_kernel<128>, out,
-                                  static_cast<const float*>(partial_acc), static_cast<const float*>(partial_ml),
-                                  num_splits, H));
-  } else {
-    CUDA_CHECK(cudaLaunchKernelEx(&config, decode_attention_v3_combine_kernel<64>, out,
-                                  static_cast<const float*>(partial_acc), static_cast<const float*>(partial_ml),
-                                  num_splits, H));
-  }
+  // The combine with PDL (a plain launch before Hopper): scheduled while the splits run.
+  auto combine = D == 128 ? decode_attention_v3_combine_kernel<128> : decode_attention_v3_combine_kernel<64>;
+  launch_kernel(true, combine, dim3(H), dim3(kV3CombineThreads), 0, stream, out,
+                static_cast<const float*>(partial_acc), static_cast<const float*>(partial_ml), num_splits, H);
 }
 
 }  // namespace

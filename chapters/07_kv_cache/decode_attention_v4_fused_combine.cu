@@ -28,6 +28,7 @@
 #include "cuda_check.cuh"
 #include "decode_attention.cuh"
 #include "decode_attention_device.cuh"
+#include "pdl.cuh"
 
 namespace bielik {
 
@@ -36,17 +37,6 @@ namespace {
 constexpr int kV4Warps = 4;
 constexpr int kV4Unroll = 2;
 constexpr int kV4MaxSplits = 256;  // the merge keeps a weight per (split, head) in shared memory
-
-__device__ __forceinline__ void wait_for_previous_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void allow_dependent_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
 
 template <int D, int G>
 __global__ void __launch_bounds__(kV4Warps * 32)
@@ -63,8 +53,8 @@ __global__ void __launch_bounds__(kV4Warps * 32)
   __shared__ float s_weight[kV4MaxSplits][G], s_sum[kV4MaxSplits][G];
   __shared__ float s_inverse[G];
   const int split = blockIdx.x, kv_head = blockIdx.y;
-  wait_for_previous_grid();  // q and the cache come from the kernel before
-  allow_dependent_launch();
+  pdl_wait();  // q and the cache come from the kernel before
+  pdl_allow_dependents();
 
   int kv_len = d_length ? *d_length + kv_len_arg : kv_len_arg;
   kv_len = min(kv_len, max_context);
@@ -159,24 +149,9 @@ void launch_v4(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* 
                                 " D=" + std::to_string(D) + " splits=" + std::to_string(num_splits));
   }
   Kernel kernel = D == 128 ? kernel_for_group<128>(H / Hkv) : kernel_for_group<64>(H / Hkv);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(num_splits, Hkv);
-  config.blockDim = dim3(kV4Warps * 32);
-  config.stream = stream;
-  cudaLaunchAttribute attribute = {};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  static const bool pdl = [] {
-    int device = 0, major = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    return major >= 9;
-  }();
-  config.attrs = &attribute;
-  config.numAttrs = pdl ? 1 : 0;
-  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, out, workspace->partial_acc.data(), workspace->partial_ml.data(),
-                                workspace->split_counters.data(), q, k_cache, v_cache, d_length, kv_len_arg,
-                                max_context, num_splits, H));
+  launch_kernel(true, kernel, dim3(num_splits, Hkv), dim3(kV4Warps * 32), 0, stream, out,
+                workspace->partial_acc.data(), workspace->partial_ml.data(), workspace->split_counters.data(), q,
+                k_cache, v_cache, d_length, kv_len_arg, max_context, num_splits, H);
 }
 
 }  // namespace

@@ -245,16 +245,16 @@ int main(int argc, char** argv) {
     const double peak_gb = (peak_used - used_before) / 1e9;
     model.reset();  // free it before the variants load
 
-    // --- what the graph and PDL are worth: the same decode without them ---
-    auto variant = [&](bool graph, bool pdl) {
+    // Decode tokens/s of a model loaded with the options changed by `tweak`.
+    auto variant = [&](auto&& tweak) {
       CudaModelOptions o = options;
-      o.use_graph = graph;
-      o.use_pdl = pdl;
+      tweak(o);
       CudaModel m(args.model, o);
       return decode_tokens_per_s(m, tokens, 3, false);
     };
-    const double no_pdl_tok_s = variant(true, false);
-    const double eager_tok_s = variant(false, true);
+    // --- what the graph and PDL are worth: the same decode without them ---
+    const double no_pdl_tok_s = variant([](CudaModelOptions& o) { o.use_pdl = false; });
+    const double eager_tok_s = variant([](CudaModelOptions& o) { o.use_graph = false; });
 
     // --- how many GEMV blocks per SM: fewer leaves room for PDL to start the next kernel ---
     BenchTable occupancy_table("model_decode_gemv_blocks_per_sm",
@@ -262,11 +262,11 @@ int main(int argc, char** argv) {
     nlohmann::json occupancy_sweep = nlohmann::json::array();
     for (auto [small, large] : {std::pair{0, 0}, std::pair{1, 0}, std::pair{2, 0}, std::pair{1, 2}, std::pair{2, 2},
                                 std::pair{1, 1}}) {
-      CudaModelOptions o = options;
-      o.small_gemv_blocks_per_sm = small;
-      o.large_gemv_blocks_per_sm = large;
-      CudaModel m(args.model, o);
-      const double rate = decode_tokens_per_s(m, tokens, 3, false);
+      const int small_cap = small, large_cap = large;  // C++17 lambdas cannot capture structured bindings
+      const double rate = variant([&](CudaModelOptions& o) {
+        o.small_gemv_blocks_per_sm = small_cap;
+        o.large_gemv_blocks_per_sm = large_cap;
+      });
       auto label = [](int cap) { return cap == 0 ? std::string("all that fit") : std::to_string(cap); };
       occupancy_table.add_row({label(small), label(large), fmt(rate, 0), fmt(1000.0 / rate, 3)});
       occupancy_sweep.push_back({{"small_blocks_per_sm", small}, {"large_blocks_per_sm", large}, {"tok_s", rate}});
@@ -302,11 +302,10 @@ int main(int argc, char** argv) {
     double persistent_tok_s[3] = {0, 0, 0};
     for (int blocks : {1, 2}) {
       try {
-        CudaModelOptions o = options;
-        o.persistent_decode = true;
-        o.persistent_blocks_per_sm = blocks;
-        CudaModel m(args.model, o);
-        persistent_tok_s[blocks] = decode_tokens_per_s(m, tokens, 3, false);
+        persistent_tok_s[blocks] = variant([&](CudaModelOptions& o) {
+          o.persistent_decode = true;
+          o.persistent_blocks_per_sm = blocks;
+        });
       } catch (const std::exception& e) {
         std::printf("persistent decode (%d blocks/SM): %s\n", blocks, e.what());
       }

@@ -7,31 +7,18 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstdint>
 
 #include "cuda_check.cuh"
 #include "decode_kernels.cuh"
+#include "pdl.cuh"
 
 namespace bielik::decode_device {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kNormHeld = 2;  // norm-weight chunks a thread loads before the wait (K <= 4096)
-
-// Waits until the grid this one depends on has finished and its writes are visible.
-// Returns at once for a kernel launched without a programmatic dependency.
-__device__ __forceinline__ void wait_for_previous_kernel() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-// Lets the next kernel (if launched with PDL) be scheduled now; it still waits for us.
-__device__ __forceinline__ void allow_next_kernel() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
 
 // Weights are read once per step: a streaming load that does not allocate in L1.
 __device__ __forceinline__ uint4 load_streaming(const void* p) {
@@ -170,6 +157,105 @@ __device__ __forceinline__ void load_batch(uint4 (&w)[rows_per_unit<Out>()][kBat
   }
 }
 
+/// acc[r] += the batch's chunks of weight row r . the staged input: chunks base,
+/// base + stride, ..., those past the row skipped.
+template <int kRows, int kBatch>
+__device__ __forceinline__ void accumulate_batch(float (&acc)[2], const uint4 (&w)[kRows][kBatch],
+                                                 const uint4* x_shared, int base, int stride, int chunks) {
+#pragma unroll
+  for (int u = 0; u < kBatch; ++u) {
+    const int chunk = base + stride * u;
+    if (chunk < chunks) {
+      const uint4 xv = x_shared[chunk];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) acc[r] = dot_8(w[r][u], xv, acc[r]);
+    }
+  }
+}
+
+/// Ends a row (unit): the warp's sum; with split > 1 the `split` warps that shared the
+/// row meet in `warp_partial` ((kWarps, rows) floats; two block barriers, so every warp
+/// of the block must call it the same number of times); lane 0 of the first part runs
+/// the epilogue. row < 0: nothing is stored. acc is zeroed for the next row.
+template <GemvOutput Out, bool HasBias>
+__device__ __forceinline__ void finish_row(const DecodeGemvParams& p, int row, float (&acc)[2],
+                                           float (*warp_partial)[rows_per_unit<Out>()], int split) {
+  constexpr int kRows = rows_per_unit<Out>();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % split;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) acc[r] = warp_sum(acc[r]);
+  if (split > 1) {
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) warp_partial[warp][r] = acc[r];
+    }
+    __syncthreads();
+    if (part == 0) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        acc[r] = 0.0f;
+        for (int q = 0; q < split; ++q) acc[r] += warp_partial[warp + q][r];
+      }
+    }
+    __syncthreads();
+  }
+  if (row >= 0 && part == 0 && lane == 0) store_output<Out, HasBias>(p, row, acc);
+  acc[0] = acc[1] = 0.0f;
+}
+
+// (value, index) a beats b: larger value, or the same value at a lower index.
+__device__ __forceinline__ bool beats(float a, int ia, float b, int ib) { return a > b || (a == b && ia < ib); }
+
+/// One block of kBlockThreads: *token = argmax(logits) (the first maximum; -1 if any
+/// logit is NaN), then *d_length += 1 when d_length is not null. The logits are read
+/// through L2 (in the persistent step other blocks wrote them in the same kernel).
+template <int kBlockThreads>
+__device__ __forceinline__ void block_argmax_commit(int32_t* token, const float* logits, int V, int* d_length) {
+  constexpr int kBlockWarps = kBlockThreads / 32;
+  __shared__ float s_value[kBlockWarps];
+  __shared__ int s_index[kBlockWarps];
+  __shared__ int s_nan;
+  if (threadIdx.x == 0) s_nan = 0;
+  __syncthreads();
+  float best = -INFINITY;
+  int best_index = INT_MAX;
+  bool nan = false;
+  for (int i = threadIdx.x; i < V; i += kBlockThreads) {  // increasing i: first maximum wins
+    const float v = __ldcg(logits + i);
+    if (isnan(v)) {
+      nan = true;
+    } else if (v > best || best_index == INT_MAX) {
+      best = v;
+      best_index = i;
+    }
+  }
+  if (nan) s_nan = 1;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float other = __shfl_xor_sync(0xffffffffu, best, offset);
+    const int other_index = __shfl_xor_sync(0xffffffffu, best_index, offset);
+    if (beats(other, other_index, best, best_index)) {
+      best = other;
+      best_index = other_index;
+    }
+  }
+  if (threadIdx.x % 32 == 0) {
+    s_value[threadIdx.x / 32] = best;
+    s_index[threadIdx.x / 32] = best_index;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kBlockWarps; ++w) {
+      if (beats(s_value[w], s_index[w], best, best_index)) {
+        best = s_value[w];
+        best_index = s_index[w];
+      }
+    }
+    *token = s_nan || best_index == INT_MAX ? -1 : best_index;
+    if (d_length) *d_length += 1;
+  }
+}
+
 /// The norm weight's first chunks, loaded before the PDL wait (no kernel writes them).
 template <GemvInput In>
 __device__ __forceinline__ void load_norm_weight(const DecodeGemvParams& p, uint4 (&norm_held)[kNormHeld]) {
@@ -194,7 +280,7 @@ __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_
                                             const uint4 (&norm_held)[kNormHeld]) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int chunks = p.K / 8;
-  wait_for_previous_kernel();
+  pdl_wait();
   const uint4* x_vectors = reinterpret_cast<const uint4*>(p.x);
   float sum_squares = 0.0f;
   for (int c0 = threadIdx.x; c0 < chunks; c0 += 4 * kThreads) {
@@ -247,22 +333,6 @@ __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_
 }
 
 // Every launch goes through cudaLaunchKernelEx so that PDL is one attribute away.
-template <typename... Params, typename... Args>
-inline void launch(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
-            Args... args) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = shared_bytes;
-  config.stream = stream;
-  cudaLaunchAttribute attribute = {};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = pdl && device_supports_pdl() ? 1 : 0;
-  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
-}
-
 inline bool aligned_16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace bielik::decode_device

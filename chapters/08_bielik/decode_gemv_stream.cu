@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(kThreads)
 
   // 2. The input vector (normalized for kRmsNorm), after the previous kernel is done.
   stage_input<In>(p, x_shared, scratch, norm_held);
-  allow_next_kernel();
+  pdl_allow_dependents();
 
   // 3. The stages. Thread t takes vector t of the chunk (and of the up row's chunk).
   float acc[kRows] = {};
@@ -158,7 +158,7 @@ void launch_stream(const DecodeGemvParams& p, bool pdl, cudaStream_t stream) {
   // One wave, every block resident from the start (the prefill before the PDL wait needs
   // that), and never more blocks than rows.
   const int blocks = std::min(p.N, multiprocessor_count() * known->second);
-  launch(pdl, kernel, dim3(blocks), dim3(kThreads), shared_bytes, stream, p, chunks.values, chunks.count, stages);
+  launch_kernel(pdl, kernel, dim3(blocks), dim3(kThreads), shared_bytes, stream, p, chunks.values, chunks.count, stages);
 }
 
 template <GemvInput In, GemvOutput Out>

@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(kThreads, 3)
 
   // 2. Every block waits, then stages the input vector (normalized for kRmsNorm).
   stage_input<In>(p, x_shared, &warp_partial[0][0], norm_held);
-  allow_next_kernel();
+  pdl_allow_dependents();
 
   // 3. The rows: dot products against the staged input, then the epilogue. The trip
   //    count is the same for every warp of the block (the barriers below need that).
@@ -65,35 +65,10 @@ __global__ void __launch_bounds__(kThreads, 3)
     for (int base = base_first; valid && base < chunks; base += kBatch * stride) {
       if (!loaded) load_batch<Out, kBatch>(w, p, row, base, stride);
       loaded = false;
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int chunk = base + stride * u;
-        if (chunk < chunks) {
-          const uint4 xv = x_shared[chunk];
-#pragma unroll
-          for (int r = 0; r < kRows; ++r) acc[r] = dot_8(w[r][u], xv, acc[r]);
-        }
-      }
+      accumulate_batch<kRows, kBatch>(acc, w, x_shared, base, stride, chunks);
     }
     loaded = false;
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) acc[r] = warp_sum(acc[r]);
-    if (split > 1) {  // the parts of the row meet in shared memory
-      if (lane == 0) {
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) warp_partial[warp][r] = acc[r];
-      }
-      __syncthreads();
-      if (part == 0) {
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-          acc[r] = 0.0f;
-          for (int q = 0; q < split; ++q) acc[r] += warp_partial[warp + q][r];
-        }
-      }
-      __syncthreads();
-    }
-    if (valid && part == 0 && lane == 0) store_output<Out, HasBias>(p, row, acc);
+    finish_row<Out, HasBias>(p, valid ? row : -1, acc, warp_partial, split);
   }
 }
 
@@ -128,42 +103,14 @@ __global__ void __launch_bounds__(kThreads, 2)
   uint4 norm_held[kNormHeld];
   load_norm_weight<In>(p, norm_held);
   stage_input<In>(p, x_shared, &warp_partial[0][0], norm_held);
-  allow_next_kernel();
+  pdl_allow_dependents();
 
   float acc[2] = {0.0f, 0.0f};
   for (int step = 0; step < steps; ++step) {
     if (step + 1 < steps) load_batch<Out, kBatch>(w_next, p, row_of(step + 1), base_of(step + 1), stride);
-    const int base = base_of(step);
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int chunk = base + stride * u;
-      if (chunk < chunks) {
-        const uint4 xv = x_shared[chunk];
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) acc[r] = dot_8(w[r][u], xv, acc[r]);
-      }
-    }
+    accumulate_batch<kRows, kBatch>(acc, w, x_shared, base_of(step), stride, chunks);
     if (step % batches_per_row == batches_per_row - 1) {  // the row is complete
-      const int row = row_of(step);
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) acc[r] = warp_sum(acc[r]);
-      if (split > 1) {  // the parts of the row meet in shared memory
-        if (lane == 0) {
-#pragma unroll
-          for (int r = 0; r < kRows; ++r) warp_partial[warp][r] = acc[r];
-        }
-        __syncthreads();
-        if (part == 0) {
-#pragma unroll
-          for (int r = 0; r < kRows; ++r) {
-            acc[r] = 0.0f;
-            for (int q = 0; q < split; ++q) acc[r] += warp_partial[warp + q][r];
-          }
-        }
-        __syncthreads();
-      }
-      if (row >= 0 && part == 0 && lane == 0) store_output<Out, HasBias>(p, row, acc);
-      acc[0] = acc[1] = 0.0f;
+      finish_row<Out, HasBias>(p, row_of(step), acc, warp_partial, split);
     }
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
@@ -201,7 +148,7 @@ void launch_gemv(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaStream
   const int rows_per_warp = int(std::max<long long>(1, (p.N + unit_slots - 1) / unit_slots));
   const int units_per_block = kWarps / split;
   const int blocks = (p.N + units_per_block * rows_per_warp - 1) / (units_per_block * rows_per_warp);
-  launch(pdl, kernel, dim3(blocks), dim3(kThreads), shared_bytes, stream, p, rows_per_warp, split);
+  launch_kernel(pdl, kernel, dim3(blocks), dim3(kThreads), shared_bytes, stream, p, rows_per_warp, split);
 }
 
 // kBatch: 16-byte loads per lane per row before the first is used. A gate/up pair of
@@ -250,8 +197,8 @@ __global__ void __launch_bounds__(128) decode_rope_append_kernel(
     const float* cos_table,    // (max_positions, D/2)
     const float* sin_table,    // (max_positions, D/2)
     int H, int Hkv, int D, int max_context, int max_positions) {
-  wait_for_previous_kernel();
-  allow_next_kernel();
+  pdl_wait();
+  pdl_allow_dependents();
   const int pos = *d_length;
   const bool valid = pos >= 0 && pos < max_context && pos < max_positions;
   const int half = D / 2;
@@ -281,58 +228,12 @@ __global__ void __launch_bounds__(128) decode_rope_append_kernel(
 
 constexpr int kArgmaxThreads = 1024;
 
-// (value, index) a beats b: larger value, or the same value at a lower index.
-__device__ __forceinline__ bool beats(float a, int ia, float b, int ib) { return a > b || (a == b && ia < ib); }
-
 __global__ void __launch_bounds__(kArgmaxThreads) decode_argmax_kernel(int32_t* token,       // (1)
                                                                        const float* logits,  // (V)
                                                                        int V, int* d_length) {
-  __shared__ float s_value[kArgmaxThreads / 32];
-  __shared__ int s_index[kArgmaxThreads / 32];
-  __shared__ int s_nan;
-  wait_for_previous_kernel();
-  allow_next_kernel();
-  if (threadIdx.x == 0) s_nan = 0;
-  __syncthreads();
-  float best = -INFINITY;
-  int best_index = INT_MAX;
-  bool nan = false;
-  for (int i = threadIdx.x; i < V; i += kArgmaxThreads) {  // increasing i: first maximum wins
-    const float v = logits[i];
-    if (isnan(v)) nan = true;
-    if (v > best || best_index == INT_MAX) {
-      if (!isnan(v)) {
-        best = v;
-        best_index = i;
-      }
-    }
-  }
-  if (nan) s_nan = 1;
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) {
-    const float other = __shfl_xor_sync(0xffffffffu, best, offset);
-    const int other_index = __shfl_xor_sync(0xffffffffu, best_index, offset);
-    if (beats(other, other_index, best, best_index)) {
-      best = other;
-      best_index = other_index;
-    }
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) {
-    s_value[warp] = best;
-    s_index[warp] = best_index;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kArgmaxThreads / 32; ++w) {
-      if (beats(s_value[w], s_index[w], best, best_index)) {
-        best = s_value[w];
-        best_index = s_index[w];
-      }
-    }
-    *token = s_nan || best_index == INT_MAX ? -1 : best_index;
-    if (d_length) *d_length += 1;
-  }
+  pdl_wait();
+  pdl_allow_dependents();
+  block_argmax_commit<kArgmaxThreads>(token, logits, V, d_length);
 }
 
 __global__ void swiglu_rows_kernel(uint4* act,             // (T, F/8)
@@ -376,16 +277,6 @@ unsigned grid_for(size_t work, int threads) {
 
 }  // namespace
 
-bool device_supports_pdl() {
-  static const bool supported = [] {
-    int device = 0, major = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    return major >= 9;
-  }();
-  return supported;
-}
-
 void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, bool pdl, cudaStream_t stream,
                  DecodeGemvKernel kernel) {
   if (p.K <= 0 || p.N <= 0 || p.K % 8 != 0 || p.K > kMaxK || !p.y || !aligned_16(p.x) || !aligned_16(p.W) ||
@@ -426,7 +317,7 @@ void decode_rope_append(__nv_bfloat16* qkv, __nv_bfloat16* k_cache, __nv_bfloat1
                         const RopeTable& table, int H, int Hkv, int max_context, bool pdl, cudaStream_t stream) {
   if (table.D <= 0 || table.cos.size() == 0) throw std::invalid_argument("decode_rope_append: table not built");
   const int threads = (H + Hkv) * (table.D / 2) + Hkv * table.D;
-  launch(pdl, decode_rope_append_kernel, dim3((threads + 127) / 128), dim3(128), 0, stream, qkv, k_cache, v_cache,
+  launch_kernel(pdl, decode_rope_append_kernel, dim3((threads + 127) / 128), dim3(128), 0, stream, qkv, k_cache, v_cache,
          d_length,
          static_cast<const float*>(table.cos.data()), static_cast<const float*>(table.sin.data()), H, Hkv, table.D,
          max_context, table.max_positions);
@@ -434,7 +325,7 @@ void decode_rope_append(__nv_bfloat16* qkv, __nv_bfloat16* k_cache, __nv_bfloat1
 
 void decode_argmax(int32_t* token, const float* logits, int V, int* d_length, bool pdl, cudaStream_t stream) {
   if (V <= 0) throw std::invalid_argument("decode_argmax: V must be positive");
-  launch(pdl, decode_argmax_kernel, dim3(1), dim3(kArgmaxThreads), 0, stream, token, logits, V, d_length);
+  launch_kernel(pdl, decode_argmax_kernel, dim3(1), dim3(kArgmaxThreads), 0, stream, token, logits, V, d_length);
 }
 
 int32_t decode_argmax_cpu(const float* logits, int V) {

@@ -38,6 +38,7 @@
 
 #include <cstdint>
 
+#include "pdl.cuh"  // device_supports_pdl
 #include "rope.cuh"
 
 namespace bielik {
@@ -151,7 +152,5 @@ void swiglu_rows(__nv_bfloat16* act, const __nv_bfloat16* gate_up, int T, int F,
 void split_qkv(__nv_bfloat16* q, __nv_bfloat16* k, __nv_bfloat16* v, const __nv_bfloat16* qkv, int T, int H,
                int Hkv, int D, cudaStream_t stream = 0);
 
-/// True when the current GPU can use programmatic dependent launch (sm_90 and later).
-bool device_supports_pdl();
 
 }  // namespace bielik

@@ -1,6 +1,5 @@
 // The persistent decode step (decode_persistent.cuh): one kernel per token.
 #include <algorithm>
-#include <climits>
 #include <stdexcept>
 #include <string>
 
@@ -91,26 +90,13 @@ __device__ __forceinline__ void gemv_phase(const DecodeGemvParams& p, WeightBatc
       const int next_unit = units.x + (step + 1) / batches_per_unit;
       load_batch<Out, kBatch>(next.w, p, next_unit, ((step + 1) % batches_per_unit) * kBatch * 32 + lane, 32);
     }
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int chunk = base + 32 * u;
-      if (chunk < chunks) {
-        const uint4 xv = x_shared[chunk];
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) acc[r] = dot_8(batch.w[r][u], xv, acc[r]);
-      }
-    }
+    accumulate_batch<kRows, kBatch>(acc, batch.w, x_shared, base, 32, chunks);
     if (step % batches_per_unit == batches_per_unit - 1) {
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) acc[r] = warp_sum(acc[r]);
-      if (lane == 0) {
-        if (p.bias) {
-          store_output<Out, true>(p, unit, acc);
-        } else {
-          store_output<Out, false>(p, unit, acc);
-        }
+      if (p.bias) {
+        finish_row<Out, true>(p, unit, acc, nullptr, 1);
+      } else {
+        finish_row<Out, false>(p, unit, acc, nullptr, 1);
       }
-      acc[0] = acc[1] = 0.0f;
     }
     batch = next;
   }
@@ -179,54 +165,6 @@ __device__ __forceinline__ void merge_splits(const PersistentStep& p) {
       p.attn[size_t(h) * D + d] = __float2bfloat16(a * s_inverse);
     }
     __syncthreads();
-  }
-}
-
-// --- the step's end: argmax on block 0 --------------------------------------------------
-__device__ __forceinline__ bool beats(float a, int ia, float b, int ib) { return a > b || (a == b && ia < ib); }
-
-__device__ __forceinline__ void argmax_and_commit(const PersistentStep& p) {
-  __shared__ float s_value[kWarps];
-  __shared__ int s_index[kWarps];
-  __shared__ int s_nan;
-  if (threadIdx.x == 0) s_nan = 0;
-  __syncthreads();
-  float best = -INFINITY;
-  int best_index = INT_MAX;
-  bool nan = false;
-  for (int i = threadIdx.x; i < p.V; i += kThreads) {
-    const float v = __ldcg(p.logits + i);
-    if (isnan(v)) {
-      nan = true;
-    } else if (v > best || best_index == INT_MAX) {
-      best = v;
-      best_index = i;
-    }
-  }
-  if (nan) s_nan = 1;
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) {
-    const float other = __shfl_xor_sync(0xffffffffu, best, offset);
-    const int other_index = __shfl_xor_sync(0xffffffffu, best_index, offset);
-    if (beats(other, other_index, best, best_index)) {
-      best = other;
-      best_index = other_index;
-    }
-  }
-  if (threadIdx.x % 32 == 0) {
-    s_value[threadIdx.x / 32] = best;
-    s_index[threadIdx.x / 32] = best_index;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kWarps; ++w) {
-      if (beats(s_value[w], s_index[w], best, best_index)) {
-        best = s_value[w];
-        best_index = s_index[w];
-      }
-    }
-    *p.token = s_nan || best_index == INT_MAX ? -1 : best_index;
-    *p.d_length += 1;
   }
 }
 
@@ -302,7 +240,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) decode_step_persistent
   prefetch_first_batch(head_batch, head);
   gemv_phase<GemvInput::kRmsNorm, GemvOutput::kF32, 8>(head, head_batch, x_shared, scratch);
   grid_barrier(p.barrier);
-  if (blockIdx.x == 0) argmax_and_commit(p);
+  if (blockIdx.x == 0) block_argmax_commit<kThreads>(p.token, p.logits, p.V, p.d_length);
 }
 
 using StepKernel = void (*)(PersistentStep);
