@@ -9,12 +9,14 @@
 //    of 16, 128, 512 and 2048 tokens, each run from an empty cache;
 //  * decode tokens/s over 256 greedy tokens (EOS ignored) through the CUDA graph, all
 //    steps queued back to back (generate_greedy); also with a host round trip per token,
-//    without PDL, and without the graph, to show what each of those is worth;
+//    without PDL, and without the graph, to show what each of those is worth, and with
+//    other GEMV occupancies and L2 prefetch plans (the last row: the default);
 //  * weight bytes read per token / time, against the copy bandwidth;
 //  * GPU memory used by the model (cudaMemGetInfo) against weights + KV cache;
 //  * one decode step kernel by kernel: the step launched eagerly (no graph, no PDL) with
 //    an event after each kernel class, summed over the layers. The sum is larger than the
-//    graph's step: it pays every launch and drain that the graph and PDL hide.
+//    graph's step: it pays every launch and drain that the graph and PDL hide;
+//  * one 512-token prefill kernel by kernel, the same way.
 // Writes JSON for scripts/make_bench_report.py and prints the tables.
 #include <algorithm>
 #include <chrono>
@@ -170,6 +172,51 @@ int main(int argc, char** argv) {
       prefill_table.add_row({std::to_string(n), fmt(ms, 3), fmt(n / (ms * 1e-3), 0), fmt(tflop_per_s(flops, ms), 1)});
     }
 
+    // --- one 512-token prefill, kernel by kernel (events between the kernel classes) ---
+    std::map<std::string, double> prefill_class_ms;
+    std::vector<std::string> prefill_order;
+    const int probed_prompt = std::min(512, model->context_size());
+    for (int run = 0; run < 4; ++run) {  // run 0 warms up
+      const std::vector<int32_t> prompt = random_prompt(probed_prompt, V, 11);
+      model->reset();
+      cudaStream_t s = model->stream();
+      std::vector<std::pair<std::string, cudaEvent_t>> marks;
+      cudaEvent_t start;
+      CUDA_CHECK(cudaEventCreate(&start));
+      hold_gpu_kernel<<<1, 1, 0, s>>>(40'000'000);  // ~20 ms: the host queues the whole pass meanwhile
+      CUDA_CHECK_LAUNCH();
+      CUDA_CHECK(cudaEventRecord(start, s));
+      model->prefill_probed(prompt, [&](const char* name) {
+        cudaEvent_t e;
+        CUDA_CHECK(cudaEventCreate(&e));
+        CUDA_CHECK(cudaEventRecord(e, s));
+        marks.push_back({name, e});
+      });
+      cudaEvent_t previous = start;
+      for (auto& [name, e] : marks) {
+        float ms = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, previous, e));
+        if (run > 0) {
+          if (!prefill_class_ms.count(name)) prefill_order.push_back(name);
+          prefill_class_ms[name] += ms / 3;
+        }
+        previous = e;
+      }
+      for (auto& mark : marks) CUDA_CHECK(cudaEventDestroy(mark.second));
+      CUDA_CHECK(cudaEventDestroy(start));
+    }
+    BenchTable prefill_step_table("model_prefill_step",
+                                  {"kernel (x layers), " + std::to_string(probed_prompt) + " tokens", "us",
+                                   "% of the pass"});
+    nlohmann::json prefill_breakdown = nlohmann::json::array();
+    double prefill_pass_us = 0;
+    for (const std::string& name : prefill_order) prefill_pass_us += prefill_class_ms[name] * 1e3;
+    for (const std::string& name : prefill_order) {
+      const double us = prefill_class_ms[name] * 1e3;
+      prefill_breakdown.push_back({{"kernel", name}, {"us", us}});
+      prefill_step_table.add_row({name, fmt(us, 1), fmt(100 * us / prefill_pass_us, 1)});
+    }
+
     // --- decode ---
     const int tokens = std::min(args.decode_tokens, model->context_size() - 16);
     const double tok_s = decode_tokens_per_s(*model, tokens, 5, false);
@@ -272,6 +319,41 @@ int main(int argc, char** argv) {
       occupancy_sweep.push_back({{"small_blocks_per_sm", small}, {"large_blocks_per_sm", large}, {"tok_s", rate}});
     }
 
+    // --- L2 prefetch plans: the small kernels fetch the big ones' weights into L2 ---
+    using Plan = CudaModelOptions::L2PrefetchPlan;
+    auto plan = [](bool o, double gu_qkv, double gu_o, double down, bool next_qkv) {
+      Plan p;
+      p.o_after_qkv = o;
+      p.gate_up_after_qkv = gu_qkv;
+      p.gate_up_after_o = gu_o;
+      p.down_after_gate_up = down;
+      p.next_qkv_after_down = next_qkv;
+      return p;
+    };
+    BenchTable prefetch_table("model_decode_l2_prefetch",
+                              {"W_o at QKV end", "gate/up at QKV end", "gate/up at O end", "down at gate/up end",
+                               "next W_qkv at down end", "tokens/s", "ms/token", "vs default"});
+    nlohmann::json prefetch_sweep = nlohmann::json::array();
+    const Plan default_plan = options.l2_prefetch;
+    for (const Plan& candidate :
+         {plan(false, 0, 0, 0, false), plan(true, 0, 0, 0, false), plan(true, 0.25, 0, 0, false),
+          plan(true, 0.25, 0.25, 0, false), plan(true, 0.375, 0.375, 0, false), plan(true, 0.5, 0.25, 0, false),
+          plan(true, 0.25, 0.25, 0.25, false), plan(true, 0.25, 0.25, 0, true), plan(true, 0.25, 0.25, 0.25, true),
+          default_plan}) {
+      const double rate = variant([&](CudaModelOptions& o) { o.l2_prefetch = candidate; });
+      auto yes_no = [](bool b) { return std::string(b ? "yes" : "no"); };
+      prefetch_table.add_row({yes_no(candidate.o_after_qkv), fmt(candidate.gate_up_after_qkv, 3),
+                              fmt(candidate.gate_up_after_o, 3), fmt(candidate.down_after_gate_up, 3),
+                              yes_no(candidate.next_qkv_after_down), fmt(rate, 0), fmt(1000.0 / rate, 3),
+                              fmt(rate / tok_s, 2) + "x"});
+      prefetch_sweep.push_back({{"o_after_qkv", candidate.o_after_qkv},
+                                {"gate_up_after_qkv", candidate.gate_up_after_qkv},
+                                {"gate_up_after_o", candidate.gate_up_after_o},
+                                {"down_after_gate_up", candidate.down_after_gate_up},
+                                {"next_qkv_after_down", candidate.next_qkv_after_down},
+                                {"tok_s", rate}});
+    }
+
     BenchTable decode_table("model_decode", {"decode path", "tokens/s", "ms/token", "GB/s", "% of copy BW"});
     auto decode_row = [&](const std::string& label, double rate) {
       const double gbs = gb_per_s(bytes_per_token, 1000.0 / rate);
@@ -289,9 +371,12 @@ int main(int argc, char** argv) {
                 copy_gbs, weights_gb, double(bytes_per_token) / 1e9, kv_gb, scratch_gb, peak_gb,
                 100.0 * (peak_gb / (weights_gb + kv_gb) - 1.0));
     prefill_table.print();
+    prefill_step_table.print();
+    std::printf("prefill pass (sum of the table) %.1f us\n", prefill_pass_us);
     decode_table.print();
     step_table.print();
     occupancy_table.print();
+    prefetch_table.print();
     std::printf("eager step (sum of the table) %.1f us vs the graph's %.1f us per token\n", eager_step_us,
                 ms_per_token * 1e3);
     std::fflush(stdout);
@@ -341,11 +426,14 @@ int main(int argc, char** argv) {
         {"decode_no_pdl_tok_s", no_pdl_tok_s},
         {"decode_no_graph_tok_s", eager_tok_s},
         {"decode_gemv_blocks_per_sm_sweep", occupancy_sweep},
+        {"decode_l2_prefetch_sweep", prefetch_sweep},
         {"decode_persistent_tok_s", {{"1", persistent_tok_s[1]}, {"2", persistent_tok_s[2]}}},
         {"eager_step_us", eager_step_us},
         {"peak_memory_gb", peak_gb},
         {"load_s", load_s},
         {"breakdown", breakdown},
+        {"prefill_breakdown", prefill_breakdown},
+        {"prefill_breakdown_tokens", probed_prompt},
     };
     const std::filesystem::path out_path(args.out);
     if (out_path.has_parent_path()) std::filesystem::create_directories(out_path.parent_path());

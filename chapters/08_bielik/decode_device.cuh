@@ -29,6 +29,34 @@ __device__ __forceinline__ uint4 load_streaming(const void* p) {
   return v;
 }
 
+/// Asks the memory system to bring `bytes` (a multiple of 16, 16-byte aligned) into L2,
+/// and returns at once: nothing waits for it, nothing depends on it. Hopper has one
+/// instruction for a whole range (the bulk-copy engine's prefetch); older GPUs take one
+/// prefetch per 128-byte line.
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#else
+  for (uint32_t b = 0; b < bytes; b += 128) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(p) + b));
+  }
+#endif
+}
+
+/// Every thread of the grid takes some rows of each region (L2Prefetch): with ~100k
+/// threads and a few thousand rows, one instruction per thread at most.
+__device__ __forceinline__ void issue_l2_prefetches(const DecodeGemvParams& p) {
+  const int thread = blockIdx.x * blockDim.x + threadIdx.x, threads = gridDim.x * blockDim.x;
+#pragma unroll
+  for (int i = 0; i < kMaxL2Prefetches; ++i) {
+    const L2Prefetch& region = p.prefetch[i];
+    for (int row = thread; row < region.rows; row += threads) {
+      prefetch_l2(static_cast<const char*>(region.base) + size_t(row) * region.row_bytes + region.offset,
+                  uint32_t(region.bytes));
+    }
+  }
+}
+
 // A bf16 is the top half of an fp32: widening is a shift or a mask.
 __device__ __forceinline__ float low_bf16(uint32_t word) { return __uint_as_float(word << 16); }
 __device__ __forceinline__ float high_bf16(uint32_t word) { return __uint_as_float(word & 0xffff0000u); }

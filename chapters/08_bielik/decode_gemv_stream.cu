@@ -127,6 +127,7 @@ __global__ void __launch_bounds__(kThreads)
       store_output<Out, HasBias>(p, row, total);
     }
   }
+  issue_l2_prefetches(p);
 }
 
 template <GemvInput In, GemvOutput Out, bool HasBias>

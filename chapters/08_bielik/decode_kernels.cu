@@ -70,6 +70,8 @@ __global__ void __launch_bounds__(kThreads, 3)
     loaded = false;
     finish_row<Out, HasBias>(p, valid ? row : -1, acc, warp_partial, split);
   }
+  // 4. This block's loads are done: the memory system may start on a later kernel's weights.
+  issue_l2_prefetches(p);
 }
 
 // The same work layout, software-pipelined: a warp's work is a flat sequence of steps
@@ -118,6 +120,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int u = 0; u < kBatch; ++u) w[r][u] = w_next[r][u];
     }
   }
+  issue_l2_prefetches(p);
 }
 
 
@@ -284,6 +287,18 @@ void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, 
     throw std::invalid_argument("decode_gemv: needs 0 < K <= " + std::to_string(kMaxK) +
                                 ", K % 8 == 0, N > 0 and 16-byte aligned x, W (and norm weight); got N=" +
                                 std::to_string(p.N) + " K=" + std::to_string(p.K));
+  }
+  for (const L2Prefetch& region : p.prefetch) {
+    if (region.rows == 0) continue;
+    if (region.rows < 0 || !aligned_16(region.base) || region.row_bytes % 16 != 0 || region.offset % 16 != 0 ||
+        region.bytes <= 0 || region.bytes % 16 != 0 || region.offset < 0 ||
+        (region.rows > 1 && region.offset + region.bytes > region.row_bytes)) {
+      throw std::invalid_argument("decode_gemv: an L2 prefetch region needs a 16-byte aligned base, multiples of 16 "
+                                  "for row_bytes, offset and bytes (> 0) and a slice inside its row; got rows=" +
+                                  std::to_string(region.rows) + " row_bytes=" + std::to_string(region.row_bytes) +
+                                  " offset=" + std::to_string(region.offset) + " bytes=" +
+                                  std::to_string(region.bytes));
+    }
   }
   if (output == GemvOutput::kRopeAppend) {
     const RopeAppendTarget& t = p.rope;

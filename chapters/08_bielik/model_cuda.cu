@@ -60,6 +60,14 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
       options_(options),
       kv_(config_.num_hidden_layers, config_.num_key_value_heads, config_.head_dim,
           context_length_of(config_, options.max_context)) {
+  {
+    const CudaModelOptions::L2PrefetchPlan& plan = options_.l2_prefetch;
+    auto fraction = [](double f) { return f >= 0.0 && f <= 1.0; };
+    if (!fraction(plan.gate_up_after_qkv) || !fraction(plan.gate_up_after_o) ||
+        !fraction(plan.gate_up_after_qkv + plan.gate_up_after_o) || !fraction(plan.down_after_gate_up)) {
+      throw std::invalid_argument("l2_prefetch: fractions must lie in [0, 1] (gate/up's two slices together too)");
+    }
+  }
   if (options_.prefill_chunk < 1) {
     throw std::invalid_argument("prefill_chunk must be >= 1, got " + std::to_string(options_.prefill_chunk));
   }
@@ -361,7 +369,23 @@ std::vector<float> CudaModel::prefill(const std::vector<int32_t>& tokens, Logits
   return logits;
 }
 
-void CudaModel::forward_chunk(const int32_t* tokens, int T, bool all_logits, float* logits) {
+void CudaModel::prefill_probed(const std::vector<int32_t>& tokens,
+                               const std::function<void(const char*)>& after_kernel) {
+  if (tokens.empty() || tokens.size() > size_t(std::min(options_.prefill_chunk, kv_.max_context()))) {
+    throw std::invalid_argument("prefill_probed: needs 1 to prefill_chunk tokens, got " +
+                                std::to_string(tokens.size()));
+  }
+  check_fits(tokens.size(), "prompt");
+  for (int32_t token : tokens) check_token(token);
+  std::vector<float> logits(static_cast<size_t>(V_));
+  forward_chunk(tokens.data(), int(tokens.size()), false, logits.data(), &after_kernel);
+}
+
+void CudaModel::forward_chunk(const int32_t* tokens, int T, bool all_logits, float* logits,
+                              const std::function<void(const char*)>* after) {
+  auto done = [&](const char* name) {
+    if (after) (*after)(name);
+  };
   cudaStream_t s = stream_;
   const int P = kv_.length();
   const int context = kv_.max_context();
@@ -371,6 +395,7 @@ void CudaModel::forward_chunk(const int32_t* tokens, int T, bool all_logits, flo
   CUDA_CHECK(cudaMemcpyAsync(p_tokens_.data(), tokens, size_t(T) * sizeof(int32_t), cudaMemcpyHostToDevice, s));
   rope_positions_from_offset(p_positions_.data(), T, P, s);
   embedding_forward(p_x_.data(), embed_, p_tokens_.data(), T, C_, V_, nullptr, s);
+  done("embedding");
 
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
@@ -380,10 +405,13 @@ void CudaModel::forward_chunk(const int32_t* tokens, int T, bool all_logits, flo
     } else {
       fused_residual_rmsnorm_forward(p_h_.data(), p_x_.data(), p_proj_.data(), L.input_norm, T, C_, eps, s);
     }
+    done("norm");
     matmul_forward(p_qkv_.data(), p_h_.data(), L.w_qkv, L.b_qkv, T, C_, QKV_, s);
+    done("qkv_gemm");
     split_qkv(p_q_.data(), p_k_.data(), p_v_.data(), p_qkv_.data(), T, H_, Hkv_, D_, s);
     rope_forward(p_q_.data(), p_k_.data(), p_positions_.data(), T, H_, Hkv_, rope_, s);
     kv_.append(int(l), p_k_.data(), p_v_.data(), T, s);
+    done("split_rope_append");
     if (P == 0) {
       attention_forward(p_attn_.data(), p_q_.data(), p_k_.data(), p_v_.data(), T, T, H_, Hkv_, D_, s);
     } else {
@@ -392,15 +420,21 @@ void CudaModel::forward_chunk(const int32_t* tokens, int T, bool all_logits, flo
       attention_forward(p_attn_.data(), p_q_.data(), p_k_gathered_.data(), p_v_gathered_.data(), T, P + T, H_,
                         Hkv_, D_, s);
     }
+    done("attention");
     matmul_forward(p_proj_.data(), p_attn_.data(), L.w_o, L.b_o, T, HD, C_, s);
+    done("o_gemm");
     fused_residual_rmsnorm_forward(p_h_.data(), p_x_.data(), p_proj_.data(), L.post_norm, T, C_, eps, s);
+    done("norm");
     // Gate and up as ONE GEMM over the concatenated (2F, C) weights, then the activation.
     // (Chapter 06 measured its fused tensor-core SwiGLU at half of cuBLASLt's speed at
     // prefill sizes and routes T >= 5 to cuBLASLt + elementwise itself: this is that,
     // in one GEMM instead of two and without its on-demand scratch buffers.)
     matmul_forward(p_gate_up_.data(), p_h_.data(), L.w_gate_up, L.b_gate_up, T, C_, 2 * F_, s);
+    done("gate_up_gemm");
     swiglu_rows(p_act_.data(), p_gate_up_.data(), T, F_, s);
+    done("swiglu");
     matmul_forward(p_proj_.data(), p_act_.data(), L.w_down, L.b_down, T, F_, C_, s);
+    done("down_gemm");
   }
   kv_.commit(T, s);
 
@@ -430,6 +464,7 @@ void CudaModel::forward_chunk(const int32_t* tokens, int T, bool all_logits, flo
       head.N = V_;
       head.K = C_;
       decode_gemv(GemvInput::kPlain, GemvOutput::kF32, head, false, s);
+      done("final_norm_lm_head");
       CUDA_CHECK(cudaMemcpyAsync(h_logits_.get(), d_logits_.data(), V * sizeof(float), cudaMemcpyDeviceToHost, s));
       CUDA_CHECK(cudaStreamSynchronize(s));
       std::memcpy(logits, h_logits_.get(), V * sizeof(float));
@@ -437,6 +472,20 @@ void CudaModel::forward_chunk(const int32_t* tokens, int T, bool all_logits, flo
   }
   CUDA_CHECK(cudaStreamSynchronize(s));
 }
+
+namespace {
+
+// Bytes [begin, end) (fractions, rounded down to 16 bytes) of every row of a (rows, K)
+// bf16 matrix, as an L2 prefetch region; empty when the slice is.
+L2Prefetch row_slice(const __nv_bfloat16* W, int rows, int K, double begin, double end) {
+  const int row_bytes = K * int(sizeof(__nv_bfloat16));
+  const int first = int(begin * row_bytes) / 16 * 16;
+  const int last = std::min(row_bytes, int(end * row_bytes) / 16 * 16);
+  if (last <= first) return {};
+  return L2Prefetch{W, rows, row_bytes, first, last - first};
+}
+
+}  // namespace
 
 void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::function<void(const char*)>* after) {
   auto done = [&](const char* name) {
@@ -456,6 +505,10 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     qkv.rope = RopeAppendTarget{kv_.k(int(l)), kv_.v(int(l)), d_length, rope_.cos.data(), rope_.sin.data(),
                                 H_, Hkv_, D_, context, rope_.max_positions};
     qkv.max_blocks_per_sm = options_.small_gemv_blocks_per_sm;
+    const CudaModelOptions::L2PrefetchPlan& plan = options_.l2_prefetch;
+    const double gate_up_split = plan.gate_up_after_qkv;  // where the O GEMV's slice begins
+    if (plan.o_after_qkv) qkv.prefetch[0] = row_slice(L.w_o, C_, H_ * D_, 0.0, 1.0);
+    qkv.prefetch[1] = row_slice(L.w_gate_up, 2 * F_, C_, 0.0, gate_up_split);
     decode_gemv(GemvInput::kRmsNorm, GemvOutput::kRopeAppend, qkv, pdl, s);
     done("qkv_rope_append");
     decode_attention_v3_pipelined_device_length(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)),
@@ -464,14 +517,19 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     done("attention");
     DecodeGemvParams o{d_x_.data(), d_attn_.data(), nullptr, L.w_o, L.b_o, C_, H_ * D_, eps};
     o.max_blocks_per_sm = options_.small_gemv_blocks_per_sm;
+    o.prefetch[0] = row_slice(L.w_gate_up, 2 * F_, C_, gate_up_split, gate_up_split + plan.gate_up_after_o);
     decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, o, pdl, s);
     done("o_proj");
     DecodeGemvParams gate_up{d_act_.data(), d_x_.data(), L.post_norm, L.w_gate_up, L.b_gate_up, F_, C_, eps};
     gate_up.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
+    gate_up.prefetch[0] = row_slice(L.w_down, C_, F_, 0.0, plan.down_after_gate_up);
     decode_gemv(GemvInput::kRmsNorm, GemvOutput::kSwiGLU, gate_up, pdl, s);
     done("gate_up_swiglu");
     DecodeGemvParams down{d_x_.data(), d_act_.data(), nullptr, L.w_down, L.b_down, C_, F_, eps};
     down.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
+    if (plan.next_qkv_after_down && l + 1 < layers_.size()) {
+      down.prefetch[0] = row_slice(layers_[l + 1].w_qkv, QKV_, C_, 0.0, 1.0);
+    }
     decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, down, pdl, s);
     done("down");
   }

@@ -63,6 +63,16 @@ struct CudaModelOptions {
   /// overlap this kernel (bench_model sweeps these).
   int small_gemv_blocks_per_sm = 0;
   int large_gemv_blocks_per_sm = 0;
+  /// L2 prefetch in the decode step (decode_kernels.cuh, L2Prefetch says why): what a
+  /// GEMV, once its own rows are done, asks L2 to fetch for a later kernel of the step.
+  /// Fractions are of every row of the matrix fetched (bench_model sweeps these).
+  struct L2PrefetchPlan {
+    bool o_after_qkv = false;        ///< all of W_o, when the QKV GEMV ends
+    double gate_up_after_qkv = 0.0;  ///< the first slice of each gate/up row, when the QKV GEMV ends
+    double gate_up_after_o = 0.0;    ///< the next slice of each gate/up row, when the O GEMV ends
+    double down_after_gate_up = 0.0; ///< the first slice of each down row, when gate/up ends
+    bool next_qkv_after_down = false;  ///< the next layer's W_qkv, when the down GEMV ends
+  } l2_prefetch;
   /// Decode with ONE persistent kernel per token (decode_persistent.cuh) instead of the
   /// graph of per-projection kernels; needs cooperative launch. An experiment: off unless
   /// asked for (bench_model measures both).
@@ -105,6 +115,12 @@ class CudaModel final : public Backend {
   /// "lm_head", "argmax"): the benchmark records an event there. Advances position().
   void decode_probed(int32_t token, const std::function<void(const char*)>& after_kernel);
 
+  /// prefill(tokens) (last logits) with `after_kernel(name)` called on the host after each
+  /// kernel class of the forward pass is enqueued ("embedding", "norm", "qkv_gemm",
+  /// "split_rope_append", "attention", "o_gemm", "gate_up_gemm", "swiglu", "down_gemm",
+  /// "final_norm_lm_head"): the benchmark's per-kernel TTFT breakdown. tokens.size() must fit one chunk.
+  void prefill_probed(const std::vector<int32_t>& tokens, const std::function<void(const char*)>& after_kernel);
+
   /// The stream every kernel of this model runs on.
   cudaStream_t stream() const { return stream_; }
   /// Device bytes of the weights (all tensors, the embedding table included).
@@ -135,7 +151,8 @@ class CudaModel final : public Backend {
   void check_token(int32_t token) const;
   // Runs T <= prefill_chunk tokens at positions position()..+T-1 and commits them;
   // writes (T, V) logits when all_logits, the last token's (V) when `logits` is set.
-  void forward_chunk(const int32_t* tokens, int T, bool all_logits, float* logits);
+  void forward_chunk(const int32_t* tokens, int T, bool all_logits, float* logits,
+                     const std::function<void(const char*)>* after = nullptr);
   // Enqueues one decode step on `stream`: reads d_token_ and the device KV length, writes
   // logits_ and d_token_ (the argmax), advances the device length.
   void enqueue_decode_step(cudaStream_t stream, bool pdl, const std::function<void(const char*)>* after_kernel);
