@@ -331,8 +331,8 @@ int main(int argc, char** argv) {
       return p;
     };
     BenchTable prefetch_table("model_decode_l2_prefetch",
-                              {"W_o at QKV end", "gate/up at QKV end", "gate/up at O end", "down at gate/up end",
-                               "next W_qkv at down end", "tokens/s", "ms/token", "vs default"});
+                              {"W_o by QKV", "gate/up by QKV", "gate/up by O", "down by gate/up",
+                               "next W_qkv by down", "tokens/s", "ms/token", "vs default"});
     nlohmann::json prefetch_sweep = nlohmann::json::array();
     const Plan default_plan = options.l2_prefetch;
     for (const Plan& candidate :

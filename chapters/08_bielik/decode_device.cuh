@@ -29,30 +29,25 @@ __device__ __forceinline__ uint4 load_streaming(const void* p) {
   return v;
 }
 
-/// Asks the memory system to bring `bytes` (a multiple of 16, 16-byte aligned) into L2,
-/// and returns at once: nothing waits for it, nothing depends on it. Hopper has one
-/// instruction for a whole range (the bulk-copy engine's prefetch); older GPUs take one
-/// prefetch per 128-byte line.
-__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#else
-  for (uint32_t b = 0; b < bytes; b += 128) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(p) + b));
-  }
-#endif
+/// Asks the memory system to bring the 128-byte line at p into L2, and returns at once:
+/// nothing waits for it, nothing depends on it.
+__device__ __forceinline__ void prefetch_l2_line(const void* p) {
+  asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(p));
 }
 
-/// Every thread of the grid takes some rows of each region (L2Prefetch): with ~100k
-/// threads and a few thousand rows, one instruction per thread at most.
+/// Every thread of the grid takes some 128-byte lines of each region (L2Prefetch): with
+/// ~30-100k threads and ~100k lines, a few prefetch instructions per thread.
 __device__ __forceinline__ void issue_l2_prefetches(const DecodeGemvParams& p) {
   const int thread = blockIdx.x * blockDim.x + threadIdx.x, threads = gridDim.x * blockDim.x;
 #pragma unroll
   for (int i = 0; i < kMaxL2Prefetches; ++i) {
     const L2Prefetch& region = p.prefetch[i];
-    for (int row = thread; row < region.rows; row += threads) {
-      prefetch_l2(static_cast<const char*>(region.base) + size_t(row) * region.row_bytes + region.offset,
-                  uint32_t(region.bytes));
+    const int lines_per_row = (region.bytes + 127) / 128;
+    const long long lines = (long long)region.rows * lines_per_row;
+    for (long long line = thread; line < lines; line += threads) {
+      const int row = int(line / lines_per_row), in_row = int(line % lines_per_row) * 128;
+      prefetch_l2_line(static_cast<const char*>(region.base) + size_t(row) * region.row_bytes + region.offset +
+                       in_row);
     }
   }
 }

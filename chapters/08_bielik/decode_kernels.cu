@@ -1,4 +1,4 @@
-// The fused decode kernels (decode_kernels.cuh) and the prefill helpers.
+// The fused decode kernels (decode_kernels.cuh).
 //
 // decode_gemv is chapter 03's GEMV idea (a warp streams a weight row with 16-byte
 // loads, several in flight) with three things added for the decode step:
@@ -45,11 +45,13 @@ __global__ void __launch_bounds__(kThreads, 3)
   const int base_first = part * 32 + lane, stride = 32 * split;
 
   // 1. Weights first (the first batch of the first row, the norm weight): no kernel
-  //    writes them, so they are loaded while the previous kernel may still run.
+  //    writes them, so they are loaded while the previous kernel may still run. Then
+  //    the L2 prefetches for later kernels (L2Prefetch), behind our own loads.
   uint4 w[kRows][kBatch];
   load_batch<Out, kBatch>(w, p, first < p.N ? first : -1, base_first, stride);
   uint4 norm_held[kNormHeld];
   load_norm_weight<In>(p, norm_held);
+  issue_l2_prefetches(p);
 
   // 2. Every block waits, then stages the input vector (normalized for kRmsNorm).
   stage_input<In>(p, x_shared, &warp_partial[0][0], norm_held);
@@ -70,8 +72,6 @@ __global__ void __launch_bounds__(kThreads, 3)
     loaded = false;
     finish_row<Out, HasBias>(p, valid ? row : -1, acc, warp_partial, split);
   }
-  // 4. This block's loads are done: the memory system may start on a later kernel's weights.
-  issue_l2_prefetches(p);
 }
 
 // The same work layout, software-pipelined: a warp's work is a flat sequence of steps
@@ -104,6 +104,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   load_batch<Out, kBatch>(w, p, row_of(0), base_of(0), stride);  // before the PDL wait
   uint4 norm_held[kNormHeld];
   load_norm_weight<In>(p, norm_held);
+  issue_l2_prefetches(p);
   stage_input<In>(p, x_shared, &warp_partial[0][0], norm_held);
   pdl_allow_dependents();
 
@@ -120,7 +121,6 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int u = 0; u < kBatch; ++u) w[r][u] = w_next[r][u];
     }
   }
-  issue_l2_prefetches(p);
 }
 
 
@@ -239,45 +239,6 @@ __global__ void __launch_bounds__(kArgmaxThreads) decode_argmax_kernel(int32_t* 
   block_argmax_commit<kArgmaxThreads>(token, logits, V, d_length);
 }
 
-__global__ void swiglu_rows_kernel(uint4* act,             // (T, F/8)
-                                   const uint4* gate_up,   // (T, 2F/8)
-                                   int T, int vectors_per_row) {
-  const size_t total = size_t(T) * vectors_per_row;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total; i += size_t(gridDim.x) * blockDim.x) {
-    const size_t t = i / vectors_per_row, c = i % vectors_per_row;
-    float g[8], u[8], out[8];
-    unpack_8(g, gate_up[t * 2 * vectors_per_row + c]);
-    unpack_8(u, gate_up[t * 2 * vectors_per_row + vectors_per_row + c]);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) out[j] = silu(g[j]) * u[j];
-    act[i] = pack_8(out);
-  }
-}
-
-__global__ void split_qkv_kernel(uint4* q, uint4* k, uint4* v,  // (T, H*D/8) (T, Hkv*D/8) (T, Hkv*D/8)
-                                 const uint4* qkv,              // (T, (H + 2 Hkv) D / 8)
-                                 int T, int q_vectors, int kv_vectors) {
-  const int row = q_vectors + 2 * kv_vectors;
-  const size_t total = size_t(T) * row;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total; i += size_t(gridDim.x) * blockDim.x) {
-    const size_t t = i / row;
-    const int c = int(i % row);
-    const uint4 value = qkv[i];
-    if (c < q_vectors) {
-      q[t * q_vectors + c] = value;
-    } else if (c < q_vectors + kv_vectors) {
-      k[t * kv_vectors + (c - q_vectors)] = value;
-    } else {
-      v[t * kv_vectors + (c - q_vectors - kv_vectors)] = value;
-    }
-  }
-}
-
-unsigned grid_for(size_t work, int threads) {
-  const size_t cap = size_t(multiprocessor_count()) * 8;
-  return unsigned(std::max<size_t>(1, std::min((work + threads - 1) / threads, cap)));
-}
-
 }  // namespace
 
 void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, bool pdl, cudaStream_t stream,
@@ -350,30 +311,6 @@ int32_t decode_argmax_cpu(const float* logits, int V) {
     if (best < 0 || logits[i] > logits[best]) best = i;
   }
   return best;
-}
-
-void swiglu_rows(__nv_bfloat16* act, const __nv_bfloat16* gate_up, int T, int F, cudaStream_t stream) {
-  if (F % 8 != 0 || !aligned_16(act) || !aligned_16(gate_up)) {
-    throw std::invalid_argument("swiglu_rows: needs F % 8 == 0 and 16-byte aligned pointers, F=" + std::to_string(F));
-  }
-  if (T <= 0) return;
-  const size_t work = size_t(T) * (F / 8);
-  swiglu_rows_kernel<<<grid_for(work, 256), 256, 0, stream>>>(reinterpret_cast<uint4*>(act),
-                                                              reinterpret_cast<const uint4*>(gate_up), T, F / 8);
-  CUDA_CHECK_LAUNCH();
-}
-
-void split_qkv(__nv_bfloat16* q, __nv_bfloat16* k, __nv_bfloat16* v, const __nv_bfloat16* qkv, int T, int H,
-               int Hkv, int D, cudaStream_t stream) {
-  if (D % 8 != 0 || !aligned_16(q) || !aligned_16(k) || !aligned_16(v) || !aligned_16(qkv)) {
-    throw std::invalid_argument("split_qkv: needs D % 8 == 0 and 16-byte aligned pointers, D=" + std::to_string(D));
-  }
-  if (T <= 0) return;
-  const size_t work = size_t(T) * (H + 2 * Hkv) * (D / 8);
-  split_qkv_kernel<<<grid_for(work, 256), 256, 0, stream>>>(
-      reinterpret_cast<uint4*>(q), reinterpret_cast<uint4*>(k), reinterpret_cast<uint4*>(v),
-      reinterpret_cast<const uint4*>(qkv), T, H * D / 8, Hkv * D / 8);
-  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace bielik

@@ -1,6 +1,6 @@
 /// @file decode_kernels.cuh
-/// @brief Chapter 08: the fused kernels of the CUDA backend's decode step, and two small
-/// helpers of its prefill.
+/// @brief Chapter 08: the fused kernels of the CUDA backend's decode step (the prefill's
+/// helpers are in prefill_kernels.cuh).
 ///
 /// A decode step (T = 1) reads every weight once and does 2 FLOPs per weight, so its time
 /// is (bytes of weights) / (memory bandwidth) plus whatever lies between the kernels. At
@@ -107,7 +107,7 @@ struct DecodeGemvParams {
   float eps = 0;           ///< kRmsNorm epsilon
   RopeAppendTarget rope;   ///< kRopeAppend only
   int max_blocks_per_sm = 0;  ///< register kernels: cap on resident blocks per SM (0: occupancy)
-  /// Issued by every block once its own rows are done (L2Prefetch says why).
+  /// Issued by every block at its start, after its first own loads (L2Prefetch says why).
   L2Prefetch prefetch[kMaxL2Prefetches];
 };
 
@@ -161,18 +161,5 @@ void decode_argmax(int32_t* token, const float* logits, int V, int* d_length, bo
 
 /// Plain C++ reference of decode_argmax: -1 when a value is NaN.
 int32_t decode_argmax_cpu(const float* logits, int V);
-
-/// Prefill: act[t, f] = bf16(silu(gate_up[t, f]) * gate_up[t, F + f]), the SwiGLU of one
-/// GEMM's output over the concatenated gate and up weights. Needs F % 8 == 0.
-/// @param act     (T, F)
-/// @param gate_up (T, 2F)
-void swiglu_rows(__nv_bfloat16* act, const __nv_bfloat16* gate_up, int T, int F, cudaStream_t stream = 0);
-
-/// Prefill: splits the fused QKV projection (T, (H + 2 Hkv) D) into token-major q (T, H, D),
-/// k (T, Hkv, D) and v (T, Hkv, D), the layouts RoPE, the cache and attention read.
-/// Needs D % 8 == 0.
-void split_qkv(__nv_bfloat16* q, __nv_bfloat16* k, __nv_bfloat16* v, const __nv_bfloat16* qkv, int T, int H,
-               int Hkv, int D, cudaStream_t stream = 0);
-
 
 }  // namespace bielik

@@ -13,6 +13,7 @@
 #include "embedding.cuh"
 #include "matmul.cuh"
 #include "model_weights.hpp"
+#include "prefill_kernels.cuh"
 #include "rmsnorm.cuh"
 #include "safetensors.hpp"
 
@@ -103,7 +104,6 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
 
     const size_t tc = size_t(Tc);
     p_tokens_ = DeviceBuffer<int32_t>(tc);
-    p_positions_ = DeviceBuffer<int32_t>(tc);
     p_x_ = DeviceBuffer<__nv_bfloat16>(tc * C_);
     p_h_ = DeviceBuffer<__nv_bfloat16>(tc * C_);
     p_proj_ = DeviceBuffer<__nv_bfloat16>(tc * C_);
@@ -123,7 +123,7 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     d_attn_ = DeviceBuffer<__nv_bfloat16>(size_t(H_) * D_);
     d_act_ = DeviceBuffer<__nv_bfloat16>(F_);
     d_logits_ = DeviceBuffer<float>(V_);
-    for (size_t bytes : {p_tokens_.bytes(), p_positions_.bytes(), p_x_.bytes(), p_h_.bytes(), p_proj_.bytes(),
+    for (size_t bytes : {p_tokens_.bytes(), p_x_.bytes(), p_h_.bytes(), p_proj_.bytes(),
                          p_qkv_.bytes(), p_q_.bytes(), p_attn_.bytes(), p_k_.bytes(), p_v_.bytes(),
                          p_gate_up_.bytes(), p_act_.bytes(), p_k_gathered_.bytes(), p_v_gathered_.bytes(),
                          p_logits_.bytes(), d_token_.bytes(), d_x_.bytes(), d_qkv_.bytes(), d_attn_.bytes(),
@@ -393,7 +393,6 @@ void CudaModel::forward_chunk(const int32_t* tokens, int T, bool all_logits, flo
   const int HD = H_ * D_;
 
   CUDA_CHECK(cudaMemcpyAsync(p_tokens_.data(), tokens, size_t(T) * sizeof(int32_t), cudaMemcpyHostToDevice, s));
-  rope_positions_from_offset(p_positions_.data(), T, P, s);
   embedding_forward(p_x_.data(), embed_, p_tokens_.data(), T, C_, V_, nullptr, s);
   done("embedding");
 
@@ -408,9 +407,9 @@ void CudaModel::forward_chunk(const int32_t* tokens, int T, bool all_logits, flo
     done("norm");
     matmul_forward(p_qkv_.data(), p_h_.data(), L.w_qkv, L.b_qkv, T, C_, QKV_, s);
     done("qkv_gemm");
-    split_qkv(p_q_.data(), p_k_.data(), p_v_.data(), p_qkv_.data(), T, H_, Hkv_, D_, s);
-    rope_forward(p_q_.data(), p_k_.data(), p_positions_.data(), T, H_, Hkv_, rope_, s);
-    kv_.append(int(l), p_k_.data(), p_v_.data(), T, s);
+    // q, k, v apart (token-major), RoPE on q and k, k and v into the cache: one pass.
+    const QkvRopeAppendOut split{p_q_.data(), p_k_.data(), p_v_.data(), kv_.k(int(l)), kv_.v(int(l)), context};
+    qkv_rope_append(split, p_qkv_.data(), T, P, H_, Hkv_, rope_, s);
     done("split_rope_append");
     if (P == 0) {
       attention_forward(p_attn_.data(), p_q_.data(), p_k_.data(), p_v_.data(), T, T, H_, Hkv_, D_, s);

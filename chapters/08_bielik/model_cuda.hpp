@@ -10,6 +10,7 @@
 ///         qkv = h Wqkv^T + bqkv     (q, k, v weights concatenated)  chapter 03
 ///         q, k = rope(q, k) at positions P..P+T-1                    chapter 04
 ///         append k, v to the KV cache                                chapter 07
+///           (split, RoPE and append in one pass: prefill_kernels.cuh)
 ///         a = attention(q, cache positions 0..P+T-1)                 chapter 05
 ///         x = x + a Wo^T + bo;  h = rmsnorm(x)                        chapters 03, 02
 ///         act = silu(h Wg^T + bg) * (h Wu^T + bu)  (one GEMM, 2F wide)
@@ -184,7 +185,7 @@ class CudaModel final : public Backend {
   size_t scratch_bytes_ = 0;
 
   // Prefill activations for one chunk of Tc = prefill_chunk tokens.
-  DeviceBuffer<int32_t> p_tokens_, p_positions_;   // (Tc) (Tc)
+  DeviceBuffer<int32_t> p_tokens_;                 // (Tc)
   DeviceBuffer<__nv_bfloat16> p_x_, p_h_, p_proj_;  // (Tc, C) residual stream, normed, block output
   DeviceBuffer<__nv_bfloat16> p_qkv_;               // (Tc, (H + 2 Hkv) D)
   DeviceBuffer<__nv_bfloat16> p_q_, p_attn_;        // (Tc, H, D) each

@@ -32,6 +32,9 @@
 #include "model_config.hpp"
 #include "model_cpu.hpp"
 #include "model_cuda.hpp"
+#include "prefill_kernels.cuh"
+#include "kv_cache.cuh"
+#include "rope.cuh"
 #include "sampler.hpp"
 #include "test_checkpoint_edit.hpp"
 #include "test_support.hpp"
@@ -644,6 +647,95 @@ TEST_CASE("decode_gemv kRopeAppend equals the QKV GEMV then decode_rope_append, 
   bad.N = 7;
   bad.K = 8;
   REQUIRE_THROWS_AS(decode_gemv(GemvInput::kPlain, GemvOutput::kRopeAppend, bad, false), std::invalid_argument);
+}
+
+TEST_CASE("qkv_rope_append equals split + chapter 04 RoPE + chapter 07 append, bit for bit", "[ch08][gpu][kernels]") {
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  struct Shape {
+    int T, P, H, Hkv, D, max_context, max_positions;
+  };
+  const Shape shapes[] = {
+      {37, 0, 12, 2, 128, 64, 64},     // Bielik heads, odd T
+      {512, 0, 12, 2, 128, 600, 600},  // Bielik, a 512-token prompt
+      {13, 21, 9, 3, 64, 40, 40},      // SmolLM2 heads, a chunk on top of 21 cached tokens
+      {6, 3, 3, 1, 64, 7, 8},          // positions 3..8: 7 is past the cache, 8 past the table
+  };
+  uint64_t case_seed = seed;
+  for (const Shape& c : shapes) {
+    INFO("T=" << c.T << " P=" << c.P << " H=" << c.H << " Hkv=" << c.Hkv << " D=" << c.D);
+    const int width = (c.H + 2 * c.Hkv) * c.D;
+    const std::vector<uint16_t> qkv = random_bf16(size_t(c.T) * width, ++case_seed, 2.0f);
+    const RopeTable table = rope_table_build(c.D, 1e6f, c.max_positions);
+    const size_t cache_values = size_t(c.Hkv) * c.max_context * c.D;
+
+    // Reference: split on the host, chapter 04's rope_forward, chapter 07's append.
+    std::vector<uint16_t> q(size_t(c.T) * c.H * c.D), k(size_t(c.T) * c.Hkv * c.D), v(k.size());
+    for (int t = 0; t < c.T; ++t) {
+      const uint16_t* row = qkv.data() + size_t(t) * width;
+      std::copy(row, row + c.H * c.D, q.begin() + long(t) * c.H * c.D);
+      std::copy(row + c.H * c.D, row + (c.H + c.Hkv) * c.D, k.begin() + long(t) * c.Hkv * c.D);
+      std::copy(row + (c.H + c.Hkv) * c.D, row + width, v.begin() + long(t) * c.Hkv * c.D);
+    }
+    DeviceBuffer<uint16_t> q_ref(q), k_ref(k), v_ref(v), k_cache_ref(cache_values), v_cache_ref(cache_values);
+    k_cache_ref.fill_bytes(0xFF);
+    v_cache_ref.fill_bytes(0xFF);
+    std::vector<int32_t> positions(c.T);
+    for (int t = 0; t < c.T; ++t) positions[t] = c.P + t;
+    DeviceBuffer<int32_t> d_positions(positions);
+    auto bf = [](DeviceBuffer<uint16_t>& b) { return reinterpret_cast<__nv_bfloat16*>(b.data()); };
+    rope_forward(bf(q_ref), bf(k_ref), d_positions.data(), c.T, c.H, c.Hkv, table);
+    const int fits = std::max(0, std::min(c.T, c.max_context - c.P));  // tokens the cache can take
+    kv_cache_append(bf(k_cache_ref), bf(v_cache_ref), bf(k_ref), bf(v_ref), c.P, fits, c.Hkv, c.D, c.max_context);
+
+    DeviceBuffer<uint16_t> d_qkv(qkv), q_out(q.size()), k_out(k.size()), v_out(v.size());
+    DeviceBuffer<uint16_t> k_cache(cache_values), v_cache(cache_values);
+    for (auto* b : {&q_out, &k_out, &v_out, &k_cache, &v_cache}) b->fill_bytes(0xFF);
+    const QkvRopeAppendOut out{bf(q_out), bf(k_out), bf(v_out), bf(k_cache), bf(v_cache), c.max_context};
+    qkv_rope_append(out, bf(d_qkv), c.T, c.P, c.H, c.Hkv, table);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    REQUIRE(q_out.to_host() == q_ref.to_host());
+    REQUIRE(k_out.to_host() == k_ref.to_host());
+    REQUIRE(v_out.to_host() == v_ref.to_host());
+    REQUIRE(k_cache.to_host() == k_cache_ref.to_host());  // untouched (0xFFFF) past max_context
+    REQUIRE(v_cache.to_host() == v_cache_ref.to_host());
+    if (c.P + c.T > c.max_positions) {  // the token past the table: NaN q, as chapter 04 writes
+      const std::vector<uint16_t> got = q_out.to_host();
+      REQUIRE(std::isnan(bf16_bits_to_float(got[size_t(c.max_positions - c.P) * c.H * c.D])));
+    }
+  }
+  DeviceBuffer<uint16_t> small(64);
+  auto* p = reinterpret_cast<__nv_bfloat16*>(small.data());
+  const RopeTable odd = rope_table_build(8, 1e4f, 4);  // D % 16 != 0
+  REQUIRE_THROWS_AS(qkv_rope_append(QkvRopeAppendOut{p, p, p, p, p, 4}, p, 1, 0, 1, 1, odd), std::invalid_argument);
+  const RopeTable good = rope_table_build(16, 1e4f, 4);
+  REQUIRE_THROWS_AS(qkv_rope_append(QkvRopeAppendOut{p + 1, p, p, p, p, 4}, p, 1, 0, 1, 1, good),
+                    std::invalid_argument);  // q not 16-byte aligned
+}
+
+TEST_CASE("swiglu_rows matches a CPU reference", "[ch08][gpu][kernels]") {
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  for (auto [T, F] : {std::pair{1, 8}, std::pair{37, 344}, std::pair{512, 8960}}) {
+    INFO("T=" << T << " F=" << F);
+    const std::vector<uint16_t> gate_up = random_bf16(size_t(T) * 2 * F, seed + T, 4.0f);
+    std::vector<float> expected(size_t(T) * F);
+    for (int t = 0; t < T; ++t) {
+      for (int f = 0; f < F; ++f) {
+        const float g = bf16_bits_to_float(gate_up[size_t(t) * 2 * F + f]);
+        const float u = bf16_bits_to_float(gate_up[size_t(t) * 2 * F + F + f]);
+        expected[size_t(t) * F + f] = g / (1.0f + std::exp(-g)) * u;
+      }
+    }
+    DeviceBuffer<uint16_t> d_gate_up(gate_up), act(expected.size());
+    act.fill_bytes(0xFF);  // poisoned: a value not written stays NaN
+    swiglu_rows(reinterpret_cast<__nv_bfloat16*>(act.data()), reinterpret_cast<const __nv_bfloat16*>(d_gate_up.data()),
+                T, F);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const CompareResult r = compare_bf16("swiglu_rows", act.to_host(), expected, tolerance::kBf16Output);
+    INFO(r.report);
+    REQUIRE(r.passed);
+  }
 }
 
 TEST_CASE("decode_argmax: first maximum, NaN gives -1, commits the length", "[ch08][gpu][kernels]") {
