@@ -10,7 +10,7 @@
 //  * decode tokens/s over 256 greedy tokens (EOS ignored) through the CUDA graph, all
 //    steps queued back to back (generate_greedy); also with a host round trip per token,
 //    without PDL, and without the graph, to show what each of those is worth, and with
-//    other GEMV occupancies and L2 prefetch plans (the last row: the default);
+//    other GEMV occupancies;
 //  * weight bytes read per token / time, against the copy bandwidth;
 //  * GPU memory used by the model (cudaMemGetInfo) against weights + KV cache;
 //  * one decode step kernel by kernel: the step launched eagerly (no graph, no PDL) with
@@ -32,6 +32,7 @@
 
 #include "bench.cuh"
 #include "cuda_check.cuh"
+#include "matmul.cuh"
 #include "model_cuda.hpp"
 
 using namespace bielik;
@@ -151,11 +152,8 @@ int main(int argc, char** argv) {
                 model->uses_pdl() ? "on" : "off");
     size_t peak_used = used_device_bytes();
 
-    // --- TTFT ---
-    nlohmann::json ttft = nlohmann::json::object();
-    BenchTable prefill_table("model_prefill", {"prompt tokens", "TTFT ms", "tokens/s", "TFLOP/s (matmuls)"});
-    for (int n : {16, 128, 512, 2048}) {
-      if (n > model->context_size()) continue;
+    // --- TTFT, with cuBLASLt's heuristic choice and with tuned GEMM plans ---
+    auto measure_ttft = [&](int n) {
       const std::vector<int32_t> prompt = random_prompt(n, V, 100 + n);
       std::vector<double> times;
       for (int r = 0; r < 9; ++r) {
@@ -166,10 +164,24 @@ int main(int argc, char** argv) {
         if (r >= 2) times.push_back(ms);  // two warm-up runs (cuBLASLt plans, clocks)
       }
       peak_used = std::max(peak_used, used_device_bytes());
-      const double ms = median(times);
-      ttft[std::to_string(n)] = ms;
+      return median(times);
+    };
+    nlohmann::json ttft = nlohmann::json::object(), ttft_tuned = nlohmann::json::object();
+    BenchTable prefill_table("model_prefill", {"prompt tokens", "TTFT ms", "tokens/s", "TFLOP/s (matmuls)",
+                                               "TTFT ms, tuned GEMMs", "tuned vs heuristic"});
+    std::vector<int> prompt_lengths;
+    for (int n : {16, 128, 512, 2048}) {
+      if (n <= model->context_size()) prompt_lengths.push_back(n);
+    }
+    for (int n : prompt_lengths) ttft[std::to_string(n)] = measure_ttft(n);
+    matmul_cublaslt_set_tuning(true);  // new plans (tuned ones are kept apart) time 8 candidates
+    for (int n : prompt_lengths) ttft_tuned[std::to_string(n)] = measure_ttft(n);
+    matmul_cublaslt_set_tuning(false);
+    for (int n : prompt_lengths) {
+      const double ms = ttft[std::to_string(n)], tuned_ms = ttft_tuned[std::to_string(n)];
       const double flops = 2.0 * n * (double(model->decode_weight_bytes()) / 2 - double(V) * C);  // minus lm_head rows
-      prefill_table.add_row({std::to_string(n), fmt(ms, 3), fmt(n / (ms * 1e-3), 0), fmt(tflop_per_s(flops, ms), 1)});
+      prefill_table.add_row({std::to_string(n), fmt(ms, 3), fmt(n / (ms * 1e-3), 0), fmt(tflop_per_s(flops, ms), 1),
+                             fmt(tuned_ms, 3), fmt(ms / tuned_ms, 2) + "x"});
     }
 
     // --- one 512-token prefill, kernel by kernel (events between the kernel classes) ---
@@ -319,41 +331,6 @@ int main(int argc, char** argv) {
       occupancy_sweep.push_back({{"small_blocks_per_sm", small}, {"large_blocks_per_sm", large}, {"tok_s", rate}});
     }
 
-    // --- L2 prefetch plans: the small kernels fetch the big ones' weights into L2 ---
-    using Plan = CudaModelOptions::L2PrefetchPlan;
-    auto plan = [](bool o, double gu_qkv, double gu_o, double down, bool next_qkv) {
-      Plan p;
-      p.o_after_qkv = o;
-      p.gate_up_after_qkv = gu_qkv;
-      p.gate_up_after_o = gu_o;
-      p.down_after_gate_up = down;
-      p.next_qkv_after_down = next_qkv;
-      return p;
-    };
-    BenchTable prefetch_table("model_decode_l2_prefetch",
-                              {"W_o by QKV", "gate/up by QKV", "gate/up by O", "down by gate/up",
-                               "next W_qkv by down", "tokens/s", "ms/token", "vs default"});
-    nlohmann::json prefetch_sweep = nlohmann::json::array();
-    const Plan default_plan = options.l2_prefetch;
-    for (const Plan& candidate :
-         {plan(false, 0, 0, 0, false), plan(true, 0, 0, 0, false), plan(true, 0.25, 0, 0, false),
-          plan(true, 0.25, 0.25, 0, false), plan(true, 0.375, 0.375, 0, false), plan(true, 0.5, 0.25, 0, false),
-          plan(true, 0.25, 0.25, 0.25, false), plan(true, 0.25, 0.25, 0, true), plan(true, 0.25, 0.25, 0.25, true),
-          default_plan}) {
-      const double rate = variant([&](CudaModelOptions& o) { o.l2_prefetch = candidate; });
-      auto yes_no = [](bool b) { return std::string(b ? "yes" : "no"); };
-      prefetch_table.add_row({yes_no(candidate.o_after_qkv), fmt(candidate.gate_up_after_qkv, 3),
-                              fmt(candidate.gate_up_after_o, 3), fmt(candidate.down_after_gate_up, 3),
-                              yes_no(candidate.next_qkv_after_down), fmt(rate, 0), fmt(1000.0 / rate, 3),
-                              fmt(rate / tok_s, 2) + "x"});
-      prefetch_sweep.push_back({{"o_after_qkv", candidate.o_after_qkv},
-                                {"gate_up_after_qkv", candidate.gate_up_after_qkv},
-                                {"gate_up_after_o", candidate.gate_up_after_o},
-                                {"down_after_gate_up", candidate.down_after_gate_up},
-                                {"next_qkv_after_down", candidate.next_qkv_after_down},
-                                {"tok_s", rate}});
-    }
-
     BenchTable decode_table("model_decode", {"decode path", "tokens/s", "ms/token", "GB/s", "% of copy BW"});
     auto decode_row = [&](const std::string& label, double rate) {
       const double gbs = gb_per_s(bytes_per_token, 1000.0 / rate);
@@ -376,7 +353,6 @@ int main(int argc, char** argv) {
     decode_table.print();
     step_table.print();
     occupancy_table.print();
-    prefetch_table.print();
     std::printf("eager step (sum of the table) %.1f us vs the graph's %.1f us per token\n", eager_step_us,
                 ms_per_token * 1e3);
     std::fflush(stdout);
@@ -417,6 +393,7 @@ int main(int argc, char** argv) {
         {"copy_gbs", copy_gbs},
         {"floor_ms", floor_ms},
         {"ttft_ms", ttft},
+        {"ttft_tuned_gemms_ms", ttft_tuned},
         {"decode_tokens", tokens},
         {"decode_tok_s", tok_s},
         {"decode_ms_per_token", ms_per_token},
@@ -426,7 +403,6 @@ int main(int argc, char** argv) {
         {"decode_no_pdl_tok_s", no_pdl_tok_s},
         {"decode_no_graph_tok_s", eager_tok_s},
         {"decode_gemv_blocks_per_sm_sweep", occupancy_sweep},
-        {"decode_l2_prefetch_sweep", prefetch_sweep},
         {"decode_persistent_tok_s", {{"1", persistent_tok_s[1]}, {"2", persistent_tok_s[2]}}},
         {"eager_step_us", eager_step_us},
         {"peak_memory_gb", peak_gb},

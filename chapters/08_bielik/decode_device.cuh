@@ -29,29 +29,6 @@ __device__ __forceinline__ uint4 load_streaming(const void* p) {
   return v;
 }
 
-/// Asks the memory system to bring the 128-byte line at p into L2, and returns at once:
-/// nothing waits for it, nothing depends on it.
-__device__ __forceinline__ void prefetch_l2_line(const void* p) {
-  asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(p));
-}
-
-/// Every thread of the grid takes some 128-byte lines of each region (L2Prefetch): with
-/// ~30-100k threads and ~100k lines, a few prefetch instructions per thread.
-__device__ __forceinline__ void issue_l2_prefetches(const DecodeGemvParams& p) {
-  const int thread = blockIdx.x * blockDim.x + threadIdx.x, threads = gridDim.x * blockDim.x;
-#pragma unroll
-  for (int i = 0; i < kMaxL2Prefetches; ++i) {
-    const L2Prefetch& region = p.prefetch[i];
-    const int lines_per_row = (region.bytes + 127) / 128;
-    const long long lines = (long long)region.rows * lines_per_row;
-    for (long long line = thread; line < lines; line += threads) {
-      const int row = int(line / lines_per_row), in_row = int(line % lines_per_row) * 128;
-      prefetch_l2_line(static_cast<const char*>(region.base) + size_t(row) * region.row_bytes + region.offset +
-                       in_row);
-    }
-  }
-}
-
 // A bf16 is the top half of an fp32: widening is a shift or a mask.
 __device__ __forceinline__ float low_bf16(uint32_t word) { return __uint_as_float(word << 16); }
 __device__ __forceinline__ float high_bf16(uint32_t word) { return __uint_as_float(word & 0xffff0000u); }

@@ -85,7 +85,6 @@ __global__ void __launch_bounds__(kThreads)
   stream.prefill(fetch);
   uint4 norm_held[kNormHeld];
   load_norm_weight<In>(p, norm_held);
-  issue_l2_prefetches(p);
   __syncthreads();  // the barriers are initialized before anyone waits on them
 
   // 2. The input vector (normalized for kRmsNorm), after the previous kernel is done.

@@ -45,13 +45,11 @@ __global__ void __launch_bounds__(kThreads, 3)
   const int base_first = part * 32 + lane, stride = 32 * split;
 
   // 1. Weights first (the first batch of the first row, the norm weight): no kernel
-  //    writes them, so they are loaded while the previous kernel may still run. Then
-  //    the L2 prefetches for later kernels (L2Prefetch), behind our own loads.
+  //    writes them, so they are loaded while the previous kernel may still run.
   uint4 w[kRows][kBatch];
   load_batch<Out, kBatch>(w, p, first < p.N ? first : -1, base_first, stride);
   uint4 norm_held[kNormHeld];
   load_norm_weight<In>(p, norm_held);
-  issue_l2_prefetches(p);
 
   // 2. Every block waits, then stages the input vector (normalized for kRmsNorm).
   stage_input<In>(p, x_shared, &warp_partial[0][0], norm_held);
@@ -104,7 +102,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   load_batch<Out, kBatch>(w, p, row_of(0), base_of(0), stride);  // before the PDL wait
   uint4 norm_held[kNormHeld];
   load_norm_weight<In>(p, norm_held);
-  issue_l2_prefetches(p);
   stage_input<In>(p, x_shared, &warp_partial[0][0], norm_held);
   pdl_allow_dependents();
 
@@ -248,18 +245,6 @@ void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, 
     throw std::invalid_argument("decode_gemv: needs 0 < K <= " + std::to_string(kMaxK) +
                                 ", K % 8 == 0, N > 0 and 16-byte aligned x, W (and norm weight); got N=" +
                                 std::to_string(p.N) + " K=" + std::to_string(p.K));
-  }
-  for (const L2Prefetch& region : p.prefetch) {
-    if (region.rows == 0) continue;
-    if (region.rows < 0 || !aligned_16(region.base) || region.row_bytes % 16 != 0 || region.offset % 16 != 0 ||
-        region.bytes <= 0 || region.bytes % 16 != 0 || region.offset < 0 ||
-        (region.rows > 1 && region.offset + region.bytes > region.row_bytes)) {
-      throw std::invalid_argument("decode_gemv: an L2 prefetch region needs a 16-byte aligned base, multiples of 16 "
-                                  "for row_bytes, offset and bytes (> 0) and a slice inside its row; got rows=" +
-                                  std::to_string(region.rows) + " row_bytes=" + std::to_string(region.row_bytes) +
-                                  " offset=" + std::to_string(region.offset) + " bytes=" +
-                                  std::to_string(region.bytes));
-    }
   }
   if (output == GemvOutput::kRopeAppend) {
     const RopeAppendTarget& t = p.rope;

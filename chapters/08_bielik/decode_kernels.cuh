@@ -75,26 +75,6 @@ struct RopeAppendTarget {
   int H = 0, Hkv = 0, D = 0, max_context = 0, max_positions = 0;
 };
 
-/// Part of a weight matrix to pull into L2 for a LATER kernel: bytes
-/// [offset, offset + bytes) of each of `rows` rows that start `row_bytes` apart.
-///
-/// Why: the small decode kernels (QKV, attention, O) are bound by latency, not bytes:
-/// they leave HBM mostly idle for ~15 us a layer, while the next big kernel (gate/up,
-/// 55 MB) will be bound by bytes. The weights are known long before they are needed,
-/// so a small kernel, once its own loads are done, asks the memory system to bring part
-/// of the next big kernel's weights into L2 (50 MB on the H200); that kernel then reads
-/// that part from L2 and less from HBM. A prefetch is a hint: it changes no result.
-/// Taking the same slice of EVERY row keeps the big kernel's blocks balanced (each
-/// block owns whole rows; a contiguous prefetch would speed up only the first blocks).
-struct L2Prefetch {
-  const void* base = nullptr;  ///< first row; 16-byte aligned
-  int rows = 0;                ///< 0: nothing to fetch
-  int row_bytes = 0;           ///< distance between rows, a multiple of 16
-  int offset = 0;              ///< first byte of each row's slice, a multiple of 16
-  int bytes = 0;               ///< bytes of each row's slice, a multiple of 16
-};
-constexpr int kMaxL2Prefetches = 2;
-
 /// Arguments of one decode GEMV.
 struct DecodeGemvParams {
   void* y;                           ///< (N) bf16, or float for kF32; in/out for kResidualAdd
@@ -107,8 +87,6 @@ struct DecodeGemvParams {
   float eps = 0;           ///< kRmsNorm epsilon
   RopeAppendTarget rope;   ///< kRopeAppend only
   int max_blocks_per_sm = 0;  ///< register kernels: cap on resident blocks per SM (0: occupancy)
-  /// Issued by every block at its start, after its first own loads (L2Prefetch says why).
-  L2Prefetch prefetch[kMaxL2Prefetches];
 };
 
 /// y = f(x W^T + b) for one token. One warp per output row (a few consecutive rows per

@@ -61,14 +61,6 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
       options_(options),
       kv_(config_.num_hidden_layers, config_.num_key_value_heads, config_.head_dim,
           context_length_of(config_, options.max_context)) {
-  {
-    const CudaModelOptions::L2PrefetchPlan& plan = options_.l2_prefetch;
-    auto fraction = [](double f) { return f >= 0.0 && f <= 1.0; };
-    if (!fraction(plan.gate_up_after_qkv) || !fraction(plan.gate_up_after_o) ||
-        !fraction(plan.gate_up_after_qkv + plan.gate_up_after_o) || !fraction(plan.down_after_gate_up)) {
-      throw std::invalid_argument("l2_prefetch: fractions must lie in [0, 1] (gate/up's two slices together too)");
-    }
-  }
   if (options_.prefill_chunk < 1) {
     throw std::invalid_argument("prefill_chunk must be >= 1, got " + std::to_string(options_.prefill_chunk));
   }
@@ -472,20 +464,6 @@ void CudaModel::forward_chunk(const int32_t* tokens, int T, bool all_logits, flo
   CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
-namespace {
-
-// Bytes [begin, end) (fractions, rounded down to 16 bytes) of every row of a (rows, K)
-// bf16 matrix, as an L2 prefetch region; empty when the slice is.
-L2Prefetch row_slice(const __nv_bfloat16* W, int rows, int K, double begin, double end) {
-  const int row_bytes = K * int(sizeof(__nv_bfloat16));
-  const int first = int(begin * row_bytes) / 16 * 16;
-  const int last = std::min(row_bytes, int(end * row_bytes) / 16 * 16);
-  if (last <= first) return {};
-  return L2Prefetch{W, rows, row_bytes, first, last - first};
-}
-
-}  // namespace
-
 void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::function<void(const char*)>* after) {
   auto done = [&](const char* name) {
     if (after) (*after)(name);
@@ -504,10 +482,6 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     qkv.rope = RopeAppendTarget{kv_.k(int(l)), kv_.v(int(l)), d_length, rope_.cos.data(), rope_.sin.data(),
                                 H_, Hkv_, D_, context, rope_.max_positions};
     qkv.max_blocks_per_sm = options_.small_gemv_blocks_per_sm;
-    const CudaModelOptions::L2PrefetchPlan& plan = options_.l2_prefetch;
-    const double gate_up_split = plan.gate_up_after_qkv;  // where the O GEMV's slice begins
-    if (plan.o_after_qkv) qkv.prefetch[0] = row_slice(L.w_o, C_, H_ * D_, 0.0, 1.0);
-    qkv.prefetch[1] = row_slice(L.w_gate_up, 2 * F_, C_, 0.0, gate_up_split);
     decode_gemv(GemvInput::kRmsNorm, GemvOutput::kRopeAppend, qkv, pdl, s);
     done("qkv_rope_append");
     decode_attention_v3_pipelined_device_length(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)),
@@ -516,19 +490,14 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     done("attention");
     DecodeGemvParams o{d_x_.data(), d_attn_.data(), nullptr, L.w_o, L.b_o, C_, H_ * D_, eps};
     o.max_blocks_per_sm = options_.small_gemv_blocks_per_sm;
-    o.prefetch[0] = row_slice(L.w_gate_up, 2 * F_, C_, gate_up_split, gate_up_split + plan.gate_up_after_o);
     decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, o, pdl, s);
     done("o_proj");
     DecodeGemvParams gate_up{d_act_.data(), d_x_.data(), L.post_norm, L.w_gate_up, L.b_gate_up, F_, C_, eps};
     gate_up.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
-    gate_up.prefetch[0] = row_slice(L.w_down, C_, F_, 0.0, plan.down_after_gate_up);
     decode_gemv(GemvInput::kRmsNorm, GemvOutput::kSwiGLU, gate_up, pdl, s);
     done("gate_up_swiglu");
     DecodeGemvParams down{d_x_.data(), d_act_.data(), nullptr, L.w_down, L.b_down, C_, F_, eps};
     down.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
-    if (plan.next_qkv_after_down && l + 1 < layers_.size()) {
-      down.prefetch[0] = row_slice(layers_[l + 1].w_qkv, QKV_, C_, 0.0, 1.0);
-    }
     decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, down, pdl, s);
     done("down");
   }

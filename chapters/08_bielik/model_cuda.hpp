@@ -64,16 +64,6 @@ struct CudaModelOptions {
   /// overlap this kernel (bench_model sweeps these).
   int small_gemv_blocks_per_sm = 0;
   int large_gemv_blocks_per_sm = 0;
-  /// L2 prefetch in the decode step (decode_kernels.cuh, L2Prefetch says why): what a
-  /// GEMV, once its own rows are done, asks L2 to fetch for a later kernel of the step.
-  /// Fractions are of every row of the matrix fetched (bench_model sweeps these).
-  struct L2PrefetchPlan {
-    bool o_after_qkv = false;        ///< all of W_o, when the QKV GEMV ends
-    double gate_up_after_qkv = 0.0;  ///< the first slice of each gate/up row, when the QKV GEMV ends
-    double gate_up_after_o = 0.0;    ///< the next slice of each gate/up row, when the O GEMV ends
-    double down_after_gate_up = 0.0; ///< the first slice of each down row, when gate/up ends
-    bool next_qkv_after_down = false;  ///< the next layer's W_qkv, when the down GEMV ends
-  } l2_prefetch;
   /// Decode with ONE persistent kernel per token (decode_persistent.cuh) instead of the
   /// graph of per-projection kernels; needs cooperative launch. An experiment: off unless
   /// asked for (bench_model measures both).

@@ -510,10 +510,6 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
       p.N = c.N;
       p.K = c.K;
       p.eps = 1e-6f;
-      if (pdl && c.K >= 32) {  // L2 prefetches are hints: the same answer with them
-        p.prefetch[0] = L2Prefetch{p.W, rows, c.K * 2, 16, (c.K * 2 - 16) / 16 * 16};  // every row but its head
-        p.prefetch[1] = L2Prefetch{p.x, 1, 0, 0, c.K * 2 / 16 * 16};
-      }
       decode_gemv(c.input, c.output, p, pdl, 0, kernel);
       CUDA_CHECK(cudaDeviceSynchronize());
       CompareResult r = c.output == GemvOutput::kF32
@@ -523,69 +519,6 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
       REQUIRE(r.passed);
     }
   }
-}
-
-TEST_CASE("decode_gemv: a malformed L2 prefetch region is refused", "[ch08][gpu][kernels]") {
-  DeviceBuffer<uint16_t> W(size_t(64) * 64), x(64), y(64);
-  DecodeGemvParams p{};
-  p.y = y.data();
-  p.x = reinterpret_cast<const __nv_bfloat16*>(x.data());
-  p.W = reinterpret_cast<const __nv_bfloat16*>(W.data());
-  p.N = 64;
-  p.K = 64;
-  const L2Prefetch bad[] = {
-      {W.data(), 64, 128, 0, 8},                            // bytes not a multiple of 16
-      {W.data(), 64, 128, 8, 16},                           // offset not a multiple of 16
-      {W.data(), 64, 120, 0, 16},                           // row_bytes not a multiple of 16
-      {reinterpret_cast<const char*>(W.data()) + 2, 64, 128, 0, 16},  // base not 16-byte aligned
-      {W.data(), 64, 128, 112, 32},                         // slice past the end of its row
-      {W.data(), 64, 128, 0, 0},                            // empty slice
-  };
-  for (const L2Prefetch& region : bad) {
-    p.prefetch[1] = region;
-    REQUIRE_THROWS_AS(decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false), std::invalid_argument);
-  }
-  p.prefetch[1] = L2Prefetch{W.data(), 64, 128, 0, 128};  // whole rows: accepted
-  REQUIRE_NOTHROW(decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false));
-  CUDA_CHECK(cudaDeviceSynchronize());
-}
-
-TEST_CASE("CUDA model: L2 prefetch plans change no logit", "[ch08][gpu][model]") {
-  const uint64_t seed = fresh_seed();
-  INFO("prompt seed " << seed);
-  for (const TinySpec& spec : kSpecs) {
-    const std::string dir = tiny_checkpoint(spec);
-    const std::vector<int32_t> prompt = random_prompt(7, spec.V, seed);
-    const std::vector<int32_t> steps = random_prompt(6, spec.V, seed + 1);
-    std::vector<std::vector<float>> runs;
-    for (int plan = 0; plan < 3; ++plan) {
-      CudaModelOptions options = cuda_options();
-      if (plan >= 1) {
-        options.l2_prefetch.o_after_qkv = true;
-        options.l2_prefetch.gate_up_after_qkv = 0.25;
-        options.l2_prefetch.gate_up_after_o = 0.5;
-      }
-      if (plan == 2) {
-        options.l2_prefetch.down_after_gate_up = 1.0;
-        options.l2_prefetch.next_qkv_after_down = true;
-      }
-      CudaModel cuda(dir, options);
-      std::vector<float> all = cuda.prefill(prompt);
-      for (int32_t token : steps) {
-        const std::vector<float> step = cuda.decode(token);
-        all.insert(all.end(), step.begin(), step.end());
-      }
-      runs.push_back(all);
-    }
-    for (size_t i = 1; i < runs.size(); ++i) {
-      INFO(spec.name << " plan " << i);
-      REQUIRE(runs[i] == runs[0]);
-    }
-  }
-  CudaModelOptions wrong = cuda_options();
-  wrong.l2_prefetch.gate_up_after_qkv = 0.75;
-  wrong.l2_prefetch.gate_up_after_o = 0.5;  // 1.25 of a row
-  REQUIRE_THROWS_AS(CudaModel(tiny_checkpoint(kSpecs[0]), wrong), std::invalid_argument);
 }
 
 TEST_CASE("decode_gemv kRopeAppend equals the QKV GEMV then decode_rope_append, bit for bit", "[ch08][gpu][kernels]") {
