@@ -98,11 +98,6 @@ int matmul_v5_pick_tile(int T, int C_out);
 void matmul_cublaslt(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W, const __nv_bfloat16* bias,
                      int T, int C_in, int C_out, cudaStream_t stream = 0);
 
-/// Plans made from now on time cuBLASLt's top candidate algorithms on their first call
-/// and keep the fastest (on) or take the heuristic's first choice (off, the default).
-/// Process-wide; plans already made keep their algorithm. matmul_cublaslt.cu says more.
-void matmul_cublaslt_set_tuning(bool on);
-
 /// Largest T the GEMV kernels take.
 inline constexpr int kGemvMaxTokens = 8;
 

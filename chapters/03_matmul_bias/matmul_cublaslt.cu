@@ -28,13 +28,6 @@
 // heuristic costs tens of microseconds, more than a decode GEMV. They are made once
 // per (shape, bias, pointer alignment) and kept for the life of the process.
 //
-// Tuning (matmul_cublaslt_set_tuning, off by default): the heuristic ranks algorithms
-// with a model of the GPU, not by running them. With tuning on, a new plan runs the
-// heuristic's top kCandidates on the call's own operands (every candidate computes the
-// same y, so running them is harmless) and keeps the fastest: a few of the GEMM's own
-// runs and one host wait, once per shape. Not while a stream is being captured into a
-// graph (no waiting there): such a plan keeps the heuristic's first choice.
-//
 // Alignment: cuBLASLt (13.0 on the H200) refuses bf16 operands that are only 2-byte
 // aligned (a tensor starting at an odd element): CUBLAS_STATUS_NOT_SUPPORTED. The model
 // never does that, but a library function should not fail on legal input, so such a
@@ -45,7 +38,6 @@
 #include <map>
 #include <mutex>
 #include <tuple>
-#include <vector>
 
 #include "cuda_check.cuh"
 #include "device_buffer.cuh"
@@ -56,7 +48,6 @@ namespace bielik {
 namespace {
 
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;
-constexpr int kCandidates = 8;  // heuristic results a tuned plan times
 
 // Largest power of two (up to 16) dividing the address: cuBLASLt chooses kernels by it.
 int alignment_of(const void* p) {
@@ -70,10 +61,9 @@ struct PlanKey {
   int T, C_in, C_out;
   bool has_bias;
   int align_y, align_x, align_W, align_bias;
-  bool tuned;
   bool operator<(const PlanKey& o) const {
-    return std::tie(T, C_in, C_out, has_bias, align_y, align_x, align_W, align_bias, tuned) <
-           std::tie(o.T, o.C_in, o.C_out, o.has_bias, o.align_y, o.align_x, o.align_W, o.align_bias, o.tuned);
+    return std::tie(T, C_in, C_out, has_bias, align_y, align_x, align_W, align_bias) <
+           std::tie(o.T, o.C_in, o.C_out, o.has_bias, o.align_y, o.align_x, o.align_W, o.align_bias);
   }
 };
 
@@ -81,7 +71,6 @@ struct Plan {
   cublasLtMatmulDesc_t operation = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;  // W, x, y in cuBLAS's view
   cublasLtMatmulAlgo_t algorithm{};
-  std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's ranking, best first
   bool supported = true;  // false: cuBLASLt refused this shape/alignment, v4 runs it
 };
 
@@ -96,18 +85,18 @@ class CublasLt {
               int C_in, int C_out, cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(mutex_);  // the plans and the workspace are shared
     PlanKey key{T, C_in, C_out, bias != nullptr, alignment_of(y), alignment_of(x), alignment_of(W),
-                bias ? alignment_of(bias) : 16, tuning_};
+                bias ? alignment_of(bias) : 16};
     auto found = plans_.find(key);
-    const bool new_plan = found == plans_.end();
-    if (new_plan) found = plans_.emplace(key, make_plan(key)).first;
+    if (found == plans_.end()) found = plans_.emplace(key, make_plan(key)).first;
     Plan& plan = found->second;
     if (plan.supported) {
       if (bias) {
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                     sizeof(bias)));
       }
-      if (new_plan && tuning_ && plan.candidates.size() > 1 && !capturing(stream)) tune(plan, y, x, W, stream);
-      cublasStatus_t status = run(plan, plan.algorithm, y, x, W, stream);
+      const float alpha = 1.0f, beta = 0.0f;
+      cublasStatus_t status = cublasLtMatmul(handle_, plan.operation, &alpha, W, plan.a, x, plan.b, &beta, y, plan.d,
+                                             y, plan.d, &plan.algorithm, workspace_.data(), workspace_.bytes(), stream);
       if (status != CUBLAS_STATUS_NOT_SUPPORTED) {
         CUBLAS_CHECK(status);
         return;
@@ -115,11 +104,6 @@ class CublasLt {
       plan.supported = false;
     }
     matmul_v4_tensor_cores(y, x, W, bias, T, C_in, C_out, stream);
-  }
-
-  void set_tuning(bool on) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    tuning_ = on;
   }
 
   ~CublasLt() {  // at exit; errors are ignored (the CUDA context may already be gone)
@@ -134,48 +118,6 @@ class CublasLt {
 
  private:
   CublasLt() : workspace_(kWorkspaceBytes) { CUBLAS_CHECK(cublasLtCreate(&handle_)); }
-
-  cublasStatus_t run(const Plan& plan, const cublasLtMatmulAlgo_t& algorithm, __nv_bfloat16* y,
-                     const __nv_bfloat16* x, const __nv_bfloat16* W, cudaStream_t stream) {
-    const float alpha = 1.0f, beta = 0.0f;
-    return cublasLtMatmul(handle_, plan.operation, &alpha, W, plan.a, x, plan.b, &beta, y, plan.d, y, plan.d,
-                          &algorithm, workspace_.data(), workspace_.bytes(), stream);
-  }
-
-  static bool capturing(cudaStream_t stream) {
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
-    return status != cudaStreamCaptureStatusNone;
-  }
-
-  // Times every candidate (one warm-up, then the best of three) and keeps the fastest.
-  void tune(Plan& plan, __nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W, cudaStream_t stream) {
-    cudaEvent_t start, stop;
-    CUDA_CHECK(cudaEventCreate(&start));
-    CUDA_CHECK(cudaEventCreate(&stop));
-    float best_ms = 0;
-    bool found = false;
-    for (const cublasLtMatmulAlgo_t& candidate : plan.candidates) {
-      if (run(plan, candidate, y, x, W, stream) != CUBLAS_STATUS_SUCCESS) continue;  // refused: skip it
-      float fastest = 0;
-      for (int repeat = 0; repeat < 3; ++repeat) {
-        CUDA_CHECK(cudaEventRecord(start, stream));
-        CUBLAS_CHECK(run(plan, candidate, y, x, W, stream));
-        CUDA_CHECK(cudaEventRecord(stop, stream));
-        CUDA_CHECK(cudaEventSynchronize(stop));
-        float ms = 0;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-        if (repeat == 0 || ms < fastest) fastest = ms;
-      }
-      if (!found || fastest < best_ms) {
-        best_ms = fastest;
-        plan.algorithm = candidate;
-        found = true;
-      }
-    }
-    CUDA_CHECK(cudaEventDestroy(start));
-    CUDA_CHECK(cudaEventDestroy(stop));
-  }
 
   Plan make_plan(const PlanKey& key) {
     Plan plan;
@@ -212,23 +154,21 @@ class CublasLt {
                                                       &align_d, sizeof(align_d)));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                       &align_d, sizeof(align_d)));
-    cublasLtMatmulHeuristicResult_t results[kCandidates]{};
+    cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle_, plan.operation, plan.a, plan.b, plan.d, plan.d,
-                                                           preference, key.tuned ? kCandidates : 1, results, &found);
+                                                           preference, 1, &result, &found);
     cublasLtMatmulPreferenceDestroy(preference);
     if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && found == 0)) {
       plan.supported = false;  // no algorithm for this shape and alignment
       return plan;
     }
     CUBLAS_CHECK(status);
-    for (int i = 0; i < found; ++i) plan.candidates.push_back(results[i].algo);
-    plan.algorithm = results[0].algo;
+    plan.algorithm = result.algo;
     return plan;
   }
 
   std::mutex mutex_;
-  bool tuning_ = false;
   cublasLtHandle_t handle_ = nullptr;
   DeviceBuffer<char> workspace_;
   std::map<PlanKey, Plan> plans_;
@@ -241,7 +181,5 @@ void matmul_cublaslt(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat
   if (T == 0 || C_out == 0) return;
   CublasLt::instance().matmul(y, x, W, bias, T, C_in, C_out, stream);
 }
-
-void matmul_cublaslt_set_tuning(bool on) { CublasLt::instance().set_tuning(on); }
 
 }  // namespace bielik

@@ -134,15 +134,6 @@ struct DeviceCase {
   }
 };
 
-// cuBLASLt with tuning on: its plans time several algorithms and keep the fastest, any
-// of which must give the right answer.
-void matmul_cublaslt_tuned(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W,
-                           const __nv_bfloat16* bias, int T, int C_in, int C_out, cudaStream_t stream) {
-  matmul_cublaslt_set_tuning(true);
-  matmul_cublaslt(y, x, W, bias, T, C_in, C_out, stream);
-  matmul_cublaslt_set_tuning(false);
-}
-
 const char* kOddCases[] = {"odd_a", "odd_b", "odd_c"};
 const char* kBielikCases[] = {"q_proj", "kv_proj", "up_proj", "down_proj", "lm_head"};
 const char* kExactCases[] = {"exact_a", "exact_b", "exact_c"};
@@ -162,9 +153,6 @@ TEST_CASE("every matmul version matches the golden answers at odd and Bielik sha
   std::vector<Named> versions = versions_under_test();
   std::vector<std::string> names(std::begin(kOddCases), std::end(kOddCases));
   names.insert(names.end(), std::begin(kBielikCases), std::end(kBielikCases));
-#ifndef BIELIK_TEST_ONLY_WGMMA
-  versions.push_back({"cublaslt tuned", matmul_cublaslt_tuned});
-#endif
   for (const std::string& name : names) {
     GoldenCase golden = load_case(name);
     DeviceCase device(golden);
@@ -215,7 +203,6 @@ TEST_CASE("every matmul version matches the CPU reference on fresh random inputs
   std::vector<Named> versions = versions_under_test();
 #ifndef BIELIK_TEST_ONLY_WGMMA
   versions.push_back({"matmul_forward", matmul_forward});
-  versions.push_back({"cublaslt tuned", matmul_cublaslt_tuned});
 #endif
   for (auto [T, C_in, C_out] : {std::tuple{3, 40, 24}, std::tuple{8, 1536, 256}, std::tuple{19, 200, 333},
                                 std::tuple{77, 1536, 1536}, std::tuple{150, 256, 520}}) {

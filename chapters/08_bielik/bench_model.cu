@@ -24,6 +24,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -32,7 +33,6 @@
 
 #include "bench.cuh"
 #include "cuda_check.cuh"
-#include "matmul.cuh"
 #include "model_cuda.hpp"
 
 using namespace bielik;
@@ -105,6 +105,44 @@ __global__ void hold_gpu_kernel(long long cycles) {
   }
 }
 
+// Milliseconds per kernel class, averaged over `runs` after one warm-up: `enqueue(probe)`
+// queues the work on `stream` and calls probe(name) after each kernel class; an event is
+// recorded there. A hold kernel keeps the GPU busy meanwhile, so the events time the
+// kernels and not the host's launch speed. `order` receives the names as first seen.
+using Probe = std::function<void(const char*)>;
+std::map<std::string, double> time_kernel_classes(cudaStream_t stream, int runs, long long hold_cycles,
+                                                  const std::function<void(int run, const Probe&)>& enqueue,
+                                                  std::vector<std::string>& order) {
+  std::map<std::string, double> class_ms;
+  for (int run = 0; run < runs + 1; ++run) {  // run 0 warms up
+    std::vector<std::pair<std::string, cudaEvent_t>> marks;
+    cudaEvent_t start;
+    CUDA_CHECK(cudaEventCreate(&start));
+    hold_gpu_kernel<<<1, 1, 0, stream>>>(hold_cycles);
+    CUDA_CHECK_LAUNCH();
+    CUDA_CHECK(cudaEventRecord(start, stream));
+    enqueue(run, [&](const char* name) {
+      cudaEvent_t e;
+      CUDA_CHECK(cudaEventCreate(&e));
+      CUDA_CHECK(cudaEventRecord(e, stream));
+      marks.push_back({name, e});
+    });
+    cudaEvent_t previous = start;
+    for (auto& [name, e] : marks) {
+      float ms = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, previous, e));
+      if (run > 0) {
+        if (!class_ms.count(name)) order.push_back(name);
+        class_ms[name] += ms / runs;
+      }
+      previous = e;
+    }
+    for (auto& mark : marks) CUDA_CHECK(cudaEventDestroy(mark.second));
+    CUDA_CHECK(cudaEventDestroy(start));
+  }
+  return class_ms;
+}
+
 // Decode tokens/s: prefill 16 tokens, then `tokens` greedy steps queued back to back.
 double decode_tokens_per_s(CudaModel& model, int tokens, int repeats, bool sync_per_token) {
   const std::vector<int32_t> prompt = random_prompt(16, model.config().vocab_size, 7);
@@ -152,8 +190,11 @@ int main(int argc, char** argv) {
                 model->uses_pdl() ? "on" : "off");
     size_t peak_used = used_device_bytes();
 
-    // --- TTFT, with cuBLASLt's heuristic choice and with tuned GEMM plans ---
-    auto measure_ttft = [&](int n) {
+    // --- TTFT ---
+    nlohmann::json ttft = nlohmann::json::object();
+    BenchTable prefill_table("model_prefill", {"prompt tokens", "TTFT ms", "tokens/s", "TFLOP/s (matmuls)"});
+    for (int n : {16, 128, 512, 2048}) {
+      if (n > model->context_size()) continue;
       const std::vector<int32_t> prompt = random_prompt(n, V, 100 + n);
       std::vector<double> times;
       for (int r = 0; r < 9; ++r) {
@@ -164,59 +205,22 @@ int main(int argc, char** argv) {
         if (r >= 2) times.push_back(ms);  // two warm-up runs (cuBLASLt plans, clocks)
       }
       peak_used = std::max(peak_used, used_device_bytes());
-      return median(times);
-    };
-    nlohmann::json ttft = nlohmann::json::object(), ttft_tuned = nlohmann::json::object();
-    BenchTable prefill_table("model_prefill", {"prompt tokens", "TTFT ms", "tokens/s", "TFLOP/s (matmuls)",
-                                               "TTFT ms, tuned GEMMs", "tuned vs heuristic"});
-    std::vector<int> prompt_lengths;
-    for (int n : {16, 128, 512, 2048}) {
-      if (n <= model->context_size()) prompt_lengths.push_back(n);
-    }
-    for (int n : prompt_lengths) ttft[std::to_string(n)] = measure_ttft(n);
-    matmul_cublaslt_set_tuning(true);  // new plans (tuned ones are kept apart) time 8 candidates
-    for (int n : prompt_lengths) ttft_tuned[std::to_string(n)] = measure_ttft(n);
-    matmul_cublaslt_set_tuning(false);
-    for (int n : prompt_lengths) {
-      const double ms = ttft[std::to_string(n)], tuned_ms = ttft_tuned[std::to_string(n)];
+      const double ms = median(times);
+      ttft[std::to_string(n)] = ms;
       const double flops = 2.0 * n * (double(model->decode_weight_bytes()) / 2 - double(V) * C);  // minus lm_head rows
-      prefill_table.add_row({std::to_string(n), fmt(ms, 3), fmt(n / (ms * 1e-3), 0), fmt(tflop_per_s(flops, ms), 1),
-                             fmt(tuned_ms, 3), fmt(ms / tuned_ms, 2) + "x"});
+      prefill_table.add_row({std::to_string(n), fmt(ms, 3), fmt(n / (ms * 1e-3), 0), fmt(tflop_per_s(flops, ms), 1)});
     }
 
     // --- one 512-token prefill, kernel by kernel (events between the kernel classes) ---
-    std::map<std::string, double> prefill_class_ms;
     std::vector<std::string> prefill_order;
     const int probed_prompt = std::min(512, model->context_size());
-    for (int run = 0; run < 4; ++run) {  // run 0 warms up
-      const std::vector<int32_t> prompt = random_prompt(probed_prompt, V, 11);
-      model->reset();
-      cudaStream_t s = model->stream();
-      std::vector<std::pair<std::string, cudaEvent_t>> marks;
-      cudaEvent_t start;
-      CUDA_CHECK(cudaEventCreate(&start));
-      hold_gpu_kernel<<<1, 1, 0, s>>>(40'000'000);  // ~20 ms: the host queues the whole pass meanwhile
-      CUDA_CHECK_LAUNCH();
-      CUDA_CHECK(cudaEventRecord(start, s));
-      model->prefill_probed(prompt, [&](const char* name) {
-        cudaEvent_t e;
-        CUDA_CHECK(cudaEventCreate(&e));
-        CUDA_CHECK(cudaEventRecord(e, s));
-        marks.push_back({name, e});
-      });
-      cudaEvent_t previous = start;
-      for (auto& [name, e] : marks) {
-        float ms = 0;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, previous, e));
-        if (run > 0) {
-          if (!prefill_class_ms.count(name)) prefill_order.push_back(name);
-          prefill_class_ms[name] += ms / 3;
-        }
-        previous = e;
-      }
-      for (auto& mark : marks) CUDA_CHECK(cudaEventDestroy(mark.second));
-      CUDA_CHECK(cudaEventDestroy(start));
-    }
+    std::map<std::string, double> prefill_class_ms = time_kernel_classes(
+        model->stream(), 3, 40'000'000,  // ~20 ms of hold: the host queues the whole pass meanwhile
+        [&](int, const Probe& probe) {
+          model->reset();
+          model->prefill_probed(random_prompt(probed_prompt, V, 11), probe);
+        },
+        prefill_order);
     BenchTable prefill_step_table("model_prefill_step",
                                   {"kernel (x layers), " + std::to_string(probed_prompt) + " tokens", "us",
                                    "% of the pass"});
@@ -242,42 +246,12 @@ int main(int argc, char** argv) {
     const double floor_ms = double(model->decode_weight_bytes()) / (copy_gbs * 1e9) * 1e3;
 
     // --- one step, kernel by kernel ---
-    std::map<std::string, double> class_ms;
     std::vector<std::string> order;
-    {
-      const std::vector<int32_t> prompt = random_prompt(16, V, 9);
-      model->reset();
-      model->prefill(prompt);
-      cudaStream_t s = model->stream();
-      const int steps = 5;
-      std::vector<cudaEvent_t> events;
-      for (int step = 0; step < steps + 1; ++step) {  // step 0 warms up
-        std::vector<std::pair<std::string, cudaEvent_t>> marks;
-        cudaEvent_t start;
-        CUDA_CHECK(cudaEventCreate(&start));
-        hold_gpu_kernel<<<1, 1, 0, s>>>(20'000'000);  // ~10 ms: the host queues the whole step meanwhile
-        CUDA_CHECK_LAUNCH();
-        CUDA_CHECK(cudaEventRecord(start, s));
-        model->decode_probed(5 + step, [&](const char* name) {
-          cudaEvent_t e;
-          CUDA_CHECK(cudaEventCreate(&e));
-          CUDA_CHECK(cudaEventRecord(e, s));
-          marks.push_back({name, e});
-        });
-        cudaEvent_t previous = start;
-        for (auto& [name, e] : marks) {
-          float ms = 0;
-          CUDA_CHECK(cudaEventElapsedTime(&ms, previous, e));
-          if (step > 0) {
-            if (!class_ms.count(name)) order.push_back(name);
-            class_ms[name] += ms / steps;
-          }
-          previous = e;
-        }
-        for (auto& mark : marks) CUDA_CHECK(cudaEventDestroy(mark.second));
-        CUDA_CHECK(cudaEventDestroy(start));
-      }
-    }
+    model->reset();
+    model->prefill(random_prompt(16, V, 9));
+    std::map<std::string, double> class_ms = time_kernel_classes(
+        model->stream(), 5, 20'000'000,  // ~10 ms of hold: the host queues the whole step meanwhile
+        [&](int run, const Probe& probe) { model->decode_probed(5 + run, probe); }, order);
     const double keys = 16 + 3;  // cache length during the probed steps (about)
     const int QKV = (H + 2 * Hkv) * D;
     std::map<std::string, double> class_bytes = {
@@ -393,7 +367,6 @@ int main(int argc, char** argv) {
         {"copy_gbs", copy_gbs},
         {"floor_ms", floor_ms},
         {"ttft_ms", ttft},
-        {"ttft_tuned_gemms_ms", ttft_tuned},
         {"decode_tokens", tokens},
         {"decode_tok_s", tok_s},
         {"decode_ms_per_token", ms_per_token},
