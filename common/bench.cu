@@ -118,11 +118,18 @@ void BenchTable::print() const {
     for (char& c : file_name) {
       if (c == '/' || c == ' ') c = '_';
     }
+    // CSV (RFC 4180): a field with a comma or a quote is quoted, its quotes doubled.
+    auto field = [](const std::string& text) {
+      if (text.find_first_of(",\"\n") == std::string::npos) return text;
+      std::string quoted = "\"";
+      for (char c : text) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
+      return quoted + "\"";
+    };
     std::ofstream csv(std::string(directory) + "/" + file_name + ".csv");
-    for (size_t c = 0; c < columns_.size(); ++c) csv << (c ? "," : "") << columns_[c];
+    for (size_t c = 0; c < columns_.size(); ++c) csv << (c ? "," : "") << field(columns_[c]);
     csv << "\n";
     for (const auto& row : rows_) {
-      for (size_t c = 0; c < row.size(); ++c) csv << (c ? "," : "") << row[c];
+      for (size_t c = 0; c < row.size(); ++c) csv << (c ? "," : "") << field(row[c]);
       csv << "\n";
     }
   }

@@ -1,13 +1,17 @@
-// Tests of common/: the .npy reader (including its errors), bf16 rounding and the
-// comparison helper that every other test relies on. If these are wrong, every
+// Tests of common/: the .npy reader (including its errors), bf16 rounding, the
+// benchmark tables' CSV and the comparison helper that every other test relies on. If these are wrong, every
 // "PASS" in the book is suspect, so they come first (label ch00).
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <functional>
 #include <limits>
 #include <string>
 
+#include "bench.cuh"
 #include "bf16.hpp"
 #include "catch_compat.hpp"
 #include "compare.hpp"
@@ -89,4 +93,20 @@ TEST_CASE("compare: relative norm error, NaN always fails", "[compare]") {
   REQUIRE(nan_result.nonfinite_count == 1);
 
   REQUIRE_FALSE(compare("empty", std::vector<float>{}, std::vector<double>{}, 1.0).passed);
+}
+
+TEST_CASE("BenchTable: the CSV quotes fields that hold commas or quotes", "[bench]") {
+  const std::filesystem::path directory = std::filesystem::temp_directory_path() / "bielik_bench_csv_test";
+  std::filesystem::create_directories(directory);
+  REQUIRE(setenv("BIELIK_BENCH_DIR", directory.c_str(), 1) == 0);
+  BenchTable table("csv quoting", {"path, variant", "us"});
+  table.add_row({"graph + PDL, queued", "1.5"});
+  table.add_row({"say \"hi\"", "2"});
+  table.print();
+  unsetenv("BIELIK_BENCH_DIR");
+  std::ifstream file(directory / "csv_quoting.csv");
+  REQUIRE(file.good());
+  const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  CHECK(text == "\"path, variant\",us\n\"graph + PDL, queued\",1.5\n\"say \"\"hi\"\"\",2\n");
+  std::filesystem::remove_all(directory);
 }
