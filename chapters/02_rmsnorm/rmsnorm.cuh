@@ -71,6 +71,14 @@ void rmsnorm_v3_warp_vectorized(__nv_bfloat16* y, const __nv_bfloat16* x, const 
 void rmsnorm_v4_fused_residual(__nv_bfloat16* y, __nv_bfloat16* residual, const __nv_bfloat16* x,
                                const __nv_bfloat16* weight, int T, int C, float eps, cudaStream_t stream = 0);
 
+/// v4, launched with programmatic dependent launch when `pdl` is set and the GPU has it
+/// (common/pdl.cuh; chapter 07 explains PDL): the kernel may then be scheduled while the
+/// previous kernel in the stream still runs, and waits on the GPU (griddepcontrol.wait)
+/// before it reads anything. Chapter 08's prefill uses it between its GEMMs.
+void rmsnorm_v4_fused_residual_pdl(__nv_bfloat16* y, __nv_bfloat16* residual, const __nv_bfloat16* x,
+                                   const __nv_bfloat16* weight, int T, int C, float eps, cudaStream_t stream,
+                                   bool pdl);
+
 /// Every plain RMSNorm version, in order, so tests and the benchmark loop over one list.
 using RmsnormLauncher = void (*)(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, int, int, float,
                                  cudaStream_t);
@@ -104,8 +112,8 @@ inline void rmsnorm_forward(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv
 /// The fused residual add + RMSNorm the decoder layer calls (v4).
 inline void fused_residual_rmsnorm_forward(__nv_bfloat16* y, __nv_bfloat16* residual, const __nv_bfloat16* x,
                                            const __nv_bfloat16* weight, int T, int C, float eps,
-                                           cudaStream_t stream = 0) {
-  rmsnorm_v4_fused_residual(y, residual, x, weight, T, C, eps, stream);
+                                           cudaStream_t stream = 0, bool pdl = false) {
+  rmsnorm_v4_fused_residual_pdl(y, residual, x, weight, T, C, eps, stream, pdl);
 }
 
 }  // namespace bielik

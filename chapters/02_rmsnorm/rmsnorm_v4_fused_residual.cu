@@ -15,6 +15,7 @@
 // rounded value is stored, and the *rounded* value is what gets normalized: the norm
 // sees exactly the residual the next layer's add will read, as in HuggingFace.
 #include "cuda_check.cuh"
+#include "pdl.cuh"
 #include "rmsnorm.cuh"
 #include "rmsnorm_warp.cuh"
 
@@ -29,6 +30,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarpSize)
                                      const __nv_bfloat16* x,       // (T, C)
                                      const __nv_bfloat16* weight,  // (C)
                                      int T, int C, float eps) {
+  // With PDL (chapter 07) this kernel may start while the previous one still runs:
+  // everything it reads may be that kernel's output, so it waits first. A no-op otherwise.
+  pdl_wait();
   int t = blockIdx.x * kWarpsPerBlock + threadIdx.x / kWarpSize;
   int lane = threadIdx.x % kWarpSize;
   if (t >= T) return;  // the whole warp leaves together, so the shuffles stay full-warp
@@ -96,23 +100,28 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarpSize)
   }
 }
 
-void rmsnorm_v4_fused_residual(__nv_bfloat16* y, __nv_bfloat16* residual, const __nv_bfloat16* x,
-                               const __nv_bfloat16* weight, int T, int C, float eps, cudaStream_t stream) {
+void rmsnorm_v4_fused_residual_pdl(__nv_bfloat16* y, __nv_bfloat16* residual, const __nv_bfloat16* x,
+                                   const __nv_bfloat16* weight, int T, int C, float eps, cudaStream_t stream,
+                                   bool pdl) {
   if (T == 0 || C == 0) return;
-  int threads = kWarpsPerBlock * kWarpSize;
-  int blocks = (T + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  const dim3 threads(kWarpsPerBlock * kWarpSize), blocks((T + kWarpsPerBlock - 1) / kWarpsPerBlock);
   bool launched = false;
   if (C % kBf16PerVector == 0 && aligned_16_bytes(y) && aligned_16_bytes(residual) && aligned_16_bytes(x) &&
       aligned_16_bytes(weight)) {
     launched = launch_with_vectors_per_lane(C / kBf16PerVector, [&](auto per_lane) {
-      rmsnorm_v4_fused_residual_kernel<decltype(per_lane)::value>
-          <<<blocks, threads, 0, stream>>>(y, residual, x, weight, T, C, eps);
+      launch_kernel(pdl, rmsnorm_v4_fused_residual_kernel<decltype(per_lane)::value>, blocks, threads, 0, stream, y,
+                    residual, x, weight, T, C, eps);
     });
   }
   if (!launched) {
-    rmsnorm_v4_fused_residual_kernel<0><<<blocks, threads, 0, stream>>>(y, residual, x, weight, T, C, eps);
+    launch_kernel(pdl, rmsnorm_v4_fused_residual_kernel<0>, blocks, threads, 0, stream, y, residual, x, weight, T, C,
+                  eps);
   }
-  CUDA_CHECK_LAUNCH();
+}
+
+void rmsnorm_v4_fused_residual(__nv_bfloat16* y, __nv_bfloat16* residual, const __nv_bfloat16* x,
+                               const __nv_bfloat16* weight, int T, int C, float eps, cudaStream_t stream) {
+  rmsnorm_v4_fused_residual_pdl(y, residual, x, weight, T, C, eps, stream, false);
 }
 
 }  // namespace bielik

@@ -9,8 +9,10 @@
 // for the rounding plus a little for fp32 error). A kernel that truncates instead of
 // rounding, rounds twice, or accumulates in bf16 fails it.
 #include <cmath>
+#include <iterator>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "catch_compat.hpp"
 #include "compare.hpp"
@@ -107,6 +109,20 @@ std::vector<double> cpu_rmsnorm(const std::vector<uint16_t>& x, const std::vecto
   return std::vector<double>(y.begin(), y.end());
 }
 
+// v4 launched with programmatic dependent launch, as chapter 08's prefill launches it.
+void v4_launched_with_pdl(__nv_bfloat16* y, __nv_bfloat16* residual, const __nv_bfloat16* x,
+                          const __nv_bfloat16* weight, int T, int C, float eps, cudaStream_t stream) {
+  rmsnorm_v4_fused_residual_pdl(y, residual, x, weight, T, C, eps, stream, true);
+}
+
+// The table's fused versions, plus v4's PDL launch.
+std::vector<FusedResidualRmsnormVersion> fused_versions_under_test() {
+  std::vector<FusedResidualRmsnormVersion> versions(std::begin(kFusedResidualRmsnormVersions),
+                                                    std::end(kFusedResidualRmsnormVersions));
+  versions.push_back({"v4_fused_residual, PDL launch", v4_launched_with_pdl});
+  return versions;
+}
+
 }  // namespace
 
 TEST_CASE("every rmsnorm version matches the float64 golden cases", "[ch02][gpu]") {
@@ -155,7 +171,7 @@ TEST_CASE("misaligned pointers fall back to the scalar path and stay correct", "
   std::vector<float> residual_cpu = bf16_to_float(residual), y_cpu(size_t(T) * C);
   fused_residual_rmsnorm_cpu(y_cpu.data(), residual_cpu.data(), bf16_to_float(x).data(), bf16_to_float(w).data(),
                              T, C, 1e-6f);
-  for (const FusedResidualRmsnormVersion& version : kFusedResidualRmsnormVersions) {
+  for (const FusedResidualRmsnormVersion& version : fused_versions_under_test()) {
     INFO("version " << version.name);
     std::vector<uint16_t> residual_gpu = residual;
     std::vector<uint16_t> y = run_fused(version, residual_gpu, x, w, T, C, 1e-6f, 1);
@@ -171,7 +187,7 @@ TEST_CASE("every fused residual rmsnorm version matches the golden cases", "[ch0
     NpyArray expected_residual = load(prefix + "_residual_out"), expected_y = load(prefix + "_y");
     int T = int(x.shape[0]), C = int(x.shape[1]);
     float eps = float(load(prefix + "_eps").to_double()[0]);
-    for (const FusedResidualRmsnormVersion& version : kFusedResidualRmsnormVersions) {
+    for (const FusedResidualRmsnormVersion& version : fused_versions_under_test()) {
       INFO("case " << name << " version " << version.name << " T=" << T << " C=" << C);
       std::vector<uint16_t> residual_bits = residual.bf16_bits();
       std::vector<uint16_t> y = run_fused(version, residual_bits, x.bf16_bits(), w.bf16_bits(), T, C, eps);
@@ -191,7 +207,7 @@ TEST_CASE("every fused version matches the CPU reference on fresh random inputs"
     std::vector<float> residual_cpu = bf16_to_float(residual), y_cpu(size_t(T) * C);
     fused_residual_rmsnorm_cpu(y_cpu.data(), residual_cpu.data(), bf16_to_float(x).data(),
                                bf16_to_float(w).data(), T, C, 1e-6f);
-    for (const FusedResidualRmsnormVersion& version : kFusedResidualRmsnormVersions) {
+    for (const FusedResidualRmsnormVersion& version : fused_versions_under_test()) {
       INFO("version " << version.name);
       std::vector<uint16_t> residual_gpu = residual;
       std::vector<uint16_t> y = run_fused(version, residual_gpu, x, w, T, C, 1e-6f);

@@ -17,7 +17,8 @@
 //    instead of first reading every max, so all its loads are independent; and it is
 //    launched with programmatic dependent launch (Hopper): its blocks are scheduled while
 //    the split kernel runs and wait on the GPU (griddepcontrol.wait) for its results,
-//    instead of the launch starting only after the split kernel has drained.
+//    instead of the launch starting only after the split kernel has drained. The split
+//    kernel is launched the same way after whatever kernel precedes it.
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -46,6 +47,7 @@ __global__ void __launch_bounds__(kV3Warps * 32)
                                      const int* d_length,  // (1) or nullptr: kv_len = *d_length + kv_len_arg
                                      int kv_len_arg, int max_context, int num_splits, int H) {
   pdl_allow_dependents();
+  pdl_wait();  // launched with PDL: q, the new key and the length come from the kernel before
   const int split = blockIdx.x, kv_head = blockIdx.y;
 
   int kv_len = d_length ? *d_length + kv_len_arg : kv_len_arg;
@@ -153,11 +155,12 @@ void launch_v3(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* 
   }
   float* partial_acc = workspace->partial_acc.data();
   float* partial_ml = workspace->partial_ml.data();
-  split_kernel(D, H / Hkv)<<<dim3(num_splits, Hkv), kV3Warps * 32, 0, stream>>>(
-      partial_acc, partial_ml, q, k_cache, v_cache, d_length, kv_len_arg, max_context, num_splits, H);
-  CUDA_CHECK_LAUNCH();
+  // Both kernels with PDL (plain launches before Hopper): the split kernel is scheduled
+  // while the kernel before it (in the model, the QKV GEMV) drains, the combine while the
+  // splits run; each waits on the GPU for its inputs.
+  launch_kernel(true, split_kernel(D, H / Hkv), dim3(num_splits, Hkv), dim3(kV3Warps * 32), 0, stream, partial_acc,
+                partial_ml, q, k_cache, v_cache, d_length, kv_len_arg, max_context, num_splits, H);
 
-  // The combine with PDL (a plain launch before Hopper): scheduled while the splits run.
   auto combine = D == 128 ? decode_attention_v3_combine_kernel<128> : decode_attention_v3_combine_kernel<64>;
   launch_kernel(true, combine, dim3(H), dim3(kV3CombineThreads), 0, stream, out,
                 static_cast<const float*>(partial_acc), static_cast<const float*>(partial_ml), num_splits, H);

@@ -143,6 +143,21 @@ std::map<std::string, double> time_kernel_classes(cudaStream_t stream, int runs,
   return class_ms;
 }
 
+// Time to first token of an n-token prompt from an empty cache: the median of 7 runs
+// after two warm-ups (cuBLASLt plans, clocks).
+double ttft_ms(CudaModel& model, int n) {
+  const std::vector<int32_t> prompt = random_prompt(n, model.config().vocab_size, 100 + n);
+  std::vector<double> times;
+  for (int r = 0; r < 9; ++r) {
+    model.reset();
+    const double start = now_ms();
+    model.prefill(prompt);
+    const double ms = now_ms() - start;
+    if (r >= 2) times.push_back(ms);
+  }
+  return median(times);
+}
+
 // Decode tokens/s: prefill 16 tokens, then `tokens` greedy steps queued back to back.
 double decode_tokens_per_s(CudaModel& model, int tokens, int repeats, bool sync_per_token) {
   const std::vector<int32_t> prompt = random_prompt(16, model.config().vocab_size, 7);
@@ -195,17 +210,8 @@ int main(int argc, char** argv) {
     BenchTable prefill_table("model_prefill", {"prompt tokens", "TTFT ms", "tokens/s", "TFLOP/s (matmuls)"});
     for (int n : {16, 128, 512, 2048}) {
       if (n > model->context_size()) continue;
-      const std::vector<int32_t> prompt = random_prompt(n, V, 100 + n);
-      std::vector<double> times;
-      for (int r = 0; r < 9; ++r) {
-        model->reset();
-        const double start = now_ms();
-        model->prefill(prompt);
-        const double ms = now_ms() - start;
-        if (r >= 2) times.push_back(ms);  // two warm-up runs (cuBLASLt plans, clocks)
-      }
+      const double ms = ttft_ms(*model, n);
       peak_used = std::max(peak_used, used_device_bytes());
-      const double ms = median(times);
       ttft[std::to_string(n)] = ms;
       const double flops = 2.0 * n * (double(model->decode_weight_bytes()) / 2 - double(V) * C);  // minus lm_head rows
       prefill_table.add_row({std::to_string(n), fmt(ms, 3), fmt(n / (ms * 1e-3), 0), fmt(tflop_per_s(flops, ms), 1)});
@@ -276,6 +282,7 @@ int main(int argc, char** argv) {
     const double weights_gb = model->weight_bytes() / 1e9, kv_gb = model->kv_cache_bytes() / 1e9;
     const double scratch_gb = model->scratch_bytes() / 1e9;
     const double peak_gb = (peak_used - used_before) / 1e9;
+    const int model_context = model->context_size();
     model.reset();  // free it before the variants load
 
     // Decode tokens/s of a model loaded with the options changed by `tweak`.
@@ -287,6 +294,13 @@ int main(int argc, char** argv) {
     };
     // --- what the graph and PDL are worth: the same decode without them ---
     const double no_pdl_tok_s = variant([](CudaModelOptions& o) { o.use_pdl = false; });
+    double no_pdl_ttft_512 = 0;  // PDL also launches prefill's small kernels
+    if (model_context >= 512) {
+      CudaModelOptions o = options;
+      o.use_pdl = false;
+      CudaModel m(args.model, o);
+      no_pdl_ttft_512 = ttft_ms(m, 512);
+    }
     const double eager_tok_s = variant([](CudaModelOptions& o) { o.use_graph = false; });
 
     // --- how many GEMV blocks per SM: fewer leaves room for PDL to start the next kernel ---
@@ -322,6 +336,10 @@ int main(int argc, char** argv) {
                 copy_gbs, weights_gb, double(bytes_per_token) / 1e9, kv_gb, scratch_gb, peak_gb,
                 100.0 * (peak_gb / (weights_gb + kv_gb) - 1.0));
     prefill_table.print();
+    if (no_pdl_ttft_512 > 0) {
+      std::printf("TTFT(512) without PDL between prefill's small kernels: %.3f ms (with: %.3f ms)\n",
+                  no_pdl_ttft_512, double(ttft["512"]));
+    }
     prefill_step_table.print();
     std::printf("prefill pass (sum of the table) %.1f us\n", prefill_pass_us);
     decode_table.print();
@@ -367,6 +385,7 @@ int main(int argc, char** argv) {
         {"copy_gbs", copy_gbs},
         {"floor_ms", floor_ms},
         {"ttft_ms", ttft},
+        {"ttft_512_no_pdl_ms", no_pdl_ttft_512},
         {"decode_tokens", tokens},
         {"decode_tok_s", tok_s},
         {"decode_ms_per_token", ms_per_token},

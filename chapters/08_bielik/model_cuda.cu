@@ -388,20 +388,23 @@ void CudaModel::forward_chunk(const int32_t* tokens, int T, bool all_logits, flo
   embedding_forward(p_x_.data(), embed_, p_tokens_.data(), T, C_, V_, nullptr, s);
   done("embedding");
 
+  // The small kernels between the GEMMs (norms, split + RoPE + append, SwiGLU) are
+  // launched with PDL when the model uses it: each may start while the GEMM before it
+  // drains, and waits on the GPU for its results.
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     // h = rmsnorm(x); from layer 1 on, the previous layer's MLP output is added first.
     if (l == 0) {
       rmsnorm_forward(p_h_.data(), p_x_.data(), L.input_norm, T, C_, eps, s);
     } else {
-      fused_residual_rmsnorm_forward(p_h_.data(), p_x_.data(), p_proj_.data(), L.input_norm, T, C_, eps, s);
+      fused_residual_rmsnorm_forward(p_h_.data(), p_x_.data(), p_proj_.data(), L.input_norm, T, C_, eps, s, use_pdl_);
     }
     done("norm");
     matmul_forward(p_qkv_.data(), p_h_.data(), L.w_qkv, L.b_qkv, T, C_, QKV_, s);
     done("qkv_gemm");
     // q, k, v apart (token-major), RoPE on q and k, k and v into the cache: one pass.
     const QkvRopeAppendOut split{p_q_.data(), p_k_.data(), p_v_.data(), kv_.k(int(l)), kv_.v(int(l)), context};
-    qkv_rope_append(split, p_qkv_.data(), T, P, H_, Hkv_, rope_, s);
+    qkv_rope_append(split, p_qkv_.data(), T, P, H_, Hkv_, rope_, s, use_pdl_);
     done("split_rope_append");
     if (P == 0) {
       attention_forward(p_attn_.data(), p_q_.data(), p_k_.data(), p_v_.data(), T, T, H_, Hkv_, D_, s);
@@ -414,7 +417,7 @@ void CudaModel::forward_chunk(const int32_t* tokens, int T, bool all_logits, flo
     done("attention");
     matmul_forward(p_proj_.data(), p_attn_.data(), L.w_o, L.b_o, T, HD, C_, s);
     done("o_gemm");
-    fused_residual_rmsnorm_forward(p_h_.data(), p_x_.data(), p_proj_.data(), L.post_norm, T, C_, eps, s);
+    fused_residual_rmsnorm_forward(p_h_.data(), p_x_.data(), p_proj_.data(), L.post_norm, T, C_, eps, s, use_pdl_);
     done("norm");
     // Gate and up as ONE GEMM over the concatenated (2F, C) weights, then the activation.
     // (Chapter 06 measured its fused tensor-core SwiGLU at half of cuBLASLt's speed at
@@ -422,7 +425,7 @@ void CudaModel::forward_chunk(const int32_t* tokens, int T, bool all_logits, flo
     // in one GEMM instead of two and without its on-demand scratch buffers.)
     matmul_forward(p_gate_up_.data(), p_h_.data(), L.w_gate_up, L.b_gate_up, T, C_, 2 * F_, s);
     done("gate_up_gemm");
-    swiglu_rows(p_act_.data(), p_gate_up_.data(), T, F_, s);
+    swiglu_rows(p_act_.data(), p_gate_up_.data(), T, F_, s, use_pdl_);
     done("swiglu");
     matmul_forward(p_proj_.data(), p_act_.data(), L.w_down, L.b_down, T, F_, C_, s);
     done("down_gemm");

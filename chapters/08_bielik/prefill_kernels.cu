@@ -5,6 +5,7 @@
 
 #include "cuda_check.cuh"
 #include "decode_device.cuh"  // unpack_8, pack_8, silu, aligned_16
+#include "pdl.cuh"
 #include "prefill_kernels.cuh"
 
 namespace bielik {
@@ -23,6 +24,7 @@ __global__ void __launch_bounds__(128) qkv_rope_append_kernel(
     const float* cos_table,     // (max_positions, D/2)
     const float* sin_table,     // (max_positions, D/2)
     int P, int H, int Hkv, int D, int max_positions) {
+  pdl_wait();  // with PDL, the QKV GEMM may still be running: everything below reads it
   const int t = blockIdx.x, pos = P + t;
   const int half = D / 2, chunks_per_head = half / 8;  // rotation items per head
   const int rotate_items = (H + Hkv) * chunks_per_head, copy_items = Hkv * D / 8;
@@ -83,6 +85,7 @@ __global__ void __launch_bounds__(128) qkv_rope_append_kernel(
 __global__ void swiglu_rows_kernel(uint4* act,            // (T, F/8)
                                    const uint4* gate_up,  // (T, 2F/8)
                                    int T, int vectors_per_row) {
+  pdl_wait();  // with PDL, the gate/up GEMM may still be running
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= vectors_per_row) return;
   for (size_t t = blockIdx.y; t < size_t(T); t += gridDim.y) {  // gridDim.y <= 65535
@@ -98,7 +101,7 @@ __global__ void swiglu_rows_kernel(uint4* act,            // (T, F/8)
 }  // namespace
 
 void qkv_rope_append(const QkvRopeAppendOut& out, const __nv_bfloat16* qkv, int T, int P, int H, int Hkv,
-                     const RopeTable& table, cudaStream_t stream) {
+                     const RopeTable& table, cudaStream_t stream, bool pdl) {
   const int D = table.D;
   if (D <= 0 || D % 16 != 0 || table.cos.size() == 0) {
     throw std::invalid_argument("qkv_rope_append: needs a built RoPE table with D % 16 == 0, got D = " +
@@ -110,21 +113,20 @@ void qkv_rope_append(const QkvRopeAppendOut& out, const __nv_bfloat16* qkv, int 
     if (!p || !aligned_16(p)) throw std::invalid_argument("qkv_rope_append: every pointer must be 16-byte aligned");
   }
   if (T <= 0) return;
-  qkv_rope_append_kernel<<<T, 128, 0, stream>>>(out, reinterpret_cast<const uint4*>(qkv), table.cos.data(),
-                                                table.sin.data(), P, H, Hkv, D, table.max_positions);
-  CUDA_CHECK_LAUNCH();
+  launch_kernel(pdl, qkv_rope_append_kernel, dim3(T), dim3(128), 0, stream, out, reinterpret_cast<const uint4*>(qkv),
+                static_cast<const float*>(table.cos.data()), static_cast<const float*>(table.sin.data()), P, H, Hkv, D,
+                table.max_positions);
 }
 
-void swiglu_rows(__nv_bfloat16* act, const __nv_bfloat16* gate_up, int T, int F, cudaStream_t stream) {
+void swiglu_rows(__nv_bfloat16* act, const __nv_bfloat16* gate_up, int T, int F, cudaStream_t stream, bool pdl) {
   if (F % 8 != 0 || !aligned_16(act) || !aligned_16(gate_up)) {
     throw std::invalid_argument("swiglu_rows: needs F % 8 == 0 and 16-byte aligned pointers, F=" + std::to_string(F));
   }
   if (T <= 0 || F == 0) return;
   const int vectors = F / 8, threads = 256;
   const dim3 grid((vectors + threads - 1) / threads, unsigned(std::min(T, 65535)));
-  swiglu_rows_kernel<<<grid, threads, 0, stream>>>(reinterpret_cast<uint4*>(act),
-                                                   reinterpret_cast<const uint4*>(gate_up), T, vectors);
-  CUDA_CHECK_LAUNCH();
+  launch_kernel(pdl, swiglu_rows_kernel, grid, dim3(threads), 0, stream, reinterpret_cast<uint4*>(act),
+                reinterpret_cast<const uint4*>(gate_up), T, vectors);
 }
 
 }  // namespace bielik
