@@ -81,6 +81,14 @@ void attention_v5_flash_split_keys(__nv_bfloat16* out, const __nv_bfloat16* q, c
 /// (99 KB), where attention_forward uses v3 instead.
 bool attention_v5_supported(int D);
 
+/// v5 launched with programmatic dependent launch when `pdl` is set and the GPU has it
+/// (common/pdl.cuh; chapter 07 explains PDL): the kernel may be scheduled while the
+/// previous kernel in the stream still runs and waits on the GPU before reading q, k, v.
+/// Chapter 08's prefill uses it. Same parameters and checks as v5.
+void attention_v5_flash_split_keys_pdl(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                                       const __nv_bfloat16* v, int Tq, int Tkv, int H, int Hkv, int D,
+                                       cudaStream_t stream, bool pdl);
+
 /// Checks the shape rules every version shares; throws std::invalid_argument naming `who`.
 /// D must be 64 or 128 (the head dims of Llama-family models; template instances).
 void attention_check_shapes(const char* who, int Tq, int Tkv, int H, int Hkv, int D);
@@ -104,11 +112,12 @@ inline constexpr AttentionVersion kAttentionVersions[] = {
 
 /// The version later chapters call for prefill: the fastest one measured (v5) where the
 /// GPU has the shared memory for it, v3 otherwise.
+/// `pdl`: launch v5 with programmatic dependent launch (v3 ignores it).
 inline void attention_forward(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k,
                               const __nv_bfloat16* v, int Tq, int Tkv, int H, int Hkv, int D,
-                              cudaStream_t stream = 0) {
+                              cudaStream_t stream = 0, bool pdl = false) {
   if (attention_v5_supported(D)) {
-    attention_v5_flash_split_keys(out, q, k, v, Tq, Tkv, H, Hkv, D, nullptr, stream);
+    attention_v5_flash_split_keys_pdl(out, q, k, v, Tq, Tkv, H, Hkv, D, stream, pdl);
   } else {
     attention_v3_flash_mma(out, q, k, v, Tq, Tkv, H, Hkv, D, nullptr, stream);
   }

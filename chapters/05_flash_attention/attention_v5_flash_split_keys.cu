@@ -30,6 +30,7 @@
 #include "attention_ptx.cuh"
 #include "attention_tile_load.cuh"
 #include "cuda_check.cuh"
+#include "pdl.cuh"
 
 namespace bielik {
 
@@ -63,6 +64,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __nv_bfloat16* k_tiles = q_tile + kBlockM * S + group_id * 4 * kBlockN * S;         // (2, kBlockN, S) per group
   __nv_bfloat16* v_tiles = k_tiles + 2 * kBlockN * S;                                 // (2, kBlockN, S) per group
 
+  pdl_wait();  // launched with PDL (chapter 08's prefill): q, k, v may still be being written
   const int h = blockIdx.x, kv_head = h / (H / Hkv);
   const int m0 = (gridDim.y - 1 - blockIdx.y) * kBlockM;  // heaviest query blocks first
   const int offset = Tkv - Tq;
@@ -260,7 +262,7 @@ bool attention_v5_supported(int D) {
 namespace {
 template <int D>
 void launch(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, int Tq,
-            int Tkv, int H, int Hkv, cudaStream_t stream) {
+            int Tkv, int H, int Hkv, cudaStream_t stream, bool pdl) {
   static_assert((D / 2 + 4) * kGroupThreads * sizeof(float) <= 2 * 4 * kBlockN * kTileStride<D> * 2,
                 "the merge area must fit over the K/V tiles");
   static const bool configured = [] {
@@ -271,15 +273,20 @@ void launch(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k, 
   (void)configured;
   const dim3 grid(H, (Tq + kBlockM - 1) / kBlockM);
   const float scale_log2 = 1.4426950408889634f / std::sqrt(float(D));  // log2(e) / sqrt(D)
-  attention_v5_flash_split_keys_kernel<D><<<grid, kThreads, shared_bytes<D>(), stream>>>(out, q, k, v, Tq, Tkv, H,
-                                                                                          Hkv, scale_log2);
-  CUDA_CHECK_LAUNCH();
+  launch_kernel(pdl, attention_v5_flash_split_keys_kernel<D>, grid, dim3(kThreads), shared_bytes<D>(), stream, out,
+                q, k, v, Tq, Tkv, H, Hkv, scale_log2);
 }
 }  // namespace
 
 void attention_v5_flash_split_keys(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k,
                                    const __nv_bfloat16* v, int Tq, int Tkv, int H, int Hkv, int D,
                                    float* /*workspace*/, cudaStream_t stream) {
+  attention_v5_flash_split_keys_pdl(out, q, k, v, Tq, Tkv, H, Hkv, D, stream, false);
+}
+
+void attention_v5_flash_split_keys_pdl(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                                       const __nv_bfloat16* v, int Tq, int Tkv, int H, int Hkv, int D,
+                                       cudaStream_t stream, bool pdl) {
   attention_check_shapes("attention_v5_flash_split_keys", Tq, Tkv, H, Hkv, D);
   if (Tq == 0) return;
   for (const void* pointer : {static_cast<const void*>(out), static_cast<const void*>(q),
@@ -293,9 +300,9 @@ void attention_v5_flash_split_keys(__nv_bfloat16* out, const __nv_bfloat16* q, c
                              std::to_string(D) + " (use attention_forward, which falls back to v3)");
   }
   if (D == 128) {
-    launch<128>(out, q, k, v, Tq, Tkv, H, Hkv, stream);
+    launch<128>(out, q, k, v, Tq, Tkv, H, Hkv, stream, pdl);
   } else {
-    launch<64>(out, q, k, v, Tq, Tkv, H, Hkv, stream);
+    launch<64>(out, q, k, v, Tq, Tkv, H, Hkv, stream, pdl);
   }
 }
 

@@ -170,15 +170,20 @@ TEST_CASE("attention_forward is the fastest version this GPU supports, bit for b
     std::vector<uint16_t> k = random_bf16(size_t(s.Tkv) * s.Hkv * s.D, seed + 1);
     std::vector<uint16_t> v = random_bf16(size_t(s.Tkv) * s.Hkv * s.D, seed + 2);
     DeviceBuffer<uint16_t> dq(q), dk(k), dv(v), out(size_t(s.Tq) * s.H * s.D);
-    out.fill_bytes(0xFF);
-    attention_forward(reinterpret_cast<__nv_bfloat16*>(out.data()), reinterpret_cast<const __nv_bfloat16*>(dq.data()),
-                      reinterpret_cast<const __nv_bfloat16*>(dk.data()),
-                      reinterpret_cast<const __nv_bfloat16*>(dv.data()), s.Tq, s.Tkv, s.H, s.Hkv, s.D);
-    CUDA_CHECK(cudaDeviceSynchronize());
     REQUIRE(std::string(kAttentionVersions[2].name) == "v3_flash_mma");
     REQUIRE(std::string(kAttentionVersions[4].name) == "v5_flash_split_keys");
     const AttentionVersion& chosen = attention_v5_supported(s.D) ? kAttentionVersions[4] : kAttentionVersions[2];
     INFO("expected dispatch to " << chosen.name << " at D=" << s.D);
-    REQUIRE(out.to_host() == run_version(chosen, q, k, v, s));
+    const std::vector<uint16_t> expected = run_version(chosen, q, k, v, s);
+    for (bool pdl : {false, true}) {  // chapter 08's prefill launches it with PDL
+      INFO("pdl " << pdl);
+      out.fill_bytes(0xFF);
+      attention_forward(reinterpret_cast<__nv_bfloat16*>(out.data()),
+                        reinterpret_cast<const __nv_bfloat16*>(dq.data()),
+                        reinterpret_cast<const __nv_bfloat16*>(dk.data()),
+                        reinterpret_cast<const __nv_bfloat16*>(dv.data()), s.Tq, s.Tkv, s.H, s.Hkv, s.D, 0, pdl);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      REQUIRE(out.to_host() == expected);
+    }
   }
 }

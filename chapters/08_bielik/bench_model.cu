@@ -105,16 +105,20 @@ __global__ void hold_gpu_kernel(long long cycles) {
   }
 }
 
-// Milliseconds per kernel class, averaged over `runs` after one warm-up: `enqueue(probe)`
-// queues the work on `stream` and calls probe(name) after each kernel class; an event is
-// recorded there. A hold kernel keeps the GPU busy meanwhile, so the events time the
-// kernels and not the host's launch speed. `order` receives the names as first seen.
+// Milliseconds per kernel class, averaged over `runs` after one warm-up: `prepare()` runs
+// first (it may wait for the GPU), then `enqueue(probe)` queues the work on `stream` and
+// calls probe(name) after each kernel class; an event is recorded there. A hold kernel
+// keeps the GPU busy while the host queues, so the events time the kernels and not the
+// host's launch speed (enqueue must not wait for the GPU before its last probe).
+// `order` receives the names as first seen.
 using Probe = std::function<void(const char*)>;
 std::map<std::string, double> time_kernel_classes(cudaStream_t stream, int runs, long long hold_cycles,
+                                                  const std::function<void()>& prepare,
                                                   const std::function<void(int run, const Probe&)>& enqueue,
                                                   std::vector<std::string>& order) {
   std::map<std::string, double> class_ms;
   for (int run = 0; run < runs + 1; ++run) {  // run 0 warms up
+    prepare();
     std::vector<std::pair<std::string, cudaEvent_t>> marks;
     cudaEvent_t start;
     CUDA_CHECK(cudaEventCreate(&start));
@@ -222,10 +226,8 @@ int main(int argc, char** argv) {
     const int probed_prompt = std::min(512, model->context_size());
     std::map<std::string, double> prefill_class_ms = time_kernel_classes(
         model->stream(), 3, 40'000'000,  // ~20 ms of hold: the host queues the whole pass meanwhile
-        [&](int, const Probe& probe) {
-          model->reset();
-          model->prefill_probed(random_prompt(probed_prompt, V, 11), probe);
-        },
+        [&] { model->reset(); },  // waits for the GPU: before the hold, not inside the timing
+        [&](int, const Probe& probe) { model->prefill_probed(random_prompt(probed_prompt, V, 11), probe); },
         prefill_order);
     BenchTable prefill_step_table("model_prefill_step",
                                   {"kernel (x layers), " + std::to_string(probed_prompt) + " tokens", "us",
@@ -257,7 +259,7 @@ int main(int argc, char** argv) {
     model->prefill(random_prompt(16, V, 9));
     std::map<std::string, double> class_ms = time_kernel_classes(
         model->stream(), 5, 20'000'000,  // ~10 ms of hold: the host queues the whole step meanwhile
-        [&](int run, const Probe& probe) { model->decode_probed(5 + run, probe); }, order);
+        [] {}, [&](int run, const Probe& probe) { model->decode_probed(5 + run, probe); }, order);
     const double keys = 16 + 3;  // cache length during the probed steps (about)
     const int QKV = (H + 2 * Hkv) * D;
     std::map<std::string, double> class_bytes = {

@@ -388,8 +388,8 @@ void CudaModel::forward_chunk(const int32_t* tokens, int T, bool all_logits, flo
   embedding_forward(p_x_.data(), embed_, p_tokens_.data(), T, C_, V_, nullptr, s);
   done("embedding");
 
-  // The small kernels between the GEMMs (norms, split + RoPE + append, SwiGLU) are
-  // launched with PDL when the model uses it: each may start while the GEMM before it
+  // The kernels between the GEMMs (norms, split + RoPE + append, attention, SwiGLU) are
+  // launched with PDL when the model uses it: each may start while the kernel before it
   // drains, and waits on the GPU for its results.
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
@@ -407,12 +407,12 @@ void CudaModel::forward_chunk(const int32_t* tokens, int T, bool all_logits, flo
     qkv_rope_append(split, p_qkv_.data(), T, P, H_, Hkv_, rope_, s, use_pdl_);
     done("split_rope_append");
     if (P == 0) {
-      attention_forward(p_attn_.data(), p_q_.data(), p_k_.data(), p_v_.data(), T, T, H_, Hkv_, D_, s);
+      attention_forward(p_attn_.data(), p_q_.data(), p_k_.data(), p_v_.data(), T, T, H_, Hkv_, D_, s, use_pdl_);
     } else {
       kv_cache_gather_token_major(p_k_gathered_.data(), p_v_gathered_.data(), kv_.k(int(l)), kv_.v(int(l)), P + T,
                                   Hkv_, D_, context, s);
       attention_forward(p_attn_.data(), p_q_.data(), p_k_gathered_.data(), p_v_gathered_.data(), T, P + T, H_,
-                        Hkv_, D_, s);
+                        Hkv_, D_, s, use_pdl_);
     }
     done("attention");
     matmul_forward(p_proj_.data(), p_attn_.data(), L.w_o, L.b_o, T, HD, C_, s);
