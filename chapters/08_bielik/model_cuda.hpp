@@ -57,7 +57,7 @@ struct CudaModelOptions {
   int max_context = 0;       ///< KV cache length in tokens; 0: max_position_embeddings
   int prefill_chunk = 2048;  ///< most tokens per prefill pass (sizes the activation buffers)
   bool use_graph = true;     ///< decode by replaying the captured CUDA graph (else launch eagerly)
-  bool use_pdl = true;       ///< programmatic dependent launch between decode kernels (sm_90+)
+  bool use_pdl = true;       ///< programmatic dependent launch between decode kernels and between prefill's small kernels (sm_90+)
   /// Resident blocks per SM the decode GEMVs may use (0: as many as fit), for the small
   /// ones (QKV, O) and the large ones (gate/up, down, lm_head). Fewer leaves room on each
   /// SM for the NEXT kernel's blocks, which PDL then starts early: their weight loads
