@@ -19,6 +19,7 @@
 //  * one 512-token prefill kernel by kernel, the same way.
 // Writes JSON for scripts/make_bench_report.py and prints the tables.
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -366,12 +367,55 @@ int main(int argc, char** argv) {
       }
     }
 
+    // --- the streamed persistent step: one weight stream per block across every phase,
+    // with the largest ring and with 4 slots; and its logits against the graph's on this
+    // checkpoint (Bielik's shapes: units shared by 2 and 8 warps, which the tests' tiny
+    // models only reach with small slots) ---
+    const int streamed_rings[2] = {0, 4};
+    double streamed_tok_s[2] = {0, 0};
+    for (int i = 0; i < 2; ++i) {
+      try {
+        streamed_tok_s[i] = variant([&](CudaModelOptions& o) {
+          o.persistent_decode = true;
+          o.persistent_weight_stream = true;
+          o.persistent_ring_stages = streamed_rings[i];
+        });
+      } catch (const std::exception& e) {
+        std::printf("streamed persistent decode (ring %d): %s\n", streamed_rings[i], e.what());
+      }
+    }
+    double streamed_logit_diff = -1, streamed_logit_scale = 0;
+    if (streamed_tok_s[0] > 0) {
+      auto step_logits = [&](bool streamed) {
+        CudaModelOptions o = options;
+        o.persistent_decode = streamed;
+        o.persistent_weight_stream = streamed;
+        CudaModel m(args.model, o);
+        m.prefill(random_prompt(16, m.config().vocab_size, 21));
+        return m.decode(5);
+      };
+      const std::vector<float> graph_logits = step_logits(false), streamed_logits = step_logits(true);
+      streamed_logit_diff = 0;
+      for (size_t i = 0; i < graph_logits.size(); ++i) {
+        streamed_logit_diff = std::max(streamed_logit_diff, double(std::fabs(graph_logits[i] - streamed_logits[i])));
+        streamed_logit_scale = std::max(streamed_logit_scale, double(std::fabs(graph_logits[i])));
+      }
+      std::printf("streamed step vs graph, one decode step after 16 tokens: max |logit diff| %.4g (max |logit| %.4g)\n",
+                  streamed_logit_diff, streamed_logit_scale);
+    }
+
     BenchTable persistent_table("model_decode_persistent", {"decode path", "tokens/s", "ms/token", "vs the graph"});
     for (int blocks : {1, 2}) {
       if (persistent_tok_s[blocks] <= 0) continue;
       persistent_table.add_row({"persistent kernel, " + std::to_string(blocks) + " block(s)/SM of 256 threads",
                                 fmt(persistent_tok_s[blocks], 0), fmt(1000.0 / persistent_tok_s[blocks], 3),
                                 fmt(persistent_tok_s[blocks] / tok_s, 2) + "x"});
+    }
+    for (int i = 0; i < 2; ++i) {
+      if (streamed_tok_s[i] <= 0) continue;
+      const std::string ring = streamed_rings[i] == 0 ? "the largest ring" : std::to_string(streamed_rings[i]) + "-slot ring";
+      persistent_table.add_row({"streamed persistent kernel, " + ring, fmt(streamed_tok_s[i], 0),
+                                fmt(1000.0 / streamed_tok_s[i], 3), fmt(streamed_tok_s[i] / tok_s, 2) + "x"});
     }
     persistent_table.print();
 
@@ -398,6 +442,9 @@ int main(int argc, char** argv) {
         {"decode_no_graph_tok_s", eager_tok_s},
         {"decode_gemv_blocks_per_sm_sweep", occupancy_sweep},
         {"decode_persistent_tok_s", {{"1", persistent_tok_s[1]}, {"2", persistent_tok_s[2]}}},
+        {"decode_streamed_tok_s", {{"largest_ring", streamed_tok_s[0]}, {"ring_4", streamed_tok_s[1]}}},
+        {"streamed_vs_graph_max_logit_diff", streamed_logit_diff},
+        {"streamed_vs_graph_max_logit", streamed_logit_scale},
         {"eager_step_us", eager_step_us},
         {"peak_memory_gb", peak_gb},
         {"load_s", load_s},

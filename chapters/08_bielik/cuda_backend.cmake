@@ -21,7 +21,8 @@ else()
     ${cuda_backend_dir}/decode_kernels.cu
     ${cuda_backend_dir}/prefill_kernels.cu
     ${cuda_backend_dir}/decode_gemv_stream.cu
-    ${cuda_backend_dir}/decode_step_persistent.cu)
+    ${cuda_backend_dir}/decode_step_persistent.cu
+    ${cuda_backend_dir}/decode_step_streamed.cu)
   target_include_directories(bielik_ch08_cuda PUBLIC ${cuda_backend_dir})
   target_link_libraries(bielik_ch08_cuda PUBLIC bielik_ch08 ${cuda_backend_chapters})
 

@@ -1,6 +1,8 @@
 /// @file decode_persistent.cuh
-/// @brief Chapter 08: the whole decode step as ONE persistent kernel (an experiment
-/// against the graph of ~200 kernels; CudaModelOptions::persistent_decode).
+/// @brief Chapter 08: the whole decode step as ONE persistent kernel, in two forms
+/// (CudaModelOptions::persistent_decode): register loads per phase
+/// (decode_step_persistent), and one continuous bulk-copy weight stream per block
+/// across all phases (decode_step_streamed, decode_step_streamed.cu).
 ///
 /// Measured on the H200, one decode GEMV boundary costs ~3-4 us (drain, wait, input
 /// from L2, ramp), about as much as the bytes of the QKV or O projection. Here every
@@ -26,6 +28,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace bielik {
@@ -77,5 +80,33 @@ bool decode_step_persistent_supported(int D, int H, int Hkv);
 /// Launches one decode step on blocks_per_sm (1 or 2) blocks of 256 threads per SM.
 /// Throws std::invalid_argument for an unsupported shape or a grid the device cannot hold.
 void decode_step_persistent(const PersistentStep& step, int blocks_per_sm, cudaStream_t stream = 0);
+
+/// True when the streamed step can run: decode_step_persistent_supported and sm_90+
+/// (the bulk-copy engine).
+bool decode_step_streamed_supported(int D, int H, int Hkv);
+
+/// The shared-memory plan of the streamed step: a ring of ring_stages slots of
+/// slot_bytes (each holds up to 8 weight rows, at least one unit of every projection),
+/// after the input vector (x_bytes) and the slot barriers.
+struct StreamedStepLayout {
+  int slot_bytes = 0;
+  int ring_stages = 0;
+  int x_bytes = 0;
+  size_t shared_bytes = 0;  ///< dynamic shared memory per block
+};
+
+/// The layout for `step` with ring_stages slots (0: as many as shared memory holds, up
+/// to 32; else at least 2, capped there) of at least min_slot_bytes (0: 24 KB; always
+/// at least the largest unit; smaller slots mean fewer units per stage and more warps
+/// per unit, which the tests use on their tiny models). Throws std::invalid_argument
+/// for an unsupported device or shape, or when fewer than 2 slots fit.
+StreamedStepLayout decode_step_streamed_layout(const PersistentStep& step, int ring_stages, int min_slot_bytes = 0);
+
+/// Launches one decode step of the streamed kernel: one block of 256 threads per SM,
+/// whose thread 0 streams the block's rows of every projection of every layer, in
+/// order, through the ring. Same results as decode_step_persistent (the same epilogues
+/// and summation per row, up to the order of the partial sums).
+void decode_step_streamed(const PersistentStep& step, int ring_stages, int min_slot_bytes = 0,
+                          cudaStream_t stream = 0);
 
 }  // namespace bielik

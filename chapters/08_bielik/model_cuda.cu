@@ -143,6 +143,9 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
         throw std::invalid_argument(model_dir + ": the persistent decode step cannot run here (no cooperative "
                                     "launch, or D / GQA group unsupported)");
       }
+      if (options_.persistent_weight_stream && !decode_step_streamed_supported(D_, H_, Hkv_)) {
+        throw std::invalid_argument(model_dir + ": the streamed persistent decode step needs sm_90 or newer");
+      }
       std::vector<PersistentLayer> host_layers;
       for (size_t l = 0; l < layers_.size(); ++l) {
         const Layer& L = layers_[l];
@@ -180,6 +183,10 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
       p.partial_ml = attention_workspace_->partial_ml.data();
       p.splits = attention_splits_;
       p.barrier = d_barrier_.data();
+      // A shape whose ring does not fit in shared memory fails here, not at the first step.
+      if (options_.persistent_weight_stream) {
+        decode_step_streamed_layout(p, options_.persistent_ring_stages, options_.persistent_slot_bytes);
+      }
     } else if (options_.use_graph) {
       try {
         capture_graph(use_pdl_);
@@ -515,7 +522,9 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
 }
 
 void CudaModel::run_decode_step() {
-  if (options_.persistent_decode) {
+  if (options_.persistent_decode && options_.persistent_weight_stream) {
+    decode_step_streamed(persistent_step_, options_.persistent_ring_stages, options_.persistent_slot_bytes, stream_);
+  } else if (options_.persistent_decode) {
     decode_step_persistent(persistent_step_, options_.persistent_blocks_per_sm, stream_);
   } else if (graph_exec_) {
     CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));

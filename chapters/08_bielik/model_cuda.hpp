@@ -69,6 +69,11 @@ struct CudaModelOptions {
   /// asked for (bench_model measures both).
   bool persistent_decode = false;
   int persistent_blocks_per_sm = 2;  ///< 1 or 2 blocks of 256 threads per SM
+  /// With persistent_decode: the streamed form (decode_step_streamed: one block per SM,
+  /// one bulk-copy weight stream per block across every projection; sm_90+).
+  bool persistent_weight_stream = false;
+  int persistent_ring_stages = 0;  ///< its ring's slots (0: as many as fit)
+  int persistent_slot_bytes = 0;   ///< its slots' least size (0: 24 KB; the tests use less)
 };
 
 class CudaModel final : public Backend {

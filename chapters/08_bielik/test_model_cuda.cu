@@ -709,10 +709,33 @@ TEST_CASE("CUDA model: the persistent decode step matches the CPU backend", "[ch
     CpuModel cpu(dir, CpuModelOptions{2, 0});
     const std::vector<int32_t> prompt = random_prompt(21, spec.V, seed);
     const std::vector<float> expected = cpu.prefill(prompt, Logits::kAll);
-    for (int blocks : {1, 2}) {
+    // The register-load kernel on 1 and 2 blocks per SM; the streamed kernel with its
+    // default slots (8 tiny units per stage, a warp per unit), with a ring of 2 slots
+    // (every slot reused many times a step: the barrier parities wrap), and with slots
+    // of ~1 KB (1 or 2 units per stage: 4 or 8 warps share a unit, as Bielik's down
+    // projection and QKV do).
+    struct Variant {
+      const char* name;
+      int blocks_per_sm;
+      bool stream;
+      int ring_stages;
+      int slot_bytes;
+    };
+    for (const Variant& v : {Variant{"1 block/SM", 1, false, 0, 0}, Variant{"2 blocks/SM", 2, false, 0, 0},
+                             Variant{"streamed, largest ring", 1, true, 0, 0},
+                             Variant{"streamed, 2-slot ring", 1, true, 2, 0},
+                             Variant{"streamed, 1 KB slots", 1, true, 3, 1024}}) {
+      if (v.stream && !decode_step_streamed_supported(config.head_dim, config.num_attention_heads,
+                                                      config.num_key_value_heads)) {
+        WARN("no bulk-copy engine (sm_90) on this device: streamed decode not tested");
+        continue;
+      }
       CudaModelOptions options = cuda_options();
       options.persistent_decode = true;
-      options.persistent_blocks_per_sm = blocks;
+      options.persistent_blocks_per_sm = v.blocks_per_sm;
+      options.persistent_weight_stream = v.stream;
+      options.persistent_ring_stages = v.ring_stages;
+      options.persistent_slot_bytes = v.slot_bytes;
       CudaModel cuda(dir, options);
       // A prefill of 5 tokens (the ordinary kernels), then the persistent step on top
       // of that cache, one token at a time, 3 times over: the kernel resets its grid
@@ -726,7 +749,7 @@ TEST_CASE("CUDA model: the persistent decode step matches the CPU backend", "[ch
           const std::vector<float> step = cuda.decode(prompt[t]);
           REQUIRE(cuda.position() == int(t + 1));
           worst = std::max(worst, require_rows_close(std::string(spec.name) + " persistent step " + std::to_string(t) +
-                                                         " blocks/SM " + std::to_string(blocks),
+                                                         " " + v.name,
                                                      step, row_of(expected, spec.V, t), spec.V, kModelTolerance));
         }
       }
@@ -737,8 +760,16 @@ TEST_CASE("CUDA model: the persistent decode step matches the CPU backend", "[ch
       REQUIRE(tokens.size() == 8);
       for (int32_t token : tokens) REQUIRE((token >= 0 && token < spec.V));
       REQUIRE(cuda.position() == 5 + 8);
-      std::printf("%s: persistent decode (%d blocks/SM) vs CPU, 3 x 16 steps, worst rel err %.2e\n", spec.name,
-                  blocks, worst);
+      std::printf("%s: persistent decode (%s) vs CPU, 3 x 16 steps, worst rel err %.2e\n", spec.name, v.name,
+                  worst);
+    }
+    if (decode_step_streamed_supported(config.head_dim, config.num_attention_heads, config.num_key_value_heads)) {
+      // A ring of one slot could never have a copy in flight while the block computes.
+      CudaModelOptions one_slot = cuda_options();
+      one_slot.persistent_decode = true;
+      one_slot.persistent_weight_stream = true;
+      one_slot.persistent_ring_stages = 1;
+      REQUIRE_THROWS_AS(CudaModel(dir, one_slot), std::invalid_argument);
     }
   }
 }

@@ -1,0 +1,343 @@
+// The streamed persistent decode step (decode_persistent.cuh): one kernel per token, and
+// ONE weight stream per block that runs through every projection of every layer.
+//
+// Why: the graph of ~190 kernels (and the first persistent kernel, decode_step_
+// persistent.cu) lose ~40% of the bandwidth at the boundaries between projections.
+// There, each projection starts its weight loads only when it starts, so every
+// boundary pays a drain (the last loads of one GEMV land while nothing new is asked
+// for) and a ramp (the first loads of the next take a full HBM round trip). But the
+// weights never depend on the activations: block b knows, before the step begins,
+// every byte it will read (its rows of QKV, O, gate/up, down of layer 0, then of
+// layer 1, ..., then of the lm_head). So here thread 0 of each block keeps a ring of
+// shared-memory slots full with the bulk-copy engine (chapter 03's weight_stream.cuh),
+// in that order, across the phase boundaries: while the grid waits at a barrier, or
+// runs the attention (which reads no weights), the next projections' bytes are already
+// landing. The ring is as large as shared memory allows (~170 KB a block, ~23 MB over
+// the GPU, ~5 us of HBM time), enough to cover a barrier and the attention phases.
+//
+// A slot holds up to 8 whole units (a unit: one weight row, or the two rows a fused
+// epilogue needs: gate row n and up row F + n, or the two dims RoPE rotates together),
+// so a stage is ~24 KB and the per-stage __syncthreads is rare. The 8 warps split the
+// stage's units (8 / units warps per unit); each lane accumulates 16-byte vectors of
+// its rows against the staged input, the warps of a unit meet in shared memory, and
+// the first warp of the unit runs chapter 08's epilogue (bias, RoPE + cache append,
+// SwiGLU, residual add or fp32 logits: store_output, the same code as decode_gemv).
+//
+// Phases per layer, separated by grid barriers as in decode_step_persistent.cu:
+// norm + QKV + RoPE + append | attention splits | merge | O + residual |
+// norm + gate/up + SwiGLU | down + residual; then norm + lm_head, the argmax.
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "cuda_check.cuh"
+#include "decode_device.cuh"
+#include "decode_persistent.cuh"
+#include "decode_persistent_device.cuh"
+#include "matmul_common.cuh"
+#include "weight_stream.cuh"
+
+namespace bielik {
+
+using namespace decode_device;
+using namespace persistent_device;
+
+namespace {
+
+constexpr int kMinSlotBytes = 24 * 1024;  // default stage: 8 rows of K = 1536, or 4 row pairs
+constexpr int kMaxRingStages = 32;
+constexpr int kBarrierBytes = kMaxRingStages * 8;  // one mbarrier per slot
+
+// The projections in stream order: phase 4 l + kind for layer l, then the lm_head.
+enum PhaseKind : int { kQkv = 0, kO = 1, kGateUp = 2, kDown = 3, kHead = 4 };
+
+/// What one phase streams: N units of `rows` weight rows of K values each, this block's
+/// units [first_unit, end_unit) (balanced over the grid to within one unit), in stages
+/// of units_per_stage units.
+struct PhaseShape {
+  int kind, layer;
+  int N, K, rows;
+  int units_per_stage;
+  int first_unit, end_unit;
+  int stages;
+};
+
+__device__ __forceinline__ PhaseShape phase_shape(const PersistentStep& p, int phase, int slot_bytes) {
+  PhaseShape g;
+  g.kind = phase == 4 * p.L ? kHead : phase % 4;
+  g.layer = phase / 4;
+  switch (g.kind) {
+    case kQkv: g.N = (p.H + 2 * p.Hkv) * p.D / 2, g.K = p.C, g.rows = 2; break;  // rotation pairs
+    case kO: g.N = p.C, g.K = p.H * p.D, g.rows = 1; break;
+    case kGateUp: g.N = p.F, g.K = p.C, g.rows = 2; break;  // gate row n, up row F + n
+    case kDown: g.N = p.C, g.K = p.F, g.rows = 1; break;
+    default: g.N = p.V, g.K = p.C, g.rows = 1; break;
+  }
+  const int unit_bytes = g.rows * g.K * 2;  // the host made slot_bytes >= every unit
+  g.units_per_stage = kWarps;
+  while (g.units_per_stage > 1 && g.units_per_stage * unit_bytes > slot_bytes) g.units_per_stage /= 2;
+  g.first_unit = int((long long)blockIdx.x * g.N / gridDim.x);
+  g.end_unit = int((long long)(blockIdx.x + 1) * g.N / gridDim.x);
+  g.stages = (g.end_unit - g.first_unit + g.units_per_stage - 1) / g.units_per_stage;
+  return g;
+}
+
+__device__ __forceinline__ const __nv_bfloat16* phase_weight(const PersistentStep& p, const PhaseShape& g) {
+  if (g.kind == kHead) return p.lm_head;
+  const PersistentLayer& layer = p.layers[g.layer];
+  switch (g.kind) {
+    case kQkv: return layer.w_qkv;
+    case kO: return layer.w_o;
+    case kGateUp: return layer.w_gate_up;
+    default: return layer.w_down;
+  }
+}
+
+// Weight row r of unit n: decode_device::weight_row's layout, for a phase.
+__device__ __forceinline__ int phase_row(const PersistentStep& p, const PhaseShape& g, int unit, int r) {
+  if (g.kind == kQkv) {
+    const int half = p.D / 2;
+    return (unit / half) * p.D + unit % half + r * half;
+  }
+  return unit + r * g.N;
+}
+
+/// Thread 0's position in the block's stream: the next stage it will request. It walks
+/// the phases in the same order as the consumers, independently of them (up to the
+/// ring's depth ahead).
+struct StreamProducer {
+  const PersistentStep* p;
+  int slot_bytes;
+  int phase = 0, stage = 0;
+  PhaseShape g;
+  const __nv_bfloat16* W = nullptr;
+
+  // Issues the copies of the next stage into `slot`, counted in by `barrier`.
+  __device__ void operator()(int /*s*/, unsigned char* slot, uint64_t* barrier) {
+    while (stage >= g.stages) {  // the phase is done (or this block has no units in it)
+      ++phase;
+      stage = 0;
+      g = phase_shape(*p, phase, slot_bytes);
+      W = phase_weight(*p, g);
+    }
+    const int first = g.first_unit + stage * g.units_per_stage;
+    const int count = min(g.units_per_stage, g.end_unit - first);
+    const uint32_t row_bytes = uint32_t(g.K) * 2;
+    expect_bytes(barrier, uint32_t(count * g.rows) * row_bytes);
+    for (int i = 0; i < count; ++i) {
+      for (int r = 0; r < g.rows; ++r) {
+        copy_async_bulk(slot + size_t(i * g.rows + r) * row_bytes,
+                        W + size_t(phase_row(*p, g, first + i, r)) * g.K, row_bytes, barrier);
+      }
+    }
+    ++stage;
+  }
+};
+
+/// One projection of the step: stage (and normalize) the input, then this block's stages
+/// of the stream, s counting the block's stages since the kernel began.
+template <GemvInput In, GemvOutput Out>
+__device__ __forceinline__ void streamed_gemv(const DecodeGemvParams& gp, const PhaseShape& g, const WeightStream& ring,
+                                              StreamProducer& producer, int& s, uint4* x_shared, float* scratch,
+                                              float (*partials)[kWarps][2]) {
+  constexpr int kRows = rows_per_unit<Out>();  // equals g.rows
+  uint4 norm_held[kNormHeld];
+  load_norm_weight<In>(gp, norm_held);
+  stage_input<In, true>(gp, x_shared, scratch, norm_held);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warps_per_unit = kWarps / g.units_per_stage;
+  const int slot_unit = warp / warps_per_unit, part = warp % warps_per_unit;
+  const int vectors = gp.K / 8;
+  for (int stage = 0; stage < g.stages; ++stage, ++s) {
+    const int unit = g.first_unit + stage * g.units_per_stage + slot_unit;
+    const bool valid = unit < g.end_unit;  // the last stage of a phase may be short
+    float acc[2] = {0.0f, 0.0f};
+    ring.wait(s);
+    if (valid) {
+      const uint4* rows = reinterpret_cast<const uint4*>(ring.stage(s)) + size_t(slot_unit) * kRows * vectors;
+      for (int c = part * 32 + lane; c < vectors; c += 32 * warps_per_unit) {
+        const uint4 xv = x_shared[c];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) acc[r] = dot_8(rows[r * vectors + c], xv, acc[r]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) acc[r] = warp_sum(acc[r]);
+    // Partials double-buffered by stage parity: the ones of stage s are rewritten at
+    // stage s + 2, after the barrier of stage s + 1, which every reader has passed.
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) partials[s & 1][warp][r] = acc[r];
+    }
+    __syncthreads();  // the slot is free, the partials are visible
+    ring.refill(s, producer);
+    if (valid && part == 0 && lane == 0) {
+      float total[2] = {0.0f, 0.0f};
+      for (int q = 0; q < warps_per_unit; ++q) {
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) total[r] += partials[s & 1][warp + q][r];
+      }
+      if (gp.bias) {
+        store_output<Out, true>(gp, unit, total);
+      } else {
+        store_output<Out, false>(gp, unit, total);
+      }
+    }
+  }
+}
+
+template <int D, int G>
+__global__ void __launch_bounds__(kThreads, 1)
+    decode_step_streamed_kernel(PersistentStep p, int slot_bytes, int ring_stages, int x_bytes) {
+  // Shared memory: the slot barriers | the phase's input vector | the ring.
+  extern __shared__ __align__(128) unsigned char shared[];
+  uint64_t* barriers = reinterpret_cast<uint64_t*>(shared);
+  uint4* x_shared = reinterpret_cast<uint4*>(shared + kBarrierBytes);
+  unsigned char* ring_memory = shared + kBarrierBytes + x_bytes;
+  __shared__ float scratch[kWarps];
+  __shared__ float partials[2][kWarps][2];
+  const int C = p.C, QKV_PAIRS = (p.H + 2 * p.Hkv) * D / 2;
+
+  // The stream: every stage of every phase, in the order the phases run.
+  int total = 0;
+  for (int phase = 0; phase <= 4 * p.L; ++phase) total += phase_shape(p, phase, slot_bytes).stages;
+  StreamProducer producer{&p, slot_bytes};
+  producer.g = phase_shape(p, 0, slot_bytes);
+  producer.W = phase_weight(p, producer.g);
+  WeightStream ring;
+  ring.init(ring_memory, barriers, ring_stages, slot_bytes, total);
+  ring.prefill(producer);  // thread 0: the first ~170 KB, before anything else
+  __syncthreads();         // the barriers are initialized before anyone waits on them
+
+  // 0. The embedding row of this step's token (written by the previous step's argmax).
+  {
+    const int token = min(max(__ldcg(p.token), 0), p.V - 1);  // -1 (NaN last step): row 0
+    const uint4* row = reinterpret_cast<const uint4*>(p.embed + size_t(token) * C);
+    for (int c = blockIdx.x * kThreads + threadIdx.x; c < C / 8; c += gridDim.x * kThreads) {
+      reinterpret_cast<uint4*>(p.x)[c] = __ldg(row + c);
+    }
+  }
+  grid_barrier(p.barrier);
+
+  int s = 0;  // stages consumed
+  for (int l = 0; l < p.L; ++l) {
+    const PersistentLayer layer = p.layers[l];
+    DecodeGemvParams qkv{p.q, p.x, layer.input_norm, layer.w_qkv, layer.b_qkv, QKV_PAIRS, C, p.eps};
+    qkv.rope = RopeAppendTarget{layer.k_cache, layer.v_cache, p.d_length, p.cos, p.sin, p.H, p.Hkv, D,
+                                p.max_context, p.max_positions};
+    streamed_gemv<GemvInput::kRmsNorm, GemvOutput::kRopeAppend>(qkv, phase_shape(p, 4 * l + kQkv, slot_bytes), ring,
+                                                                producer, s, x_shared, scratch, partials);
+    grid_barrier(p.barrier);
+
+    attention_splits<D, G>(p, layer);
+    grid_barrier(p.barrier);
+    merge_splits<D>(p);
+    grid_barrier(p.barrier);
+
+    const DecodeGemvParams o{p.x, p.attn, nullptr, layer.w_o, layer.b_o, C, p.H * D, p.eps};
+    streamed_gemv<GemvInput::kPlain, GemvOutput::kResidualAdd>(o, phase_shape(p, 4 * l + kO, slot_bytes), ring,
+                                                               producer, s, x_shared, scratch, partials);
+    grid_barrier(p.barrier);
+
+    const DecodeGemvParams gate_up{p.act, p.x, layer.post_norm, layer.w_gate_up, layer.b_gate_up, p.F, C, p.eps};
+    streamed_gemv<GemvInput::kRmsNorm, GemvOutput::kSwiGLU>(gate_up, phase_shape(p, 4 * l + kGateUp, slot_bytes),
+                                                            ring, producer, s, x_shared, scratch, partials);
+    grid_barrier(p.barrier);
+
+    const DecodeGemvParams down{p.x, p.act, nullptr, layer.w_down, layer.b_down, C, p.F, p.eps};
+    streamed_gemv<GemvInput::kPlain, GemvOutput::kResidualAdd>(down, phase_shape(p, 4 * l + kDown, slot_bytes), ring,
+                                                               producer, s, x_shared, scratch, partials);
+    grid_barrier(p.barrier);
+  }
+
+  const DecodeGemvParams head{p.logits, p.x, p.final_norm, p.lm_head, nullptr, p.V, C, p.eps};
+  streamed_gemv<GemvInput::kRmsNorm, GemvOutput::kF32>(head, phase_shape(p, 4 * p.L, slot_bytes), ring, producer, s,
+                                                       x_shared, scratch, partials);
+  // Every stage requested has been consumed here (s == total): no copy is still in
+  // flight into this block's shared memory when it exits.
+  grid_barrier(p.barrier);
+  if (blockIdx.x == 0) block_argmax_commit<kThreads>(p.token, p.logits, p.V, p.d_length);
+}
+
+using StepKernel = void (*)(PersistentStep, int, int, int);
+
+template <int D>
+StepKernel kernel_for_group(int G) {
+  switch (G) {
+    case 1: return decode_step_streamed_kernel<D, 1>;
+    case 2: return decode_step_streamed_kernel<D, 2>;
+    case 3: return decode_step_streamed_kernel<D, 3>;
+    case 4: return decode_step_streamed_kernel<D, 4>;
+    case 5: return decode_step_streamed_kernel<D, 5>;
+    case 6: return decode_step_streamed_kernel<D, 6>;
+    case 7: return decode_step_streamed_kernel<D, 7>;
+    case 8: return decode_step_streamed_kernel<D, 8>;
+  }
+  throw std::invalid_argument("streamed decode: H / Hkv = " + std::to_string(G) + " outside 1..8");
+}
+
+size_t round_up_128(size_t bytes) { return (bytes + 127) / 128 * 128; }
+
+}  // namespace
+
+bool decode_step_streamed_supported(int D, int H, int Hkv) {
+  return decode_step_persistent_supported(D, H, Hkv) && weight_stream_supported();
+}
+
+StreamedStepLayout decode_step_streamed_layout(const PersistentStep& step, int ring_stages, int min_slot_bytes) {
+  if (!decode_step_streamed_supported(step.D, step.H, step.Hkv) || step.splits < 1 || step.splits > kMaxSplits ||
+      step.C % 8 != 0 || step.F % 8 != 0 || !step.layers || !step.barrier || ring_stages < 0 || ring_stages == 1 ||
+      min_slot_bytes < 0) {
+    throw std::invalid_argument("streamed decode: unsupported device or shape, or missing buffers (D=" +
+                                std::to_string(step.D) + " H=" + std::to_string(step.H) +
+                                " Hkv=" + std::to_string(step.Hkv) + " splits=" + std::to_string(step.splits) +
+                                " ring stages=" + std::to_string(ring_stages) + " slot bytes=" + std::to_string(min_slot_bytes) + ")");
+  }
+  StreamedStepLayout layout;
+  // A slot holds at least one unit of every phase: a QKV or gate/up row pair, a down row.
+  const size_t largest_unit = std::max({size_t(4) * step.C, size_t(2) * step.H * step.D, size_t(2) * step.F});
+  const size_t wanted = min_slot_bytes > 0 ? size_t(min_slot_bytes) : size_t(kMinSlotBytes);
+  layout.slot_bytes = int(round_up_128(std::max(wanted, largest_unit)));
+  layout.x_bytes = int(round_up_128(size_t(std::max({step.C, step.F, step.H * step.D})) * 2));
+  const StepKernel kernel =
+      step.D == 128 ? kernel_for_group<128>(step.H / step.Hkv) : kernel_for_group<64>(step.H / step.Hkv);
+  cudaFuncAttributes attributes{};
+  CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  int device = 0, optin = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const long long room = (long long)optin - (long long)attributes.sharedSizeBytes - kBarrierBytes - layout.x_bytes;
+  const int most = int(std::min<long long>(kMaxRingStages, room / layout.slot_bytes));
+  if (most < 2) {
+    throw std::invalid_argument("streamed decode: shared memory holds fewer than 2 slots of " +
+                                std::to_string(layout.slot_bytes) + " bytes (C=" + std::to_string(step.C) +
+                                " F=" + std::to_string(step.F) + ")");
+  }
+  layout.ring_stages = ring_stages == 0 ? most : std::min(ring_stages, most);
+  layout.shared_bytes = size_t(kBarrierBytes) + layout.x_bytes + size_t(layout.ring_stages) * layout.slot_bytes;
+  return layout;
+}
+
+void decode_step_streamed(const PersistentStep& step, int ring_stages, int min_slot_bytes, cudaStream_t stream) {
+  const StreamedStepLayout layout = decode_step_streamed_layout(step, ring_stages, min_slot_bytes);
+  const StepKernel kernel =
+      step.D == 128 ? kernel_for_group<128>(step.H / step.Hkv) : kernel_for_group<64>(step.H / step.Hkv);
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(layout.shared_bytes)));
+  int blocks_per_sm = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kThreads, layout.shared_bytes));
+  if (blocks_per_sm < 1) throw std::invalid_argument("streamed decode: a block does not fit on an SM");
+
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(multiprocessor_count());  // one block per SM, each with the largest ring
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = layout.shared_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeCooperative;  // all blocks resident, or the launch fails
+  attribute.val.cooperative = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, step, layout.slot_bytes, layout.ring_stages, layout.x_bytes));
+}
+
+}  // namespace bielik
