@@ -371,21 +371,29 @@ int main(int argc, char** argv) {
     // with the largest ring and with 4 slots; and its logits against the graph's on this
     // checkpoint (Bielik's shapes: units shared by 2 and 8 warps, which the tests' tiny
     // models only reach with small slots) ---
-    const int streamed_rings[2] = {0, 4};
-    double streamed_tok_s[2] = {0, 0};
-    for (int i = 0; i < 2; ++i) {
+    struct StreamedVariant {
+      const char* label;
+      int ring_stages, slot_bytes;
+      double tok_s = 0;
+    };
+    StreamedVariant streamed[] = {{"largest ring of 24 KB slots", 0, 0},
+                                  {"4 slots of 24 KB", 4, 0},
+                                  {"largest ring of 48 KB slots", 0, 48 * 1024},
+                                  {"largest ring of 12 KB slots", 0, 12 * 1024}};
+    for (StreamedVariant& v : streamed) {
       try {
-        streamed_tok_s[i] = variant([&](CudaModelOptions& o) {
+        v.tok_s = variant([&](CudaModelOptions& o) {
           o.persistent_decode = true;
           o.persistent_weight_stream = true;
-          o.persistent_ring_stages = streamed_rings[i];
+          o.persistent_ring_stages = v.ring_stages;
+          o.persistent_slot_bytes = v.slot_bytes;
         });
       } catch (const std::exception& e) {
-        std::printf("streamed persistent decode (ring %d): %s\n", streamed_rings[i], e.what());
+        std::printf("streamed persistent decode (%s): %s\n", v.label, e.what());
       }
     }
     double streamed_logit_diff = -1, streamed_logit_scale = 0;
-    if (streamed_tok_s[0] > 0) {
+    if (streamed[0].tok_s > 0) {
       auto step_logits = [&](bool streamed) {
         CudaModelOptions o = options;
         o.persistent_decode = streamed;
@@ -411,11 +419,12 @@ int main(int argc, char** argv) {
                                 fmt(persistent_tok_s[blocks], 0), fmt(1000.0 / persistent_tok_s[blocks], 3),
                                 fmt(persistent_tok_s[blocks] / tok_s, 2) + "x"});
     }
-    for (int i = 0; i < 2; ++i) {
-      if (streamed_tok_s[i] <= 0) continue;
-      const std::string ring = streamed_rings[i] == 0 ? "the largest ring" : std::to_string(streamed_rings[i]) + "-slot ring";
-      persistent_table.add_row({"streamed persistent kernel, " + ring, fmt(streamed_tok_s[i], 0),
-                                fmt(1000.0 / streamed_tok_s[i], 3), fmt(streamed_tok_s[i] / tok_s, 2) + "x"});
+    nlohmann::json streamed_json = nlohmann::json::object();
+    for (const StreamedVariant& v : streamed) {
+      streamed_json[v.label] = v.tok_s;
+      if (v.tok_s <= 0) continue;
+      persistent_table.add_row({std::string("streamed persistent kernel, ") + v.label, fmt(v.tok_s, 0),
+                                fmt(1000.0 / v.tok_s, 3), fmt(v.tok_s / tok_s, 2) + "x"});
     }
     persistent_table.print();
 
@@ -442,7 +451,7 @@ int main(int argc, char** argv) {
         {"decode_no_graph_tok_s", eager_tok_s},
         {"decode_gemv_blocks_per_sm_sweep", occupancy_sweep},
         {"decode_persistent_tok_s", {{"1", persistent_tok_s[1]}, {"2", persistent_tok_s[2]}}},
-        {"decode_streamed_tok_s", {{"largest_ring", streamed_tok_s[0]}, {"ring_4", streamed_tok_s[1]}}},
+        {"decode_streamed_tok_s", streamed_json},
         {"streamed_vs_graph_max_logit_diff", streamed_logit_diff},
         {"streamed_vs_graph_max_logit", streamed_logit_scale},
         {"eager_step_us", eager_step_us},

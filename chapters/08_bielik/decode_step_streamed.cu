@@ -124,10 +124,19 @@ struct StreamProducer {
     const int count = min(g.units_per_stage, g.end_unit - first);
     const uint32_t row_bytes = uint32_t(g.K) * 2;
     expect_bytes(barrier, uint32_t(count * g.rows) * row_bytes);
-    for (int i = 0; i < count; ++i) {
-      for (int r = 0; r < g.rows; ++r) {
-        copy_async_bulk(slot + size_t(i * g.rows + r) * row_bytes,
-                        W + size_t(phase_row(*p, g, first + i, r)) * g.K, row_bytes, barrier);
+    // Slot layout: row r of the stage's unit i at position r * count + i. Consecutive
+    // units mostly have consecutive weight rows (always for O, down and the lm_head;
+    // within a head for QKV; for each half of gate/up), so a run of them is ONE copy:
+    // the copy engine moves a few large copies much faster than many 3 KB ones.
+    for (int r = 0; r < g.rows; ++r) {
+      int run_start = 0;
+      for (int i = 1; i <= count; ++i) {
+        if (i == count || phase_row(*p, g, first + i, r) != phase_row(*p, g, first + i - 1, r) + 1) {
+          copy_async_bulk(slot + size_t(r * count + run_start) * row_bytes,
+                          W + size_t(phase_row(*p, g, first + run_start, r)) * g.K, (i - run_start) * row_bytes,
+                          barrier);
+          run_start = i;
+        }
       }
     }
     ++stage;
@@ -149,16 +158,20 @@ __device__ __forceinline__ void streamed_gemv(const DecodeGemvParams& gp, const 
   const int slot_unit = warp / warps_per_unit, part = warp % warps_per_unit;
   const int vectors = gp.K / 8;
   for (int stage = 0; stage < g.stages; ++stage, ++s) {
-    const int unit = g.first_unit + stage * g.units_per_stage + slot_unit;
-    const bool valid = unit < g.end_unit;  // the last stage of a phase may be short
+    const int first = g.first_unit + stage * g.units_per_stage;
+    const int count = min(g.units_per_stage, g.end_unit - first);  // the last stage may be short
+    const int unit = first + slot_unit;
+    const bool valid = slot_unit < count;
     float acc[2] = {0.0f, 0.0f};
     ring.wait(s);
     if (valid) {
-      const uint4* rows = reinterpret_cast<const uint4*>(ring.stage(s)) + size_t(slot_unit) * kRows * vectors;
+      // Row r of this unit: slot position r * count + slot_unit (the producer's layout).
+      const uint4* rows = reinterpret_cast<const uint4*>(ring.stage(s)) + size_t(slot_unit) * vectors;
+      const size_t row_stride = size_t(count) * vectors;
       for (int c = part * 32 + lane; c < vectors; c += 32 * warps_per_unit) {
         const uint4 xv = x_shared[c];
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) acc[r] = dot_8(rows[r * vectors + c], xv, acc[r]);
+        for (int r = 0; r < kRows; ++r) acc[r] = dot_8(rows[r * row_stride + c], xv, acc[r]);
       }
     }
 #pragma unroll
