@@ -89,54 +89,91 @@ __device__ __forceinline__ int weight_row(const DecodeGemvParams& p, int unit, i
   }
 }
 
+/// What an output's epilogue reads from global memory besides the accumulator: the
+/// bias, the residual (kResidualAdd), the position and its cos / sin (kRopeAppend).
+/// Loading them is split from using them so that a kernel can issue these loads early
+/// (decode_step_streamed.cu does, before it waits for the stage's weights) instead of
+/// stalling on their latency at the end of the row.
+struct EpilogueInputs {
+  float bias[2] = {0.0f, 0.0f};
+  float residual = 0.0f;
+  float cos = 0.0f, sin = 0.0f;
+  int pos = 0;
+  bool valid = true;  ///< kRopeAppend: pos is inside the cache and the table
+};
+
+template <GemvOutput Out, bool HasBias>
+__device__ __forceinline__ EpilogueInputs load_epilogue_inputs(const DecodeGemvParams& p, int n) {
+  EpilogueInputs in;
+  if constexpr (HasBias) {
+#pragma unroll
+    for (int r = 0; r < rows_per_unit<Out>(); ++r) in.bias[r] = __bfloat162float(p.bias[weight_row<Out>(p, n, r)]);
+  }
+  if constexpr (Out == GemvOutput::kResidualAdd) {
+    // Read through L2: in the persistent steps other blocks rewrote y since this SM last
+    // read it, and L1 is not coherent.
+    in.residual = __bfloat162float(__ldcg(static_cast<const __nv_bfloat16*>(p.y) + n));
+  } else if constexpr (Out == GemvOutput::kRopeAppend) {
+    const RopeAppendTarget& t = p.rope;
+    const int half = t.D / 2, j = n % half;
+    in.pos = *t.d_length;
+    in.valid = in.pos >= 0 && in.pos < t.max_context && in.pos < t.max_positions;
+    in.cos = in.valid ? t.cos[size_t(in.pos) * half + j] : NAN;
+    in.sin = in.valid ? t.sin[size_t(in.pos) * half + j] : NAN;
+  }
+  return in;
+}
+
 /// RoPE and the cache append of one rotation pair (a, c) = (dim j, dim j + D/2) of head
 /// `head`, already rounded to bf16 as the unfused QKV GEMV would store them.
-__device__ __forceinline__ void rope_append_pair(const DecodeGemvParams& p, int head, int j, float a, float c) {
+__device__ __forceinline__ void rope_append_pair(const DecodeGemvParams& p, int head, int j, float a, float c,
+                                                 const EpilogueInputs& in) {
   const RopeAppendTarget& t = p.rope;
   const int half = t.D / 2;
-  const int pos = *t.d_length;
-  const bool valid = pos >= 0 && pos < t.max_context && pos < t.max_positions;
+  const int pos = in.pos;
   if (head < t.H + t.Hkv) {
-    const float cs = valid ? t.cos[size_t(pos) * half + j] : NAN;
-    const float sn = valid ? t.sin[size_t(pos) * half + j] : NAN;
-    const __nv_bfloat16 first = __float2bfloat16(a * cs - c * sn);  // HF rotate-half
-    const __nv_bfloat16 second = __float2bfloat16(c * cs + a * sn);
+    const __nv_bfloat16 first = __float2bfloat16(a * in.cos - c * in.sin);  // HF rotate-half
+    const __nv_bfloat16 second = __float2bfloat16(c * in.cos + a * in.sin);
     if (head < t.H) {
       __nv_bfloat16* q = static_cast<__nv_bfloat16*>(p.y) + size_t(head) * t.D;
       q[j] = first;
       q[j + half] = second;
-    } else if (valid) {
+    } else if (in.valid) {
       __nv_bfloat16* k = t.k_cache + (size_t(head - t.H) * t.max_context + pos) * t.D;
       k[j] = first;
       k[j + half] = second;
     }
-  } else if (valid) {
+  } else if (in.valid) {
     __nv_bfloat16* v = t.v_cache + (size_t(head - t.H - t.Hkv) * t.max_context + pos) * t.D;
     v[j] = __float2bfloat16(a);
     v[j + half] = __float2bfloat16(c);
   }
 }
 
-template <GemvOutput Out, bool HasBias>
-__device__ __forceinline__ void store_output(const DecodeGemvParams& p, int n, const float (&acc)[2]) {
-  auto bias = [&](int r) { return HasBias ? __bfloat162float(p.bias[weight_row<Out>(p, n, r)]) : 0.0f; };
+/// The epilogue of output n with its global inputs already loaded.
+template <GemvOutput Out>
+__device__ __forceinline__ void store_output_loaded(const DecodeGemvParams& p, int n, const float (&acc)[2],
+                                                    const EpilogueInputs& in) {
   if constexpr (Out == GemvOutput::kBf16) {
-    static_cast<__nv_bfloat16*>(p.y)[n] = __float2bfloat16(acc[0] + bias(0));
+    static_cast<__nv_bfloat16*>(p.y)[n] = __float2bfloat16(acc[0] + in.bias[0]);
   } else if constexpr (Out == GemvOutput::kF32) {
-    static_cast<float*>(p.y)[n] = acc[0] + bias(0);
+    static_cast<float*>(p.y)[n] = acc[0] + in.bias[0];
   } else if constexpr (Out == GemvOutput::kSwiGLU) {
-    const float gate = round_bf16(acc[0] + bias(0));  // the values an unfused GEMM would store
-    const float up = round_bf16(acc[1] + bias(1));
+    const float gate = round_bf16(acc[0] + in.bias[0]);  // the values an unfused GEMM would store
+    const float up = round_bf16(acc[1] + in.bias[1]);
     static_cast<__nv_bfloat16*>(p.y)[n] = __float2bfloat16(silu(gate) * up);
   } else if constexpr (Out == GemvOutput::kRopeAppend) {
     const int half = p.rope.D / 2;
-    rope_append_pair(p, n / half, n % half, round_bf16(acc[0] + bias(0)), round_bf16(acc[1] + bias(1)));
+    rope_append_pair(p, n / half, n % half, round_bf16(acc[0] + in.bias[0]), round_bf16(acc[1] + in.bias[1]), in);
   } else {  // kResidualAdd: one lane owns y[n], so the read-modify-write needs no atomics
-    __nv_bfloat16* y = static_cast<__nv_bfloat16*>(p.y);
-    // Read through L2: in the persistent step other blocks rewrote y since this SM last
-    // read it, and L1 is not coherent.
-    y[n] = __float2bfloat16(__bfloat162float(__ldcg(y + n)) + round_bf16(acc[0] + bias(0)));
+    static_cast<__nv_bfloat16*>(p.y)[n] = __float2bfloat16(in.residual + round_bf16(acc[0] + in.bias[0]));
   }
+}
+
+/// The epilogue of output n: bias, then the output's own step (see GemvOutput).
+template <GemvOutput Out, bool HasBias>
+__device__ __forceinline__ void store_output(const DecodeGemvParams& p, int n, const float (&acc)[2]) {
+  store_output_loaded<Out>(p, n, acc, load_epilogue_inputs<Out, HasBias>(p, n));
 }
 
 // One batch of a warp's weight loads: chunks base, base + stride, ... of unit `unit`'s

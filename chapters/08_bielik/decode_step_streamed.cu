@@ -21,7 +21,8 @@
 // stage's units (8 / units warps per unit); each lane accumulates 16-byte vectors of
 // its rows against the staged input, the warps of a unit meet in shared memory, and
 // the first warp of the unit runs chapter 08's epilogue (bias, RoPE + cache append,
-// SwiGLU, residual add or fp32 logits: store_output, the same code as decode_gemv).
+// SwiGLU, residual add or fp32 logits: store_output_loaded, the same code as
+// decode_gemv's, with its global inputs loaded at the start of the stage).
 //
 // Phases per layer, separated by grid barriers as in decode_step_persistent.cu:
 // norm + QKV + RoPE + append | attention splits | merge | O + residual |
@@ -82,10 +83,13 @@ __device__ __forceinline__ PhaseShape phase_shape(const PersistentStep& p, int p
   return g;
 }
 
-__device__ __forceinline__ const __nv_bfloat16* phase_weight(const PersistentStep& p, const PhaseShape& g) {
-  if (g.kind == kHead) return p.lm_head;
-  const PersistentLayer& layer = p.layers[g.layer];
-  switch (g.kind) {
+constexpr int kMaxLayers = 128;  // the producer's table of weight pointers lives in shared memory
+
+// The weight matrix phase `phase` streams (phase 4 L: the lm_head).
+__device__ __forceinline__ const __nv_bfloat16* phase_weight(const PersistentStep& p, int phase) {
+  if (phase == 4 * p.L) return p.lm_head;
+  const PersistentLayer& layer = p.layers[phase / 4];
+  switch (phase % 4) {
     case kQkv: return layer.w_qkv;
     case kO: return layer.w_o;
     case kGateUp: return layer.w_gate_up;
@@ -108,6 +112,10 @@ __device__ __forceinline__ int phase_row(const PersistentStep& p, const PhaseSha
 struct StreamProducer {
   const PersistentStep* p;
   int slot_bytes;
+  // (4 L + 1) weight pointers, copied to shared memory when the kernel starts: a read of
+  // p.layers at a phase change would stall thread 0, and with it the block's next barrier,
+  // for an L2 round trip.
+  const __nv_bfloat16* const* weights;
   int phase = 0, stage = 0;
   PhaseShape g;
   const __nv_bfloat16* W = nullptr;
@@ -118,7 +126,7 @@ struct StreamProducer {
       ++phase;
       stage = 0;
       g = phase_shape(*p, phase, slot_bytes);
-      W = phase_weight(*p, g);
+      W = weights[phase];
     }
     const int first = g.first_unit + stage * g.units_per_stage;
     const int count = min(g.units_per_stage, g.end_unit - first);
@@ -162,6 +170,14 @@ __device__ __forceinline__ void streamed_gemv(const DecodeGemvParams& gp, const 
     const int count = min(g.units_per_stage, g.end_unit - first);  // the last stage may be short
     const int unit = first + slot_unit;
     const bool valid = slot_unit < count;
+    const bool finisher = valid && part == 0 && lane == 0;  // runs the unit's epilogue
+    // The epilogue's global reads (bias, residual, cos / sin) go out now, while the
+    // stage's weights may still be landing: at the end of the stage they would stall
+    // this warp for an L2 round trip, and the whole block at the next barrier.
+    EpilogueInputs epilogue;
+    if (finisher) {
+      epilogue = gp.bias ? load_epilogue_inputs<Out, true>(gp, unit) : load_epilogue_inputs<Out, false>(gp, unit);
+    }
     float acc[2] = {0.0f, 0.0f};
     ring.wait(s);
     if (valid) {
@@ -184,17 +200,13 @@ __device__ __forceinline__ void streamed_gemv(const DecodeGemvParams& gp, const 
     }
     __syncthreads();  // the slot is free, the partials are visible
     ring.refill(s, producer);
-    if (valid && part == 0 && lane == 0) {
+    if (finisher) {
       float total[2] = {0.0f, 0.0f};
       for (int q = 0; q < warps_per_unit; ++q) {
 #pragma unroll
         for (int r = 0; r < kRows; ++r) total[r] += partials[s & 1][warp + q][r];
       }
-      if (gp.bias) {
-        store_output<Out, true>(gp, unit, total);
-      } else {
-        store_output<Out, false>(gp, unit, total);
-      }
+      store_output_loaded<Out>(gp, unit, total, epilogue);
     }
   }
 }
@@ -209,14 +221,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* ring_memory = shared + kBarrierBytes + x_bytes;
   __shared__ float scratch[kWarps];
   __shared__ float partials[2][kWarps][2];
+  __shared__ const __nv_bfloat16* stream_weights[4 * kMaxLayers + 1];
   const int C = p.C, QKV_PAIRS = (p.H + 2 * p.Hkv) * D / 2;
+  for (int phase = threadIdx.x; phase <= 4 * p.L; phase += kThreads) stream_weights[phase] = phase_weight(p, phase);
 
   // The stream: every stage of every phase, in the order the phases run.
   int total = 0;
   for (int phase = 0; phase <= 4 * p.L; ++phase) total += phase_shape(p, phase, slot_bytes).stages;
-  StreamProducer producer{&p, slot_bytes};
+  __syncthreads();  // stream_weights is complete
+  StreamProducer producer{&p, slot_bytes, stream_weights};
   producer.g = phase_shape(p, 0, slot_bytes);
-  producer.W = phase_weight(p, producer.g);
+  producer.W = stream_weights[0];
   WeightStream ring;
   ring.init(ring_memory, barriers, ring_stages, slot_bytes, total);
   ring.prefill(producer);  // thread 0: the first ~170 KB, before anything else
@@ -233,8 +248,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   grid_barrier(p.barrier);
 
   int s = 0;  // stages consumed
+  PersistentLayer layer = p.layers[0];
   for (int l = 0; l < p.L; ++l) {
-    const PersistentLayer layer = p.layers[l];
+    // The next layer's pointers are loaded now and used a layer later, off the critical path.
+    const PersistentLayer next_layer = p.layers[min(l + 1, p.L - 1)];
     DecodeGemvParams qkv{p.q, p.x, layer.input_norm, layer.w_qkv, layer.b_qkv, QKV_PAIRS, C, p.eps};
     qkv.rope = RopeAppendTarget{layer.k_cache, layer.v_cache, p.d_length, p.cos, p.sin, p.H, p.Hkv, D,
                                 p.max_context, p.max_positions};
@@ -261,6 +278,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     streamed_gemv<GemvInput::kPlain, GemvOutput::kResidualAdd>(down, phase_shape(p, 4 * l + kDown, slot_bytes), ring,
                                                                producer, s, x_shared, scratch, partials);
     grid_barrier(p.barrier);
+    layer = next_layer;
   }
 
   const DecodeGemvParams head{p.logits, p.x, p.final_norm, p.lm_head, nullptr, p.V, C, p.eps};
@@ -300,11 +318,11 @@ bool decode_step_streamed_supported(int D, int H, int Hkv) {
 StreamedStepLayout decode_step_streamed_layout(const PersistentStep& step, int ring_stages, int min_slot_bytes) {
   if (!decode_step_streamed_supported(step.D, step.H, step.Hkv) || step.splits < 1 || step.splits > kMaxSplits ||
       step.C % 8 != 0 || step.F % 8 != 0 || !step.layers || !step.barrier || ring_stages < 0 || ring_stages == 1 ||
-      min_slot_bytes < 0) {
+      min_slot_bytes < 0 || step.L < 1 || step.L > kMaxLayers) {
     throw std::invalid_argument("streamed decode: unsupported device or shape, or missing buffers (D=" +
                                 std::to_string(step.D) + " H=" + std::to_string(step.H) +
                                 " Hkv=" + std::to_string(step.Hkv) + " splits=" + std::to_string(step.splits) +
-                                " ring stages=" + std::to_string(ring_stages) + " slot bytes=" + std::to_string(min_slot_bytes) + ")");
+                                " L=" + std::to_string(step.L) + " (at most " + std::to_string(kMaxLayers) + ") ring stages=" + std::to_string(ring_stages) + " slot bytes=" + std::to_string(min_slot_bytes) + ")");
   }
   StreamedStepLayout layout;
   // A slot holds at least one unit of every phase: a QKV or gate/up row pair, a down row.
