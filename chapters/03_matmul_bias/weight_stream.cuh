@@ -82,6 +82,21 @@ __device__ __forceinline__ void barrier_wait(uint64_t* barrier, uint32_t parity)
 #endif
 }
 
+/// Polls (never suspends) until the barrier's phase with this parity has completed.
+__device__ __forceinline__ void barrier_poll(uint64_t* barrier, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "POLL_AGAIN:\n"
+      "mbarrier.test_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra POLL_AGAIN;\n"
+      "}\n" ::"r"(shared_address(barrier)),
+      "r"(parity)
+      : "memory");
+#endif
+}
+
 }  // namespace stream_ptx
 
 /// Copies `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to
@@ -144,6 +159,12 @@ struct WeightStream {
   /// Everyone: waits for the bytes of stage s. Slot s % stages is on its (s / stages)-th
   /// use, so the phase to wait for has that parity.
   __device__ void wait(int s) const { stream_ptx::barrier_wait(&barriers[s % stages], uint32_t(s / stages) & 1u); }
+
+  /// The same wait with mbarrier.test_wait in a loop instead of try_wait (which may
+  /// suspend the thread): bench_weight_stream compares the two.
+  __device__ void wait_polling(int s) const {
+    stream_ptx::barrier_poll(&barriers[s % stages], uint32_t(s / stages) & 1u);
+  }
 
   /// After the block's __syncthreads() that ends its reads of stage s: thread 0 requests
   /// stage s + stages into the same slot.

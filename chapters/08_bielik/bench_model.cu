@@ -374,12 +374,15 @@ int main(int argc, char** argv) {
     struct StreamedVariant {
       const char* label;
       int ring_stages, slot_bytes;
+      bool polling;
       double tok_s = 0;
     };
-    StreamedVariant streamed[] = {{"largest ring of 24 KB slots", 0, 0},
-                                  {"4 slots of 24 KB", 4, 0},
-                                  {"largest ring of 48 KB slots", 0, 48 * 1024},
-                                  {"largest ring of 12 KB slots", 0, 12 * 1024}};
+    StreamedVariant streamed[] = {{"largest ring of 24 KB slots", 0, 0, false},
+                                  {"4 slots of 24 KB", 4, 0, false},
+                                  {"largest ring of 48 KB slots", 0, 48 * 1024, false},
+                                  {"largest ring of 12 KB slots", 0, 12 * 1024, false},
+                                  {"largest ring of 24 KB slots, polling wait", 0, 0, true},
+                                  {"largest ring of 48 KB slots, polling wait", 0, 48 * 1024, true}};
     for (StreamedVariant& v : streamed) {
       try {
         v.tok_s = variant([&](CudaModelOptions& o) {
@@ -387,6 +390,7 @@ int main(int argc, char** argv) {
           o.persistent_weight_stream = true;
           o.persistent_ring_stages = v.ring_stages;
           o.persistent_slot_bytes = v.slot_bytes;
+          o.persistent_poll_wait = v.polling;
         });
       } catch (const std::exception& e) {
         std::printf("streamed persistent decode (%s): %s\n", v.label, e.what());
@@ -411,6 +415,57 @@ int main(int argc, char** argv) {
       std::printf("streamed step vs graph, one decode step after 16 tokens: max |logit diff| %.4g (max |logit| %.4g)\n",
                   streamed_logit_diff, streamed_logit_scale);
     }
+
+    // --- where the persistent steps spend a token: block 0's clock after every grid
+    // barrier, summed per phase kind over the layers (one step, after 24 warm ones) ---
+    const char* phase_kinds[] = {"QKV + RoPE + append", "attention splits", "attention merge", "O + residual",
+                                 "gate/up + SwiGLU", "down + residual"};
+    auto phase_times = [&](auto&& tweak) {
+      CudaModelOptions o = options;
+      o.persistent_decode = true;
+      o.persistent_phase_clock = true;
+      tweak(o);
+      CudaModel m(args.model, o);
+      m.prefill(random_prompt(16, m.config().vocab_size, 23));
+      m.generate_greedy(5, 24);
+      const std::vector<unsigned long long> clock = m.persistent_phase_clock();
+      std::vector<double> us(9, 0.0);  // embedding, the six kinds, lm_head, total
+      const int L = m.config().num_hidden_layers;
+      us[0] = (clock[1] - clock[0]) * 1e-3;
+      for (int l = 0; l < L; ++l) {
+        for (int k = 0; k < 6; ++k) us[1 + k] += (clock[2 + 6 * l + k] - clock[1 + 6 * l + k]) * 1e-3;
+      }
+      us[7] = (clock[6 * L + 2] - clock[6 * L + 1]) * 1e-3;
+      us[8] = (clock[6 * L + 2] - clock[0]) * 1e-3;
+      return us;
+    };
+    std::vector<double> v1_phases, streamed_phases;
+    try {
+      v1_phases = phase_times([](CudaModelOptions& o) { o.persistent_blocks_per_sm = 1; });
+      streamed_phases = phase_times([](CudaModelOptions& o) { o.persistent_weight_stream = true; });
+    } catch (const std::exception& e) {
+      std::printf("persistent phase clock: %s\n", e.what());
+    }
+    BenchTable phase_table("model_decode_persistent_phases",
+                           {"phase (summed over the layers)", "register persistent, 1 block/SM (us)",
+                            "streamed persistent (us)", "weights MB"});
+    nlohmann::json phases_json = nlohmann::json::object();
+    if (!v1_phases.empty() && !streamed_phases.empty()) {
+      const double L = c.num_hidden_layers;
+      const double qkv_mb = L * (c.num_attention_heads + 2.0 * c.num_key_value_heads) * c.head_dim * c.hidden_size * 2e-6;
+      const double o_mb = L * double(c.num_attention_heads) * c.head_dim * c.hidden_size * 2e-6;
+      const double mlp_mb = L * double(c.intermediate_size) * c.hidden_size * 2e-6;
+      const double phase_mb[9] = {0, qkv_mb, 0, 0, o_mb, 2 * mlp_mb, mlp_mb,
+                                  double(c.vocab_size) * c.hidden_size * 2e-6, 0};
+      const char* names[9] = {"embedding", phase_kinds[0], phase_kinds[1], phase_kinds[2], phase_kinds[3],
+                              phase_kinds[4], phase_kinds[5], "final norm + lm_head", "whole step (block 0)"};
+      for (int i = 0; i < 9; ++i) {
+        phase_table.add_row({names[i], fmt(v1_phases[i], 1), fmt(streamed_phases[i], 1),
+                             phase_mb[i] > 0 ? fmt(phase_mb[i], 0) : ""});
+        phases_json[names[i]] = {{"register_us", v1_phases[i]}, {"streamed_us", streamed_phases[i]}};
+      }
+    }
+    phase_table.print();
 
     BenchTable persistent_table("model_decode_persistent", {"decode path", "tokens/s", "ms/token", "vs the graph"});
     for (int blocks : {1, 2}) {
@@ -453,6 +508,7 @@ int main(int argc, char** argv) {
         {"decode_persistent_tok_s", {{"1", persistent_tok_s[1]}, {"2", persistent_tok_s[2]}}},
         {"decode_streamed_tok_s", streamed_json},
         {"streamed_vs_graph_max_logit_diff", streamed_logit_diff},
+        {"decode_persistent_phases_us", phases_json},
         {"streamed_vs_graph_max_logit", streamed_logit_scale},
         {"eager_step_us", eager_step_us},
         {"peak_memory_gb", peak_gb},

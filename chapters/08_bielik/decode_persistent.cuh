@@ -71,6 +71,10 @@ struct PersistentStep {
   float* partial_ml = nullptr;   ///< (splits, H, 2)
   int splits = 0;                ///< attention splits, 1..256
   unsigned* barrier = nullptr;   ///< (2) zeroed once before the first step
+  /// (6 L + 3) or nullptr: block 0's %globaltimer (ns) at the start and after every grid
+  /// barrier (embedding; per layer QKV, attention, merge, O, gate/up, down; lm_head), so
+  /// that bench_model can say which phases take the time.
+  unsigned long long* phase_clock = nullptr;
 };
 
 /// True when the device can run it: cooperative launch, and D in {64, 128} with
@@ -106,7 +110,9 @@ StreamedStepLayout decode_step_streamed_layout(const PersistentStep& step, int r
 /// whose thread 0 streams the block's rows of every projection of every layer, in
 /// order, through the ring. Same results as decode_step_persistent (the same epilogues
 /// and summation per row, up to the order of the partial sums).
-void decode_step_streamed(const PersistentStep& step, int ring_stages, int min_slot_bytes = 0,
+/// `polling`: wait for a slot with mbarrier.test_wait in a loop rather than try_wait
+/// (bench_model measures both).
+void decode_step_streamed(const PersistentStep& step, int ring_stages, int min_slot_bytes = 0, bool polling = false,
                           cudaStream_t stream = 0);
 
 }  // namespace bielik

@@ -46,6 +46,24 @@ __device__ __forceinline__ void grid_barrier(unsigned* state) {
   __syncthreads();
 }
 
+__device__ __forceinline__ unsigned long long global_timer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+
+/// Block 0 writes the time into phase_clock[mark] (when it is not null); mark advances.
+__device__ __forceinline__ void mark_phase(const PersistentStep& p, int& mark) {
+  if (p.phase_clock && blockIdx.x == 0 && threadIdx.x == 0) p.phase_clock[mark] = global_timer_ns();
+  ++mark;
+}
+
+/// The grid barrier that ends a phase, then the phase's mark.
+__device__ __forceinline__ void end_phase(const PersistentStep& p, int& mark) {
+  grid_barrier(p.barrier);
+  mark_phase(p, mark);
+}
+
 // --- attention phases ---------------------------------------------------------------------
 template <int D, int G>
 __device__ __forceinline__ void attention_splits(const PersistentStep& p, const PersistentLayer& layer) {

@@ -81,6 +81,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) decode_step_persistent
   extern __shared__ uint4 x_shared[];  // (max(C, F, H D) / 8) the current phase's input
   __shared__ float scratch[kWarps];
   const int C = p.C, QKV_PAIRS = (p.H + 2 * p.Hkv) * D / 2;
+  int mark = 0;
+  mark_phase(p, mark);
 
   // The projections of layer l, in the form decode_gemv takes them.
   auto qkv_params = [&](const PersistentLayer& layer) {
@@ -111,41 +113,41 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) decode_step_persistent
       reinterpret_cast<uint4*>(p.x)[c] = __ldg(row + c);
     }
   }
-  grid_barrier(p.barrier);
+  end_phase(p, mark);
 
   for (int l = 0; l < p.L; ++l) {
     const PersistentLayer layer = p.layers[l];
     gemv_phase<GemvInput::kRmsNorm, GemvOutput::kRopeAppend, 6>(qkv_params(layer), qkv_batch, x_shared, scratch);
-    grid_barrier(p.barrier);
+    end_phase(p, mark);
 
     attention_splits<D, G>(p, layer);
     WeightBatch<GemvOutput::kResidualAdd, 8> o_batch;
     prefetch_first_batch(o_batch, o_params(layer));
-    grid_barrier(p.barrier);
+    end_phase(p, mark);
     merge_splits<D>(p);
-    grid_barrier(p.barrier);
+    end_phase(p, mark);
 
     gemv_phase<GemvInput::kPlain, GemvOutput::kResidualAdd, 8>(o_params(layer), o_batch, x_shared, scratch);
     WeightBatch<GemvOutput::kSwiGLU, 6> gate_up_batch;
     prefetch_first_batch(gate_up_batch, gate_up_params(layer));
-    grid_barrier(p.barrier);
+    end_phase(p, mark);
 
     gemv_phase<GemvInput::kRmsNorm, GemvOutput::kSwiGLU, 6>(gate_up_params(layer), gate_up_batch, x_shared,
                                                             scratch);
     WeightBatch<GemvOutput::kResidualAdd, 9> down_batch;
     prefetch_first_batch(down_batch, down_params(layer));
-    grid_barrier(p.barrier);
+    end_phase(p, mark);
 
     gemv_phase<GemvInput::kPlain, GemvOutput::kResidualAdd, 9>(down_params(layer), down_batch, x_shared, scratch);
     if (l + 1 < p.L) prefetch_first_batch(qkv_batch, qkv_params(p.layers[l + 1]));
-    grid_barrier(p.barrier);
+    end_phase(p, mark);
   }
 
   DecodeGemvParams head{p.logits, p.x, p.final_norm, p.lm_head, nullptr, p.V, C, p.eps};
   WeightBatch<GemvOutput::kF32, 8> head_batch;
   prefetch_first_batch(head_batch, head);
   gemv_phase<GemvInput::kRmsNorm, GemvOutput::kF32, 8>(head, head_batch, x_shared, scratch);
-  grid_barrier(p.barrier);
+  end_phase(p, mark);
   if (blockIdx.x == 0) block_argmax_commit<kThreads>(p.token, p.logits, p.V, p.d_length);
 }
 

@@ -156,7 +156,7 @@ struct StreamProducer {
 template <GemvInput In, GemvOutput Out>
 __device__ __forceinline__ void streamed_gemv(const DecodeGemvParams& gp, const PhaseShape& g, const WeightStream& ring,
                                               StreamProducer& producer, int& s, uint4* x_shared, float* scratch,
-                                              float (*partials)[kWarps][2]) {
+                                              float (*partials)[kWarps][2], bool polling) {
   constexpr int kRows = rows_per_unit<Out>();  // equals g.rows
   uint4 norm_held[kNormHeld];
   load_norm_weight<In>(gp, norm_held);
@@ -179,7 +179,11 @@ __device__ __forceinline__ void streamed_gemv(const DecodeGemvParams& gp, const 
       epilogue = gp.bias ? load_epilogue_inputs<Out, true>(gp, unit) : load_epilogue_inputs<Out, false>(gp, unit);
     }
     float acc[2] = {0.0f, 0.0f};
-    ring.wait(s);
+    if (polling) {
+      ring.wait_polling(s);
+    } else {
+      ring.wait(s);
+    }
     if (valid) {
       // Row r of this unit: slot position r * count + slot_unit (the producer's layout).
       const uint4* rows = reinterpret_cast<const uint4*>(ring.stage(s)) + size_t(slot_unit) * vectors;
@@ -213,9 +217,11 @@ __device__ __forceinline__ void streamed_gemv(const DecodeGemvParams& gp, const 
 
 template <int D, int G>
 __global__ void __launch_bounds__(kThreads, 1)
-    decode_step_streamed_kernel(PersistentStep p, int slot_bytes, int ring_stages, int x_bytes) {
+    decode_step_streamed_kernel(PersistentStep p, int slot_bytes, int ring_stages, int x_bytes, bool polling) {
   // Shared memory: the slot barriers | the phase's input vector | the ring.
   extern __shared__ __align__(128) unsigned char shared[];
+  int mark = 0;
+  mark_phase(p, mark);
   uint64_t* barriers = reinterpret_cast<uint64_t*>(shared);
   uint4* x_shared = reinterpret_cast<uint4*>(shared + kBarrierBytes);
   unsigned char* ring_memory = shared + kBarrierBytes + x_bytes;
@@ -245,7 +251,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       reinterpret_cast<uint4*>(p.x)[c] = __ldg(row + c);
     }
   }
-  grid_barrier(p.barrier);
+  end_phase(p, mark);
 
   int s = 0;  // stages consumed
   PersistentLayer layer = p.layers[0];
@@ -256,41 +262,41 @@ __global__ void __launch_bounds__(kThreads, 1)
     qkv.rope = RopeAppendTarget{layer.k_cache, layer.v_cache, p.d_length, p.cos, p.sin, p.H, p.Hkv, D,
                                 p.max_context, p.max_positions};
     streamed_gemv<GemvInput::kRmsNorm, GemvOutput::kRopeAppend>(qkv, phase_shape(p, 4 * l + kQkv, slot_bytes), ring,
-                                                                producer, s, x_shared, scratch, partials);
-    grid_barrier(p.barrier);
+                                                                producer, s, x_shared, scratch, partials, polling);
+    end_phase(p, mark);
 
     attention_splits<D, G>(p, layer);
-    grid_barrier(p.barrier);
+    end_phase(p, mark);
     merge_splits<D>(p);
-    grid_barrier(p.barrier);
+    end_phase(p, mark);
 
     const DecodeGemvParams o{p.x, p.attn, nullptr, layer.w_o, layer.b_o, C, p.H * D, p.eps};
     streamed_gemv<GemvInput::kPlain, GemvOutput::kResidualAdd>(o, phase_shape(p, 4 * l + kO, slot_bytes), ring,
-                                                               producer, s, x_shared, scratch, partials);
-    grid_barrier(p.barrier);
+                                                               producer, s, x_shared, scratch, partials, polling);
+    end_phase(p, mark);
 
     const DecodeGemvParams gate_up{p.act, p.x, layer.post_norm, layer.w_gate_up, layer.b_gate_up, p.F, C, p.eps};
     streamed_gemv<GemvInput::kRmsNorm, GemvOutput::kSwiGLU>(gate_up, phase_shape(p, 4 * l + kGateUp, slot_bytes),
-                                                            ring, producer, s, x_shared, scratch, partials);
-    grid_barrier(p.barrier);
+                                                            ring, producer, s, x_shared, scratch, partials, polling);
+    end_phase(p, mark);
 
     const DecodeGemvParams down{p.x, p.act, nullptr, layer.w_down, layer.b_down, C, p.F, p.eps};
     streamed_gemv<GemvInput::kPlain, GemvOutput::kResidualAdd>(down, phase_shape(p, 4 * l + kDown, slot_bytes), ring,
-                                                               producer, s, x_shared, scratch, partials);
-    grid_barrier(p.barrier);
+                                                               producer, s, x_shared, scratch, partials, polling);
+    end_phase(p, mark);
     layer = next_layer;
   }
 
   const DecodeGemvParams head{p.logits, p.x, p.final_norm, p.lm_head, nullptr, p.V, C, p.eps};
   streamed_gemv<GemvInput::kRmsNorm, GemvOutput::kF32>(head, phase_shape(p, 4 * p.L, slot_bytes), ring, producer, s,
-                                                       x_shared, scratch, partials);
+                                                       x_shared, scratch, partials, polling);
   // Every stage requested has been consumed here (s == total): no copy is still in
   // flight into this block's shared memory when it exits.
-  grid_barrier(p.barrier);
+  end_phase(p, mark);
   if (blockIdx.x == 0) block_argmax_commit<kThreads>(p.token, p.logits, p.V, p.d_length);
 }
 
-using StepKernel = void (*)(PersistentStep, int, int, int);
+using StepKernel = void (*)(PersistentStep, int, int, int, bool);
 
 template <int D>
 StepKernel kernel_for_group(int G) {
@@ -349,7 +355,8 @@ StreamedStepLayout decode_step_streamed_layout(const PersistentStep& step, int r
   return layout;
 }
 
-void decode_step_streamed(const PersistentStep& step, int ring_stages, int min_slot_bytes, cudaStream_t stream) {
+void decode_step_streamed(const PersistentStep& step, int ring_stages, int min_slot_bytes, bool polling,
+                          cudaStream_t stream) {
   const StreamedStepLayout layout = decode_step_streamed_layout(step, ring_stages, min_slot_bytes);
   const StepKernel kernel =
       step.D == 128 ? kernel_for_group<128>(step.H / step.Hkv) : kernel_for_group<64>(step.H / step.Hkv);
@@ -368,7 +375,8 @@ void decode_step_streamed(const PersistentStep& step, int ring_stages, int min_s
   attribute.val.cooperative = 1;
   config.attrs = &attribute;
   config.numAttrs = 1;
-  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, step, layout.slot_bytes, layout.ring_stages, layout.x_bytes));
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, step, layout.slot_bytes, layout.ring_stages, layout.x_bytes,
+                                polling));
 }
 
 }  // namespace bielik

@@ -183,6 +183,11 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
       p.partial_ml = attention_workspace_->partial_ml.data();
       p.splits = attention_splits_;
       p.barrier = d_barrier_.data();
+      if (options_.persistent_phase_clock) {
+        d_phase_clock_ = DeviceBuffer<unsigned long long>(size_t(6) * layers_.size() + 3);
+        d_phase_clock_.fill_bytes(0);
+        p.phase_clock = d_phase_clock_.data();
+      }
       // A shape whose ring does not fit in shared memory fails here, not at the first step.
       if (options_.persistent_weight_stream) {
         decode_step_streamed_layout(p, options_.persistent_ring_stages, options_.persistent_slot_bytes);
@@ -523,7 +528,8 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
 
 void CudaModel::run_decode_step() {
   if (options_.persistent_decode && options_.persistent_weight_stream) {
-    decode_step_streamed(persistent_step_, options_.persistent_ring_stages, options_.persistent_slot_bytes, stream_);
+    decode_step_streamed(persistent_step_, options_.persistent_ring_stages, options_.persistent_slot_bytes,
+                         options_.persistent_poll_wait, stream_);
   } else if (options_.persistent_decode) {
     decode_step_persistent(persistent_step_, options_.persistent_blocks_per_sm, stream_);
   } else if (graph_exec_) {
@@ -573,6 +579,12 @@ std::vector<int32_t> CudaModel::generate_greedy(int32_t token, int count) {
     if (t < 0) throw std::runtime_error("decode produced NaN logits (argmax undefined)");
   }
   return tokens;
+}
+
+std::vector<unsigned long long> CudaModel::persistent_phase_clock() {
+  if (!persistent_step_.phase_clock) return {};
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return d_phase_clock_.to_host();
 }
 
 void CudaModel::decode_probed(int32_t token, const std::function<void(const char*)>& after_kernel) {

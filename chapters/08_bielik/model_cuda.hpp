@@ -74,6 +74,10 @@ struct CudaModelOptions {
   bool persistent_weight_stream = false;
   int persistent_ring_stages = 0;  ///< its ring's slots (0: as many as fit)
   int persistent_slot_bytes = 0;   ///< its slots' least size (0: 24 KB; the tests use less)
+  bool persistent_poll_wait = false;  ///< its slot wait: test_wait polling instead of try_wait
+  /// Record the persistent step's phase times (PersistentStep::phase_clock), read back
+  /// with CudaModel::persistent_phase_clock().
+  bool persistent_phase_clock = false;
 };
 
 class CudaModel final : public Backend {
@@ -116,6 +120,10 @@ class CudaModel final : public Backend {
   /// "split_rope_append", "attention", "o_gemm", "gate_up_gemm", "swiglu", "down_gemm",
   /// "final_norm_lm_head"): the benchmark's per-kernel TTFT breakdown. tokens.size() must fit one chunk.
   void prefill_probed(const std::vector<int32_t>& tokens, const std::function<void(const char*)>& after_kernel);
+
+  /// With persistent_decode and persistent_phase_clock: the last step's phase clock
+  /// (6 L + 3 timestamps in ns, PersistentStep::phase_clock); empty otherwise.
+  std::vector<unsigned long long> persistent_phase_clock();
 
   /// The stream every kernel of this model runs on.
   cudaStream_t stream() const { return stream_; }
@@ -175,6 +183,7 @@ class CudaModel final : public Backend {
   // the device, the grid barrier's state, and the step's arguments.
   DeviceBuffer<PersistentLayer> d_persistent_layers_;
   DeviceBuffer<unsigned> d_barrier_;
+  DeviceBuffer<unsigned long long> d_phase_clock_;
   PersistentStep persistent_step_;
   int attention_splits_ = 1;
   size_t scratch_bytes_ = 0;

@@ -736,6 +736,7 @@ TEST_CASE("CUDA model: the persistent decode step matches the CPU backend", "[ch
       options.persistent_weight_stream = v.stream;
       options.persistent_ring_stages = v.ring_stages;
       options.persistent_slot_bytes = v.slot_bytes;
+      options.persistent_phase_clock = true;
       CudaModel cuda(dir, options);
       // A prefill of 5 tokens (the ordinary kernels), then the persistent step on top
       // of that cache, one token at a time, 3 times over: the kernel resets its grid
@@ -760,6 +761,12 @@ TEST_CASE("CUDA model: the persistent decode step matches the CPU backend", "[ch
       REQUIRE(tokens.size() == 8);
       for (int32_t token : tokens) REQUIRE((token >= 0 && token < spec.V));
       REQUIRE(cuda.position() == 5 + 8);
+      // The phase clock of the last step: a time at the start and after each of the
+      // 6 L + 2 grid barriers, never going back.
+      const std::vector<unsigned long long> clock = cuda.persistent_phase_clock();
+      REQUIRE(clock.size() == size_t(6 * config.num_hidden_layers + 3));
+      for (size_t i = 1; i < clock.size(); ++i) REQUIRE(clock[i] >= clock[i - 1]);
+      REQUIRE(clock.back() > clock.front());
       std::printf("%s: persistent decode (%s) vs CPU, 3 x 16 steps, worst rel err %.2e\n", spec.name, v.name,
                   worst);
     }

@@ -1,0 +1,131 @@
+// bench_weight_stream: how fast can the bulk-copy ring of weight_stream.cuh stream
+// bytes from HBM at all, with no math? The ceiling of every kernel built on it
+// (chapter 08's bulk-stream GEMV and its streamed persistent decode step).
+//
+// Each block streams its own contiguous 1/grid of a 1 GiB buffer through a ring of
+// `depth` slots of `stage` bytes: wait for the slot, touch one float per thread,
+// __syncthreads, refill (the ring protocol of weight_stream.cuh, minus the GEMV).
+// Swept: blocks per SM, stage bytes, ring depth, and the wait (mbarrier.try_wait, which
+// may suspend the thread, or test_wait polling). Compared with the device-to-device copy
+// bandwidth measured in the same run (bytes read + written) and with a plain kernel of
+// 16-byte register loads over the same buffer.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "bench.cuh"
+#include "cuda_check.cuh"
+#include "device_buffer.cuh"
+#include "matmul_common.cuh"
+#include "weight_stream.cuh"
+
+using namespace bielik;
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kBarrierBytes = 256;
+
+template <bool kPolling>
+__global__ void __launch_bounds__(kThreads) stream_only_kernel(const unsigned char* source, size_t bytes_per_block,
+                                                               int stage_bytes, int depth, float* sink) {
+  extern __shared__ __align__(128) unsigned char shared[];
+  const unsigned char* base = source + blockIdx.x * bytes_per_block;
+  WeightStream ring;
+  ring.init(shared + kBarrierBytes, reinterpret_cast<uint64_t*>(shared), depth, stage_bytes,
+            int(bytes_per_block / stage_bytes));
+  auto fetch = [&](int s, unsigned char* slot, uint64_t* barrier) {
+    expect_bytes(barrier, uint32_t(stage_bytes));
+    copy_async_bulk(slot, base + size_t(s) * stage_bytes, uint32_t(stage_bytes), barrier);
+  };
+  ring.prefill(fetch);
+  __syncthreads();
+  float acc = 0.0f;
+  for (int s = 0; s < ring.total; ++s) {
+    if (kPolling) {
+      ring.wait_polling(s);
+    } else {
+      ring.wait(s);
+    }
+    acc += reinterpret_cast<const float*>(ring.stage(s))[threadIdx.x];
+    __syncthreads();
+    ring.refill(s, fetch);
+  }
+  if (acc == 1234.5f) *sink = acc;  // never true for the zero buffer: keeps the reads alive
+}
+
+// The register-load reference: grid-stride 16-byte loads, 8 in flight per thread.
+__global__ void __launch_bounds__(kThreads) register_loads_kernel(const uint4* source, size_t vectors, float* sink) {
+  float acc = 0.0f;
+  const size_t stride = size_t(gridDim.x) * kThreads;
+  for (size_t i = blockIdx.x * size_t(kThreads) + threadIdx.x; i < vectors; i += 8 * stride) {
+    uint4 v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) v[u] = i + u * stride < vectors ? __ldg(source + i + u * stride) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < 8; ++u) acc += __uint_as_float(v[u].x);
+  }
+  if (acc == 1234.5f) *sink = acc;
+}
+
+}  // namespace
+
+int main() {
+  if (!cuda_device_available()) {
+    std::printf("bench_weight_stream: no CUDA device\n");
+    return 0;
+  }
+  if (!weight_stream_supported()) {
+    std::printf("bench_weight_stream: needs sm_90 (bulk copies)\n");
+    return 0;
+  }
+  const size_t bytes = size_t(1) << 30;
+  DeviceBuffer<unsigned char> source(bytes);
+  source.fill_bytes(0);
+  DeviceBuffer<float> sink(1);
+  const int sms = multiprocessor_count();
+  const double copy_gbs = measure_copy_bandwidth_gbs();
+  std::printf("bench_weight_stream: %s, copy bandwidth %.0f GB/s, streaming %zu MiB\n", describe_device().c_str(),
+              copy_gbs, bytes >> 20);
+
+  BenchTable table("weight_stream_ceiling",
+                   {"blocks/SM", "stage KB", "ring slots", "KB in flight/SM", "wait", "GB/s", "% of copy BW"});
+  {
+    const BenchTiming t = time_gpu([&] {
+      register_loads_kernel<<<sms * 4, kThreads>>>(reinterpret_cast<const uint4*>(source.data()), bytes / 16,
+                                                   sink.data());
+    });
+    const double gbs = gb_per_s(double(bytes), t.median_ms);
+    table.add_row({"4", "-", "-", "128", "register loads (8 x 16 B per thread)", fmt(gbs, 0),
+                   fmt(100.0 * gbs / copy_gbs, 1)});
+  }
+  int optin = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+  for (int blocks_per_sm : {1, 2, 3}) {
+    for (int stage_kb : {4, 16, 32}) {
+      for (int depth : {2, 4, 6}) {
+        const size_t shared = kBarrierBytes + size_t(depth) * stage_kb * 1024;
+        if (shared * blocks_per_sm > 220 * 1024 || shared > size_t(optin)) continue;
+        const int blocks = sms * blocks_per_sm;
+        const int stage = stage_kb * 1024;
+        const size_t per_block = bytes / blocks / stage * stage;
+        for (bool polling : {false, true}) {
+          auto kernel = polling ? stream_only_kernel<true> : stream_only_kernel<false>;
+          CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared)));
+          const BenchTiming t = time_gpu([&] {
+            kernel<<<blocks, kThreads, shared>>>(source.data(), per_block, stage, depth, sink.data());
+          });
+          CUDA_CHECK(cudaGetLastError());
+          const double gbs = gb_per_s(double(per_block) * blocks, t.median_ms);
+          table.add_row({std::to_string(blocks_per_sm), std::to_string(stage_kb), std::to_string(depth),
+                         std::to_string(blocks_per_sm * depth * stage_kb), polling ? "test_wait poll" : "try_wait",
+                         fmt(gbs, 0), fmt(100.0 * gbs / copy_gbs, 1)});
+        }
+      }
+    }
+  }
+  table.print();
+  return 0;
+}
