@@ -28,10 +28,26 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kBarrierBytes = 256;
 
-template <bool kPolling>
+// kDot: the consumer of a GEMV instead of a touch: every thread dots its 16-byte vectors
+// of the stage with an input vector in shared memory, then a warp sum and a partial per
+// warp (decode_step_streamed.cu's work per stage, without the epilogue).
+__device__ __forceinline__ float dot_8_bf16(uint4 w, uint4 x, float acc) {
+  const uint32_t ws[4] = {w.x, w.y, w.z, w.w}, xs[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    acc = fmaf(__uint_as_float(ws[i] << 16), __uint_as_float(xs[i] << 16), acc);
+    acc = fmaf(__uint_as_float(ws[i] & 0xffff0000u), __uint_as_float(xs[i] & 0xffff0000u), acc);
+  }
+  return acc;
+}
+
+template <bool kPolling, bool kDot>
 __global__ void __launch_bounds__(kThreads) stream_only_kernel(const unsigned char* source, size_t bytes_per_block,
                                                                int stage_bytes, int depth, float* sink) {
   extern __shared__ __align__(128) unsigned char shared[];
+  __shared__ uint4 x_shared[192];  // a K = 1536 input vector
+  __shared__ float partial[kThreads / 32];
+  if (threadIdx.x < 192) x_shared[threadIdx.x] = make_uint4(threadIdx.x, 0, 0, 0);
   const unsigned char* base = source + blockIdx.x * bytes_per_block;
   WeightStream ring;
   ring.init(shared + kBarrierBytes, reinterpret_cast<uint64_t*>(shared), depth, stage_bytes,
@@ -49,8 +65,18 @@ __global__ void __launch_bounds__(kThreads) stream_only_kernel(const unsigned ch
     } else {
       ring.wait(s);
     }
-    acc += reinterpret_cast<const float*>(ring.stage(s))[threadIdx.x];
+    if (kDot) {
+      const uint4* slot = reinterpret_cast<const uint4*>(ring.stage(s));
+      float dot = 0.0f;
+      for (int v = threadIdx.x; v < stage_bytes / 16; v += kThreads) dot = dot_8_bf16(slot[v], x_shared[v % 192], dot);
+#pragma unroll
+      for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+      if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = dot;
+    } else {
+      acc += reinterpret_cast<const float*>(ring.stage(s))[threadIdx.x];
+    }
     __syncthreads();
+    if (kDot && threadIdx.x == 0) acc += partial[0];
     ring.refill(s, fetch);
   }
   if (acc == 1234.5f) *sink = acc;  // never true for the zero buffer: keeps the reads alive
@@ -111,8 +137,11 @@ int main() {
         const int blocks = sms * blocks_per_sm;
         const int stage = stage_kb * 1024;
         const size_t per_block = bytes / blocks / stage * stage;
-        for (bool polling : {false, true}) {
-          auto kernel = polling ? stream_only_kernel<true> : stream_only_kernel<false>;
+        for (int mode : {0, 1, 2}) {  // try_wait, polling, try_wait + the GEMV's dot products
+          const bool polling = mode == 1;
+          if (mode == 2 && (blocks_per_sm != 1 || stage_kb < 16)) continue;
+          auto kernel = mode == 0 ? stream_only_kernel<false, false>
+                                  : mode == 1 ? stream_only_kernel<true, false> : stream_only_kernel<false, true>;
           CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared)));
           const BenchTiming t = time_gpu([&] {
             kernel<<<blocks, kThreads, shared>>>(source.data(), per_block, stage, depth, sink.data());
@@ -120,7 +149,7 @@ int main() {
           CUDA_CHECK(cudaGetLastError());
           const double gbs = gb_per_s(double(per_block) * blocks, t.median_ms);
           table.add_row({std::to_string(blocks_per_sm), std::to_string(stage_kb), std::to_string(depth),
-                         std::to_string(blocks_per_sm * depth * stage_kb), polling ? "test_wait poll" : "try_wait",
+                         std::to_string(blocks_per_sm * depth * stage_kb), mode == 0 ? "try_wait" : mode == 1 ? "test_wait poll" : "try_wait, dot products",
                          fmt(gbs, 0), fmt(100.0 * gbs / copy_gbs, 1)});
         }
       }

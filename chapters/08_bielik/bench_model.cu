@@ -203,7 +203,7 @@ int main(int argc, char** argv) {
     const double load_start = now_ms();
     auto model = std::make_unique<CudaModel>(args.model, options);
     const double load_s = (now_ms() - load_start) * 1e-3;
-    const ModelConfig& c = model->config();
+    const ModelConfig c = model->config();  // a copy: the model is freed before the variants
     const int L = c.num_hidden_layers, C = c.hidden_size, F = c.intermediate_size, V = c.vocab_size;
     const int H = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
     std::printf("loaded in %.1f s: %s, context %d, PDL %s\n", load_s, describe(c).c_str(), model->context_size(),
@@ -437,6 +437,14 @@ int main(int argc, char** argv) {
       }
       us[7] = (clock[6 * L + 2] - clock[6 * L + 1]) * 1e-3;
       us[8] = (clock[6 * L + 2] - clock[0]) * 1e-3;
+      // The streamed step's share of each GEMV phase that block 0 spent waiting for slots.
+      for (int kind = 0; kind < 5; ++kind) {
+        const unsigned long long waited = clock[6 * L + 3 + 2 * kind], total = clock[6 * L + 4 + 2 * kind];
+        if (total > 0) {
+          std::printf("streamed step, GEMV phase %d (QKV, O, gate/up, down, lm_head): block 0 waited for weights "
+                      "%.1f%% of %llu cycles (summed over 24 steps)\n", kind, 100.0 * double(waited) / double(total), total);
+        }
+      }
       return us;
     };
     std::vector<double> v1_phases, streamed_phases;
@@ -451,7 +459,7 @@ int main(int argc, char** argv) {
                             "streamed persistent (us)", "weights MB"});
     nlohmann::json phases_json = nlohmann::json::object();
     if (!v1_phases.empty() && !streamed_phases.empty()) {
-      const double L = c.num_hidden_layers;
+      const double L = c.num_hidden_layers;  // c: the checkpoint's config
       const double qkv_mb = L * (c.num_attention_heads + 2.0 * c.num_key_value_heads) * c.head_dim * c.hidden_size * 2e-6;
       const double o_mb = L * double(c.num_attention_heads) * c.head_dim * c.hidden_size * 2e-6;
       const double mlp_mb = L * double(c.intermediate_size) * c.hidden_size * 2e-6;

@@ -71,9 +71,11 @@ struct PersistentStep {
   float* partial_ml = nullptr;   ///< (splits, H, 2)
   int splits = 0;                ///< attention splits, 1..256
   unsigned* barrier = nullptr;   ///< (2) zeroed once before the first step
-  /// (6 L + 3) or nullptr: block 0's %globaltimer (ns) at the start and after every grid
-  /// barrier (embedding; per layer QKV, attention, merge, O, gate/up, down; lm_head), so
-  /// that bench_model can say which phases take the time.
+  /// (6 L + 13) or nullptr, zeroed: block 0's %globaltimer (ns) at the start and after
+  /// every grid barrier (embedding; per layer QKV, attention, merge, O, gate/up, down;
+  /// lm_head), so that bench_model can say which phases take the time; then, streamed
+  /// step only, for QKV, O, gate/up, down, lm_head: the SM cycles block 0's thread 0
+  /// waited for weight slots and the cycles of those phases, added up over steps.
   unsigned long long* phase_clock = nullptr;
 };
 

@@ -156,8 +156,14 @@ struct StreamProducer {
 template <GemvInput In, GemvOutput Out>
 __device__ __forceinline__ void streamed_gemv(const DecodeGemvParams& gp, const PhaseShape& g, const WeightStream& ring,
                                               StreamProducer& producer, int& s, uint4* x_shared, float* scratch,
-                                              float (*partials)[kWarps][2], bool polling) {
+                                              float (*partials)[kWarps][2], bool polling,
+                                              unsigned long long* stall_cycles) {
   constexpr int kRows = rows_per_unit<Out>();  // equals g.rows
+  // Diagnostics (bench_model): block 0's thread 0 counts the cycles it waits for slots
+  // and the cycles of the whole phase.
+  const bool counting = stall_cycles && blockIdx.x == 0 && threadIdx.x == 0;
+  const long long phase_start = counting ? clock64() : 0;
+  long long waiting = 0;
   uint4 norm_held[kNormHeld];
   load_norm_weight<In>(gp, norm_held);
   stage_input<In, true>(gp, x_shared, scratch, norm_held);
@@ -179,11 +185,13 @@ __device__ __forceinline__ void streamed_gemv(const DecodeGemvParams& gp, const 
       epilogue = gp.bias ? load_epilogue_inputs<Out, true>(gp, unit) : load_epilogue_inputs<Out, false>(gp, unit);
     }
     float acc[2] = {0.0f, 0.0f};
+    const long long wait_start = counting ? clock64() : 0;
     if (polling) {
       ring.wait_polling(s);
     } else {
       ring.wait(s);
     }
+    if (counting) waiting += clock64() - wait_start;
     if (valid) {
       // Row r of this unit: slot position r * count + slot_unit (the producer's layout).
       const uint4* rows = reinterpret_cast<const uint4*>(ring.stage(s)) + size_t(slot_unit) * vectors;
@@ -212,6 +220,10 @@ __device__ __forceinline__ void streamed_gemv(const DecodeGemvParams& gp, const 
       }
       store_output_loaded<Out>(gp, unit, total, epilogue);
     }
+  }
+  if (counting) {
+    stall_cycles[0] += waiting;
+    stall_cycles[1] += clock64() - phase_start;
   }
 }
 
@@ -253,6 +265,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   end_phase(p, mark);
 
+  // (5 kinds, 2): cycles waited for slots, cycles of the phases, after the 6 L + 3 times.
+  auto stall = [&](int kind) { return p.phase_clock ? p.phase_clock + 6 * p.L + 3 + 2 * kind : nullptr; };
   int s = 0;  // stages consumed
   PersistentLayer layer = p.layers[0];
   for (int l = 0; l < p.L; ++l) {
@@ -262,7 +276,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     qkv.rope = RopeAppendTarget{layer.k_cache, layer.v_cache, p.d_length, p.cos, p.sin, p.H, p.Hkv, D,
                                 p.max_context, p.max_positions};
     streamed_gemv<GemvInput::kRmsNorm, GemvOutput::kRopeAppend>(qkv, phase_shape(p, 4 * l + kQkv, slot_bytes), ring,
-                                                                producer, s, x_shared, scratch, partials, polling);
+                                                                producer, s, x_shared, scratch, partials, polling, stall(kQkv));
     end_phase(p, mark);
 
     attention_splits<D, G>(p, layer);
@@ -272,24 +286,24 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     const DecodeGemvParams o{p.x, p.attn, nullptr, layer.w_o, layer.b_o, C, p.H * D, p.eps};
     streamed_gemv<GemvInput::kPlain, GemvOutput::kResidualAdd>(o, phase_shape(p, 4 * l + kO, slot_bytes), ring,
-                                                               producer, s, x_shared, scratch, partials, polling);
+                                                               producer, s, x_shared, scratch, partials, polling, stall(kO));
     end_phase(p, mark);
 
     const DecodeGemvParams gate_up{p.act, p.x, layer.post_norm, layer.w_gate_up, layer.b_gate_up, p.F, C, p.eps};
     streamed_gemv<GemvInput::kRmsNorm, GemvOutput::kSwiGLU>(gate_up, phase_shape(p, 4 * l + kGateUp, slot_bytes),
-                                                            ring, producer, s, x_shared, scratch, partials, polling);
+                                                            ring, producer, s, x_shared, scratch, partials, polling, stall(kGateUp));
     end_phase(p, mark);
 
     const DecodeGemvParams down{p.x, p.act, nullptr, layer.w_down, layer.b_down, C, p.F, p.eps};
     streamed_gemv<GemvInput::kPlain, GemvOutput::kResidualAdd>(down, phase_shape(p, 4 * l + kDown, slot_bytes), ring,
-                                                               producer, s, x_shared, scratch, partials, polling);
+                                                               producer, s, x_shared, scratch, partials, polling, stall(kDown));
     end_phase(p, mark);
     layer = next_layer;
   }
 
   const DecodeGemvParams head{p.logits, p.x, p.final_norm, p.lm_head, nullptr, p.V, C, p.eps};
   streamed_gemv<GemvInput::kRmsNorm, GemvOutput::kF32>(head, phase_shape(p, 4 * p.L, slot_bytes), ring, producer, s,
-                                                       x_shared, scratch, partials, polling);
+                                                       x_shared, scratch, partials, polling, stall(kHead));
   // Every stage requested has been consumed here (s == total): no copy is still in
   // flight into this block's shared memory when it exits.
   end_phase(p, mark);

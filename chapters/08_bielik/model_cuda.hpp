@@ -122,7 +122,8 @@ class CudaModel final : public Backend {
   void prefill_probed(const std::vector<int32_t>& tokens, const std::function<void(const char*)>& after_kernel);
 
   /// With persistent_decode and persistent_phase_clock: the last step's phase clock
-  /// (6 L + 3 timestamps in ns, PersistentStep::phase_clock); empty otherwise.
+  /// (6 L + 3 timestamps in ns, then the streamed step's 5 x 2 wait / phase cycle
+  /// counts: PersistentStep::phase_clock); empty otherwise.
   std::vector<unsigned long long> persistent_phase_clock();
 
   /// The stream every kernel of this model runs on.

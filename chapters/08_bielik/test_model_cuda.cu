@@ -764,9 +764,14 @@ TEST_CASE("CUDA model: the persistent decode step matches the CPU backend", "[ch
       // The phase clock of the last step: a time at the start and after each of the
       // 6 L + 2 grid barriers, never going back.
       const std::vector<unsigned long long> clock = cuda.persistent_phase_clock();
-      REQUIRE(clock.size() == size_t(6 * config.num_hidden_layers + 3));
-      for (size_t i = 1; i < clock.size(); ++i) REQUIRE(clock[i] >= clock[i - 1]);
-      REQUIRE(clock.back() > clock.front());
+      const size_t times = size_t(6 * config.num_hidden_layers + 3);
+      REQUIRE(clock.size() == times + 10);
+      for (size_t i = 1; i < times; ++i) REQUIRE(clock[i] >= clock[i - 1]);
+      REQUIRE(clock[times - 1] > clock[0]);
+      for (int kind = 0; kind < 5; ++kind) {  // waited <= the phase; the streamed step counts
+        REQUIRE(clock[times + 2 * kind] <= clock[times + 2 * kind + 1]);
+        if (v.stream) REQUIRE(clock[times + 2 * kind + 1] > 0);
+      }
       std::printf("%s: persistent decode (%s) vs CPU, 3 x 16 steps, worst rel err %.2e\n", spec.name, v.name,
                   worst);
     }
