@@ -77,13 +77,16 @@ __device__ __forceinline__ PhaseShape phase_shape(const PersistentStep& p, int p
   const int unit_bytes = g.rows * g.K * 2;  // the host made slot_bytes >= every unit
   g.units_per_stage = kWarps;
   while (g.units_per_stage > 1 && g.units_per_stage * unit_bytes > slot_bytes) g.units_per_stage /= 2;
-  g.first_unit = int((long long)blockIdx.x * g.N / gridDim.x);
-  g.end_unit = int((long long)(blockIdx.x + 1) * g.N / gridDim.x);
+  // 32-bit arithmetic (the host checks N x grid < 2^32): every thread computes this for
+  // every phase, and a 64-bit division is a long software routine.
+  g.first_unit = int(blockIdx.x * unsigned(g.N) / gridDim.x);
+  g.end_unit = int((blockIdx.x + 1) * unsigned(g.N) / gridDim.x);
   g.stages = (g.end_unit - g.first_unit + g.units_per_stage - 1) / g.units_per_stage;
   return g;
 }
 
 constexpr int kMaxLayers = 128;  // the producer's table of weight pointers lives in shared memory
+constexpr int kPrefetchedUnits = 256;  // epilogue inputs a block loads at a phase's start
 
 // The weight matrix phase `phase` streams (phase 4 L: the lm_head).
 __device__ __forceinline__ const __nv_bfloat16* phase_weight(const PersistentStep& p, int phase) {
@@ -153,20 +156,45 @@ struct StreamProducer {
 
 /// One projection of the step: stage (and normalize) the input, then this block's stages
 /// of the stream, s counting the block's stages since the kernel began.
+/// What every streamed projection of the kernel shares: the ring and its producer, the
+/// count of stages consumed, and the block's shared-memory scratch.
+struct StreamContext {
+  const WeightStream& ring;
+  StreamProducer& producer;
+  int& s;                            ///< stages consumed since the kernel began
+  uint4* x_shared;                   ///< (max(C, F, H D) / 8) the phase's input
+  float* scratch;                    ///< (kWarps) the norm's reduction
+  float (*partials)[kWarps][2];      ///< (2, kWarps, 2) per-warp row sums, by stage parity
+  EpilogueInputs* prefetched;        ///< (kPrefetchedUnits)
+  bool polling;                      ///< slot wait by test_wait polling
+};
+
 template <GemvInput In, GemvOutput Out>
-__device__ __forceinline__ void streamed_gemv(const DecodeGemvParams& gp, const PhaseShape& g, const WeightStream& ring,
-                                              StreamProducer& producer, int& s, uint4* x_shared, float* scratch,
-                                              float (*partials)[kWarps][2], bool polling,
+__device__ __forceinline__ void streamed_gemv(const DecodeGemvParams& gp, const PhaseShape& g, StreamContext& ctx,
                                               unsigned long long* stall_cycles) {
+  const WeightStream& ring = ctx.ring;
+  int& s = ctx.s;
+  uint4* x_shared = ctx.x_shared;
+  EpilogueInputs* prefetched = ctx.prefetched;
   constexpr int kRows = rows_per_unit<Out>();  // equals g.rows
   // Diagnostics (bench_model): block 0's thread 0 counts the cycles it waits for slots
   // and the cycles of the whole phase.
   const bool counting = stall_cycles && blockIdx.x == 0 && threadIdx.x == 0;
   const long long phase_start = counting ? clock64() : 0;
   long long waiting = 0;
+  // The epilogue's global inputs (bias, residual, cos / sin) of the block's first 256
+  // units, loaded by all threads at once while the input is staged. Loaded by the
+  // finishing lane at the end of each stage instead, their L2 round trip stalled that
+  // warp, and at the next barrier the whole block, at every stage: the consumers then
+  // spent more time than the weight stream (bench_model's phase clock).
+  const int units = g.end_unit - g.first_unit;
+  for (int i = threadIdx.x; i < min(units, kPrefetchedUnits); i += kThreads) {
+    prefetched[i] = gp.bias ? load_epilogue_inputs<Out, true>(gp, g.first_unit + i)
+                            : load_epilogue_inputs<Out, false>(gp, g.first_unit + i);
+  }
   uint4 norm_held[kNormHeld];
   load_norm_weight<In>(gp, norm_held);
-  stage_input<In, true>(gp, x_shared, scratch, norm_held);
+  stage_input<In, true>(gp, x_shared, ctx.scratch, norm_held);  // ends with __syncthreads
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int warps_per_unit = kWarps / g.units_per_stage;
   const int slot_unit = warp / warps_per_unit, part = warp % warps_per_unit;
@@ -177,16 +205,15 @@ __device__ __forceinline__ void streamed_gemv(const DecodeGemvParams& gp, const 
     const int unit = first + slot_unit;
     const bool valid = slot_unit < count;
     const bool finisher = valid && part == 0 && lane == 0;  // runs the unit's epilogue
-    // The epilogue's global reads (bias, residual, cos / sin) go out now, while the
-    // stage's weights may still be landing: at the end of the stage they would stall
-    // this warp for an L2 round trip, and the whole block at the next barrier.
+    // Units past the prefetched ones (a vocabulary over 256 x SMs with a biased head):
+    // loaded now, at the stage's start, so that the weights' wait covers some of it.
     EpilogueInputs epilogue;
-    if (finisher) {
+    if (finisher && unit - g.first_unit >= kPrefetchedUnits) {
       epilogue = gp.bias ? load_epilogue_inputs<Out, true>(gp, unit) : load_epilogue_inputs<Out, false>(gp, unit);
     }
     float acc[2] = {0.0f, 0.0f};
     const long long wait_start = counting ? clock64() : 0;
-    if (polling) {
+    if (ctx.polling) {
       ring.wait_polling(s);
     } else {
       ring.wait(s);
@@ -208,17 +235,18 @@ __device__ __forceinline__ void streamed_gemv(const DecodeGemvParams& gp, const 
     // stage s + 2, after the barrier of stage s + 1, which every reader has passed.
     if (lane == 0) {
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) partials[s & 1][warp][r] = acc[r];
+      for (int r = 0; r < kRows; ++r) ctx.partials[s & 1][warp][r] = acc[r];
     }
     __syncthreads();  // the slot is free, the partials are visible
-    ring.refill(s, producer);
+    ring.refill(s, ctx.producer);
     if (finisher) {
       float total[2] = {0.0f, 0.0f};
       for (int q = 0; q < warps_per_unit; ++q) {
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) total[r] += partials[s & 1][warp + q][r];
+        for (int r = 0; r < kRows; ++r) total[r] += ctx.partials[s & 1][warp + q][r];
       }
-      store_output_loaded<Out>(gp, unit, total, epilogue);
+      store_output_loaded<Out>(gp, unit, total,
+                               unit - g.first_unit < kPrefetchedUnits ? prefetched[unit - g.first_unit] : epilogue);
     }
   }
   if (counting) {
@@ -240,6 +268,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ float scratch[kWarps];
   __shared__ float partials[2][kWarps][2];
   __shared__ const __nv_bfloat16* stream_weights[4 * kMaxLayers + 1];
+  // Raw storage: a __shared__ array of a type with default member initializers is not allowed.
+  __shared__ __align__(16) unsigned char prefetched_storage[kPrefetchedUnits * sizeof(EpilogueInputs)];
+  EpilogueInputs* prefetched = reinterpret_cast<EpilogueInputs*>(prefetched_storage);
   const int C = p.C, QKV_PAIRS = (p.H + 2 * p.Hkv) * D / 2;
   for (int phase = threadIdx.x; phase <= 4 * p.L; phase += kThreads) stream_weights[phase] = phase_weight(p, phase);
 
@@ -268,6 +299,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // (5 kinds, 2): cycles waited for slots, cycles of the phases, after the 6 L + 3 times.
   auto stall = [&](int kind) { return p.phase_clock ? p.phase_clock + 6 * p.L + 3 + 2 * kind : nullptr; };
   int s = 0;  // stages consumed
+  StreamContext ctx{ring, producer, s, x_shared, scratch, partials, prefetched, polling};
   PersistentLayer layer = p.layers[0];
   for (int l = 0; l < p.L; ++l) {
     // The next layer's pointers are loaded now and used a layer later, off the critical path.
@@ -275,8 +307,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     DecodeGemvParams qkv{p.q, p.x, layer.input_norm, layer.w_qkv, layer.b_qkv, QKV_PAIRS, C, p.eps};
     qkv.rope = RopeAppendTarget{layer.k_cache, layer.v_cache, p.d_length, p.cos, p.sin, p.H, p.Hkv, D,
                                 p.max_context, p.max_positions};
-    streamed_gemv<GemvInput::kRmsNorm, GemvOutput::kRopeAppend>(qkv, phase_shape(p, 4 * l + kQkv, slot_bytes), ring,
-                                                                producer, s, x_shared, scratch, partials, polling, stall(kQkv));
+    streamed_gemv<GemvInput::kRmsNorm, GemvOutput::kRopeAppend>(qkv, phase_shape(p, 4 * l + kQkv, slot_bytes), ctx,
+                                                                stall(kQkv));
     end_phase(p, mark);
 
     attention_splits<D, G>(p, layer);
@@ -285,25 +317,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     end_phase(p, mark);
 
     const DecodeGemvParams o{p.x, p.attn, nullptr, layer.w_o, layer.b_o, C, p.H * D, p.eps};
-    streamed_gemv<GemvInput::kPlain, GemvOutput::kResidualAdd>(o, phase_shape(p, 4 * l + kO, slot_bytes), ring,
-                                                               producer, s, x_shared, scratch, partials, polling, stall(kO));
+    streamed_gemv<GemvInput::kPlain, GemvOutput::kResidualAdd>(o, phase_shape(p, 4 * l + kO, slot_bytes), ctx,
+                                                               stall(kO));
     end_phase(p, mark);
 
     const DecodeGemvParams gate_up{p.act, p.x, layer.post_norm, layer.w_gate_up, layer.b_gate_up, p.F, C, p.eps};
-    streamed_gemv<GemvInput::kRmsNorm, GemvOutput::kSwiGLU>(gate_up, phase_shape(p, 4 * l + kGateUp, slot_bytes),
-                                                            ring, producer, s, x_shared, scratch, partials, polling, stall(kGateUp));
+    streamed_gemv<GemvInput::kRmsNorm, GemvOutput::kSwiGLU>(gate_up, phase_shape(p, 4 * l + kGateUp, slot_bytes), ctx,
+                                                            stall(kGateUp));
     end_phase(p, mark);
 
     const DecodeGemvParams down{p.x, p.act, nullptr, layer.w_down, layer.b_down, C, p.F, p.eps};
-    streamed_gemv<GemvInput::kPlain, GemvOutput::kResidualAdd>(down, phase_shape(p, 4 * l + kDown, slot_bytes), ring,
-                                                               producer, s, x_shared, scratch, partials, polling, stall(kDown));
+    streamed_gemv<GemvInput::kPlain, GemvOutput::kResidualAdd>(down, phase_shape(p, 4 * l + kDown, slot_bytes), ctx,
+                                                               stall(kDown));
     end_phase(p, mark);
     layer = next_layer;
   }
 
   const DecodeGemvParams head{p.logits, p.x, p.final_norm, p.lm_head, nullptr, p.V, C, p.eps};
-  streamed_gemv<GemvInput::kRmsNorm, GemvOutput::kF32>(head, phase_shape(p, 4 * p.L, slot_bytes), ring, producer, s,
-                                                       x_shared, scratch, partials, polling, stall(kHead));
+  streamed_gemv<GemvInput::kRmsNorm, GemvOutput::kF32>(head, phase_shape(p, 4 * p.L, slot_bytes), ctx, stall(kHead));
   // Every stage requested has been consumed here (s == total): no copy is still in
   // flight into this block's shared memory when it exits.
   end_phase(p, mark);
@@ -338,7 +369,8 @@ bool decode_step_streamed_supported(int D, int H, int Hkv) {
 StreamedStepLayout decode_step_streamed_layout(const PersistentStep& step, int ring_stages, int min_slot_bytes) {
   if (!decode_step_streamed_supported(step.D, step.H, step.Hkv) || step.splits < 1 || step.splits > kMaxSplits ||
       step.C % 8 != 0 || step.F % 8 != 0 || !step.layers || !step.barrier || ring_stages < 0 || ring_stages == 1 ||
-      min_slot_bytes < 0 || step.L < 1 || step.L > kMaxLayers) {
+      min_slot_bytes < 0 || step.L < 1 || step.L > kMaxLayers ||
+      (unsigned long long)std::max({step.V, step.F, step.C}) * multiprocessor_count() >= (1ull << 32)) {
     throw std::invalid_argument("streamed decode: unsupported device or shape, or missing buffers (D=" +
                                 std::to_string(step.D) + " H=" + std::to_string(step.H) +
                                 " Hkv=" + std::to_string(step.Hkv) + " splits=" + std::to_string(step.splits) +
