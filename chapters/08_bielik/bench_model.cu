@@ -374,15 +374,12 @@ int main(int argc, char** argv) {
     struct StreamedVariant {
       const char* label;
       int ring_stages, slot_bytes;
-      bool polling;
       double tok_s = 0;
     };
-    StreamedVariant streamed[] = {{"largest ring of 24 KB slots", 0, 0, false},
-                                  {"4 slots of 24 KB", 4, 0, false},
-                                  {"largest ring of 48 KB slots", 0, 48 * 1024, false},
-                                  {"largest ring of 12 KB slots", 0, 12 * 1024, false},
-                                  {"largest ring of 24 KB slots, polling wait", 0, 0, true},
-                                  {"largest ring of 48 KB slots, polling wait", 0, 48 * 1024, true}};
+    StreamedVariant streamed[] = {{"largest ring of 24 KB slots", 0, 0},
+                                  {"4 slots of 24 KB", 4, 0},
+                                  {"largest ring of 48 KB slots", 0, 48 * 1024},
+                                  {"largest ring of 12 KB slots", 0, 12 * 1024}};
     for (StreamedVariant& v : streamed) {
       try {
         v.tok_s = variant([&](CudaModelOptions& o) {
@@ -390,7 +387,6 @@ int main(int argc, char** argv) {
           o.persistent_weight_stream = true;
           o.persistent_ring_stages = v.ring_stages;
           o.persistent_slot_bytes = v.slot_bytes;
-          o.persistent_poll_wait = v.polling;
         });
       } catch (const std::exception& e) {
         std::printf("streamed persistent decode (%s): %s\n", v.label, e.what());

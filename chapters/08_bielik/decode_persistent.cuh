@@ -23,6 +23,8 @@
 /// threads per SM, 491 with two, against the graph's 759. Correct, but slower: one block
 /// per SM keeps too few loads in flight for the big GEMVs, two spill and make each of
 /// the 193 barriers per token wait for 264 blocks. Off by default (chapter README).
+/// The streamed form (decode_step_streamed.cu) measured 374 tokens/s: its header says
+/// why.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -112,9 +114,7 @@ StreamedStepLayout decode_step_streamed_layout(const PersistentStep& step, int r
 /// whose thread 0 streams the block's rows of every projection of every layer, in
 /// order, through the ring. Same results as decode_step_persistent (the same epilogues
 /// and summation per row, up to the order of the partial sums).
-/// `polling`: wait for a slot with mbarrier.test_wait in a loop rather than try_wait
-/// (bench_model measures both).
-void decode_step_streamed(const PersistentStep& step, int ring_stages, int min_slot_bytes = 0, bool polling = false,
+void decode_step_streamed(const PersistentStep& step, int ring_stages, int min_slot_bytes = 0,
                           cudaStream_t stream = 0);
 
 }  // namespace bielik

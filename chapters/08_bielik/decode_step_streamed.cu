@@ -22,7 +22,20 @@
 // its rows against the staged input, the warps of a unit meet in shared memory, and
 // the first warp of the unit runs chapter 08's epilogue (bias, RoPE + cache append,
 // SwiGLU, residual add or fp32 logits: store_output_loaded, the same code as
-// decode_gemv's, with its global inputs loaded at the start of the stage).
+// decode_gemv's, its global inputs loaded for all the block's units at the phase start).
+//
+// MEASURED SLOWER (bench_model, H200, 2026-11-29 20:4x UTC): 374 tokens/s against the
+// graph's 753 and the register persistent kernel's 584. The ring is not the problem:
+// bench_weight_stream streams at 96-97% of copy bandwidth through the same ring with a
+// dot-product consumer, and here block 0 waits for weight slots only 5-9% of each GEMV
+// phase. The consumers are: a gate/up stage of 24 KB takes ~3.3k cycles (the phase
+// clock), ~4x its bytes' time, and neither the ring's depth (4 or 7 slots: same speed),
+// nor polling instead of try_wait, nor loading the epilogue inputs ahead changed that;
+// only bigger stages did (48 KB: 445 tokens/s). Every stage here ends in a block-wide
+// barrier that waits for the slowest warp, with thread 0 both the producer and a
+// finisher, so the per-stage critical path is serial. The next form to try is warp
+// specialization: a producer warp, slots released by mbarrier arrivals instead of
+// __syncthreads, the epilogues off the consumers' path (chapter README).
 //
 // Phases per layer, separated by grid barriers as in decode_step_persistent.cu:
 // norm + QKV + RoPE + append | attention splits | merge | O + residual |
@@ -166,7 +179,6 @@ struct StreamContext {
   float* scratch;                    ///< (kWarps) the norm's reduction
   float (*partials)[kWarps][2];      ///< (2, kWarps, 2) per-warp row sums, by stage parity
   EpilogueInputs* prefetched;        ///< (kPrefetchedUnits)
-  bool polling;                      ///< slot wait by test_wait polling
 };
 
 template <GemvInput In, GemvOutput Out>
@@ -213,11 +225,7 @@ __device__ __forceinline__ void streamed_gemv(const DecodeGemvParams& gp, const 
     }
     float acc[2] = {0.0f, 0.0f};
     const long long wait_start = counting ? clock64() : 0;
-    if (ctx.polling) {
-      ring.wait_polling(s);
-    } else {
-      ring.wait(s);
-    }
+    ring.wait(s);
     if (counting) waiting += clock64() - wait_start;
     if (valid) {
       // Row r of this unit: slot position r * count + slot_unit (the producer's layout).
@@ -257,7 +265,7 @@ __device__ __forceinline__ void streamed_gemv(const DecodeGemvParams& gp, const 
 
 template <int D, int G>
 __global__ void __launch_bounds__(kThreads, 1)
-    decode_step_streamed_kernel(PersistentStep p, int slot_bytes, int ring_stages, int x_bytes, bool polling) {
+    decode_step_streamed_kernel(PersistentStep p, int slot_bytes, int ring_stages, int x_bytes) {
   // Shared memory: the slot barriers | the phase's input vector | the ring.
   extern __shared__ __align__(128) unsigned char shared[];
   int mark = 0;
@@ -299,7 +307,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // (5 kinds, 2): cycles waited for slots, cycles of the phases, after the 6 L + 3 times.
   auto stall = [&](int kind) { return p.phase_clock ? p.phase_clock + 6 * p.L + 3 + 2 * kind : nullptr; };
   int s = 0;  // stages consumed
-  StreamContext ctx{ring, producer, s, x_shared, scratch, partials, prefetched, polling};
+  StreamContext ctx{ring, producer, s, x_shared, scratch, partials, prefetched};
   PersistentLayer layer = p.layers[0];
   for (int l = 0; l < p.L; ++l) {
     // The next layer's pointers are loaded now and used a layer later, off the critical path.
@@ -341,7 +349,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (blockIdx.x == 0) block_argmax_commit<kThreads>(p.token, p.logits, p.V, p.d_length);
 }
 
-using StepKernel = void (*)(PersistentStep, int, int, int, bool);
+using StepKernel = void (*)(PersistentStep, int, int, int);
 
 template <int D>
 StepKernel kernel_for_group(int G) {
@@ -401,8 +409,7 @@ StreamedStepLayout decode_step_streamed_layout(const PersistentStep& step, int r
   return layout;
 }
 
-void decode_step_streamed(const PersistentStep& step, int ring_stages, int min_slot_bytes, bool polling,
-                          cudaStream_t stream) {
+void decode_step_streamed(const PersistentStep& step, int ring_stages, int min_slot_bytes, cudaStream_t stream) {
   const StreamedStepLayout layout = decode_step_streamed_layout(step, ring_stages, min_slot_bytes);
   const StepKernel kernel =
       step.D == 128 ? kernel_for_group<128>(step.H / step.Hkv) : kernel_for_group<64>(step.H / step.Hkv);
@@ -421,8 +428,7 @@ void decode_step_streamed(const PersistentStep& step, int ring_stages, int min_s
   attribute.val.cooperative = 1;
   config.attrs = &attribute;
   config.numAttrs = 1;
-  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, step, layout.slot_bytes, layout.ring_stages, layout.x_bytes,
-                                polling));
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, step, layout.slot_bytes, layout.ring_stages, layout.x_bytes));
 }
 
 }  // namespace bielik

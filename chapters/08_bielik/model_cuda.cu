@@ -528,8 +528,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
 
 void CudaModel::run_decode_step() {
   if (options_.persistent_decode && options_.persistent_weight_stream) {
-    decode_step_streamed(persistent_step_, options_.persistent_ring_stages, options_.persistent_slot_bytes,
-                         options_.persistent_poll_wait, stream_);
+    decode_step_streamed(persistent_step_, options_.persistent_ring_stages, options_.persistent_slot_bytes, stream_);
   } else if (options_.persistent_decode) {
     decode_step_persistent(persistent_step_, options_.persistent_blocks_per_sm, stream_);
   } else if (graph_exec_) {

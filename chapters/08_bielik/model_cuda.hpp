@@ -74,7 +74,6 @@ struct CudaModelOptions {
   bool persistent_weight_stream = false;
   int persistent_ring_stages = 0;  ///< its ring's slots (0: as many as fit)
   int persistent_slot_bytes = 0;   ///< its slots' least size (0: 24 KB; the tests use less)
-  bool persistent_poll_wait = false;  ///< its slot wait: test_wait polling instead of try_wait
   /// Record the persistent step's phase times (PersistentStep::phase_clock), read back
   /// with CudaModel::persistent_phase_clock().
   bool persistent_phase_clock = false;
