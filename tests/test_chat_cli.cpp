@@ -1,6 +1,9 @@
 // End to end: the bielik-chat program, run as a user runs it, on chapter 08's tiny
-// SmolLM2-like checkpoint (CPU backend, greedy). The expected answer is the numpy
-// reference's greedy reply (golden/gen_08_tiny_model.py), decoded to text.
+// SmolLM2-like checkpoints (greedy). The expected answer is the numpy reference's greedy
+// reply (golden/gen_08_tiny_model.py), decoded to text.
+// Compiled twice: test_chat_cli (CPU backend, every case but the last) and, with
+// BIELIK_TEST_CHAT_CUDA, test_chat_cli_cuda (the GPU test main: skipped without a GPU),
+// which runs the program with --device cuda on the D = 64 checkpoint.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -48,17 +51,49 @@ Run run_chat(const std::string& args, const std::string& input = "") {
   return run;
 }
 
-std::string tiny_dir() { return golden_path("08_bielik", "tiny_smollm"); }
+std::string model_dir(const std::string& model) { return golden_path("08_bielik", model); }
+std::string tiny_dir() { return model_dir("tiny_smollm"); }
 
 // The reference answer to "Hi!" as text: the golden greedy reply ids, decoded.
-std::string expected_answer() {
-  Tokenizer tokenizer = Tokenizer::from_file(tiny_dir() + "/tokenizer.json");
-  return tokenizer.decode(load_npy(golden_path("08_bielik", "tiny_smollm_chat_reply.npy")).to_int32());
+std::string expected_answer(const std::string& model = "tiny_smollm") {
+  Tokenizer tokenizer = Tokenizer::from_file(model_dir(model) + "/tokenizer.json");
+  return tokenizer.decode(load_npy(golden_path("08_bielik", model + "_chat_reply.npy")).to_int32());
 }
 
 const std::string kGreedy = " --temperature 0 --max-new-tokens 12 --threads 2";
 
 }  // namespace
+
+#ifdef BIELIK_TEST_CHAT_CUDA
+
+TEST_CASE("bielik-chat --device cuda: the reference's answer from the GPU backend", "[ch08][gpu][cli]") {
+  // D = 64: a head size the CUDA backend runs (the other tiny models have D = 16).
+  const std::string model = "'" + model_dir("tiny_chat_d64") + "'";
+  Run one_shot = run_chat("--model " + model + " --device cuda --prompt 'Hi!'" + kGreedy);
+  INFO("stderr: " << one_shot.err);
+  REQUIRE(one_shot.status == 0);
+  CHECK(one_shot.out == expected_answer("tiny_chat_d64") + "\n");
+  CHECK(contains(one_shot.err, "tokens/s"));
+
+  Run chat = run_chat("--model " + model + " --device cuda" + kGreedy, "Hi!\n/reset\nHi!\n/quit\n");
+  INFO("stderr: " << chat.err);
+  REQUIRE(chat.status == 0);
+  CHECK(contains(chat.err, " on cuda ("));  // the banner names the backend that answered
+  const std::string answer = expected_answer("tiny_chat_d64") + "\n";
+  CHECK(chat.out == answer + answer);
+}
+
+#else
+
+TEST_CASE("bielik-chat on the D = 64 checkpoint, CPU backend: the reference's answer", "[ch08][cpu][cli]") {
+  // The same run as test_chat_cli_cuda's, on the CPU: the golden reply and the program
+  // agree here, so a difference on the GPU is the CUDA backend's.
+  Run chat = run_chat("--model '" + model_dir("tiny_chat_d64") + "' --device cpu" + kGreedy, "Hi!\n/quit\n");
+  INFO("stderr: " << chat.err);
+  REQUIRE(chat.status == 0);
+  CHECK(contains(chat.err, " on cpu ("));
+  CHECK(chat.out == expected_answer("tiny_chat_d64") + "\n");
+}
 
 TEST_CASE("bielik-chat --prompt: the greedy answer of the reference, then timing", "[ch08][cpu][cli]") {
   Run run = run_chat("--model '" + tiny_dir() + "' --prompt 'Hi!'" + kGreedy);
@@ -125,3 +160,5 @@ TEST_CASE("bielik-chat: bad command lines and missing models fail clearly", "[ch
   CHECK(no_tokenizer.status == 1);
   CHECK(contains(no_tokenizer.err, "tokenizer.json"));
 }
+
+#endif  // BIELIK_TEST_CHAT_CUDA
