@@ -413,7 +413,7 @@ int main(int argc, char** argv) {
     }
 
     // --- where the persistent steps spend a token: block 0's clock after every grid
-    // barrier, summed per phase kind over the layers (one step, after 24 warm ones) ---
+    // barrier, summed per phase kind over the layers (the last of 24 greedy steps) ---
     const char* phase_kinds[] = {"QKV + RoPE + append", "attention splits", "attention merge", "O + residual",
                                  "gate/up + SwiGLU", "down + residual"};
     auto phase_times = [&](auto&& tweak) {

@@ -120,9 +120,10 @@ class CudaModel final : public Backend {
   /// "final_norm_lm_head"): the benchmark's per-kernel TTFT breakdown. tokens.size() must fit one chunk.
   void prefill_probed(const std::vector<int32_t>& tokens, const std::function<void(const char*)>& after_kernel);
 
-  /// With persistent_decode and persistent_phase_clock: the last step's phase clock
-  /// (6 L + 3 timestamps in ns, then the streamed step's 5 x 2 wait / phase cycle
-  /// counts: PersistentStep::phase_clock); empty otherwise.
+  /// With persistent_decode and persistent_phase_clock: PersistentStep::phase_clock, i.e.
+  /// the last step's 6 L + 3 timestamps (ns), then the streamed step's 5 x 2 wait /
+  /// phase cycle counts, summed over every step since the model was created; empty
+  /// otherwise.
   std::vector<unsigned long long> persistent_phase_clock();
 
   /// The stream every kernel of this model runs on.
