@@ -1,9 +1,9 @@
 // End to end: the bielik-chat program, run as a user runs it, on chapter 08's tiny
 // SmolLM2-like checkpoints (greedy). The expected answer is the numpy reference's greedy
 // reply (golden/gen_08_tiny_model.py), decoded to text.
-// Compiled twice: test_chat_cli (CPU backend, every case but the last) and, with
+// Compiled twice: test_chat_cli (every case but the CUDA one) and, with
 // BIELIK_TEST_CHAT_CUDA, test_chat_cli_cuda (the GPU test main: skipped without a GPU),
-// which runs the program with --device cuda on the D = 64 checkpoint.
+// whose only case runs the program with --device cuda on the D = 64 checkpoint.
 #include <sys/wait.h>
 #include <unistd.h>
 
