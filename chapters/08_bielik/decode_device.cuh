@@ -20,13 +20,62 @@ constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kNormHeld = 2;  // norm-weight chunks a thread loads before the wait (K <= 4096)
 
-// Weights are read once per step: a streaming load that does not allocate in L1.
-__device__ __forceinline__ uint4 load_streaming(const void* p) {
+// Weights are read once per step: a streaming load that does not allocate in L1, with an
+// L2 cache policy (l2_policy) that says how soon L2 may drop the line after it.
+__device__ __forceinline__ uint4 load_streaming(const void* p, uint64_t l2_policy) {
   uint4 v;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p), "l"(l2_policy));
+#else
+  (void)l2_policy;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
+#endif
   return v;
+}
+
+/// An L2 cache policy for load_streaming: evict-first (the line is not wanted again, so
+/// L2 drops it before others) or the normal one (what a load without a hint gets).
+__device__ __forceinline__ uint64_t l2_policy(bool evict_first) {
+  uint64_t policy = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if (evict_first) {
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  } else {
+    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
+  }
+#else
+  (void)evict_first;
+#endif
+  return policy;
+}
+
+/// This block's share of `range` (1/gridDim.x of it, in 16-byte units) asked of L2, in
+/// pieces of up to 64 KB, one per thread: the copy engine fetches them while the block
+/// goes on. Nothing waits for them; before sm_90 this does nothing.
+__device__ __forceinline__ void prefetch_share_to_l2(const L2PrefetchRange& range) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (range.ptr == nullptr || range.bytes < 16) return;
+  constexpr size_t kPiece = 64 * 1024;
+  const size_t units = range.bytes / 16;
+  const size_t first = units * blockIdx.x / gridDim.x * 16, end = units * (blockIdx.x + 1) / gridDim.x * 16;
+  const char* base = static_cast<const char*>(range.ptr);
+  for (size_t offset = first + size_t(threadIdx.x) * kPiece; offset < end; offset += size_t(blockDim.x) * kPiece) {
+    const uint32_t bytes = uint32_t(end - offset < kPiece ? end - offset : kPiece);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + offset), "r"(bytes) : "memory");
+  }
+#else
+  (void)range;
+#endif
+}
+
+/// Both of a GEMV's prefetch ranges (DecodeGemvParams::prefetch).
+__device__ __forceinline__ void prefetch_next_weights(const DecodeGemvParams& p) {
+  prefetch_share_to_l2(p.prefetch[0]);
+  prefetch_share_to_l2(p.prefetch[1]);
 }
 
 // A bf16 is the top half of an fp32: widening is a shift or a mask.
@@ -177,11 +226,11 @@ __device__ __forceinline__ void store_output(const DecodeGemvParams& p, int n, c
 }
 
 // One batch of a warp's weight loads: chunks base, base + stride, ... of unit `unit`'s
-// weight rows (two rows for the pair outputs). Chunks past the row and units < 0 read
-// as zero.
+// weight rows (two rows for the pair outputs), with L2 policy `policy` (l2_policy).
+// Chunks past the row and units < 0 read as zero.
 template <GemvOutput Out, int kBatch>
 __device__ __forceinline__ void load_batch(uint4 (&w)[rows_per_unit<Out>()][kBatch], const DecodeGemvParams& p,
-                                           int unit, int base, int stride) {
+                                           int unit, int base, int stride, uint64_t policy) {
   const int chunks = p.K / 8;
 #pragma unroll
   for (int r = 0; r < rows_per_unit<Out>(); ++r) {
@@ -189,7 +238,7 @@ __device__ __forceinline__ void load_batch(uint4 (&w)[rows_per_unit<Out>()][kBat
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       const int chunk = base + stride * u;
-      w[r][u] = unit >= 0 && chunk < chunks ? load_streaming(row_start + 8 * chunk) : make_uint4(0, 0, 0, 0);
+      w[r][u] = unit >= 0 && chunk < chunks ? load_streaming(row_start + 8 * chunk, policy) : make_uint4(0, 0, 0, 0);
     }
   }
 }

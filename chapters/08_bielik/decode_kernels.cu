@@ -46,8 +46,10 @@ __global__ void __launch_bounds__(kThreads, 3)
 
   // 1. Weights first (the first batch of the first row, the norm weight): no kernel
   //    writes them, so they are loaded while the previous kernel may still run.
+  const uint64_t policy = l2_policy(p.stream_evict_first);
+  if (p.prefetch_early) prefetch_next_weights(p);
   uint4 w[kRows][kBatch];
-  load_batch<Out, kBatch>(w, p, first < p.N ? first : -1, base_first, stride);
+  load_batch<Out, kBatch>(w, p, first < p.N ? first : -1, base_first, stride, policy);
   uint4 norm_held[kNormHeld];
   load_norm_weight<In>(p, norm_held);
 
@@ -63,13 +65,15 @@ __global__ void __launch_bounds__(kThreads, 3)
     const bool valid = row < p.N;
     float acc[2] = {0.0f, 0.0f};
     for (int base = base_first; valid && base < chunks; base += kBatch * stride) {
-      if (!loaded) load_batch<Out, kBatch>(w, p, row, base, stride);
+      if (!loaded) load_batch<Out, kBatch>(w, p, row, base, stride, policy);
       loaded = false;
       accumulate_batch<kRows, kBatch>(acc, w, x_shared, base, stride, chunks);
     }
     loaded = false;
     finish_row<Out, HasBias>(p, valid ? row : -1, acc, warp_partial, split);
   }
+  // 4. The block's own bytes are read: now the next kernels' weights (if asked).
+  if (!p.prefetch_early) prefetch_next_weights(p);
 }
 
 // The same work layout, software-pipelined: a warp's work is a flat sequence of steps
@@ -98,8 +102,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   };
   auto base_of = [&](int step) { return base_first + (step % batches_per_row) * batch_span; };
 
+  const uint64_t policy = l2_policy(p.stream_evict_first);
+  if (p.prefetch_early) prefetch_next_weights(p);
   uint4 w[kRows][kBatch], w_next[kRows][kBatch];
-  load_batch<Out, kBatch>(w, p, row_of(0), base_of(0), stride);  // before the PDL wait
+  load_batch<Out, kBatch>(w, p, row_of(0), base_of(0), stride, policy);  // before the PDL wait
   uint4 norm_held[kNormHeld];
   load_norm_weight<In>(p, norm_held);
   stage_input<In>(p, x_shared, &warp_partial[0][0], norm_held);
@@ -107,7 +113,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   float acc[2] = {0.0f, 0.0f};
   for (int step = 0; step < steps; ++step) {
-    if (step + 1 < steps) load_batch<Out, kBatch>(w_next, p, row_of(step + 1), base_of(step + 1), stride);
+    if (step + 1 < steps) load_batch<Out, kBatch>(w_next, p, row_of(step + 1), base_of(step + 1), stride, policy);
     accumulate_batch<kRows, kBatch>(acc, w, x_shared, base_of(step), stride, chunks);
     if (step % batches_per_row == batches_per_row - 1) {  // the row is complete
       finish_row<Out, HasBias>(p, row_of(step), acc, warp_partial, split);
@@ -118,6 +124,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int u = 0; u < kBatch; ++u) w[r][u] = w_next[r][u];
     }
   }
+  if (!p.prefetch_early) prefetch_next_weights(p);
 }
 
 
@@ -245,6 +252,12 @@ void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, 
     throw std::invalid_argument("decode_gemv: needs 0 < K <= " + std::to_string(kMaxK) +
                                 ", K % 8 == 0, N > 0 and 16-byte aligned x, W (and norm weight); got N=" +
                                 std::to_string(p.N) + " K=" + std::to_string(p.K));
+  }
+  for (const L2PrefetchRange& range : p.prefetch) {
+    if (range.ptr != nullptr && (!aligned_16(range.ptr) || range.bytes % 16 != 0)) {
+      throw std::invalid_argument("decode_gemv: an L2 prefetch range needs a 16-byte aligned pointer and a multiple "
+                                  "of 16 bytes; got " + std::to_string(range.bytes) + " bytes");
+    }
   }
   if (output == GemvOutput::kRopeAppend) {
     const RopeAppendTarget& t = p.rope;

@@ -37,7 +37,7 @@ __device__ __forceinline__ int2 warp_units(int N) {
 template <GemvOutput Out, int kBatch>
 __device__ __forceinline__ void prefetch_first_batch(WeightBatch<Out, kBatch>& batch, const DecodeGemvParams& p) {
   const int2 units = warp_units(p.N);
-  load_batch<Out, kBatch>(batch.w, p, units.x < units.y ? units.x : -1, threadIdx.x % 32, 32);
+  load_batch<Out, kBatch>(batch.w, p, units.x < units.y ? units.x : -1, threadIdx.x % 32, 32, l2_policy(false));
 }
 
 // One GEMV over the whole grid: stage (and normalize) the input, then each warp its
@@ -60,7 +60,8 @@ __device__ __forceinline__ void gemv_phase(const DecodeGemvParams& p, WeightBatc
     const int unit = units.x + step / batches_per_unit, base = (step % batches_per_unit) * kBatch * 32 + lane;
     if (step + 1 < steps) {
       const int next_unit = units.x + (step + 1) / batches_per_unit;
-      load_batch<Out, kBatch>(next.w, p, next_unit, ((step + 1) % batches_per_unit) * kBatch * 32 + lane, 32);
+      load_batch<Out, kBatch>(next.w, p, next_unit, ((step + 1) % batches_per_unit) * kBatch * 32 + lane, 32,
+                                l2_policy(false));
     }
     accumulate_batch<kRows, kBatch>(acc, batch.w, x_shared, base, 32, chunks);
     if (step % batches_per_unit == batches_per_unit - 1) {

@@ -301,28 +301,42 @@ TEST_CASE("CUDA model: two-chunk prefill equals one-chunk prefill", "[ch08][gpu]
   }
 }
 
-TEST_CASE("CUDA model: the decode graph equals eager launches, with and without PDL", "[ch08][gpu][model]") {
+TEST_CASE("CUDA model: the decode graph equals eager launches, with and without PDL and L2 prefetch",
+          "[ch08][gpu][model]") {
   const uint64_t seed = fresh_seed();
   INFO("prompt seed " << seed);
   for (const TinySpec& spec : kSpecs) {
     const std::string dir = tiny_checkpoint(spec);
     const std::vector<int32_t> prompt = random_prompt(11, spec.V, seed);
     const std::vector<int32_t> steps = random_prompt(9, spec.V, seed + 1);
+    auto run = [&](const CudaModelOptions& options) {
+      CudaModel cuda(dir, options);
+      std::vector<float> all = cuda.prefill(prompt);
+      for (int32_t token : steps) {
+        const std::vector<float> step = cuda.decode(token);
+        all.insert(all.end(), step.begin(), step.end());
+      }
+      return all;
+    };
     std::vector<std::vector<float>> runs;
     for (bool graph : {true, false}) {
-      for (bool pdl : {true, false}) {
-        CudaModel cuda(dir, cuda_options(0, 1024, graph, pdl));
-        std::vector<float> all = cuda.prefill(prompt);
-        for (int32_t token : steps) {
-          const std::vector<float> step = cuda.decode(token);
-          all.insert(all.end(), step.begin(), step.end());
-        }
-        runs.push_back(all);
-      }
+      for (bool pdl : {true, false}) runs.push_back(run(cuda_options(0, 1024, graph, pdl)));
+    }
+    // The L2 prefetch plan is a hint: the same logits with it, issued early or late, with
+    // the evict-first weight loads, and with O's share of gate/up (tiny gate/up weights:
+    // QKV asks for none of it, so O asks for all of it).
+    for (bool early : {false, true}) {
+      CudaModelOptions options = cuda_options();
+      options.l2_prefetch = true;
+      options.l2_prefetch_early = early;
+      options.l2_stream_evict_first = !early;
+      options.l2_prefetch_gate_up_mb = early ? 0 : 16;
+      options.l2_prefetch_gate_up_more_mb = early ? 1 : 0;
+      runs.push_back(run(options));
     }
     // The same kernels in the same order: bit for bit the same logits.
     for (size_t i = 1; i < runs.size(); ++i) {
-      INFO(spec.name << " run " << i << " (graph/pdl: tt, tf, ft, ff)");
+      INFO(spec.name << " run " << i << " (graph/pdl: tt, tf, ft, ff; then L2 prefetch late, early)");
       REQUIRE(runs[i] == runs[0]);
     }
   }
@@ -510,6 +524,11 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
       p.N = c.N;
       p.K = c.K;
       p.eps = 1e-6f;
+      // An L2 prefetch of the input's own bytes and the evict-first loads: hints that must
+      // not change a value (the register kernels use them; the bulk-stream one ignores them).
+      p.prefetch[0] = L2PrefetchRange{d_W.data(), W.size() * sizeof(uint16_t) / 16 * 16};
+      p.prefetch_early = pdl;
+      p.stream_evict_first = !pdl;
       decode_gemv(c.input, c.output, p, pdl, 0, kernel);
       CUDA_CHECK(cudaDeviceSynchronize());
       CompareResult r = c.output == GemvOutput::kF32
@@ -519,6 +538,23 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
       REQUIRE(r.passed);
     }
   }
+}
+
+TEST_CASE("decode_gemv refuses an L2 prefetch range it cannot issue", "[ch08][gpu][kernels]") {
+  DeviceBuffer<uint16_t> x(64), W(64 * 64), y(64);
+  DecodeGemvParams p{};
+  p.y = y.data();
+  p.x = reinterpret_cast<const __nv_bfloat16*>(x.data());
+  p.W = reinterpret_cast<const __nv_bfloat16*>(W.data());
+  p.N = 64;
+  p.K = 64;
+  p.prefetch[1] = L2PrefetchRange{W.data() + 1, 64};  // 2 bytes past a 16-byte boundary
+  REQUIRE_THROWS_AS(decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false), std::invalid_argument);
+  p.prefetch[1] = L2PrefetchRange{W.data(), 24};  // not a multiple of 16 bytes
+  REQUIRE_THROWS_AS(decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false), std::invalid_argument);
+  p.prefetch[1] = L2PrefetchRange{W.data(), 64};
+  REQUIRE_NOTHROW(decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false));
+  CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 TEST_CASE("decode_gemv kRopeAppend equals the QKV GEMV then decode_rope_append, bit for bit", "[ch08][gpu][kernels]") {
