@@ -8,7 +8,6 @@
 //  * in a stream: 48 launches back to back with PDL, each on its own copy of the weights
 //    (3 copies, more bytes than the 60 MB L2), which is how the decode graph runs them.
 // GB/s counts the weight bytes (the input and output vectors are a few KB).
-#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -98,22 +97,25 @@ int main() {
                      fmt(100 * gb_per_s(bytes, alone.median_ms) / copy_gbs, 1), fmt(streamed.median_ms * 1e3, 2),
                      fmt(stream_gbs, 0), fmt(100 * stream_gbs / copy_gbs, 1)});
       if (kernel != DecodeGemvKernel::kRegisterLoads) continue;
-      // The same chain with the decode graph's L2 prefetch: each launch asks L2 for the
-      // next launch's weights (up to 24 MB of them, half of L2) and reads its own with the
-      // evict-first hint, so HBM keeps streaming across the kernel boundaries.
-      const size_t ahead_bytes = std::min<size_t>(weight_elements * 2, size_t(24) << 20);
-      const BenchTiming prefetched = time_gpu_back_to_back(
-          [&](int i) {
-            DecodeGemvParams p = params(i % kCopies);
-            p.prefetch[0] = L2PrefetchRange{weights[(i + 1) % kCopies].data(), ahead_bytes};
-            p.stream_evict_first = true;
-            decode_gemv(shape.input, shape.output, p, true, 0, kernel);
-          },
-          kLaunches);
-      const double prefetched_gbs = gb_per_s(bytes, prefetched.median_ms);
-      table.add_row({shape.name, "register loads + L2 prefetch of the next", fmt(bytes / 1e6, 1), "", "",
-                     fmt(prefetched.median_ms * 1e3, 2), fmt(prefetched_gbs, 0),
-                     fmt(100 * prefetched_gbs / copy_gbs, 1)});
+      // The same chain with the weights read evict-first, and with the rows split over a
+      // forced number of warps (decode_gemv picks 1 for K <= 2048, else 2 for Bielik).
+      auto chain_row = [&](const std::string& label, bool evict_first, int split) {
+        const BenchTiming t = time_gpu_back_to_back(
+            [&](int i) {
+              DecodeGemvParams p = params(i % kCopies);
+              p.stream_evict_first = evict_first;
+              p.split_warps = split;
+              decode_gemv(shape.input, shape.output, p, true, 0, kernel);
+            },
+            kLaunches);
+        const double gbs = gb_per_s(bytes, t.median_ms);
+        table.add_row({shape.name, label, fmt(bytes / 1e6, 1), "", "", fmt(t.median_ms * 1e3, 2), fmt(gbs, 0),
+                       fmt(100 * gbs / copy_gbs, 1)});
+      };
+      chain_row("register loads, evict-first", true, 0);
+      for (int split : {1, 2, 4, 8}) {
+        chain_row("register loads, evict-first, " + std::to_string(split) + " warps/row", true, split);
+      }
     }
   }
   table.print();

@@ -322,40 +322,31 @@ int main(int argc, char** argv) {
       occupancy_sweep.push_back({{"small_blocks_per_sm", small}, {"large_blocks_per_sm", large}, {"tok_s", rate}});
     }
 
-    // --- the L2 prefetch plan (CudaModelOptions::l2_prefetch): each GEMV asks L2 for the
-    // weights of the GEMVs after it; swept over when the requests go out, how much of
-    // gate/up is asked for early, and the evict-first hint on the weight loads ---
-    struct PrefetchVariant {
-      const char* label;
-      bool prefetch, early, evict_first;
-      int gate_up_mb, gate_up_more_mb;
+    // --- the evict-first hint on the GEMVs' weight loads, and the attention's splits per
+    // kv head (the default is sized for 512 keys; this decode runs at 16-272 keys) ---
+    struct OptionVariant {
+      std::string label;
+      bool evict_first;
+      int attention_splits;
       double tok_s = 0;
     };
-    PrefetchVariant prefetch_variants[] = {
-        {"off (the default options)", false, false, false, 0, 0},
-        {"off, evict-first weight loads", false, false, true, 0, 0},
-        {"on, after the rows, gate/up 16 MB", true, false, false, 16, 0},
-        {"on, after the rows, gate/up 16 MB, evict-first", true, false, true, 16, 0},
-        {"on, before the wait, gate/up 16 MB, evict-first", true, true, true, 16, 0},
-        {"on, after the rows, gate/up 0 MB, evict-first", true, false, true, 0, 0},
-        {"on, after the rows, gate/up 32 MB, evict-first", true, false, true, 32, 0},
-        {"on, after the rows, gate/up 16 + 16 MB, evict-first", true, false, true, 16, 16},
-    };
-    BenchTable prefetch_table("model_decode_l2_prefetch", {"L2 prefetch plan", "tokens/s", "ms/token", "vs off"});
-    nlohmann::json prefetch_sweep = nlohmann::json::array();
-    for (PrefetchVariant& v : prefetch_variants) {
-      v.tok_s = variant([&](CudaModelOptions& o) {
-        o.l2_prefetch = v.prefetch;
-        o.l2_prefetch_early = v.early;
-        o.l2_stream_evict_first = v.evict_first;
-        o.l2_prefetch_gate_up_mb = v.gate_up_mb;
-        o.l2_prefetch_gate_up_more_mb = v.gate_up_more_mb;
-      });
-      prefetch_table.add_row({v.label, fmt(v.tok_s, 0), fmt(1000.0 / v.tok_s, 3),
-                              fmt(v.tok_s / prefetch_variants[0].tok_s, 2) + "x"});
-      prefetch_sweep.push_back({{"plan", v.label}, {"tok_s", v.tok_s}});
+    std::vector<OptionVariant> option_variants = {{"defaults (evict-first, attention splits for 512 keys)", true, 0},
+                                                  {"no evict-first hint", false, 0}};
+    for (int splits : {4, 8, 16, 64}) {
+      option_variants.push_back({"attention " + std::to_string(splits) + " splits per kv head", true, splits});
     }
-    prefetch_table.print();
+    BenchTable options_table("model_decode_options", {"decode options", "tokens/s", "ms/token", "vs defaults"});
+    nlohmann::json options_sweep = nlohmann::json::array();
+    for (OptionVariant& v : option_variants) {
+      v.tok_s = variant([&](CudaModelOptions& o) {
+        o.gemv_evict_first = v.evict_first;
+        o.attention_splits = v.attention_splits;
+      });
+      options_table.add_row({v.label, fmt(v.tok_s, 0), fmt(1000.0 / v.tok_s, 3),
+                             fmt(v.tok_s / option_variants[0].tok_s, 2) + "x"});
+      options_sweep.push_back({{"options", v.label}, {"tok_s", v.tok_s}});
+    }
+    options_table.print();
     std::fflush(stdout);
 
     BenchTable decode_table("model_decode", {"decode path", "tokens/s", "ms/token", "GB/s", "% of copy BW"});
@@ -545,7 +536,7 @@ int main(int argc, char** argv) {
         {"decode_no_pdl_tok_s", no_pdl_tok_s},
         {"decode_no_graph_tok_s", eager_tok_s},
         {"decode_gemv_blocks_per_sm_sweep", occupancy_sweep},
-        {"decode_l2_prefetch_sweep", prefetch_sweep},
+        {"decode_options_sweep", options_sweep},
         {"decode_persistent_tok_s", {{"1", persistent_tok_s[1]}, {"2", persistent_tok_s[2]}}},
         {"decode_streamed_tok_s", streamed_json},
         {"streamed_vs_graph_max_logit_diff", streamed_logit_diff},

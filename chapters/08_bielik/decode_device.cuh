@@ -53,31 +53,6 @@ __device__ __forceinline__ uint64_t l2_policy(bool evict_first) {
   return policy;
 }
 
-/// This block's share of `range` (1/gridDim.x of it, in 16-byte units) asked of L2, in
-/// pieces of up to 64 KB, one per thread: the copy engine fetches them while the block
-/// goes on. Nothing waits for them; before sm_90 this does nothing.
-__device__ __forceinline__ void prefetch_share_to_l2(const L2PrefetchRange& range) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (range.ptr == nullptr || range.bytes < 16) return;
-  constexpr size_t kPiece = 64 * 1024;
-  const size_t units = range.bytes / 16;
-  const size_t first = units * blockIdx.x / gridDim.x * 16, end = units * (blockIdx.x + 1) / gridDim.x * 16;
-  const char* base = static_cast<const char*>(range.ptr);
-  for (size_t offset = first + size_t(threadIdx.x) * kPiece; offset < end; offset += size_t(blockDim.x) * kPiece) {
-    const uint32_t bytes = uint32_t(end - offset < kPiece ? end - offset : kPiece);
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + offset), "r"(bytes) : "memory");
-  }
-#else
-  (void)range;
-#endif
-}
-
-/// Both of a GEMV's prefetch ranges (DecodeGemvParams::prefetch).
-__device__ __forceinline__ void prefetch_next_weights(const DecodeGemvParams& p) {
-  prefetch_share_to_l2(p.prefetch[0]);
-  prefetch_share_to_l2(p.prefetch[1]);
-}
-
 // A bf16 is the top half of an fp32: widening is a shift or a mask.
 __device__ __forceinline__ float low_bf16(uint32_t word) { return __uint_as_float(word << 16); }
 __device__ __forceinline__ float high_bf16(uint32_t word) { return __uint_as_float(word & 0xffff0000u); }

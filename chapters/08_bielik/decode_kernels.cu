@@ -47,7 +47,6 @@ __global__ void __launch_bounds__(kThreads, 3)
   // 1. Weights first (the first batch of the first row, the norm weight): no kernel
   //    writes them, so they are loaded while the previous kernel may still run.
   const uint64_t policy = l2_policy(p.stream_evict_first);
-  if (p.prefetch_early) prefetch_next_weights(p);
   uint4 w[kRows][kBatch];
   load_batch<Out, kBatch>(w, p, first < p.N ? first : -1, base_first, stride, policy);
   uint4 norm_held[kNormHeld];
@@ -72,8 +71,6 @@ __global__ void __launch_bounds__(kThreads, 3)
     loaded = false;
     finish_row<Out, HasBias>(p, valid ? row : -1, acc, warp_partial, split);
   }
-  // 4. The block's own bytes are read: now the next kernels' weights (if asked).
-  if (!p.prefetch_early) prefetch_next_weights(p);
 }
 
 // The same work layout, software-pipelined: a warp's work is a flat sequence of steps
@@ -103,7 +100,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   auto base_of = [&](int step) { return base_first + (step % batches_per_row) * batch_span; };
 
   const uint64_t policy = l2_policy(p.stream_evict_first);
-  if (p.prefetch_early) prefetch_next_weights(p);
   uint4 w[kRows][kBatch], w_next[kRows][kBatch];
   load_batch<Out, kBatch>(w, p, row_of(0), base_of(0), stride, policy);  // before the PDL wait
   uint4 norm_held[kNormHeld];
@@ -124,7 +120,6 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int u = 0; u < kBatch; ++u) w[r][u] = w_next[r][u];
     }
   }
-  if (!p.prefetch_early) prefetch_next_weights(p);
 }
 
 
@@ -151,6 +146,7 @@ void launch_gemv(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaStream
   // Long rows (K > 2048) are split over 2, 4 or 8 warps while that still fits one wave.
   int split = 1;
   while (p.K > 2048 && split < kWarps && (long long)p.N * split * 2 <= wave_warps) split *= 2;
+  if (p.split_warps > 0) split = p.split_warps;
   const long long unit_slots = wave_warps / split;  // units the wave runs side by side
   const int rows_per_warp = int(std::max<long long>(1, (p.N + unit_slots - 1) / unit_slots));
   const int units_per_block = kWarps / split;
@@ -253,11 +249,9 @@ void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, 
                                 ", K % 8 == 0, N > 0 and 16-byte aligned x, W (and norm weight); got N=" +
                                 std::to_string(p.N) + " K=" + std::to_string(p.K));
   }
-  for (const L2PrefetchRange& range : p.prefetch) {
-    if (range.ptr != nullptr && (!aligned_16(range.ptr) || range.bytes % 16 != 0)) {
-      throw std::invalid_argument("decode_gemv: an L2 prefetch range needs a 16-byte aligned pointer and a multiple "
-                                  "of 16 bytes; got " + std::to_string(range.bytes) + " bytes");
-    }
+  if (p.split_warps != 0 && p.split_warps != 1 && p.split_warps != 2 && p.split_warps != 4 && p.split_warps != 8) {
+    throw std::invalid_argument("decode_gemv: split_warps must be 0 (automatic), 1, 2, 4 or 8; got " +
+                                std::to_string(p.split_warps));
   }
   if (output == GemvOutput::kRopeAppend) {
     const RopeAppendTarget& t = p.rope;

@@ -36,7 +36,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <cstddef>
 #include <cstdint>
 
 #include "pdl.cuh"  // device_supports_pdl
@@ -76,15 +75,6 @@ struct RopeAppendTarget {
   int H = 0, Hkv = 0, D = 0, max_context = 0, max_positions = 0;
 };
 
-/// A byte range of weights that a LATER kernel will read, which this kernel asks the L2
-/// cache to fetch now (cp.async.bulk.prefetch.L2, sm_90+). A hint: nothing here reads the
-/// bytes, so correctness never depends on it; before sm_90 it does nothing.
-/// `ptr` 16-byte aligned, `bytes` a multiple of 16.
-struct L2PrefetchRange {
-  const void* ptr = nullptr;
-  size_t bytes = 0;
-};
-
 /// Arguments of one decode GEMV.
 struct DecodeGemvParams {
   void* y;                           ///< (N) bf16, or float for kF32; in/out for kResidualAdd
@@ -97,16 +87,13 @@ struct DecodeGemvParams {
   float eps = 0;           ///< kRmsNorm epsilon
   RopeAppendTarget rope;   ///< kRopeAppend only
   int max_blocks_per_sm = 0;  ///< register kernels: cap on resident blocks per SM (0: occupancy)
-  /// Register kernels: weights of the kernels after this one to pull into L2 while this
-  /// one runs. The blocks split each range evenly; each block's share goes out before the
-  /// PDL wait (`prefetch_early`) or once the block has read its own rows. This keeps HBM
-  /// busy through the parts of a decode step that are latency, not bytes: the kernel
-  /// boundaries, attention, the small QKV and O projections (chapter README, "L2 prefetch").
-  L2PrefetchRange prefetch[2];
-  bool prefetch_early = false;
-  /// Register kernels: read W with an L2 evict-first hint, so that streaming this
-  /// kernel's weights does not push the prefetched weights of the next kernels out of L2.
+  /// Register kernels: read W with an L2 evict-first cache hint. The weights are read
+  /// once per step and then only take L2 room from what IS read again soon: the KV
+  /// cache the step just appended to, the biases, the norm weights, the activations.
   bool stream_evict_first = false;
+  /// Register kernels: warps that share one output row (1, 2, 4 or 8; 0: decode_gemv
+  /// picks, see below). bench_decode_gemv sweeps it.
+  int split_warps = 0;
 };
 
 /// y = f(x W^T + b) for one token. One warp per output row (a few consecutive rows per

@@ -61,6 +61,10 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
       options_(options),
       kv_(config_.num_hidden_layers, config_.num_key_value_heads, config_.head_dim,
           context_length_of(config_, options.max_context)) {
+  if (options_.attention_splits < 0) {
+    throw std::invalid_argument("attention_splits must be >= 0 (0: automatic), got " +
+                                std::to_string(options_.attention_splits));
+  }
   if (options_.prefill_chunk < 1) {
     throw std::invalid_argument("prefill_chunk must be >= 1, got " + std::to_string(options_.prefill_chunk));
   }
@@ -92,7 +96,9 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     // hundreds of empty splits (a block launch each, and a load each in the combine).
     // Measured on the H200 (bench_model): 128 splits cost ~10 us a layer at 20 keys.
     attention_workspace_ = std::make_unique<DecodeAttentionWorkspace>(H_, D_, 1024);
-    attention_splits_ = decode_attention_v3_default_splits(std::min(context, 512), H_, Hkv_, D_, 1024);
+    attention_splits_ = options_.attention_splits > 0
+                            ? std::min(options_.attention_splits, 1024)
+                            : decode_attention_v3_default_splits(std::min(context, 512), H_, Hkv_, D_, 1024);
 
     const size_t tc = size_t(Tc);
     p_tokens_ = DeviceBuffer<int32_t>(tc);
@@ -490,29 +496,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   embedding_forward(d_x_.data(), embed_, d_token_.data(), 1, C_, V_, nullptr, s);
   done("embedding");
 
-  // The L2 prefetch plan (CudaModelOptions::l2_prefetch): which later weights each GEMV
-  // asks L2 for. Sizes in bytes, all multiples of 16 (K % 8 == 0).
-  const size_t bf16 = sizeof(__nv_bfloat16), MB = size_t(1) << 20;
-  const size_t qkv_bytes = size_t(QKV_) * C_ * bf16, o_bytes = size_t(C_) * H_ * D_ * bf16;
-  const size_t gate_up_bytes = size_t(2) * F_ * C_ * bf16, down_bytes = size_t(C_) * F_ * bf16;
-  const size_t head_bytes = size_t(V_) * C_ * bf16;
-  const size_t gate_up_first = size_t(std::max(0, options_.l2_prefetch_gate_up_mb)) * MB;
-  const size_t gate_up_more = size_t(std::max(0, options_.l2_prefetch_gate_up_more_mb)) * MB;
-  // Bytes [first, first + want) of a weight of `total` bytes, clipped; empty when off.
-  auto ahead = [&](const void* weight, size_t total, size_t first, size_t want) {
-    L2PrefetchRange range;
-    if (options_.l2_prefetch && first < total && want > 0) {
-      range.ptr = static_cast<const char*>(weight) + first;
-      range.bytes = std::min(total - first, want);
-    }
-    return range;
-  };
-  auto plan = [&](DecodeGemvParams& p, L2PrefetchRange first, L2PrefetchRange second = {}) {
-    p.prefetch[0] = first;
-    p.prefetch[1] = second;
-    p.prefetch_early = options_.l2_prefetch_early;
-    p.stream_evict_first = options_.l2_stream_evict_first;
-  };
+  auto evict_first = [&](DecodeGemvParams& p) { p.stream_evict_first = options_.gemv_evict_first; };
 
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
@@ -522,7 +506,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     qkv.rope = RopeAppendTarget{kv_.k(int(l)), kv_.v(int(l)), d_length, rope_.cos.data(), rope_.sin.data(),
                                 H_, Hkv_, D_, context, rope_.max_positions};
     qkv.max_blocks_per_sm = options_.small_gemv_blocks_per_sm;
-    plan(qkv, ahead(L.w_o, o_bytes, 0, o_bytes), ahead(L.w_gate_up, gate_up_bytes, 0, gate_up_first));
+    evict_first(qkv);
     decode_gemv(GemvInput::kRmsNorm, GemvOutput::kRopeAppend, qkv, pdl, s);
     done("qkv_rope_append");
     decode_attention_v3_pipelined_device_length(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)),
@@ -531,24 +515,23 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     done("attention");
     DecodeGemvParams o{d_x_.data(), d_attn_.data(), nullptr, L.w_o, L.b_o, C_, H_ * D_, eps};
     o.max_blocks_per_sm = options_.small_gemv_blocks_per_sm;
-    plan(o, ahead(L.w_gate_up, gate_up_bytes, gate_up_first, gate_up_more));
+    evict_first(o);
     decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, o, pdl, s);
     done("o_proj");
     DecodeGemvParams gate_up{d_act_.data(), d_x_.data(), L.post_norm, L.w_gate_up, L.b_gate_up, F_, C_, eps};
     gate_up.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
-    plan(gate_up, ahead(L.w_down, down_bytes, 0, down_bytes));
+    evict_first(gate_up);
     decode_gemv(GemvInput::kRmsNorm, GemvOutput::kSwiGLU, gate_up, pdl, s);
     done("gate_up_swiglu");
     DecodeGemvParams down{d_x_.data(), d_act_.data(), nullptr, L.w_down, L.b_down, C_, F_, eps};
     down.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
-    plan(down, l + 1 < layers_.size() ? ahead(layers_[l + 1].w_qkv, qkv_bytes, 0, qkv_bytes)
-                                      : ahead(lm_head_, head_bytes, 0, gate_up_first));
+    evict_first(down);
     decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, down, pdl, s);
     done("down");
   }
   DecodeGemvParams head{d_logits_.data(), d_x_.data(), final_norm_, lm_head_, nullptr, V_, C_, eps};
   head.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
-  plan(head, ahead(layers_[0].w_qkv, qkv_bytes, 0, qkv_bytes));  // the next token's first kernel
+  evict_first(head);
   decode_gemv(GemvInput::kRmsNorm, GemvOutput::kF32, head, pdl, s);
   done("lm_head");
   // The argmax overwrites the input token (the next step's input when generating) and

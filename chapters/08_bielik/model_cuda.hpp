@@ -64,18 +64,12 @@ struct CudaModelOptions {
   /// overlap this kernel (bench_model sweeps these).
   int small_gemv_blocks_per_sm = 0;
   int large_gemv_blocks_per_sm = 0;
-  /// Decode graph: each GEMV asks L2 to fetch weights of the GEMVs after it while it runs
-  /// (DecodeGemvParams::prefetch), so that HBM keeps streaming through attention, the
-  /// small projections and the kernel boundaries. QKV -> all of O and the first
-  /// `l2_prefetch_gate_up_mb` MB of gate/up; O -> the next `l2_prefetch_gate_up_more_mb`
-  /// MB of gate/up; gate/up -> all of down; down -> the next layer's QKV (after the last
-  /// layer: the first `l2_prefetch_gate_up_mb` MB of the lm_head); lm_head -> layer 0's
-  /// QKV, for the next token. bench_model sweeps these.
-  bool l2_prefetch = false;
-  int l2_prefetch_gate_up_mb = 16;
-  int l2_prefetch_gate_up_more_mb = 0;
-  bool l2_prefetch_early = false;           ///< issue before the PDL wait (else after the block's rows)
-  bool l2_stream_evict_first = false;       ///< the GEMVs read their weights with an L2 evict-first hint
+  /// Decode GEMVs read their weights with an L2 evict-first hint (DecodeGemvParams::
+  /// stream_evict_first): the 3 GB a step streams then stop pushing the KV cache, the
+  /// biases and the norm weights out of L2. bench_model measures both.
+  bool gemv_evict_first = true;
+  /// Decode attention splits per kv head (0: sized for 512 keys; bench_model sweeps it).
+  int attention_splits = 0;
   /// Decode with ONE persistent kernel per token (decode_persistent.cuh) instead of the
   /// graph of per-projection kernels; needs cooperative launch. An experiment: off unless
   /// asked for (bench_model measures both).

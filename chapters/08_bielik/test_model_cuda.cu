@@ -250,6 +250,18 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
                                                  row_of(expected, spec.V, t), spec.V, kModelTolerance));
     }
     std::printf("%s: 21 decode steps (graph) vs CPU, worst rel err %.2e\n", spec.name, worst);
+    // The attention over 1 and 3 splits per kv head instead of the default: the merge
+    // order changes, the logits stay within the same tolerance of the CPU backend.
+    for (int splits : {1, 3}) {
+      CudaModelOptions options = cuda_options();
+      options.attention_splits = splits;
+      CudaModel split_model(dir, options);
+      for (size_t t = 0; t < prompt.size(); ++t) {
+        require_rows_close(std::string(spec.name) + " " + std::to_string(splits) + " splits, decode step " +
+                               std::to_string(t),
+                           split_model.decode(prompt[t]), row_of(expected, spec.V, t), spec.V, kModelTolerance);
+      }
+    }
   }
 }
 
@@ -301,7 +313,7 @@ TEST_CASE("CUDA model: two-chunk prefill equals one-chunk prefill", "[ch08][gpu]
   }
 }
 
-TEST_CASE("CUDA model: the decode graph equals eager launches, with and without PDL and L2 prefetch",
+TEST_CASE("CUDA model: the decode graph equals eager launches, with and without PDL and cache hints",
           "[ch08][gpu][model]") {
   const uint64_t seed = fresh_seed();
   INFO("prompt seed " << seed);
@@ -322,21 +334,15 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
     for (bool graph : {true, false}) {
       for (bool pdl : {true, false}) runs.push_back(run(cuda_options(0, 1024, graph, pdl)));
     }
-    // The L2 prefetch plan is a hint: the same logits with it, issued early or late, with
-    // the evict-first weight loads, and with O's share of gate/up (tiny gate/up weights:
-    // QKV asks for none of it, so O asks for all of it).
-    for (bool early : {false, true}) {
+    // A cache hint changes no value: the weights read without the evict-first hint.
+    {
       CudaModelOptions options = cuda_options();
-      options.l2_prefetch = true;
-      options.l2_prefetch_early = early;
-      options.l2_stream_evict_first = !early;
-      options.l2_prefetch_gate_up_mb = early ? 0 : 16;
-      options.l2_prefetch_gate_up_more_mb = early ? 1 : 0;
+      options.gemv_evict_first = false;
       runs.push_back(run(options));
     }
     // The same kernels in the same order: bit for bit the same logits.
     for (size_t i = 1; i < runs.size(); ++i) {
-      INFO(spec.name << " run " << i << " (graph/pdl: tt, tf, ft, ff; then L2 prefetch late, early)");
+      INFO(spec.name << " run " << i << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint)");
       REQUIRE(runs[i] == runs[0]);
     }
   }
@@ -467,7 +473,7 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
     for (int variant = 0; variant < 2 * int(kernels.size()); ++variant) {
       const bool pdl = variant % 2 == 1;
       const DecodeGemvKernel kernel = kernels[variant / 2];
-      INFO("N=" << c.N << " K=" << c.K << " output " << int(c.output) << " pdl " << pdl << " kernel "
+      INFO("N=" << c.N << " K=" << c.K << " output " << int(c.output) << " pdl (and forced split) " << pdl << " kernel "
                 << (kernel == DecodeGemvKernel::kBulkStream       ? "bulk stream"
                     : kernel == DecodeGemvKernel::kRegisterLoads ? "register loads"
                                                                  : "register pipelined"));
@@ -524,11 +530,13 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
       p.N = c.N;
       p.K = c.K;
       p.eps = 1e-6f;
-      // An L2 prefetch of the input's own bytes and the evict-first loads: hints that must
-      // not change a value (the register kernels use them; the bulk-stream one ignores them).
-      p.prefetch[0] = L2PrefetchRange{d_W.data(), W.size() * sizeof(uint16_t) / 16 * 16};
-      p.prefetch_early = pdl;
-      p.stream_evict_first = !pdl;
+      // The evict-first hint (a cache hint: it must not change a value) on half the
+      // variants; the bulk-stream kernel ignores it.
+      p.stream_evict_first = pdl;
+      // With PDL the register kernels split each row over a forced number of warps (the
+      // automatic choice, 1 or 2 for these shapes, runs without PDL): 8 where K is not a
+      // multiple of 64 (lanes past the row's end), else 4.
+      if (kernel != DecodeGemvKernel::kBulkStream && pdl) p.split_warps = c.K % 64 != 0 ? 8 : 4;
       decode_gemv(c.input, c.output, p, pdl, 0, kernel);
       CUDA_CHECK(cudaDeviceSynchronize());
       CompareResult r = c.output == GemvOutput::kF32
@@ -540,7 +548,7 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
   }
 }
 
-TEST_CASE("decode_gemv refuses an L2 prefetch range it cannot issue", "[ch08][gpu][kernels]") {
+TEST_CASE("decode_gemv refuses a split it cannot run", "[ch08][gpu][kernels]") {
   DeviceBuffer<uint16_t> x(64), W(64 * 64), y(64);
   DecodeGemvParams p{};
   p.y = y.data();
@@ -548,13 +556,10 @@ TEST_CASE("decode_gemv refuses an L2 prefetch range it cannot issue", "[ch08][gp
   p.W = reinterpret_cast<const __nv_bfloat16*>(W.data());
   p.N = 64;
   p.K = 64;
-  p.prefetch[1] = L2PrefetchRange{W.data() + 1, 64};  // 2 bytes past a 16-byte boundary
-  REQUIRE_THROWS_AS(decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false), std::invalid_argument);
-  p.prefetch[1] = L2PrefetchRange{W.data(), 24};  // not a multiple of 16 bytes
-  REQUIRE_THROWS_AS(decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false), std::invalid_argument);
-  p.prefetch[1] = L2PrefetchRange{W.data(), 64};
-  REQUIRE_NOTHROW(decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false));
-  CUDA_CHECK(cudaDeviceSynchronize());
+  for (int split : {-1, 3, 16}) {
+    p.split_warps = split;
+    REQUIRE_THROWS_AS(decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false), std::invalid_argument);
+  }
 }
 
 TEST_CASE("decode_gemv kRopeAppend equals the QKV GEMV then decode_rope_append, bit for bit", "[ch08][gpu][kernels]") {
