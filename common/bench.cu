@@ -67,6 +67,39 @@ BenchTiming time_gpu_back_to_back(const std::function<void(int)>& launch, int co
   return BenchTiming{times[times.size() / 2], times.front(), times.back(), samples};
 }
 
+BenchTiming time_gpu_graph(const std::function<void(int, cudaStream_t)>& launch, int count, int samples) {
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < count; ++i) launch(i, stream);
+  CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  CUDA_CHECK(cudaGraphLaunch(exec, stream));  // warm-up
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  cudaEvent_t start, stop;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<double> times;
+  for (int s = 0; s < samples; ++s) {
+    CUDA_CHECK(cudaEventRecord(start, stream));
+    CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    CUDA_CHECK(cudaEventRecord(stop, stream));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms / count);
+  }
+  CUDA_CHECK(cudaEventDestroy(start));
+  CUDA_CHECK(cudaEventDestroy(stop));
+  CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+  CUDA_CHECK(cudaStreamDestroy(stream));
+  std::sort(times.begin(), times.end());
+  return BenchTiming{times[times.size() / 2], times.front(), times.back(), samples};
+}
+
 double measure_copy_bandwidth_gbs(size_t bytes) {
   DeviceBuffer<char> source(bytes), destination(bytes);
   source.fill_bytes(1);

@@ -37,6 +37,14 @@ BenchTiming time_gpu(const std::function<void()>& launch, const BenchOptions& op
 /// `samples` of (time of the whole batch) / count.
 BenchTiming time_gpu_back_to_back(const std::function<void(int)>& launch, int count, int samples = 10);
 
+/// The same steady state with the CPU out of the way: the `count` launches are captured
+/// once into a CUDA graph (`launch(i, stream)` enqueues launch i on `stream`; kernels
+/// launched with programmatic dependent launch keep it as a graph edge), and the graph
+/// is replayed; returns the median over `samples` replays of (replay time) / count.
+/// This is how a decode step runs its kernels, and it takes the host's launch rate
+/// (several us per launch on some machines) out of the measurement of short kernels.
+BenchTiming time_gpu_graph(const std::function<void(int, cudaStream_t)>& launch, int count, int samples = 10);
+
 /// Median device-to-device copy bandwidth in GB/s, counting bytes read plus bytes
 /// written, over a copy of `bytes` bytes. This is the ceiling for memory-bound kernels.
 double measure_copy_bandwidth_gbs(size_t bytes = size_t(1) << 30);

@@ -3,10 +3,12 @@
 //
 //   bench_decode_gemv
 //
-// Each shape is timed two ways, median of several samples:
+// Each shape is timed three ways, median of several samples:
 //  * alone: one launch with the L2 scrubbed first (what Nsight Compute would show);
 //  * in a stream: 48 launches back to back with PDL, each on its own copy of the weights
-//    (3 copies, more bytes than the 60 MB L2), which is how the decode graph runs them.
+//    (3 copies, more bytes than the 60 MB L2), launched one by one from the host;
+//  * in a graph: the same 48 launches captured once in a CUDA graph and replayed, which
+//    is how the decode step runs them (the host's launch rate drops out).
 // GB/s counts the weight bytes (the input and output vectors are a few KB).
 #include <cstdio>
 #include <string>
@@ -59,7 +61,7 @@ int main() {
   if (weight_stream_supported()) kernels.push_back(DecodeGemvKernel::kBulkStream);
 
   BenchTable table("decode_gemv", {"shape", "kernel", "MB", "alone us", "alone % copy BW", "in stream us",
-                                   "in stream GB/s", "in stream % copy BW"});
+                                   "in stream % copy BW", "in a graph us", "in a graph GB/s", "in a graph % copy BW"});
   constexpr int kCopies = 3, kLaunches = 48;
   for (const Shape& shape : shapes) {
     const int rows = shape.output == GemvOutput::kSwiGLU ? 2 * shape.N : shape.N;
@@ -75,7 +77,9 @@ int main() {
     norm.fill_bytes(0x3f);
     bias.fill_bytes(0);
     DeviceBuffer<float> y(size_t(shape.N));  // big enough for bf16 or f32 outputs
-    for (DecodeGemvKernel kernel : kernels) {
+    // One row: `label`, the chain timed from the host and as a graph, and alone when asked.
+    auto add_row = [&](const std::string& label, DecodeGemvKernel kernel, bool evict_first, int split,
+                       bool time_alone) {
       auto params = [&](int copy) {
         DecodeGemvParams p{};
         p.y = y.data();
@@ -86,35 +90,35 @@ int main() {
         p.N = shape.N;
         p.K = shape.K;
         p.eps = 1e-6f;
+        p.stream_evict_first = evict_first;
+        p.split_warps = split;
         return p;
       };
-      const BenchTiming alone =
-          time_gpu([&] { decode_gemv(shape.input, shape.output, params(0), false, 0, kernel); });
+      std::string alone_us, alone_pct;
+      if (time_alone) {
+        const BenchTiming alone =
+            time_gpu([&] { decode_gemv(shape.input, shape.output, params(0), false, 0, kernel); });
+        alone_us = fmt(alone.median_ms * 1e3, 2);
+        alone_pct = fmt(100 * gb_per_s(bytes, alone.median_ms) / copy_gbs, 1);
+      }
       const BenchTiming streamed = time_gpu_back_to_back(
           [&](int i) { decode_gemv(shape.input, shape.output, params(i % kCopies), true, 0, kernel); }, kLaunches);
-      const double stream_gbs = gb_per_s(bytes, streamed.median_ms);
-      table.add_row({shape.name, kernel_name(kernel), fmt(bytes / 1e6, 1), fmt(alone.median_ms * 1e3, 2),
-                     fmt(100 * gb_per_s(bytes, alone.median_ms) / copy_gbs, 1), fmt(streamed.median_ms * 1e3, 2),
-                     fmt(stream_gbs, 0), fmt(100 * stream_gbs / copy_gbs, 1)});
+      const BenchTiming graphed = time_gpu_graph(
+          [&](int i, cudaStream_t s) { decode_gemv(shape.input, shape.output, params(i % kCopies), true, s, kernel); },
+          kLaunches);
+      const double stream_gbs = gb_per_s(bytes, streamed.median_ms), graph_gbs = gb_per_s(bytes, graphed.median_ms);
+      table.add_row({shape.name, label, fmt(bytes / 1e6, 1), alone_us, alone_pct, fmt(streamed.median_ms * 1e3, 2),
+                     fmt(100 * stream_gbs / copy_gbs, 1), fmt(graphed.median_ms * 1e3, 2), fmt(graph_gbs, 0),
+                     fmt(100 * graph_gbs / copy_gbs, 1)});
+    };
+    for (DecodeGemvKernel kernel : kernels) {
+      add_row(kernel_name(kernel), kernel, false, 0, true);
       if (kernel != DecodeGemvKernel::kRegisterLoads) continue;
-      // The same chain with the weights read evict-first, and with the rows split over a
-      // forced number of warps (decode_gemv picks 1 for K <= 2048, else 2 for Bielik).
-      auto chain_row = [&](const std::string& label, bool evict_first, int split) {
-        const BenchTiming t = time_gpu_back_to_back(
-            [&](int i) {
-              DecodeGemvParams p = params(i % kCopies);
-              p.stream_evict_first = evict_first;
-              p.split_warps = split;
-              decode_gemv(shape.input, shape.output, p, true, 0, kernel);
-            },
-            kLaunches);
-        const double gbs = gb_per_s(bytes, t.median_ms);
-        table.add_row({shape.name, label, fmt(bytes / 1e6, 1), "", "", fmt(t.median_ms * 1e3, 2), fmt(gbs, 0),
-                       fmt(100 * gbs / copy_gbs, 1)});
-      };
-      chain_row("register loads, evict-first", true, 0);
+      // The model's form: the weights read evict-first. Then the rows split over a forced
+      // number of warps (decode_gemv picks 1 for K <= 2048, else 2 for Bielik's down).
+      add_row("register loads, evict-first (the model's)", kernel, true, 0, false);
       for (int split : {1, 2, 4, 8}) {
-        chain_row("register loads, evict-first, " + std::to_string(split) + " warps/row", true, split);
+        add_row("register loads, evict-first, " + std::to_string(split) + " warps/row", kernel, true, split, false);
       }
     }
   }
