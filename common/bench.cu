@@ -67,7 +67,7 @@ BenchTiming time_gpu_back_to_back(const std::function<void(int)>& launch, int co
   return BenchTiming{times[times.size() / 2], times.front(), times.back(), samples};
 }
 
-BenchTiming time_gpu_graph(const std::function<void(int, cudaStream_t)>& launch, int count, int samples) {
+BenchTiming time_gpu_graph(const std::function<void(int, CUstream_st*)>& launch, int count, int samples) {
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaGraph_t graph;

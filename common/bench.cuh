@@ -12,6 +12,10 @@
 #include <string>
 #include <vector>
 
+// cudaStream_t is `CUstream_st*` (cuda_runtime.h); declared here so that C++-only files
+// can include this header without the CUDA headers.
+struct CUstream_st;
+
 namespace bielik {
 
 struct BenchOptions {
@@ -43,7 +47,7 @@ BenchTiming time_gpu_back_to_back(const std::function<void(int)>& launch, int co
 /// is replayed; returns the median over `samples` replays of (replay time) / count.
 /// This is how a decode step runs its kernels, and it takes the host's launch rate
 /// (several us per launch on some machines) out of the measurement of short kernels.
-BenchTiming time_gpu_graph(const std::function<void(int, cudaStream_t)>& launch, int count, int samples = 10);
+BenchTiming time_gpu_graph(const std::function<void(int, CUstream_st*)>& launch, int count, int samples = 10);
 
 /// Median device-to-device copy bandwidth in GB/s, counting bytes read plus bytes
 /// written, over a copy of `bytes` bytes. This is the ceiling for memory-bound kernels.
