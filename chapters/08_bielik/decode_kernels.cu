@@ -143,7 +143,8 @@ void launch_gemv(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaStream
   const int blocks_per_sm =
       p.max_blocks_per_sm > 0 ? std::min(occupancy_blocks, p.max_blocks_per_sm) : occupancy_blocks;
   const long long wave_warps = (long long)multiprocessor_count() * blocks_per_sm * kWarps;
-  // Long rows (K > 2048) are split over 2, 4 or 8 warps while that still fits one wave.
+  // Long rows (K > 2048) are split over 2, 4 or 8 warps while that still fits one wave,
+  // unless p.split_warps forces a count (bench_decode_gemv's sweep: none was faster).
   int split = 1;
   while (p.K > 2048 && split < kWarps && (long long)p.N * split * 2 <= wave_warps) split *= 2;
   if (p.split_warps > 0) split = p.split_warps;

@@ -106,15 +106,17 @@ struct StreamedStepLayout {
 /// The layout for `step` with ring_stages slots (0: as many as shared memory holds, up
 /// to 32; else at least 2, capped there) of at least min_slot_bytes (0: 24 KB; always
 /// at least the largest unit; smaller slots mean fewer units per stage and more warps
-/// per unit, which the tests use on their tiny models). Throws std::invalid_argument
-/// for an unsupported device or shape, or when fewer than 2 slots fit.
+/// per unit, which the tests use on their tiny models). Computed once per model (host
+/// work: kernel attributes, an occupancy query), it also raises the kernel's dynamic
+/// shared memory limit. Throws std::invalid_argument for an unsupported device or shape,
+/// or when fewer than 2 slots fit.
 StreamedStepLayout decode_step_streamed_layout(const PersistentStep& step, int ring_stages, int min_slot_bytes = 0);
 
 /// Launches one decode step of the streamed kernel: one block of 256 threads per SM,
 /// whose thread 0 streams the block's rows of every projection of every layer, in
-/// order, through the ring. Same results as decode_step_persistent (the same epilogues
-/// and summation per row, up to the order of the partial sums).
-void decode_step_streamed(const PersistentStep& step, int ring_stages, int min_slot_bytes = 0,
-                          cudaStream_t stream = 0);
+/// order, through the ring. `layout`: decode_step_streamed_layout of a step with the
+/// same shape. Same results as decode_step_persistent (the same epilogues and summation
+/// per row, up to the order of the partial sums).
+void decode_step_streamed(const PersistentStep& step, const StreamedStepLayout& layout, cudaStream_t stream = 0);
 
 }  // namespace bielik

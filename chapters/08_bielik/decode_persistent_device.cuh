@@ -1,7 +1,8 @@
 /// @file decode_persistent_device.cuh
 /// @brief Device pieces shared by chapter 08's two persistent decode kernels
-/// (decode_step_persistent.cu, decode_step_streamed.cu): the grid-wide barrier and the
-/// two attention phases. Not a public API.
+/// (decode_step_persistent.cu, decode_step_streamed.cu): the grid-wide barrier, the
+/// two attention phases, and the host side both launches share (the kernel for a GQA
+/// group size, the cooperative launch). Not a public API.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -11,6 +12,10 @@
 #include "decode_attention_device.cuh"
 #include "decode_device.cuh"
 #include "decode_persistent.cuh"
+
+#include <stdexcept>
+#include <string>
+#include <type_traits>
 
 namespace bielik::persistent_device {
 
@@ -128,6 +133,46 @@ __device__ __forceinline__ void merge_splits(const PersistentStep& p) {
     }
     __syncthreads();
   }
+}
+
+// --- host side ----------------------------------------------------------------------
+
+/// The kernel instantiation for G = H / Hkv query heads per kv head (a template
+/// parameter: the attention phases keep G heads' state in registers):
+/// make(std::integral_constant<int, G>{}) returns it. Throws std::invalid_argument,
+/// naming `who`, outside 1..8.
+template <typename Make>
+auto kernel_for_group(int G, const char* who, Make make) -> decltype(make(std::integral_constant<int, 1>{})) {
+  switch (G) {
+    case 1: return make(std::integral_constant<int, 1>{});
+    case 2: return make(std::integral_constant<int, 2>{});
+    case 3: return make(std::integral_constant<int, 3>{});
+    case 4: return make(std::integral_constant<int, 4>{});
+    case 5: return make(std::integral_constant<int, 5>{});
+    case 6: return make(std::integral_constant<int, 6>{});
+    case 7: return make(std::integral_constant<int, 7>{});
+    case 8: return make(std::integral_constant<int, 8>{});
+  }
+  throw std::invalid_argument(std::string(who) + ": H / Hkv = " + std::to_string(G) + " outside 1..8");
+}
+
+/// A cooperative launch of `blocks` blocks of kThreads: every block is resident at once
+/// or the launch fails, which is what grid_barrier needs (a block spinning on the
+/// barrier must not wait for a block that was never scheduled).
+template <typename... Params, typename... Args>
+void launch_cooperative(void (*kernel)(Params...), int blocks, size_t shared_bytes, cudaStream_t stream,
+                        Args... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeCooperative;
+  attribute.val.cooperative = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
 }
 
 }  // namespace bielik::persistent_device

@@ -155,18 +155,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) decode_step_persistent
 using StepKernel = void (*)(PersistentStep);
 
 template <int D, int kBlocksPerSm>
-StepKernel kernel_for_group(int G) {
-  switch (G) {
-    case 1: return decode_step_persistent_kernel<D, 1, kBlocksPerSm>;
-    case 2: return decode_step_persistent_kernel<D, 2, kBlocksPerSm>;
-    case 3: return decode_step_persistent_kernel<D, 3, kBlocksPerSm>;
-    case 4: return decode_step_persistent_kernel<D, 4, kBlocksPerSm>;
-    case 5: return decode_step_persistent_kernel<D, 5, kBlocksPerSm>;
-    case 6: return decode_step_persistent_kernel<D, 6, kBlocksPerSm>;
-    case 7: return decode_step_persistent_kernel<D, 7, kBlocksPerSm>;
-    case 8: return decode_step_persistent_kernel<D, 8, kBlocksPerSm>;
-  }
-  throw std::invalid_argument("persistent decode: H / Hkv = " + std::to_string(G) + " outside 1..8");
+StepKernel kernel_for(int G) {
+  return kernel_for_group(G, "persistent decode", [](auto group) -> StepKernel {
+    return decode_step_persistent_kernel<D, decltype(group)::value, kBlocksPerSm>;
+  });
 }
 
 }  // namespace
@@ -188,9 +180,8 @@ void decode_step_persistent(const PersistentStep& step, int blocks_per_sm_wanted
                                 " Hkv=" + std::to_string(step.Hkv) + " splits=" + std::to_string(step.splits) + ")");
   }
   const int G = step.H / step.Hkv;
-  StepKernel kernel = blocks_per_sm_wanted == 1
-                          ? (step.D == 128 ? kernel_for_group<128, 1>(G) : kernel_for_group<64, 1>(G))
-                          : (step.D == 128 ? kernel_for_group<128, 2>(G) : kernel_for_group<64, 2>(G));
+  StepKernel kernel = blocks_per_sm_wanted == 1 ? (step.D == 128 ? kernel_for<128, 1>(G) : kernel_for<64, 1>(G))
+                                                : (step.D == 128 ? kernel_for<128, 2>(G) : kernel_for<64, 2>(G));
   const size_t shared_bytes = size_t(std::max({step.C, step.F, step.H * step.D})) * sizeof(__nv_bfloat16);
   int blocks_per_sm = 0;
   if (shared_bytes > 48 * 1024) {
@@ -200,17 +191,7 @@ void decode_step_persistent(const PersistentStep& step, int blocks_per_sm_wanted
   if (blocks_per_sm < 1) throw std::invalid_argument("persistent decode: a block does not fit on an SM");
   const int blocks = multiprocessor_count() * std::min(blocks_per_sm, blocks_per_sm_wanted);
 
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = shared_bytes;
-  config.stream = stream;
-  cudaLaunchAttribute attribute = {};
-  attribute.id = cudaLaunchAttributeCooperative;  // all blocks resident, or the launch fails
-  attribute.val.cooperative = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, step));
+  launch_cooperative(kernel, blocks, shared_bytes, stream, step);
 }
 
 }  // namespace bielik

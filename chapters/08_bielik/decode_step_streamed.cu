@@ -354,18 +354,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 using StepKernel = void (*)(PersistentStep, int, int, int);
 
 template <int D>
-StepKernel kernel_for_group(int G) {
-  switch (G) {
-    case 1: return decode_step_streamed_kernel<D, 1>;
-    case 2: return decode_step_streamed_kernel<D, 2>;
-    case 3: return decode_step_streamed_kernel<D, 3>;
-    case 4: return decode_step_streamed_kernel<D, 4>;
-    case 5: return decode_step_streamed_kernel<D, 5>;
-    case 6: return decode_step_streamed_kernel<D, 6>;
-    case 7: return decode_step_streamed_kernel<D, 7>;
-    case 8: return decode_step_streamed_kernel<D, 8>;
-  }
-  throw std::invalid_argument("streamed decode: H / Hkv = " + std::to_string(G) + " outside 1..8");
+StepKernel kernel_for(int G) {
+  return kernel_for_group(G, "streamed decode",
+                          [](auto group) -> StepKernel { return decode_step_streamed_kernel<D, decltype(group)::value>; });
+}
+
+StepKernel kernel_for(const PersistentStep& step) {
+  return step.D == 128 ? kernel_for<128>(step.H / step.Hkv) : kernel_for<64>(step.H / step.Hkv);
 }
 
 size_t round_up_128(size_t bytes) { return (bytes + 127) / 128 * 128; }
@@ -392,8 +387,7 @@ StreamedStepLayout decode_step_streamed_layout(const PersistentStep& step, int r
   const size_t wanted = min_slot_bytes > 0 ? size_t(min_slot_bytes) : size_t(kMinSlotBytes);
   layout.slot_bytes = int(round_up_128(std::max(wanted, largest_unit)));
   layout.x_bytes = int(round_up_128(size_t(std::max({step.C, step.F, step.H * step.D})) * 2));
-  const StepKernel kernel =
-      step.D == 128 ? kernel_for_group<128>(step.H / step.Hkv) : kernel_for_group<64>(step.H / step.Hkv);
+  const StepKernel kernel = kernel_for(step);
   cudaFuncAttributes attributes{};
   CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
   int device = 0, optin = 0;
@@ -408,29 +402,23 @@ StreamedStepLayout decode_step_streamed_layout(const PersistentStep& step, int r
   }
   layout.ring_stages = ring_stages == 0 ? most : std::min(ring_stages, most);
   layout.shared_bytes = size_t(kBarrierBytes) + layout.x_bytes + size_t(layout.ring_stages) * layout.slot_bytes;
-  return layout;
-}
-
-void decode_step_streamed(const PersistentStep& step, int ring_stages, int min_slot_bytes, cudaStream_t stream) {
-  const StreamedStepLayout layout = decode_step_streamed_layout(step, ring_stages, min_slot_bytes);
-  const StepKernel kernel =
-      step.D == 128 ? kernel_for_group<128>(step.H / step.Hkv) : kernel_for_group<64>(step.H / step.Hkv);
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(layout.shared_bytes)));
+  // Allow the kernel the most dynamic shared memory any layout can ask for (not this
+  // layout's size: a model with a smaller ring must not shrink another's limit).
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  optin - int(attributes.sharedSizeBytes)));
   int blocks_per_sm = 0;
   CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kThreads, layout.shared_bytes));
   if (blocks_per_sm < 1) throw std::invalid_argument("streamed decode: a block does not fit on an SM");
+  return layout;
+}
 
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(multiprocessor_count());  // one block per SM, each with the largest ring
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = layout.shared_bytes;
-  config.stream = stream;
-  cudaLaunchAttribute attribute = {};
-  attribute.id = cudaLaunchAttributeCooperative;  // all blocks resident, or the launch fails
-  attribute.val.cooperative = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, step, layout.slot_bytes, layout.ring_stages, layout.x_bytes));
+void decode_step_streamed(const PersistentStep& step, const StreamedStepLayout& layout, cudaStream_t stream) {
+  if (layout.ring_stages < 2 || layout.slot_bytes <= 0 || layout.shared_bytes == 0) {
+    throw std::invalid_argument("streamed decode: the layout is not from decode_step_streamed_layout");
+  }
+  // One block per SM, each with the whole ring.
+  launch_cooperative(kernel_for(step), multiprocessor_count(), layout.shared_bytes, stream, step, layout.slot_bytes,
+                     layout.ring_stages, layout.x_bytes);
 }
 
 }  // namespace bielik

@@ -194,9 +194,11 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
         d_phase_clock_.fill_bytes(0);
         p.phase_clock = d_phase_clock_.data();
       }
-      // A shape whose ring does not fit in shared memory fails here, not at the first step.
+      // Once, at load: a shape whose ring does not fit in shared memory fails here, not at
+      // the first step, and no step repeats the host work.
       if (options_.persistent_weight_stream) {
-        decode_step_streamed_layout(p, options_.persistent_ring_stages, options_.persistent_slot_bytes);
+        streamed_layout_ =
+            decode_step_streamed_layout(p, options_.persistent_ring_stages, options_.persistent_slot_bytes);
       }
     } else if (options_.use_graph) {
       try {
@@ -542,7 +544,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
 
 void CudaModel::run_decode_step() {
   if (options_.persistent_decode && options_.persistent_weight_stream) {
-    decode_step_streamed(persistent_step_, options_.persistent_ring_stages, options_.persistent_slot_bytes, stream_);
+    decode_step_streamed(persistent_step_, streamed_layout_, stream_);
   } else if (options_.persistent_decode) {
     decode_step_persistent(persistent_step_, options_.persistent_blocks_per_sm, stream_);
   } else if (graph_exec_) {

@@ -68,7 +68,8 @@ struct CudaModelOptions {
   /// stream_evict_first): the 3 GB a step streams then stop pushing the KV cache, the
   /// biases and the norm weights out of L2. bench_model measures both.
   bool gemv_evict_first = true;
-  /// Decode attention splits per kv head (0: sized for 512 keys; bench_model sweeps it).
+  /// Decode attention splits per kv head (0: sized for 512 keys; at most 1024, the
+  /// workspace's size; bench_model sweeps it).
   int attention_splits = 0;
   /// Decode with ONE persistent kernel per token (decode_persistent.cuh) instead of the
   /// graph of per-projection kernels; needs cooperative launch. An experiment: off unless
@@ -192,6 +193,7 @@ class CudaModel final : public Backend {
   DeviceBuffer<unsigned> d_barrier_;
   DeviceBuffer<unsigned long long> d_phase_clock_;
   PersistentStep persistent_step_;
+  StreamedStepLayout streamed_layout_;  ///< persistent_weight_stream: the ring, computed at load
   int attention_splits_ = 1;
   size_t scratch_bytes_ = 0;
 
