@@ -214,8 +214,8 @@ __global__ void __launch_bounds__(128) decode_rope_append_kernel(
     const float x1 = __bfloat162float(x[j]), x2 = __bfloat162float(x[j + half]);
     const float c = valid ? cos_table[size_t(pos) * half + j] : NAN;
     const float s = valid ? sin_table[size_t(pos) * half + j] : NAN;
-    const __nv_bfloat16 first = __float2bfloat16(x1 * c - x2 * s);  // HF rotate-half
-    const __nv_bfloat16 second = __float2bfloat16(x2 * c + x1 * s);
+    const __nv_bfloat16 first = __float2bfloat16(rope_rotate_first(x1, x2, c, s));  // HF rotate-half
+    const __nv_bfloat16 second = __float2bfloat16(rope_rotate_second(x1, x2, c, s));
     if (head < H) {
       x[j] = first;
       x[j + half] = second;
