@@ -45,17 +45,19 @@ BenchTiming time_gpu(const std::function<void()>& launch, const BenchOptions& op
   return timing;
 }
 
-BenchTiming time_gpu_back_to_back(const std::function<void(int)>& launch, int count, int samples) {
-  for (int i = 0; i < count; ++i) launch(i);  // warm-up
-  CUDA_CHECK(cudaDeviceSynchronize());
+namespace {
+
+// Median over `samples` of the time of enqueue() on `stream`, divided by `count` (the
+// launches enqueue() makes), between two events on that stream.
+BenchTiming median_per_launch(const std::function<void()>& enqueue, cudaStream_t stream, int count, int samples) {
   cudaEvent_t start, stop;
   CUDA_CHECK(cudaEventCreate(&start));
   CUDA_CHECK(cudaEventCreate(&stop));
   std::vector<double> times;
   for (int s = 0; s < samples; ++s) {
-    CUDA_CHECK(cudaEventRecord(start));
-    for (int i = 0; i < count; ++i) launch(i);
-    CUDA_CHECK(cudaEventRecord(stop));
+    CUDA_CHECK(cudaEventRecord(start, stream));
+    enqueue();
+    CUDA_CHECK(cudaEventRecord(stop, stream));
     CUDA_CHECK(cudaEventSynchronize(stop));
     float ms = 0;
     CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
@@ -65,6 +67,14 @@ BenchTiming time_gpu_back_to_back(const std::function<void(int)>& launch, int co
   CUDA_CHECK(cudaEventDestroy(stop));
   std::sort(times.begin(), times.end());
   return BenchTiming{times[times.size() / 2], times.front(), times.back(), samples};
+}
+
+}  // namespace
+
+BenchTiming time_gpu_back_to_back(const std::function<void(int)>& launch, int count, int samples) {
+  for (int i = 0; i < count; ++i) launch(i);  // warm-up
+  CUDA_CHECK(cudaDeviceSynchronize());
+  return median_per_launch([&] { for (int i = 0; i < count; ++i) launch(i); }, 0, count, samples);
 }
 
 BenchTiming time_gpu_graph(const std::function<void(int, CUstream_st*)>& launch, int count, int samples) {
@@ -78,26 +88,12 @@ BenchTiming time_gpu_graph(const std::function<void(int, CUstream_st*)>& launch,
   CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   CUDA_CHECK(cudaGraphLaunch(exec, stream));  // warm-up
   CUDA_CHECK(cudaStreamSynchronize(stream));
-  cudaEvent_t start, stop;
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<double> times;
-  for (int s = 0; s < samples; ++s) {
-    CUDA_CHECK(cudaEventRecord(start, stream));
-    CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    CUDA_CHECK(cudaEventRecord(stop, stream));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    times.push_back(ms / count);
-  }
-  CUDA_CHECK(cudaEventDestroy(start));
-  CUDA_CHECK(cudaEventDestroy(stop));
+  const BenchTiming timing =
+      median_per_launch([&] { CUDA_CHECK(cudaGraphLaunch(exec, stream)); }, stream, count, samples);
   CUDA_CHECK(cudaGraphExecDestroy(exec));
   CUDA_CHECK(cudaGraphDestroy(graph));
   CUDA_CHECK(cudaStreamDestroy(stream));
-  std::sort(times.begin(), times.end());
-  return BenchTiming{times[times.size() / 2], times.front(), times.back(), samples};
+  return timing;
 }
 
 double measure_copy_bandwidth_gbs(size_t bytes) {
