@@ -123,12 +123,33 @@ void decode_attention_v3_pipelined_with_splits(__nv_bfloat16* out, const __nv_bf
                                                const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
                                                int kv_len, int max_context, int H, int Hkv, int D, int num_splits,
                                                DecodeAttentionWorkspace* workspace, cudaStream_t stream = 0);
-/// v3 for CUDA graphs, as decode_attention_v2_split_k_device_length.
+/// v3 for CUDA graphs, as decode_attention_v2_split_k_device_length. Its split kernel
+/// reads *d_length and the keys below it before waiting on the kernel launched just
+/// before it (see decode_attention_v3_splits_device_length for what that kernel may write).
 void decode_attention_v3_pipelined_device_length(__nv_bfloat16* out, const __nv_bfloat16* q,
                                                  const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
                                                  const int* d_length, int new_tokens, int max_context, int H,
                                                  int Hkv, int D, int num_splits,
                                                  DecodeAttentionWorkspace* workspace, cudaStream_t stream = 0);
+
+/// v3's split kernel alone, for a caller that merges the partials itself (chapter 08
+/// merges them while its O projection stages its input, which saves the combine's
+/// launch). Writes workspace->partial_acc / partial_ml for splits 0 .. num_splits - 1:
+/// kv_len = min(*d_length + new_tokens, max_context) keys cut into chunks of at least
+/// min_keys_per_split keys (decode::split_chunk_keys); the first
+/// decode::splits_with_keys(kv_len, num_splits, min_keys_per_split) splits hold keys,
+/// the others are marked empty. Merge with decode::merge_split_partials_8
+/// (decode_attention_device.cuh).
+/// Like the v3 device-length form, the split kernel reads *d_length and the keys below
+/// it BEFORE waiting on the kernel launched just before it (PDL): that kernel may write
+/// q and the keys from *d_length on, but not the length or older keys, and must let
+/// dependents start only after its own griddepcontrol.wait (every kernel of this
+/// project does; a kernel launched without PDL is always safe).
+void decode_attention_v3_splits_device_length(DecodeAttentionWorkspace* workspace, const __nv_bfloat16* q,
+                                              const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
+                                              const int* d_length, int new_tokens, int max_context, int H, int Hkv,
+                                              int D, int num_splits, int min_keys_per_split,
+                                              cudaStream_t stream = 0);
 
 /// v4: v3 in one kernel: the last split block of each kv head merges the splits (a
 /// counter per kv head in the workspace), launched with PDL. Splits from

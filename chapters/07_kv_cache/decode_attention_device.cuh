@@ -31,6 +31,21 @@ struct LaneLayout {
   static constexpr int kKeysPerWarp = 32 / kLanesPerKey;
 };
 
+/// How the split kernels cut kv_len keys: num_splits chunks of at least min_keys keys,
+/// split s taking [s * chunk, min(kv_len, (s + 1) * chunk)); the splits past the last
+/// key are empty. Whoever merges the partials (a combine kernel, or chapter 08's O
+/// projection) uses the same arithmetic to know how many splits hold keys.
+__host__ __device__ inline int split_chunk_keys(int kv_len, int num_splits, int min_keys) {
+  const int even = (kv_len + num_splits - 1) / num_splits;
+  return even > min_keys ? even : min_keys;
+}
+__host__ __device__ inline int splits_with_keys(int kv_len, int num_splits, int min_keys) {
+  if (kv_len <= 0) return 0;
+  const int chunk = split_chunk_keys(kv_len, num_splits, min_keys);
+  const int used = (kv_len + chunk - 1) / chunk;
+  return used < num_splits ? used : num_splits;
+}
+
 /// One 16-byte load (8 bf16) widened to fp32.
 __device__ __forceinline__ void bf16x8_to_float(const int4& raw, float (&out)[8]) {
   const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
@@ -108,6 +123,25 @@ __device__ __forceinline__ void load_keys(int4 (&k_raw)[U], int4 (&v_raw)[U], co
     const int key = base + u * groups + group;
     k_raw[u] = v_raw[u] = make_int4(0, 0, 0, 0);
     if (key < end) {
+      const int4* k_source = reinterpret_cast<const int4*>(keys + size_t(key) * D);
+      const int4* v_source = reinterpret_cast<const int4*>(values + size_t(key) * D);
+      k_raw[u] = kCoherent ? __ldcg(k_source) : __ldg(k_source);
+      v_raw[u] = kCoherent ? __ldcg(v_source) : __ldg(v_source);
+    }
+  }
+}
+
+/// Fills the slots of load_keys(base, ...) whose key lies in [from, end): the keys a
+/// kernel may only read after waiting on the kernel before it (see
+/// pipelined_split_partial's ready_end). The other slots are left as they are.
+template <int D, int U, bool kCoherent = false>
+__device__ __forceinline__ void load_keys_from(int4 (&k_raw)[U], int4 (&v_raw)[U], const __nv_bfloat16* keys,
+                                               const __nv_bfloat16* values, int base, int group, int groups,
+                                               int from, int end) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int key = base + u * groups + group;
+    if (key >= from && key < end) {
       const int4* k_source = reinterpret_cast<const int4*>(keys + size_t(key) * D);
       const int4* v_source = reinterpret_cast<const int4*>(values + size_t(key) * D);
       k_raw[u] = kCoherent ? __ldcg(k_source) : __ldg(k_source);
@@ -217,13 +251,24 @@ __device__ __forceinline__ void write_empty_partial(float* ml_out /* (G, 2) */) 
 }
 
 
+/// Nothing to do between the first loads and the rest (pipelined_split_partial's default).
+struct NoWait {
+  __device__ void operator()() const {}
+};
+
 /// v3's split body (also v4's): one block's keys [begin, end) of kv head `kv_head`
 /// streamed in rounds of kUnroll keys per lane group, the next round's loads in flight
 /// while the current one is computed; the block's partial state is written at the end.
-template <int D, int G, int kWarps, int kUnroll, bool kCoherent = false>
+/// The first round's keys below `ready_end` are loaded, then `after_first_loads()` runs
+/// (v3's split kernel waits there on the kernel before it, which wrote q and the keys from
+/// ready_end on), then the rest of the first round and q: keys committed by earlier steps
+/// are already on their way while the previous kernel finishes.
+template <int D, int G, int kWarps, int kUnroll, bool kCoherent = false, typename AfterFirstLoads = NoWait>
 __device__ __forceinline__ void pipelined_split_partial(float* acc_out, float* ml_out, const __nv_bfloat16* q,
                                                         const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
-                                                        int kv_head, int max_context, int begin, int end) {
+                                                        int kv_head, int max_context, int begin, int end,
+                                                        int ready_end = 0x7fffffff,
+                                                        AfterFirstLoads after_first_loads = {}) {
   using Layout = LaneLayout<D>;
   constexpr int kGroups = kWarps * Layout::kKeysPerWarp;  // lane groups in the block
   constexpr int kKeysPerRound = kGroups * kUnroll;
@@ -234,7 +279,11 @@ __device__ __forceinline__ void pipelined_split_partial(float* acc_out, float* m
   const __nv_bfloat16* keys = k_cache + size_t(kv_head) * max_context * D + sub * 8;
   const __nv_bfloat16* values = v_cache + size_t(kv_head) * max_context * D + sub * 8;
   int4 k_raw[kUnroll], v_raw[kUnroll];
-  load_keys<D, kUnroll, kCoherent>(k_raw, v_raw, keys, values, begin, group, kGroups, end);
+  load_keys<D, kUnroll, kCoherent>(k_raw, v_raw, keys, values, begin, group, kGroups, min(end, ready_end));
+  after_first_loads();
+  if (ready_end < end) {
+    load_keys_from<D, kUnroll, kCoherent>(k_raw, v_raw, keys, values, begin, group, kGroups, ready_end, end);
+  }
 
   float q_slice[G][8];
   load_q_slices<D, G, kCoherent>(q_slice, q, kv_head, sub);
@@ -258,6 +307,46 @@ __device__ __forceinline__ void pipelined_split_partial(float* acc_out, float* m
     }
   }
   write_block_partial<D, G, kWarps>(acc_out, ml_out, m, l, acc);
+}
+
+/// The attention output of query head h, dims d0 .. d0 + 7, merged from the partial
+/// states of splits 0 .. splits - 1 (the ones that hold keys, splits_with_keys):
+/// out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s, the merge the combine kernels
+/// do, for a consumer that merges while it stages its input (chapter 08's O projection).
+/// Reads through L2 (the partials were written by the kernel before). Splits are loaded
+/// kBatch at a time, all loads of a batch independent, so they are in flight together.
+/// An empty split (m = -inf, acc never written) weighs nothing whatever its acc holds;
+/// no keys at all give zeros.
+__device__ __forceinline__ void merge_split_partials_8(float (&out)[8], const float* partial_acc /* (S, H, D) */,
+                                                       const float* partial_ml /* (S, H, 2) */, int splits, int H,
+                                                       int D, int h, int d0) {
+  constexpr int kBatch = 4;
+  float m = -INFINITY, l = 0;
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int first = 0; first < splits; first += kBatch) {
+    float2 ml[kBatch];
+    float4 low[kBatch], high[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int s = first + b;
+      ml[b] = make_float2(-INFINITY, 0.0f);
+      if (s < splits) {
+        ml[b] = __ldcg(reinterpret_cast<const float2*>(partial_ml + (size_t(s) * H + h) * 2));
+        const float4* source = reinterpret_cast<const float4*>(partial_acc + (size_t(s) * H + h) * D + d0);
+        low[b] = __ldcg(source);
+        high[b] = __ldcg(source + 1);
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      if (ml[b].x == -INFINITY) continue;  // empty, or past `splits`
+      const float part[8] = {low[b].x, low[b].y, low[b].z, low[b].w, high[b].x, high[b].y, high[b].z, high[b].w};
+      merge_state(m, l, acc, ml[b].x, ml[b].y, part);
+    }
+  }
+  const float inverse = l > 0 ? 1.0f / l : 0.0f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) out[e] = acc[e] * inverse;
 }
 
 }  // namespace bielik::decode

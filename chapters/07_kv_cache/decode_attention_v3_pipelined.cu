@@ -19,6 +19,10 @@
 //    the split kernel runs and wait on the GPU (griddepcontrol.wait) for its results,
 //    instead of the launch starting only after the split kernel has drained. The split
 //    kernel is launched the same way after whatever kernel precedes it.
+//  * With the length on the GPU (the graph forms), the split kernel reads the length and
+//    the first round of keys committed by earlier steps BEFORE its wait: only q and the
+//    newest keys wait for the kernel before (the model's QKV projection, which writes
+//    them). The HBM trip for the cache then overlaps that kernel's tail.
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -36,6 +40,11 @@ constexpr int kV3Warps = 4;
 constexpr int kV3Unroll = 2;  // keys per lane group per round
 constexpr int kV3CombineThreads = 256;
 
+// What the split kernel does between its early loads and the rest (pipelined_split_partial).
+struct WaitForPreviousKernel {
+  __device__ void operator()() const { pdl_wait(); }
+};
+
 
 template <int D, int G>
 __global__ void __launch_bounds__(kV3Warps * 32)
@@ -45,25 +54,32 @@ __global__ void __launch_bounds__(kV3Warps * 32)
                                      const __nv_bfloat16* k_cache,  // (Hkv, max_context, D)
                                      const __nv_bfloat16* v_cache,  // (Hkv, max_context, D)
                                      const int* d_length,  // (1) or nullptr: kv_len = *d_length + kv_len_arg
-                                     int kv_len_arg, int max_context, int num_splits, int H) {
+                                     int kv_len_arg, int max_context, int num_splits, int H, int min_keys) {
+  // The next kernel (the combine, or chapter 08's O projection) only loads what no kernel
+  // writes before its own wait: let it be scheduled now.
   pdl_allow_dependents();
-  pdl_wait();  // launched with PDL: q, the new key and the length come from the kernel before
   const int split = blockIdx.x, kv_head = blockIdx.y;
-
-  int kv_len = d_length ? *d_length + kv_len_arg : kv_len_arg;
-  kv_len = min(kv_len, max_context);
-  const int chunk = max((kv_len + num_splits - 1) / num_splits, kDecodeV3MinKeysPerSplit);
+  // With the length on the GPU, the keys below *d_length were committed by earlier steps,
+  // before the kernel that precedes this one started (it appends the new keys at
+  // *d_length, and lets this kernel start only after its own wait): they, and the length
+  // itself, are read BEFORE the wait, while that kernel still runs. q and the new keys
+  // come from it and are read after. With a host-side length nothing is assumed.
+  const int committed = d_length ? *d_length : 0;
+  const int kv_len = min(committed + kv_len_arg, max_context);
+  const int chunk = decode::split_chunk_keys(kv_len, num_splits, min_keys);
   const int begin = split * chunk, end = min(kv_len, begin + chunk);
   float* ml_out = partial_ml + (size_t(split) * H + kv_head * G) * 2;
   float* acc_out = partial_acc + (size_t(split) * H + kv_head * G) * D;
   if (begin >= end) {
+    pdl_wait();  // the partials are written after the wait, like every output here
     decode::write_empty_partial<G>(ml_out);
     return;
   }
 
   // Rounds of 2 keys per lane group: 16 keys a round for D=128, 32 for D=64.
   decode::pipelined_split_partial<D, G, kV3Warps, kV3Unroll>(acc_out, ml_out, q, k_cache, v_cache, kv_head,
-                                                            max_context, begin, end);
+                                                            max_context, begin, end, committed,
+                                                            WaitForPreviousKernel{});
 }
 
 // One block per query head. Thread (r, c) merges float4 column c of splits r, r + kRows,
@@ -125,7 +141,7 @@ __global__ void __launch_bounds__(kV3CombineThreads)
 }
 
 using SplitKernel = void (*)(float*, float*, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
-                             const int*, int, int, int, int);
+                             const int*, int, int, int, int, int);
 
 template <int D>
 SplitKernel split_kernel_for_group(int G) {
@@ -146,20 +162,32 @@ SplitKernel split_kernel(int D, int G) {
   return D == 128 ? split_kernel_for_group<128>(G) : split_kernel_for_group<64>(G);
 }
 
-void launch_v3(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k_cache,
-               const __nv_bfloat16* v_cache, const int* d_length, int kv_len_arg, int max_context, int H, int Hkv,
-               int D, int num_splits, DecodeAttentionWorkspace* workspace, cudaStream_t stream) {
+void launch_v3_splits(const __nv_bfloat16* q, const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
+                      const int* d_length, int kv_len_arg, int max_context, int H, int Hkv, int D, int num_splits,
+                      int min_keys, DecodeAttentionWorkspace* workspace, cudaStream_t stream) {
   if (!workspace || workspace->H < H || workspace->D != D || num_splits < 1 || num_splits > workspace->max_splits) {
     throw std::invalid_argument("decode attention v3: workspace missing or too small for H=" + std::to_string(H) +
                                 " D=" + std::to_string(D) + " splits=" + std::to_string(num_splits));
   }
+  if (min_keys < 1) {
+    throw std::invalid_argument("decode attention v3: min_keys_per_split must be >= 1, got " +
+                                std::to_string(min_keys));
+  }
+  // With PDL (a plain launch before Hopper): scheduled while the kernel before it (in the
+  // model, the QKV GEMV) drains; it waits on the GPU for q and the new keys.
+  launch_kernel(true, split_kernel(D, H / Hkv), dim3(num_splits, Hkv), dim3(kV3Warps * 32), 0, stream,
+                workspace->partial_acc.data(), workspace->partial_ml.data(), q, k_cache, v_cache, d_length,
+                kv_len_arg, max_context, num_splits, H, min_keys);
+}
+
+void launch_v3(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k_cache,
+               const __nv_bfloat16* v_cache, const int* d_length, int kv_len_arg, int max_context, int H, int Hkv,
+               int D, int num_splits, DecodeAttentionWorkspace* workspace, cudaStream_t stream) {
+  launch_v3_splits(q, k_cache, v_cache, d_length, kv_len_arg, max_context, H, Hkv, D, num_splits,
+                   kDecodeV3MinKeysPerSplit, workspace, stream);
   float* partial_acc = workspace->partial_acc.data();
   float* partial_ml = workspace->partial_ml.data();
-  // Both kernels with PDL (plain launches before Hopper): the split kernel is scheduled
-  // while the kernel before it (in the model, the QKV GEMV) drains, the combine while the
-  // splits run; each waits on the GPU for its inputs.
-  launch_kernel(true, split_kernel(D, H / Hkv), dim3(num_splits, Hkv), dim3(kV3Warps * 32), 0, stream, partial_acc,
-                partial_ml, q, k_cache, v_cache, d_length, kv_len_arg, max_context, num_splits, H);
+  // The combine with PDL too: scheduled while the splits run, it waits for their partials.
 
   auto combine = D == 128 ? decode_attention_v3_combine_kernel<128> : decode_attention_v3_combine_kernel<64>;
   launch_kernel(true, combine, dim3(H), dim3(kV3CombineThreads), 0, stream, out,
@@ -197,6 +225,16 @@ void decode_attention_v3_pipelined(__nv_bfloat16* out, const __nv_bfloat16* q, c
   if (!workspace) throw std::invalid_argument("decode attention v3: workspace is null");
   int num_splits = decode_attention_v3_default_splits(kv_len, H, Hkv, D, workspace->max_splits);
   launch_v3(out, q, k_cache, v_cache, nullptr, kv_len, max_context, H, Hkv, D, num_splits, workspace, stream);
+}
+
+void decode_attention_v3_splits_device_length(DecodeAttentionWorkspace* workspace, const __nv_bfloat16* q,
+                                              const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
+                                              const int* d_length, int new_tokens, int max_context, int H, int Hkv,
+                                              int D, int num_splits, int min_keys_per_split, cudaStream_t stream) {
+  decode_attention_check_shape(q, k_cache, v_cache, max_context, H, Hkv, D);
+  if (!d_length) throw std::invalid_argument("decode attention v3 splits: d_length is null");
+  launch_v3_splits(q, k_cache, v_cache, d_length, new_tokens, max_context, H, Hkv, D, num_splits, min_keys_per_split,
+                   workspace, stream);
 }
 
 void decode_attention_v3_pipelined_device_length(__nv_bfloat16* out, const __nv_bfloat16* q,

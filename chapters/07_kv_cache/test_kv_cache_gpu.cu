@@ -11,6 +11,8 @@
 // bf16 (relative error <= 2^-9 per element, ~1.2e-3 in norm). Besides the book-wide
 // tolerance::kBf16Output we require kDecodeTolerance, which a kernel that accumulates
 // in bf16 or drops the running-max rescale would not meet.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <iterator>
 #include <stdexcept>
@@ -21,6 +23,7 @@
 #include "catch_compat.hpp"
 #include "compare.hpp"
 #include "decode_attention.cuh"
+#include "decode_attention_device.cuh"
 #include "device_buffer.cuh"
 #include "kv_cache.cuh"
 #include "npy.hpp"
@@ -140,6 +143,56 @@ TEST_CASE("decode over the cache equals the last row of causal attention (golden
                        cache.device_length(), 0, cache.max_context(), H, Hkv, D, 132, &workspace, 0);
         CUDA_CHECK(cudaDeviceSynchronize());
         require_close(name + " " + version.name + " kv_len=" + std::to_string(kv_len), out.to_host(), want);
+      }
+      // The split kernel alone (chapter 08 merges its partials in the O projection): some
+      // keys committed, the newest `fresh` ones counted as appended by the kernel before
+      // (read after the wait), every split count and least chunk, partials merged here.
+      const int fresh = std::min(3, kv_len);
+      DeviceBuffer<int> committed(std::vector<int>{kv_len - fresh});
+      for (int splits : {1, 7, 32}) {
+        for (int min_keys : {1, 16, 64}) {
+          INFO(name << " splits-only kv_len=" << kv_len << " splits=" << splits << " min_keys=" << min_keys);
+          workspace.partial_acc.fill_bytes(0xFF);  // NaN: an empty split's acc must never be read
+          workspace.partial_ml.fill_bytes(0xFF);
+          decode_attention_v3_splits_device_length(&workspace, as_bf16(q.data()), cache.k(layer), cache.v(layer),
+                                                   committed.data(), fresh, cache.max_context(), H, Hkv, D, splits,
+                                                   min_keys, 0);
+          CUDA_CHECK(cudaDeviceSynchronize());
+          const std::vector<float> acc = workspace.partial_acc.to_host(), ml = workspace.partial_ml.to_host();
+          const int used = decode::splits_with_keys(kv_len, splits, min_keys);
+          REQUIRE(used >= 1);
+          REQUIRE(used <= splits);
+          // Splits past the last key are marked empty; the used ones hold a finite state.
+          for (int s = 0; s < splits; ++s) {
+            for (int h = 0; h < H; ++h) {
+              const float m = ml[(size_t(s) * H + h) * 2], l = ml[(size_t(s) * H + h) * 2 + 1];
+              if (s < used) {
+                REQUIRE(std::isfinite(m));
+                REQUIRE(l >= 1.0f);  // the split's own maximum contributes 2^0
+              } else {
+                REQUIRE(m == -INFINITY);
+                REQUIRE(l == 0.0f);
+              }
+            }
+          }
+          std::vector<float> merged(size_t(H) * D);
+          for (int h = 0; h < H; ++h) {
+            double m_max = -INFINITY;
+            for (int s = 0; s < used; ++s) m_max = std::max(m_max, double(ml[(size_t(s) * H + h) * 2]));
+            for (int d = 0; d < D; ++d) {
+              double l_sum = 0, a_sum = 0;
+              for (int s = 0; s < used; ++s) {
+                const double weight = std::exp2(double(ml[(size_t(s) * H + h) * 2]) - m_max);
+                l_sum += double(ml[(size_t(s) * H + h) * 2 + 1]) * weight;
+                a_sum += double(acc[(size_t(s) * H + h) * D + d]) * weight;
+              }
+              merged[size_t(h) * D + d] = float(a_sum / l_sum);
+            }
+          }
+          CompareResult result = compare("splits-only, merged on the CPU", merged, want, kDecodeTolerance);
+          INFO(result.report);
+          REQUIRE(result.passed);
+        }
       }
     }
   }

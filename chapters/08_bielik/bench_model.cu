@@ -164,8 +164,8 @@ double ttft_ms(CudaModel& model, int n) {
 }
 
 // Decode tokens/s: prefill 16 tokens, then `tokens` greedy steps queued back to back.
-double decode_tokens_per_s(CudaModel& model, int tokens, int repeats, bool sync_per_token) {
-  const std::vector<int32_t> prompt = random_prompt(16, model.config().vocab_size, 7);
+double decode_tokens_per_s(CudaModel& model, int tokens, int repeats, bool sync_per_token, int prompt_tokens = 16) {
+  const std::vector<int32_t> prompt = random_prompt(prompt_tokens, model.config().vocab_size, 7);
   std::vector<double> rates;
   for (int r = 0; r < repeats + 1; ++r) {  // the first run warms up
     model.reset();
@@ -322,29 +322,49 @@ int main(int argc, char** argv) {
       occupancy_sweep.push_back({{"small_blocks_per_sm", small}, {"large_blocks_per_sm", large}, {"tok_s", rate}});
     }
 
-    // --- the evict-first hint on the GEMVs' weight loads, and the attention's splits per
-    // kv head (the default is sized for 512 keys; this decode runs at 16-272 keys) ---
+    // --- the evict-first hint on the GEMVs' weight loads; the attention's combine as its
+    // own kernel or merged in the O projection; its splits per kv head and least keys per
+    // split (the default is sized for 512 keys; this decode runs at 16-272 keys) ---
     struct OptionVariant {
       std::string label;
       bool evict_first;
+      bool merge_in_o;
       int attention_splits;
+      int min_keys;
       double tok_s = 0;
     };
-    std::vector<OptionVariant> option_variants = {{"defaults (evict-first, attention splits for 512 keys)", true, 0},
-                                                  {"no evict-first hint", false, 0}};
-    for (int splits : {4, 8, 16, 64}) {
-      option_variants.push_back({"attention " + std::to_string(splits) + " splits per kv head", true, splits});
-    }
-    BenchTable options_table("model_decode_options", {"decode options", "tokens/s", "ms/token", "vs defaults"});
+    std::vector<OptionVariant> option_variants = {
+        {"defaults (evict-first, attention merged in O, splits for 512 keys of >= 16 keys)", true, true, 0, 0},
+        {"no evict-first hint", false, true, 0, 0},
+        {"attention combine as its own kernel (before: the default)", true, false, 0, 0},
+        {"merged in O, splits of >= 32 keys", true, true, 0, 32},
+        {"merged in O, splits of >= 64 keys", true, true, 0, 64},
+        {"merged in O, 8 splits per kv head", true, true, 8, 0},
+        {"merged in O, 64 splits per kv head", true, true, 64, 0},
+    };
+    // Each variant also decodes 64 tokens after a 2048-token prompt: the attention's
+    // split choices matter most with many keys.
+    const int long_prompt = 2048, long_tokens = 64;
+    const bool long_fits = model_context >= long_prompt + long_tokens;
+    BenchTable options_table("model_decode_options",
+                             {"decode options", "tokens/s", "ms/token", "vs defaults",
+                              "tokens/s after " + std::to_string(long_prompt) + " tokens", "vs defaults"});
     nlohmann::json options_sweep = nlohmann::json::array();
+    std::vector<double> long_rates;
     for (OptionVariant& v : option_variants) {
-      v.tok_s = variant([&](CudaModelOptions& o) {
-        o.gemv_evict_first = v.evict_first;
-        o.attention_splits = v.attention_splits;
-      });
+      CudaModelOptions o = options;
+      o.gemv_evict_first = v.evict_first;
+      o.attention_merge_in_o = v.merge_in_o;
+      o.attention_splits = v.attention_splits;
+      o.attention_min_keys_per_split = v.min_keys;
+      CudaModel m(args.model, o);
+      v.tok_s = decode_tokens_per_s(m, tokens, 3, false);
+      const double long_rate = long_fits ? decode_tokens_per_s(m, long_tokens, 3, false, long_prompt) : 0.0;
+      long_rates.push_back(long_rate);
       options_table.add_row({v.label, fmt(v.tok_s, 0), fmt(1000.0 / v.tok_s, 3),
-                             fmt(v.tok_s / option_variants[0].tok_s, 2) + "x"});
-      options_sweep.push_back({{"options", v.label}, {"tok_s", v.tok_s}});
+                             fmt(v.tok_s / option_variants[0].tok_s, 2) + "x", long_fits ? fmt(long_rate, 0) : "",
+                             long_fits ? fmt(long_rate / long_rates[0], 2) + "x" : ""});
+      options_sweep.push_back({{"options", v.label}, {"tok_s", v.tok_s}, {"long_context_tok_s", long_rate}});
     }
     options_table.print();
     std::fflush(stdout);

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "cuda_check.cuh"
+#include "decode_attention_device.cuh"  // chapter 07: the split ranges and the partials' merge
 #include "decode_kernels.cuh"
 #include "pdl.cuh"
 
@@ -354,6 +355,24 @@ __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_
                                             const uint4 (&norm_held)[kNormHeld]) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int chunks = p.K / 8;
+  if constexpr (In == GemvInput::kAttentionMerge) {
+    // The attention's combine, done here instead of in a kernel of its own: one launch
+    // (and one drain) fewer per layer. The length first, before the wait: an earlier step
+    // committed it (chapter 07's split kernel reads it there too).
+    const AttentionMergeSource& a = p.merge;
+    const int kv_len = min(*a.d_length + a.new_tokens, a.max_context);
+    const int splits = decode::splits_with_keys(kv_len, a.num_splits, a.min_keys_per_split);
+    const int vectors_per_head = a.D / 8;
+    pdl_wait();  // the split kernel's partials are complete
+    for (int c = threadIdx.x; c < chunks; c += kThreads) {
+      float merged[8];
+      decode::merge_split_partials_8(merged, a.partial_acc, a.partial_ml, splits, a.H, a.D, c / vectors_per_head,
+                                     (c % vectors_per_head) * 8);
+      x_shared[c] = pack_8(merged);  // rounded to bf16, as the combine kernel stores it
+    }
+    __syncthreads();
+    return;
+  }
   pdl_wait();
   const uint4* x_vectors = reinterpret_cast<const uint4*>(p.x);
   float sum_squares = 0.0f;

@@ -244,7 +244,9 @@ __global__ void __launch_bounds__(kArgmaxThreads) decode_argmax_kernel(int32_t* 
 
 void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, bool pdl, cudaStream_t stream,
                  DecodeGemvKernel kernel) {
-  if (p.K <= 0 || p.N <= 0 || p.K % 8 != 0 || p.K > kMaxK || !p.y || !aligned_16(p.x) || !aligned_16(p.W) ||
+  const bool x_needed = input != GemvInput::kAttentionMerge;
+  if (p.K <= 0 || p.N <= 0 || p.K % 8 != 0 || p.K > kMaxK || !p.y || (x_needed && !aligned_16(p.x)) ||
+      !aligned_16(p.W) ||
       (input == GemvInput::kRmsNorm && (!p.norm_weight || !aligned_16(p.norm_weight)))) {
     throw std::invalid_argument("decode_gemv: needs 0 < K <= " + std::to_string(kMaxK) +
                                 ", K % 8 == 0, N > 0 and 16-byte aligned x, W (and norm weight); got N=" +
@@ -266,6 +268,19 @@ void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, 
       throw std::invalid_argument("decode_gemv: the bulk-stream kernel has no kRopeAppend form");
     }
   }
+  if (input == GemvInput::kAttentionMerge) {
+    const AttentionMergeSource& a = p.merge;
+    if (output != GemvOutput::kResidualAdd || kernel == DecodeGemvKernel::kBulkStream || !a.partial_acc ||
+        !a.partial_ml || !a.d_length || a.H <= 0 || a.D <= 0 || a.D % 8 != 0 || p.K != a.H * a.D ||
+        a.num_splits < 1 || a.min_keys_per_split < 1 || a.max_context < 1 || a.new_tokens < 0 ||
+        !aligned_16(a.partial_acc)) {
+      throw std::invalid_argument(
+          "decode_gemv kAttentionMerge: needs kResidualAdd, a register kernel, the partials and length pointers, "
+          "D % 8 == 0, K = H * D, num_splits >= 1, min_keys_per_split >= 1, max_context >= 1; got K=" +
+          std::to_string(p.K) + " H=" + std::to_string(a.H) + " D=" + std::to_string(a.D) + " splits=" +
+          std::to_string(a.num_splits));
+    }
+  }
   static const bool have_bulk_copy = weight_stream_supported();
   if (kernel == DecodeGemvKernel::kBulkStream && !have_bulk_copy) {
     throw std::invalid_argument("decode_gemv: the bulk-stream kernel needs sm_90 or newer");
@@ -275,7 +290,10 @@ void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, 
     return;
   }
   const bool pipelined = kernel == DecodeGemvKernel::kRegisterPipelined;
-  if (input == GemvInput::kRmsNorm) {
+  if (input == GemvInput::kAttentionMerge) {
+    // Only the O projection's form is compiled: merged attention in, residual add out.
+    launch_gemv_bias<GemvInput::kAttentionMerge, GemvOutput::kResidualAdd>(p, pipelined, pdl, stream);
+  } else if (input == GemvInput::kRmsNorm) {
     launch_gemv_output<GemvInput::kRmsNorm>(output, p, pipelined, pdl, stream);
   } else {
     launch_gemv_output<GemvInput::kPlain>(output, p, pipelined, pdl, stream);

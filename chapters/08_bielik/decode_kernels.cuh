@@ -45,8 +45,10 @@ namespace bielik {
 
 /// Where a decode GEMV's input vector comes from.
 enum class GemvInput {
-  kPlain,    ///< x as given
-  kRmsNorm,  ///< bf16(rmsnorm(x) * norm_weight), computed by every block from x (K values)
+  kPlain,           ///< x as given
+  kRmsNorm,         ///< bf16(rmsnorm(x) * norm_weight), computed by every block from x (K values)
+  kAttentionMerge,  ///< the attention output, merged by every block from the split
+                    ///< partials of chapter 07's split kernel (AttentionMergeSource; x unused)
 };
 
 /// What a decode GEMV does with output n (acc = W[n, :] . input, b = bias or 0).
@@ -75,6 +77,23 @@ struct RopeAppendTarget {
   int H = 0, Hkv = 0, D = 0, max_context = 0, max_positions = 0;
 };
 
+/// Where kAttentionMerge finds the attention's split partials: the workspace that
+/// chapter 07's decode_attention_v3_splits_device_length filled, and the arguments it was
+/// given, so that the GEMV knows how many splits hold keys (decode::splits_with_keys).
+/// Input k = h * D + d is the merged output of query head h, dim d, rounded to bf16 (what
+/// the combine kernel would store); K must be H * D. The length is read before the PDL
+/// wait (it was committed by an earlier step), the partials after it.
+struct AttentionMergeSource {
+  const float* partial_acc = nullptr;  ///< (num_splits, H, D)
+  const float* partial_ml = nullptr;   ///< (num_splits, H, 2)
+  const int* d_length = nullptr;       ///< (1) committed tokens: kv_len = *d_length + new_tokens
+  int new_tokens = 1;
+  int max_context = 0;
+  int num_splits = 0;
+  int min_keys_per_split = 0;
+  int H = 0, D = 0;
+};
+
 /// Arguments of one decode GEMV.
 struct DecodeGemvParams {
   void* y;                           ///< (N) bf16, or float for kF32; in/out for kResidualAdd
@@ -86,6 +105,7 @@ struct DecodeGemvParams {
   int K = 0;
   float eps = 0;           ///< kRmsNorm epsilon
   RopeAppendTarget rope;   ///< kRopeAppend only
+  AttentionMergeSource merge;  ///< kAttentionMerge only
   int max_blocks_per_sm = 0;  ///< register kernels: cap on resident blocks per SM (0: occupancy)
   /// Register kernels: read W with an L2 evict-first cache hint. The weights are read
   /// once per step and then only take L2 room from what IS read again soon: the KV
@@ -103,6 +123,8 @@ struct DecodeGemvParams {
 /// blocks: every block is resident from the start, which is what lets its first weight
 /// loads go out before the PDL wait.
 /// Needs K % 8 == 0, K <= 16384 (shared memory), 16-byte aligned x, W and norm_weight;
+/// kAttentionMerge only with kResidualAdd (the O projection), the register kernels, and
+/// a complete AttentionMergeSource with K = H * D, D % 8 == 0;
 /// throws std::invalid_argument otherwise. `pdl`: launch with programmatic dependent
 /// launch (ignored before sm_90).
 /// `kernel` picks the implementation (bench_decode_gemv compares them):

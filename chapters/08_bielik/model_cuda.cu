@@ -61,6 +61,10 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
       options_(options),
       kv_(config_.num_hidden_layers, config_.num_key_value_heads, config_.head_dim,
           context_length_of(config_, options.max_context)) {
+  if (options_.attention_min_keys_per_split < 0) {
+    throw std::invalid_argument("attention_min_keys_per_split must be >= 0 (0: chapter 07's default), got " +
+                                std::to_string(options_.attention_min_keys_per_split));
+  }
   if (options_.attention_splits < 0) {
     throw std::invalid_argument("attention_splits must be >= 0 (0: automatic), got " +
                                 std::to_string(options_.attention_splits));
@@ -96,6 +100,8 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     // hundreds of empty splits (a block launch each, and a load each in the combine).
     // Measured on the H200 (bench_model): 128 splits cost ~10 us a layer at 20 keys.
     attention_workspace_ = std::make_unique<DecodeAttentionWorkspace>(H_, D_, 1024);
+    attention_min_keys_ = options_.attention_min_keys_per_split > 0 ? options_.attention_min_keys_per_split
+                                                                    : kDecodeV3MinKeysPerSplit;
     attention_splits_ = options_.attention_splits > 0
                             ? std::min(options_.attention_splits, 1024)
                             : decode_attention_v3_default_splits(std::min(context, 512), H_, Hkv_, D_, 1024);
@@ -511,14 +517,34 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     evict_first(qkv);
     decode_gemv(GemvInput::kRmsNorm, GemvOutput::kRopeAppend, qkv, pdl, s);
     done("qkv_rope_append");
-    decode_attention_v3_pipelined_device_length(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)),
-                                                d_length, 1, context, H_, Hkv_, D_, attention_splits_,
-                                                attention_workspace_.get(), s);
-    done("attention");
     DecodeGemvParams o{d_x_.data(), d_attn_.data(), nullptr, L.w_o, L.b_o, C_, H_ * D_, eps};
     o.max_blocks_per_sm = options_.small_gemv_blocks_per_sm;
     evict_first(o);
-    decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, o, pdl, s);
+    if (options_.attention_merge_in_o) {
+      // The split kernel alone; the O projection merges its partials while it stages its
+      // input, and adds its output into the residual stream.
+      decode_attention_v3_splits_device_length(attention_workspace_.get(), d_qkv_.data(), kv_.k(int(l)),
+                                               kv_.v(int(l)), d_length, 1, context, H_, Hkv_, D_, attention_splits_,
+                                               attention_min_keys_, s);
+      done("attention");
+      o.x = nullptr;
+      o.merge = AttentionMergeSource{attention_workspace_->partial_acc.data(),
+                                     attention_workspace_->partial_ml.data(),
+                                     d_length,
+                                     1,
+                                     context,
+                                     attention_splits_,
+                                     attention_min_keys_,
+                                     H_,
+                                     D_};
+      decode_gemv(GemvInput::kAttentionMerge, GemvOutput::kResidualAdd, o, pdl, s);
+    } else {
+      decode_attention_v3_pipelined_device_length(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)),
+                                                  d_length, 1, context, H_, Hkv_, D_, attention_splits_,
+                                                  attention_workspace_.get(), s);
+      done("attention");
+      decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, o, pdl, s);
+    }
     done("o_proj");
     DecodeGemvParams gate_up{d_act_.data(), d_x_.data(), L.post_norm, L.w_gate_up, L.b_gate_up, F_, C_, eps};
     gate_up.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;

@@ -71,6 +71,14 @@ struct CudaModelOptions {
   /// Decode attention splits per kv head (0: sized for 512 keys; at most 1024, the
   /// workspace's size; bench_model sweeps it).
   int attention_splits = 0;
+  /// Merge the attention's split partials in the O projection's prologue (GemvInput::
+  /// kAttentionMerge) instead of in chapter 07's combine kernel: one launch fewer per
+  /// layer. bench_model measures both.
+  bool attention_merge_in_o = true;
+  /// Least keys per attention split (0: chapter 07's kDecodeV3MinKeysPerSplit). More
+  /// keys per split means fewer splits hold keys at chat lengths, so fewer partials for
+  /// the merge to read; bench_model sweeps it.
+  int attention_min_keys_per_split = 0;
   /// Decode with ONE persistent kernel per token (decode_persistent.cuh) instead of the
   /// graph of per-projection kernels; needs cooperative launch. An experiment: off unless
   /// asked for (bench_model measures both).
@@ -195,6 +203,7 @@ class CudaModel final : public Backend {
   PersistentStep persistent_step_;
   StreamedStepLayout streamed_layout_;  ///< persistent_weight_stream: the ring, computed at load
   int attention_splits_ = 1;
+  int attention_min_keys_ = 16;  ///< least keys per attention split (options or chapter 07 default)
   size_t scratch_bytes_ = 0;
 
   // Prefill activations for one chunk of Tc = prefill_chunk tokens.

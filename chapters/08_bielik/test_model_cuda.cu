@@ -26,6 +26,7 @@
 #include "bf16.hpp"
 #include "catch_compat.hpp"
 #include "compare.hpp"
+#include "decode_attention_device.cuh"  // chapter 07: decode::splits_with_keys
 #include "decode_kernels.cuh"
 #include "decode_persistent.cuh"
 #include "device_buffer.cuh"
@@ -188,6 +189,24 @@ TEST_CASE("CUDA model: a head_dim the attention kernels lack is refused at load"
   REQUIRE(refused);
 }
 
+TEST_CASE("CUDA model: negative attention options are refused at load, naming the option", "[ch08][gpu][model]") {
+  const std::string dir = tiny_checkpoint(kSpecs[0]);
+  for (int which = 0; which < 2; ++which) {
+    CudaModelOptions options = cuda_options();
+    (which == 0 ? options.attention_splits : options.attention_min_keys_per_split) = -1;
+    const std::string name = which == 0 ? "attention_splits" : "attention_min_keys_per_split";
+    bool refused = false;
+    try {
+      CudaModel model(dir, options);
+    } catch (const std::invalid_argument& e) {
+      INFO(e.what());
+      refused = std::string(e.what()).find(name) != std::string::npos;
+    }
+    INFO(name);
+    REQUIRE(refused);
+  }
+}
+
 TEST_CASE("CUDA model: prefill logits match the CPU backend at every position", "[ch08][gpu][model]") {
   const uint64_t seed = fresh_seed();
   INFO("prompt seed " << seed);
@@ -250,16 +269,28 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
                                                  row_of(expected, spec.V, t), spec.V, kModelTolerance));
     }
     std::printf("%s: 21 decode steps (graph) vs CPU, worst rel err %.2e\n", spec.name, worst);
-    // The attention over 1 and 3 splits per kv head instead of the default: the merge
-    // order changes, the logits stay within the same tolerance of the CPU backend.
-    for (int splits : {1, 3}) {
+    // The attention over 1 and 3 splits per kv head instead of the default, splits of at
+    // least 1 or 8 keys, and the combine as a kernel of its own instead of merged in the O
+    // projection: the merge order changes, the logits stay within the same tolerance of
+    // the CPU backend.
+    struct AttentionVariant {
+      int splits, min_keys;
+      bool merge_in_o;
+    };
+    for (AttentionVariant a : {AttentionVariant{1, 0, true}, AttentionVariant{3, 0, true}, AttentionVariant{3, 1, true},
+                               AttentionVariant{7, 8, true}, AttentionVariant{0, 0, false},
+                               AttentionVariant{3, 1, false}}) {
       CudaModelOptions options = cuda_options();
-      options.attention_splits = splits;
+      options.attention_splits = a.splits;
+      options.attention_min_keys_per_split = a.min_keys;
+      options.attention_merge_in_o = a.merge_in_o;
       CudaModel split_model(dir, options);
+      const std::string label = std::string(spec.name) + " " + std::to_string(a.splits) + " splits of >= " +
+                                std::to_string(a.min_keys) + " keys, merge " +
+                                (a.merge_in_o ? "in the O projection" : "kernel");
       for (size_t t = 0; t < prompt.size(); ++t) {
-        require_rows_close(std::string(spec.name) + " " + std::to_string(splits) + " splits, decode step " +
-                               std::to_string(t),
-                           split_model.decode(prompt[t]), row_of(expected, spec.V, t), spec.V, kModelTolerance);
+        require_rows_close(label + ", decode step " + std::to_string(t), split_model.decode(prompt[t]),
+                           row_of(expected, spec.V, t), spec.V, kModelTolerance);
       }
     }
   }
@@ -560,6 +591,132 @@ TEST_CASE("decode_gemv refuses a split it cannot run", "[ch08][gpu][kernels]") {
     p.split_warps = split;
     REQUIRE_THROWS_AS(decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false), std::invalid_argument);
   }
+}
+
+TEST_CASE("decode_gemv kAttentionMerge: the O projection of the merged attention splits", "[ch08][gpu][kernels]") {
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  struct Case {
+    int H, D, N, splits, min_keys, committed;  // kv_len = committed + 1 (this token's key)
+    bool bias;
+  };
+  const Case cases[] = {
+      {12, 128, 1536, 32, 16, 39, true},    // Bielik's O at 40 keys: 3 of 32 splits hold keys
+      {12, 128, 1536, 32, 16, 271, false},  // 272 keys: 17 splits
+      {12, 128, 1536, 8, 16, 999, true},    // every split holds keys
+      {4, 64, 200, 5, 1, 6, true},          // odd N; 4 of 5 splits of 2 keys
+  };
+  uint64_t case_seed = seed;
+  for (const Case& c : cases) {
+    const int K = c.H * c.D, kv_len = c.committed + 1;
+    const int used = decode::splits_with_keys(kv_len, c.splits, c.min_keys);
+    INFO("H=" << c.H << " D=" << c.D << " N=" << c.N << " splits=" << c.splits << " min_keys=" << c.min_keys
+              << " kv_len=" << kv_len << " splits with keys " << used);
+    REQUIRE(used >= 1);
+    // Partial states as the split kernel leaves them: (m, l, acc) for the splits with
+    // keys; m = -inf, l = 0 and an acc never written (NaN here) for the others.
+    std::mt19937_64 engine(++case_seed);
+    std::uniform_real_distribution<float> max_dist(-4.0f, 4.0f), sum_dist(1.0f, 30.0f);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> ml(size_t(c.splits) * c.H * 2), acc(size_t(c.splits) * c.H * c.D, NAN);
+    for (int s = 0; s < c.splits; ++s) {
+      for (int h = 0; h < c.H; ++h) {
+        const size_t state = size_t(s) * c.H + h;
+        if (s >= used) {
+          ml[2 * state] = -INFINITY;
+          ml[2 * state + 1] = 0.0f;
+          continue;
+        }
+        ml[2 * state] = max_dist(engine);
+        ml[2 * state + 1] = sum_dist(engine);
+        for (int d = 0; d < c.D; ++d) acc[state * c.D + d] = normal(engine) * ml[2 * state + 1];
+      }
+    }
+    std::vector<float> merged(K);
+    for (int h = 0; h < c.H; ++h) {
+      double m_max = -INFINITY;
+      for (int s = 0; s < used; ++s) m_max = std::max(m_max, double(ml[2 * (size_t(s) * c.H + h)]));
+      for (int d = 0; d < c.D; ++d) {
+        double l_sum = 0, a_sum = 0;
+        for (int s = 0; s < used; ++s) {
+          const size_t state = size_t(s) * c.H + h;
+          const double weight = std::exp2(double(ml[2 * state]) - m_max);
+          l_sum += ml[2 * state + 1] * weight;
+          a_sum += acc[state * c.D + d] * weight;
+        }
+        merged[size_t(h) * c.D + d] = round_to_bf16(float(a_sum / l_sum));  // the combine stores bf16
+      }
+    }
+    const std::vector<uint16_t> W = random_bf16(size_t(c.N) * K, ++case_seed, 1.0f / std::sqrt(float(K)));
+    const std::vector<uint16_t> bias = random_bf16(c.N, ++case_seed, 0.5f);
+    const std::vector<uint16_t> residual = random_bf16(c.N, ++case_seed, 1.0f);
+    std::vector<float> expected(c.N);
+    for (int n = 0; n < c.N; ++n) {
+      double dot = c.bias ? bf16_bits_to_float(bias[n]) : 0.0;
+      for (int k = 0; k < K; ++k) dot += double(bf16_bits_to_float(W[size_t(n) * K + k])) * merged[k];
+      expected[n] = bf16_bits_to_float(residual[n]) + round_to_bf16(float(dot));
+    }
+
+    DeviceBuffer<float> d_ml(ml), d_acc(acc);
+    DeviceBuffer<int> d_length(std::vector<int>{c.committed});
+    DeviceBuffer<uint16_t> d_W(W), d_bias(bias), d_y(size_t(c.N));
+    for (DecodeGemvKernel kernel : {DecodeGemvKernel::kRegisterLoads, DecodeGemvKernel::kRegisterPipelined}) {
+      for (bool pdl : {false, true}) {
+        INFO("kernel " << (kernel == DecodeGemvKernel::kRegisterLoads ? "register loads" : "register pipelined")
+                       << " pdl " << pdl);
+        d_y.copy_from_host(residual);
+        DecodeGemvParams p{};
+        p.y = d_y.data();
+        p.x = nullptr;  // the input comes from the partials
+        p.W = reinterpret_cast<const __nv_bfloat16*>(d_W.data());
+        p.bias = c.bias ? reinterpret_cast<const __nv_bfloat16*>(d_bias.data()) : nullptr;
+        p.N = c.N;
+        p.K = K;
+        p.merge = AttentionMergeSource{d_acc.data(), d_ml.data(), d_length.data(), 1, kv_len + 5, c.splits,
+                                       c.min_keys, c.H, c.D};
+        decode_gemv(GemvInput::kAttentionMerge, GemvOutput::kResidualAdd, p, pdl, 0, kernel);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        CompareResult r = compare_bf16("kAttentionMerge", d_y.to_host(), expected, tolerance::kBf16Output);
+        INFO(r.report);
+        REQUIRE(r.passed);
+      }
+    }
+  }
+}
+
+TEST_CASE("decode_gemv kAttentionMerge refuses what it cannot run", "[ch08][gpu][kernels]") {
+  DeviceBuffer<uint16_t> W(64 * 128), y(64);
+  DeviceBuffer<float> acc(4 * 2 * 64), ml(4 * 2 * 2);
+  DeviceBuffer<int> length(1);
+  auto valid = [&] {
+    DecodeGemvParams p{};
+    p.y = y.data();
+    p.W = reinterpret_cast<const __nv_bfloat16*>(W.data());
+    p.N = 64;
+    p.K = 128;
+    p.merge = AttentionMergeSource{acc.data(), ml.data(), length.data(), 1, 64, 4, 16, 2, 64};
+    return p;
+  };
+  auto refused = [&](const DecodeGemvParams& p, GemvOutput output, DecodeGemvKernel kernel) {
+    REQUIRE_THROWS_AS(decode_gemv(GemvInput::kAttentionMerge, output, p, false, 0, kernel), std::invalid_argument);
+  };
+  refused(valid(), GemvOutput::kBf16, DecodeGemvKernel::kAuto);  // only the residual-add form exists
+  if (weight_stream_supported()) refused(valid(), GemvOutput::kResidualAdd, DecodeGemvKernel::kBulkStream);
+  DecodeGemvParams p = valid();
+  p.merge.H = 3;  // K != H * D
+  refused(p, GemvOutput::kResidualAdd, DecodeGemvKernel::kAuto);
+  p = valid();
+  p.merge.d_length = nullptr;
+  refused(p, GemvOutput::kResidualAdd, DecodeGemvKernel::kAuto);
+  p = valid();
+  p.merge.num_splits = 0;
+  refused(p, GemvOutput::kResidualAdd, DecodeGemvKernel::kAuto);
+  p = valid();
+  p.merge.min_keys_per_split = 0;
+  refused(p, GemvOutput::kResidualAdd, DecodeGemvKernel::kAuto);
+  p = valid();
+  p.merge.partial_acc = nullptr;
+  refused(p, GemvOutput::kResidualAdd, DecodeGemvKernel::kAuto);
 }
 
 TEST_CASE("decode_gemv kRopeAppend equals the QKV GEMV then decode_rope_append, bit for bit", "[ch08][gpu][kernels]") {
