@@ -167,6 +167,26 @@ void decode_attention_v4_fused_combine_device_length(__nv_bfloat16* out, const _
                                                      int Hkv, int D, int num_splits,
                                                      DecodeAttentionWorkspace* workspace, cudaStream_t stream = 0);
 
+/// v5 (sm_90+): v3's splits and combine in one kernel. The splits of each kv head form a
+/// thread block cluster (16 blocks where the GPU allows it, else 8); each block leaves
+/// its partial state in its own shared memory, and after the cluster's barrier the
+/// blocks merge them by reading each other's shared memory (DSMEM): no partial goes
+/// through global memory and there is no second kernel. Launched with PDL; reads the
+/// length and the committed keys before its wait, like v3. Same parameters as v1;
+/// `workspace` is unused (may be null). Before sm_90 it runs v3 (which needs the workspace).
+void decode_attention_v5_cluster(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k_cache,
+                                 const __nv_bfloat16* v_cache, int kv_len, int max_context, int H, int Hkv, int D,
+                                 DecodeAttentionWorkspace* workspace, cudaStream_t stream = 0);
+/// The cluster size v5 uses (16 or 8; before sm_90, v3's default splits).
+int decode_attention_v5_default_splits(int kv_len, int H, int Hkv, int D, int max_splits);
+/// v5 for CUDA graphs, as decode_attention_v3_pipelined_device_length; num_splits is the
+/// cluster size, clamped to the largest the GPU allows (so any count >= 1 is accepted).
+void decode_attention_v5_cluster_device_length(__nv_bfloat16* out, const __nv_bfloat16* q,
+                                               const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
+                                               const int* d_length, int new_tokens, int max_context, int H, int Hkv,
+                                               int D, int num_splits, DecodeAttentionWorkspace* workspace,
+                                               cudaStream_t stream = 0);
+
 /// Every GPU version, in order, so tests and the benchmark loop over the same list.
 using DecodeAttentionLauncher = void (*)(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
                                          const __nv_bfloat16*, int, int, int, int, int,
@@ -180,6 +200,7 @@ inline constexpr DecodeAttentionVersion kDecodeAttentionVersions[] = {
     {"v2_split_k", decode_attention_v2_split_k},
     {"v3_pipelined", decode_attention_v3_pipelined},
     {"v4_fused_combine", decode_attention_v4_fused_combine},
+    {"v5_cluster", decode_attention_v5_cluster},
 };
 
 /// The graph forms (length read on the GPU), with the split count each would pick.
@@ -197,6 +218,7 @@ inline constexpr DecodeAttentionDeviceLengthVersion kDecodeAttentionDeviceLength
      decode_attention_v3_default_splits},
     {"v4_fused_combine_device_length", decode_attention_v4_fused_combine_device_length,
      decode_attention_v4_default_splits},
+    {"v5_cluster_device_length", decode_attention_v5_cluster_device_length, decode_attention_v5_default_splits},
 };
 
 /// The version the model calls: v2, the fastest measured with its default splits at 4k

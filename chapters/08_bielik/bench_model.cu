@@ -328,19 +328,20 @@ int main(int argc, char** argv) {
     struct OptionVariant {
       std::string label;
       bool evict_first;
-      bool merge_in_o;
+      DecodeAttentionPath attention;
       int attention_splits;
       int min_keys;
       double tok_s = 0;
     };
+    using Path = DecodeAttentionPath;
     std::vector<OptionVariant> option_variants = {
-        {"defaults (evict-first, attention merged in O, splits for 512 keys of >= 16 keys)", true, true, 0, 0},
-        {"no evict-first hint", false, true, 0, 0},
-        {"attention combine as its own kernel (before: the default)", true, false, 0, 0},
-        {"merged in O, splits of >= 32 keys", true, true, 0, 32},
-        {"merged in O, splits of >= 64 keys", true, true, 0, 64},
-        {"merged in O, 8 splits per kv head", true, true, 8, 0},
-        {"merged in O, 64 splits per kv head", true, true, 64, 0},
+        {"defaults (evict-first, attention v5: one cluster of 16 splits per kv head)", true, Path::kCluster, 0, 0},
+        {"no evict-first hint", false, Path::kCluster, 0, 0},
+        {"attention v5, clusters of 8", true, Path::kCluster, 8, 0},
+        {"attention v3 split + combine kernels, splits for 512 keys", true, Path::kSplitCombine, 0, 0},
+        {"attention v3 split + combine, 8 splits per kv head", true, Path::kSplitCombine, 8, 0},
+        {"v3 splits merged in O, splits of >= 16 keys", true, Path::kMergeInO, 0, 0},
+        {"v3 splits merged in O, splits of >= 64 keys", true, Path::kMergeInO, 0, 64},
     };
     // Each variant also decodes 64 tokens after a 2048-token prompt: the attention's
     // split choices matter most with many keys.
@@ -354,7 +355,7 @@ int main(int argc, char** argv) {
     for (OptionVariant& v : option_variants) {
       CudaModelOptions o = options;
       o.gemv_evict_first = v.evict_first;
-      o.attention_merge_in_o = v.merge_in_o;
+      o.decode_attention = v.attention;
       o.attention_splits = v.attention_splits;
       o.attention_min_keys_per_split = v.min_keys;
       CudaModel m(args.model, o);

@@ -252,9 +252,12 @@ __device__ __forceinline__ void accumulate_batch(float (&acc)[2], const uint4 (&
 /// row meet in `warp_partial` ((kWarps, rows) floats; two block barriers, so every warp
 /// of the block must call it the same number of times); lane 0 of the first part runs
 /// the epilogue. row < 0: nothing is stored. acc is zeroed for the next row.
+/// `early`: the row's epilogue inputs, already loaded by the lane that stores (see
+/// decode_gemv_kernel), or nullptr to load them here.
 template <GemvOutput Out, bool HasBias>
 __device__ __forceinline__ void finish_row(const DecodeGemvParams& p, int row, float (&acc)[2],
-                                           float (*warp_partial)[rows_per_unit<Out>()], int split) {
+                                           float (*warp_partial)[rows_per_unit<Out>()], int split,
+                                           const EpilogueInputs* early = nullptr) {
   constexpr int kRows = rows_per_unit<Out>();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % split;
 #pragma unroll
@@ -274,7 +277,13 @@ __device__ __forceinline__ void finish_row(const DecodeGemvParams& p, int row, f
     }
     __syncthreads();
   }
-  if (row >= 0 && part == 0 && lane == 0) store_output<Out, HasBias>(p, row, acc);
+  if (row >= 0 && part == 0 && lane == 0) {
+    if (early) {
+      store_output_loaded<Out>(p, row, acc, *early);
+    } else {
+      store_output<Out, HasBias>(p, row, acc);
+    }
+  }
   acc[0] = acc[1] = 0.0f;
 }
 
@@ -376,15 +385,20 @@ __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_
   pdl_wait();
   const uint4* x_vectors = reinterpret_cast<const uint4*>(p.x);
   float sum_squares = 0.0f;
-  for (int c0 = threadIdx.x; c0 < chunks; c0 += 4 * kThreads) {
-    uint4 v[4];
+  // kStageLoads vectors per thread in flight at once: the down projection's 8960 values
+  // (1120 vectors) arrive in ONE trip to L2 instead of two. The normalized inputs are
+  // hidden vectors (K <= 4096 in any model here, see kNormHeld): 2 cover them, and the
+  // registers of 3 more would spill in the gate/up kernel.
+  constexpr int kStageLoads = In == GemvInput::kRmsNorm ? 2 : 5;
+  for (int c0 = threadIdx.x; c0 < chunks; c0 += kStageLoads * kThreads) {
+    uint4 v[kStageLoads];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
+    for (int u = 0; u < kStageLoads; ++u) {
       const int c = c0 + u * kThreads;
       v[u] = c < chunks ? (kCoherent ? __ldcg(x_vectors + c) : x_vectors[c]) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
+    for (int u = 0; u < kStageLoads; ++u) {
       const int c = c0 + u * kThreads;
       if (c < chunks) x_shared[c] = v[u];
       if constexpr (In == GemvInput::kRmsNorm) {

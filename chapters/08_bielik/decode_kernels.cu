@@ -51,6 +51,16 @@ __global__ void __launch_bounds__(kThreads, 3)
   load_batch<Out, kBatch>(w, p, first < p.N ? first : -1, base_first, stride, policy);
   uint4 norm_held[kNormHeld];
   load_norm_weight<In>(p, norm_held);
+  // The first row's epilogue inputs too, by the lane that stores it: the bias, RoPE's
+  // position and cos / sin, and the residual. None is written by the kernel just before
+  // this one: the position was committed by the previous step, and the residual stream
+  // was last written two kernels back (O reads what the previous layer's down projection
+  // wrote, down what O wrote), which had completed before the previous kernel let this
+  // one start (every kernel here allows its dependents only after its own wait). Loaded
+  // at the end of the row instead, they cost one or two more trips to L2 after the dot.
+  const bool stores = lane == 0 && part == 0;
+  EpilogueInputs epilogue;
+  if (stores && first < p.N) epilogue = load_epilogue_inputs<Out, HasBias>(p, first);
 
   // 2. Every block waits, then stages the input vector (normalized for kRmsNorm).
   stage_input<In>(p, x_shared, &warp_partial[0][0], norm_held);
@@ -62,6 +72,8 @@ __global__ void __launch_bounds__(kThreads, 3)
   for (int i = 0; i < rows_per_warp; ++i) {
     const int row = first + i;
     const bool valid = row < p.N;
+    // Later rows: their epilogue inputs go out now, and arrive while the row's weights do.
+    if (i > 0 && stores && valid) epilogue = load_epilogue_inputs<Out, HasBias>(p, row);
     float acc[2] = {0.0f, 0.0f};
     for (int base = base_first; valid && base < chunks; base += kBatch * stride) {
       if (!loaded) load_batch<Out, kBatch>(w, p, row, base, stride, policy);
@@ -69,7 +81,7 @@ __global__ void __launch_bounds__(kThreads, 3)
       accumulate_batch<kRows, kBatch>(acc, w, x_shared, base, stride, chunks);
     }
     loaded = false;
-    finish_row<Out, HasBias>(p, valid ? row : -1, acc, warp_partial, split);
+    finish_row<Out, HasBias>(p, valid ? row : -1, acc, warp_partial, split, &epilogue);
   }
 }
 

@@ -102,8 +102,10 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     attention_workspace_ = std::make_unique<DecodeAttentionWorkspace>(H_, D_, 1024);
     attention_min_keys_ = options_.attention_min_keys_per_split > 0 ? options_.attention_min_keys_per_split
                                                                     : kDecodeV3MinKeysPerSplit;
-    attention_splits_ = options_.attention_splits > 0
-                            ? std::min(options_.attention_splits, 1024)
+    // v5's splits are its cluster's blocks (16 on the H200, whatever the length).
+    attention_splits_ = options_.attention_splits > 0 ? std::min(options_.attention_splits, 1024)
+                        : options_.decode_attention == DecodeAttentionPath::kCluster
+                            ? decode_attention_v5_default_splits(context, H_, Hkv_, D_, 1024)
                             : decode_attention_v3_default_splits(std::min(context, 512), H_, Hkv_, D_, 1024);
 
     const size_t tc = size_t(Tc);
@@ -520,7 +522,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     DecodeGemvParams o{d_x_.data(), d_attn_.data(), nullptr, L.w_o, L.b_o, C_, H_ * D_, eps};
     o.max_blocks_per_sm = options_.small_gemv_blocks_per_sm;
     evict_first(o);
-    if (options_.attention_merge_in_o) {
+    if (options_.decode_attention == DecodeAttentionPath::kMergeInO) {
       // The split kernel alone; the O projection merges its partials while it stages its
       // input, and adds its output into the residual stream.
       decode_attention_v3_splits_device_length(attention_workspace_.get(), d_qkv_.data(), kv_.k(int(l)),
@@ -539,9 +541,11 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
                                      D_};
       decode_gemv(GemvInput::kAttentionMerge, GemvOutput::kResidualAdd, o, pdl, s);
     } else {
-      decode_attention_v3_pipelined_device_length(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)),
-                                                  d_length, 1, context, H_, Hkv_, D_, attention_splits_,
-                                                  attention_workspace_.get(), s);
+      const auto attention = options_.decode_attention == DecodeAttentionPath::kCluster
+                                 ? decode_attention_v5_cluster_device_length
+                                 : decode_attention_v3_pipelined_device_length;
+      attention(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)), d_length, 1, context, H_, Hkv_, D_,
+                attention_splits_, attention_workspace_.get(), s);
       done("attention");
       decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, o, pdl, s);
     }

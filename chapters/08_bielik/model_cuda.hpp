@@ -53,6 +53,14 @@
 
 namespace bielik {
 
+/// The decode step's attention: chapter 07's kernels, or v3's splits with the merge fused
+/// into the O projection.
+enum class DecodeAttentionPath {
+  kCluster,       ///< v5: splits and merge in one kernel, a thread block cluster per kv head (sm_90+, else v3)
+  kSplitCombine,  ///< v3: the split kernel, then the combine kernel
+  kMergeInO,      ///< v3's split kernel; the O projection merges the partials (GemvInput::kAttentionMerge)
+};
+
 struct CudaModelOptions {
   int max_context = 0;       ///< KV cache length in tokens; 0: max_position_embeddings
   int prefill_chunk = 2048;  ///< most tokens per prefill pass (sizes the activation buffers)
@@ -71,13 +79,11 @@ struct CudaModelOptions {
   /// Decode attention splits per kv head (0: sized for 512 keys; at most 1024, the
   /// workspace's size; bench_model sweeps it).
   int attention_splits = 0;
-  /// Merge the attention's split partials in the O projection's prologue (GemvInput::
-  /// kAttentionMerge) instead of in chapter 07's combine kernel: one launch fewer per
-  /// layer. bench_model measures both.
-  bool attention_merge_in_o = true;
-  /// Least keys per attention split (0: chapter 07's kDecodeV3MinKeysPerSplit). More
-  /// keys per split means fewer splits hold keys at chat lengths, so fewer partials for
-  /// the merge to read; bench_model sweeps it.
+  /// How the decode step computes attention (bench_model measures each).
+  DecodeAttentionPath decode_attention = DecodeAttentionPath::kCluster;
+  /// kMergeInO: least keys per attention split (0: chapter 07's kDecodeV3MinKeysPerSplit).
+  /// More keys per split means fewer splits hold keys at chat lengths, so fewer partials
+  /// for the merge to read; bench_model sweeps it.
   int attention_min_keys_per_split = 0;
   /// Decode with ONE persistent kernel per token (decode_persistent.cuh) instead of the
   /// graph of per-projection kernels; needs cooperative launch. An experiment: off unless

@@ -269,25 +269,32 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
                                                  row_of(expected, spec.V, t), spec.V, kModelTolerance));
     }
     std::printf("%s: 21 decode steps (graph) vs CPU, worst rel err %.2e\n", spec.name, worst);
-    // The attention over 1 and 3 splits per kv head instead of the default, splits of at
-    // least 1 or 8 keys, and the combine as a kernel of its own instead of merged in the O
-    // projection: the merge order changes, the logits stay within the same tolerance of
-    // the CPU backend.
+    // Every attention path, with split counts other than the default and splits of at
+    // least 1 or 8 keys: the merge order changes, the logits stay within the same
+    // tolerance of the CPU backend.
     struct AttentionVariant {
+      DecodeAttentionPath path;
       int splits, min_keys;
-      bool merge_in_o;
+      const char* name;
     };
-    for (AttentionVariant a : {AttentionVariant{1, 0, true}, AttentionVariant{3, 0, true}, AttentionVariant{3, 1, true},
-                               AttentionVariant{7, 8, true}, AttentionVariant{0, 0, false},
-                               AttentionVariant{3, 1, false}}) {
+    const AttentionVariant variants[] = {
+        {DecodeAttentionPath::kCluster, 1, 0, "v5 cluster"},
+        {DecodeAttentionPath::kCluster, 3, 0, "v5 cluster"},
+        {DecodeAttentionPath::kSplitCombine, 0, 0, "v3 split + combine"},
+        {DecodeAttentionPath::kSplitCombine, 1, 0, "v3 split + combine"},
+        {DecodeAttentionPath::kSplitCombine, 3, 0, "v3 split + combine"},
+        {DecodeAttentionPath::kMergeInO, 0, 0, "merge in O"},
+        {DecodeAttentionPath::kMergeInO, 3, 1, "merge in O"},
+        {DecodeAttentionPath::kMergeInO, 7, 8, "merge in O"},
+    };
+    for (const AttentionVariant& a : variants) {
       CudaModelOptions options = cuda_options();
       options.attention_splits = a.splits;
       options.attention_min_keys_per_split = a.min_keys;
-      options.attention_merge_in_o = a.merge_in_o;
+      options.decode_attention = a.path;
       CudaModel split_model(dir, options);
-      const std::string label = std::string(spec.name) + " " + std::to_string(a.splits) + " splits of >= " +
-                                std::to_string(a.min_keys) + " keys, merge " +
-                                (a.merge_in_o ? "in the O projection" : "kernel");
+      const std::string label = std::string(spec.name) + " " + a.name + ", " + std::to_string(a.splits) +
+                                " splits (0: default) of >= " + std::to_string(a.min_keys) + " keys";
       for (size_t t = 0; t < prompt.size(); ++t) {
         require_rows_close(label + ", decode step " + std::to_string(t), split_model.decode(prompt[t]),
                            row_of(expected, spec.V, t), spec.V, kModelTolerance);

@@ -1,0 +1,225 @@
+// v5: v3's splits and its combine in ONE kernel, through a thread block cluster (Hopper).
+//
+// v3 is two kernels: the splits write partial states to global memory, a combine kernel
+// reads them back. In the model's decode step every kernel boundary costs ~1-2 us (the
+// grid drains, the next one's griddepcontrol.wait returns, its first loads travel to L2
+// and back) against well under a microsecond of attention work at chat lengths. v4 tried
+// to drop the combine with a global counter and lost (the fence, the ticket and a merge
+// done by one block after all the others). Chapter 08 tried merging the partials in the
+// O projection and lost too: each of its ~200 blocks re-read every partial.
+//
+// Hopper has a third way. A grid can be launched in CLUSTERS of up to 16 blocks that are
+// scheduled together on one GPC; the blocks of a cluster can read each other's shared
+// memory (distributed shared memory, DSMEM) and meet at a hardware barrier. v5 makes the
+// splits of one kv head one cluster:
+//  * block r of kv head g's cluster streams split r of g's keys exactly as v3 does
+//    (same pipelined body, same early loads of committed keys before the PDL wait) and
+//    leaves its partial state (m, l and acc of the G query heads) in ITS OWN shared memory;
+//  * the cluster meets at its barrier (release / acquire: every block's partial is then
+//    visible to every other block);
+//  * each block merges a slice of the G x D outputs, reading the partials straight out
+//    of the other blocks' shared memory, and writes the bf16 output;
+//  * the cluster meets once more before exiting: a block's shared memory must outlive
+//    the other blocks' reads of it.
+// No partial goes through global memory, no second launch, no workspace.
+//
+// The split count is the cluster size: 16 blocks per kv head where the GPU allows that
+// non-portable size (the H200 does), else the portable 8, each of 8 warps (32 keys a round
+// for D = 128). Before sm_90 there are no clusters: the v5 entry points run v3 instead.
+#include <algorithm>
+#include <cooperative_groups.h>
+#include <map>
+#include <stdexcept>
+#include <string>
+
+#include "cuda_check.cuh"
+#include "decode_attention.cuh"
+#include "decode_attention_device.cuh"
+#include "pdl.cuh"
+
+namespace bielik {
+
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kV5Warps = 8;
+constexpr int kV5MaxCluster = 16;  // the largest (non-portable) cluster size
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // the kernel's body exists from sm_90 on
+constexpr int kV5Unroll = 2;
+
+struct WaitForPreviousKernel {
+  __device__ void operator()() const { pdl_wait(); }
+};
+#endif
+
+template <int D, int G>
+__global__ void __launch_bounds__(kV5Warps * 32)
+    decode_attention_v5_kernel(__nv_bfloat16* out,            // (H, D)
+                               const __nv_bfloat16* q,        // (H, D)
+                               const __nv_bfloat16* k_cache,  // (Hkv, max_context, D)
+                               const __nv_bfloat16* v_cache,  // (Hkv, max_context, D)
+                               const int* d_length,  // (1) or nullptr: kv_len = *d_length + kv_len_arg
+                               int kv_len_arg, int max_context) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ __align__(16) float partial_acc[G * D];  // this block's split: sum_j p_j v_j, (G, D)
+  __shared__ float partial_ml[G * 2];                 // and (m, l) per head
+  cg::cluster_group cluster = cg::this_cluster();
+  const int split = int(cluster.block_rank()), splits = int(cluster.num_blocks());
+  const int kv_head = blockIdx.y;
+
+  // As v3's split kernel: the next kernel only preloads weights, so it may be scheduled
+  // now; the length and the committed keys are read before the wait.
+  pdl_allow_dependents();
+  const int committed = d_length ? *d_length : 0;
+  const int kv_len = min(committed + kv_len_arg, max_context);
+  const int chunk = decode::split_chunk_keys(kv_len, splits, kDecodeV3MinKeysPerSplit);
+  const int begin = split * chunk, end = min(kv_len, begin + chunk);
+  if (begin >= end) {
+    pdl_wait();
+    decode::write_empty_partial<G>(partial_ml);
+  } else {
+    decode::pipelined_split_partial<D, G, kV5Warps, kV5Unroll>(partial_acc, partial_ml, q, k_cache, v_cache,
+                                                              kv_head, max_context, begin, end, committed,
+                                                              WaitForPreviousKernel{});
+  }
+  cluster.sync();  // every split's partial is written and visible cluster-wide
+
+  // Block `split` merges outputs [split * per_block, ...) of the G x D, one per thread:
+  // one load per split from that block's shared memory, all independent.
+  constexpr int kOutputs = G * D;
+  const int per_block = (kOutputs + splits - 1) / splits;
+  const int output = split * per_block + int(threadIdx.x);
+  if (int(threadIdx.x) < per_block && output < kOutputs) {
+    const int h = output / D, d = output % D;
+    float m = -INFINITY, l = 0.0f, acc = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kV5MaxCluster; ++r) {
+      if (r >= splits) break;
+      const float* remote_ml = cluster.map_shared_rank(partial_ml, r);
+      const float m_r = remote_ml[2 * h];
+      const float l_r = remote_ml[2 * h + 1];
+      const float acc_r = cluster.map_shared_rank(partial_acc, r)[h * D + d];  // garbage if empty: not used
+      if (m_r == -INFINITY) continue;  // an empty split
+      const float m_new = fmaxf(m, m_r);
+      const float old_weight = exp2f(m - m_new), new_weight = exp2f(m_r - m_new);
+      l = l * old_weight + l_r * new_weight;
+      acc = acc * old_weight + acc_r * new_weight;
+      m = m_new;
+    }
+    // l > 0 whenever kv_len >= 1; no keys at all give zeros, not NaN.
+    out[(size_t(kv_head) * G + h) * D + d] = __float2bfloat16(l > 0.0f ? acc / l : 0.0f);
+  }
+  cluster.sync();  // no block leaves while another may still read its shared memory
+#else
+  __trap();  // never launched before sm_90 (the launcher runs v3 there)
+#endif
+}
+
+using V5Kernel = void (*)(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
+                          const int*, int, int);
+
+template <int D>
+V5Kernel kernel_for_group(int G) {
+  switch (G) {
+    case 1: return decode_attention_v5_kernel<D, 1>;
+    case 2: return decode_attention_v5_kernel<D, 2>;
+    case 3: return decode_attention_v5_kernel<D, 3>;
+    case 4: return decode_attention_v5_kernel<D, 4>;
+    case 5: return decode_attention_v5_kernel<D, 5>;
+    case 6: return decode_attention_v5_kernel<D, 6>;
+    case 7: return decode_attention_v5_kernel<D, 7>;
+    case 8: return decode_attention_v5_kernel<D, 8>;
+  }
+  throw std::invalid_argument("decode attention v5: G = " + std::to_string(G) + " outside 1..8");
+}
+
+V5Kernel v5_kernel(int D, int G) { return D == 128 ? kernel_for_group<128>(G) : kernel_for_group<64>(G); }
+
+// The largest cluster this kernel can run with, asked once per kernel: 16 if the GPU
+// schedules a cluster of 16 such blocks (non-portable size), else 8.
+int largest_cluster(V5Kernel kernel, int Hkv) {
+  static std::map<V5Kernel, int> known;
+  auto found = known.find(kernel);
+  if (found != known.end()) return found->second;
+  int size = 8;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(kV5MaxCluster, Hkv);
+    config.blockDim = dim3(kV5Warps * 32);
+    cudaLaunchAttribute attribute = {};
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = kV5MaxCluster;
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess && clusters >= 1) {
+      size = kV5MaxCluster;
+    }
+  }
+  (void)cudaGetLastError();  // a refused attribute or query leaves no sticky error behind
+  known.emplace(kernel, size);
+  return size;
+}
+
+void launch_v5(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k_cache,
+               const __nv_bfloat16* v_cache, const int* d_length, int kv_len_arg, int max_context, int H, int Hkv,
+               int D, int num_splits, cudaStream_t stream) {
+  V5Kernel kernel = v5_kernel(D, H / Hkv);
+  const int cluster = std::clamp(num_splits, 1, largest_cluster(kernel, Hkv));
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(cluster, Hkv);
+  config.blockDim = dim3(kV5Warps * 32);
+  config.stream = stream;
+  cudaLaunchAttribute attributes[2] = {};
+  attributes[0].id = cudaLaunchAttributeClusterDimension;
+  attributes[0].val.clusterDim.x = cluster;
+  attributes[0].val.clusterDim.y = 1;
+  attributes[0].val.clusterDim.z = 1;
+  attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[1].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attributes;
+  config.numAttrs = 2;
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, out, q, k_cache, v_cache, d_length, kv_len_arg, max_context));
+}
+
+}  // namespace
+
+int decode_attention_v5_default_splits(int kv_len, int H, int Hkv, int D, int max_splits) {
+  decode_attention_check_shape(nullptr, nullptr, nullptr, std::max(kv_len, 1), H, Hkv, D);
+  if (!device_is_sm90_or_newer()) return decode_attention_v3_default_splits(kv_len, H, Hkv, D, max_splits);
+  return largest_cluster(v5_kernel(D, H / Hkv), Hkv);
+}
+
+void decode_attention_v5_cluster(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k_cache,
+                                 const __nv_bfloat16* v_cache, int kv_len, int max_context, int H, int Hkv, int D,
+                                 DecodeAttentionWorkspace* workspace, cudaStream_t stream) {
+  if (!device_is_sm90_or_newer()) {
+    decode_attention_v3_pipelined(out, q, k_cache, v_cache, kv_len, max_context, H, Hkv, D, workspace, stream);
+    return;
+  }
+  decode_attention_check_shape(q, k_cache, v_cache, max_context, H, Hkv, D);
+  decode_attention_check_length(kv_len, max_context);
+  launch_v5(out, q, k_cache, v_cache, nullptr, kv_len, max_context, H, Hkv, D, kV5MaxCluster, stream);
+}
+
+void decode_attention_v5_cluster_device_length(__nv_bfloat16* out, const __nv_bfloat16* q,
+                                               const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
+                                               const int* d_length, int new_tokens, int max_context, int H, int Hkv,
+                                               int D, int num_splits, DecodeAttentionWorkspace* workspace,
+                                               cudaStream_t stream) {
+  if (!device_is_sm90_or_newer()) {
+    decode_attention_v3_pipelined_device_length(out, q, k_cache, v_cache, d_length, new_tokens, max_context, H, Hkv,
+                                                D, num_splits, workspace, stream);
+    return;
+  }
+  decode_attention_check_shape(q, k_cache, v_cache, max_context, H, Hkv, D);
+  if (!d_length) throw std::invalid_argument("decode attention v5: d_length is null");
+  if (num_splits < 1) throw std::invalid_argument("decode attention v5: num_splits must be >= 1");
+  launch_v5(out, q, k_cache, v_cache, d_length, new_tokens, max_context, H, Hkv, D, num_splits, stream);
+}
+
+}  // namespace bielik
