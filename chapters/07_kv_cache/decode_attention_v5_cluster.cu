@@ -86,12 +86,13 @@ __global__ void __launch_bounds__(kV5Warps * 32)
   }
   cluster.sync();  // every split's partial is written and visible cluster-wide
 
-  // Block `split` merges outputs [split * per_block, ...) of the G x D, one per thread:
-  // one load per split from that block's shared memory, all independent.
+  // Block `split` merges outputs [split * per_block, ...) of the G x D (48 each in a
+  // cluster of 16; a small cluster's blocks loop): one load per split from that block's
+  // shared memory, all independent.
   constexpr int kOutputs = G * D;
   const int per_block = (kOutputs + splits - 1) / splits;
-  const int output = split * per_block + int(threadIdx.x);
-  if (int(threadIdx.x) < per_block && output < kOutputs) {
+  for (int i = int(threadIdx.x); i < per_block && split * per_block + i < kOutputs; i += int(blockDim.x)) {
+    const int output = split * per_block + i;
     const int h = output / D, d = output % D;
     float m = -INFINITY, l = 0.0f, acc = 0.0f;
 #pragma unroll

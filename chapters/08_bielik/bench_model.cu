@@ -335,9 +335,9 @@ int main(int argc, char** argv) {
     };
     using Path = DecodeAttentionPath;
     std::vector<OptionVariant> option_variants = {
-        {"defaults (evict-first, attention v5: one cluster of 16 splits per kv head)", true, Path::kCluster, 0, 0},
+        {"defaults (evict-first, attention v5: a cluster of 8 splits per kv head)", true, Path::kCluster, 0, 0},
         {"no evict-first hint", false, Path::kCluster, 0, 0},
-        {"attention v5, clusters of 8", true, Path::kCluster, 8, 0},
+        {"attention v5, clusters of 16", true, Path::kCluster, 16, 0},
         {"attention v3 split + combine kernels, splits for 512 keys", true, Path::kSplitCombine, 0, 0},
         {"attention v3 split + combine, 8 splits per kv head", true, Path::kSplitCombine, 8, 0},
         {"v3 splits merged in O, splits of >= 16 keys", true, Path::kMergeInO, 0, 0},

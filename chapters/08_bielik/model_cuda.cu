@@ -102,10 +102,12 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     attention_workspace_ = std::make_unique<DecodeAttentionWorkspace>(H_, D_, 1024);
     attention_min_keys_ = options_.attention_min_keys_per_split > 0 ? options_.attention_min_keys_per_split
                                                                     : kDecodeV3MinKeysPerSplit;
-    // v5's splits are its cluster's blocks (16 on the H200, whatever the length).
+    // v5's splits are its cluster's blocks. Clusters of 8 (not chapter 07's 16): measured
+    // on the H200 (bench_model), 8 won at chat lengths (813 vs 785 tokens/s at 16-272
+    // keys) and lost after a 2048-token prompt (672 vs 703).
     attention_splits_ = options_.attention_splits > 0 ? std::min(options_.attention_splits, 1024)
                         : options_.decode_attention == DecodeAttentionPath::kCluster
-                            ? decode_attention_v5_default_splits(context, H_, Hkv_, D_, 1024)
+                            ? std::min(8, decode_attention_v5_default_splits(context, H_, Hkv_, D_, 1024))
                             : decode_attention_v3_default_splits(std::min(context, 512), H_, Hkv_, D_, 1024);
 
     const size_t tc = size_t(Tc);

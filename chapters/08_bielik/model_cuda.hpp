@@ -76,8 +76,9 @@ struct CudaModelOptions {
   /// stream_evict_first): the 3 GB a step streams then stop pushing the KV cache, the
   /// biases and the norm weights out of L2. bench_model measures both.
   bool gemv_evict_first = true;
-  /// Decode attention splits per kv head (0: sized for 512 keys; at most 1024, the
-  /// workspace's size; bench_model sweeps it).
+  /// Decode attention splits per kv head (0: a cluster of 8 for kCluster, sized for 512
+  /// keys for the v3 paths; at most 1024, the workspace's size, and for kCluster at most
+  /// the largest cluster, 16; bench_model sweeps it).
   int attention_splits = 0;
   /// How the decode step computes attention (bench_model measures each).
   DecodeAttentionPath decode_attention = DecodeAttentionPath::kCluster;
