@@ -45,6 +45,8 @@ struct Args {
   std::string out = "build/bench/model.json";
   int decode_tokens = 256;
   int context = 0;
+  bool decode_only = false;  ///< load, decode, print tokens/s, stop (for a profiler's timeline)
+  DecodeAttentionPath attention = CudaModelOptions{}.decode_attention;
 };
 
 Args parse(int argc, char** argv) {
@@ -63,9 +65,23 @@ Args parse(int argc, char** argv) {
       a.decode_tokens = std::stoi(value());
     } else if (flag == "--context") {
       a.context = std::stoi(value());
+    } else if (flag == "--decode-only") {
+      a.decode_only = true;
+    } else if (flag == "--attention") {
+      const std::string path = value();
+      if (path == "cluster") {
+        a.attention = DecodeAttentionPath::kCluster;
+      } else if (path == "split_combine") {
+        a.attention = DecodeAttentionPath::kSplitCombine;
+      } else if (path == "merge_in_o") {
+        a.attention = DecodeAttentionPath::kMergeInO;
+      } else {
+        throw std::invalid_argument("--attention takes cluster, split_combine or merge_in_o; got " + path);
+      }
     } else {
       throw std::invalid_argument("unknown argument " + flag +
-                                  " (usage: bench_model [--model DIR] [--out FILE] [--decode-tokens N] [--context N])");
+                                  " (usage: bench_model [--model DIR] [--out FILE] [--decode-tokens N] [--context N]"
+                                  " [--decode-only] [--attention cluster|split_combine|merge_in_o])");
     }
   }
   // A relative default resolves against the source tree when run from elsewhere.
@@ -200,6 +216,7 @@ int main(int argc, char** argv) {
 
     CudaModelOptions options;
     options.max_context = args.context;
+    options.decode_attention = args.attention;
     const double load_start = now_ms();
     auto model = std::make_unique<CudaModel>(args.model, options);
     const double load_s = (now_ms() - load_start) * 1e-3;
@@ -209,6 +226,11 @@ int main(int argc, char** argv) {
     std::printf("loaded in %.1f s: %s, context %d, PDL %s\n", load_s, describe(c).c_str(), model->context_size(),
                 model->uses_pdl() ? "on" : "off");
     size_t peak_used = used_device_bytes();
+    if (args.decode_only) {  // scripts/timeline_decode_step.sh: just the decode graph, replayed
+      const int tokens = std::min(args.decode_tokens, model->context_size() - 16);
+      std::printf("decode only: %d tokens, %.0f tokens/s\n", tokens, decode_tokens_per_s(*model, tokens, 1, false));
+      return 0;
+    }
 
     // --- TTFT ---
     nlohmann::json ttft = nlohmann::json::object();
@@ -338,6 +360,7 @@ int main(int argc, char** argv) {
         {"defaults (evict-first, attention v5: a cluster of 8 splits per kv head)", true, Path::kCluster, 0, 0},
         {"no evict-first hint", false, Path::kCluster, 0, 0},
         {"attention v5, clusters of 16", true, Path::kCluster, 16, 0},
+        {"attention v5, clusters of 4", true, Path::kCluster, 4, 0},
         {"attention v3 split + combine kernels, splits for 512 keys", true, Path::kSplitCombine, 0, 0},
         {"attention v3 split + combine, 8 splits per kv head", true, Path::kSplitCombine, 8, 0},
         {"v3 splits merged in O, splits of >= 16 keys", true, Path::kMergeInO, 0, 0},
@@ -368,6 +391,36 @@ int main(int argc, char** argv) {
       options_sweep.push_back({{"options", v.label}, {"tok_s", v.tok_s}, {"long_context_tok_s", long_rate}});
     }
     options_table.print();
+    std::fflush(stdout);
+
+    // --- what each kernel adds to a step in the graph: the decode with it left out of
+    // every layer (CudaModelOptions::decode_skip; the logits are then meaningless) ---
+    BenchTable marginal_table("model_decode_marginal",
+                              {"left out of every layer", "tokens/s", "ms/token", "it costs, us a layer",
+                               "its weights at copy bandwidth, us a layer"});
+    nlohmann::json marginal = nlohmann::json::array();
+    const double full_ms = 1000.0 / option_variants[0].tok_s;
+    const struct {
+      const char* label;
+      unsigned skip;
+      double weight_bytes;
+    } left_out[] = {
+        {"attention", kSkipAttention, 0.0},
+        {"O projection", kSkipOProjection, 2.0 * C * H * D},
+        {"attention + O projection", kSkipAttention | kSkipOProjection, 2.0 * C * H * D},
+        {"gate/up + SwiGLU", kSkipGateUp, 2.0 * 2 * F * C},
+        {"down projection", kSkipDown, 2.0 * C * F},
+    };
+    for (const auto& k : left_out) {
+      const unsigned skip = k.skip;
+      const double rate = variant([&](CudaModelOptions& o) { o.decode_skip = skip; });
+      const double cost_us = (full_ms - 1000.0 / rate) * 1e3 / L;
+      const double bytes_us = k.weight_bytes / (copy_gbs * 1e9) * 1e6;
+      marginal_table.add_row({k.label, fmt(rate, 0), fmt(1000.0 / rate, 3), fmt(cost_us, 2),
+                              k.weight_bytes > 0 ? fmt(bytes_us, 2) : ""});
+      marginal.push_back({{"left_out", k.label}, {"tok_s", rate}, {"us_per_layer", cost_us}});
+    }
+    marginal_table.print();
     std::fflush(stdout);
 
     BenchTable decode_table("model_decode", {"decode path", "tokens/s", "ms/token", "GB/s", "% of copy BW"});
@@ -558,6 +611,7 @@ int main(int argc, char** argv) {
         {"decode_no_graph_tok_s", eager_tok_s},
         {"decode_gemv_blocks_per_sm_sweep", occupancy_sweep},
         {"decode_options_sweep", options_sweep},
+        {"decode_marginal", marginal},
         {"decode_persistent_tok_s", {{"1", persistent_tok_s[1]}, {"2", persistent_tok_s[2]}}},
         {"decode_streamed_tok_s", streamed_json},
         {"streamed_vs_graph_max_logit_diff", streamed_logit_diff},

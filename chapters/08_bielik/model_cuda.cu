@@ -131,6 +131,11 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     d_attn_ = DeviceBuffer<__nv_bfloat16>(size_t(H_) * D_);
     d_act_ = DeviceBuffer<__nv_bfloat16>(F_);
     d_logits_ = DeviceBuffer<float>(V_);
+    // Zeros, not whatever the allocator left: with options_.decode_skip a kernel may read
+    // one of these without the kernel that writes it having run.
+    d_qkv_.fill_bytes(0);
+    d_attn_.fill_bytes(0);
+    d_act_.fill_bytes(0);
     for (size_t bytes : {p_tokens_.bytes(), p_x_.bytes(), p_h_.bytes(), p_proj_.bytes(),
                          p_qkv_.bytes(), p_q_.bytes(), p_attn_.bytes(), p_k_.bytes(), p_v_.bytes(),
                          p_gate_up_.bytes(), p_act_.bytes(), p_k_gathered_.bytes(), p_v_gathered_.bytes(),
@@ -521,10 +526,14 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     evict_first(qkv);
     decode_gemv(GemvInput::kRmsNorm, GemvOutput::kRopeAppend, qkv, pdl, s);
     done("qkv_rope_append");
+    const unsigned skip = options_.decode_skip;
     DecodeGemvParams o{d_x_.data(), d_attn_.data(), nullptr, L.w_o, L.b_o, C_, H_ * D_, eps};
     o.max_blocks_per_sm = options_.small_gemv_blocks_per_sm;
     evict_first(o);
-    if (options_.decode_attention == DecodeAttentionPath::kMergeInO) {
+    if (skip & (kSkipAttention | kSkipOProjection)) {
+      // Measurement only (decode_skip): the attention and / or the O projection left out.
+      if (!(skip & kSkipOProjection)) decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, o, pdl, s);
+    } else if (options_.decode_attention == DecodeAttentionPath::kMergeInO) {
       // The split kernel alone; the O projection merges its partials while it stages its
       // input, and adds its output into the residual stream.
       decode_attention_v3_splits_device_length(attention_workspace_.get(), d_qkv_.data(), kv_.k(int(l)),
@@ -555,12 +564,12 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     DecodeGemvParams gate_up{d_act_.data(), d_x_.data(), L.post_norm, L.w_gate_up, L.b_gate_up, F_, C_, eps};
     gate_up.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
     evict_first(gate_up);
-    decode_gemv(GemvInput::kRmsNorm, GemvOutput::kSwiGLU, gate_up, pdl, s);
+    if (!(skip & kSkipGateUp)) decode_gemv(GemvInput::kRmsNorm, GemvOutput::kSwiGLU, gate_up, pdl, s);
     done("gate_up_swiglu");
     DecodeGemvParams down{d_x_.data(), d_act_.data(), nullptr, L.w_down, L.b_down, C_, F_, eps};
     down.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
     evict_first(down);
-    decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, down, pdl, s);
+    if (!(skip & kSkipDown)) decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, down, pdl, s);
     done("down");
   }
   DecodeGemvParams head{d_logits_.data(), d_x_.data(), final_norm_, lm_head_, nullptr, V_, C_, eps};

@@ -61,6 +61,14 @@ enum class DecodeAttentionPath {
   kMergeInO,      ///< v3's split kernel; the O projection merges the partials (GemvInput::kAttentionMerge)
 };
 
+/// Kernels CudaModelOptions::decode_skip can leave out of a decode step's layers.
+enum DecodeSkip : unsigned {
+  kSkipAttention = 1u << 0,
+  kSkipOProjection = 1u << 1,
+  kSkipGateUp = 1u << 2,
+  kSkipDown = 1u << 3,
+};
+
 struct CudaModelOptions {
   int max_context = 0;       ///< KV cache length in tokens; 0: max_position_embeddings
   int prefill_chunk = 2048;  ///< most tokens per prefill pass (sizes the activation buffers)
@@ -86,6 +94,10 @@ struct CudaModelOptions {
   /// More keys per split means fewer splits hold keys at chat lengths, so fewer partials
   /// for the merge to read; bench_model sweeps it.
   int attention_min_keys_per_split = 0;
+  /// Measurement only (bench_model's marginal-cost table): leave these kernels out of
+  /// every layer of the decode step (bits of DecodeSkip). The logits are then meaningless;
+  /// the step just runs without them, which is what the time saved is about.
+  unsigned decode_skip = 0;
   /// Decode with ONE persistent kernel per token (decode_persistent.cuh) instead of the
   /// graph of per-projection kernels; needs cooperative launch. An experiment: off unless
   /// asked for (bench_model measures both).
