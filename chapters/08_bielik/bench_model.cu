@@ -349,6 +349,7 @@ int main(int argc, char** argv) {
     // split (the default is sized for 512 keys; this decode runs at 16-272 keys) ---
     struct OptionVariant {
       std::string label;
+      bool o_early;
       bool evict_first;
       DecodeAttentionPath attention;
       int attention_splits;
@@ -357,14 +358,16 @@ int main(int argc, char** argv) {
     };
     using Path = DecodeAttentionPath;
     std::vector<OptionVariant> option_variants = {
-        {"defaults (evict-first, attention v5: a cluster of 8 splits per kv head)", true, Path::kCluster, 0, 0},
-        {"no evict-first hint", false, Path::kCluster, 0, 0},
-        {"attention v5, clusters of 16", true, Path::kCluster, 16, 0},
-        {"attention v5, clusters of 4", true, Path::kCluster, 4, 0},
-        {"attention v3 split + combine kernels, splits for 512 keys", true, Path::kSplitCombine, 0, 0},
-        {"attention v3 split + combine, 8 splits per kv head", true, Path::kSplitCombine, 8, 0},
-        {"v3 splits merged in O, splits of >= 16 keys", true, Path::kMergeInO, 0, 0},
-        {"v3 splits merged in O, splits of >= 64 keys", true, Path::kMergeInO, 0, 64},
+        {"defaults (O lets gate/up start early, evict-first, attention v5: a cluster of 8 splits per kv head)",
+         true, true, Path::kCluster, 0, 0},
+        {"gate/up starts after O's wait (before: the default)", false, true, Path::kCluster, 0, 0},
+        {"no evict-first hint", true, false, Path::kCluster, 0, 0},
+        {"attention v5, clusters of 16", true, true, Path::kCluster, 16, 0},
+        {"attention v5, clusters of 4", true, true, Path::kCluster, 4, 0},
+        {"attention v3 split + combine kernels, splits for 512 keys", true, true, Path::kSplitCombine, 0, 0},
+        {"attention v3 split + combine, 8 splits per kv head", true, true, Path::kSplitCombine, 8, 0},
+        {"v3 splits merged in O, splits of >= 16 keys", true, true, Path::kMergeInO, 0, 0},
+        {"v3 splits merged in O, splits of >= 64 keys", true, true, Path::kMergeInO, 0, 64},
     };
     // Each variant also decodes 64 tokens after a 2048-token prompt: the attention's
     // split choices matter most with many keys.
@@ -377,6 +380,7 @@ int main(int argc, char** argv) {
     std::vector<double> long_rates;
     for (OptionVariant& v : option_variants) {
       CudaModelOptions o = options;
+      o.o_allows_gate_up_early = v.o_early;
       o.gemv_evict_first = v.evict_first;
       o.decode_attention = v.attention;
       o.attention_splits = v.attention_splits;

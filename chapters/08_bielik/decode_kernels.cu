@@ -43,6 +43,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   const int chunks = p.K / 8;
   const int first = (blockIdx.x * (kWarps / split) + warp / split) * rows_per_warp;
   const int base_first = part * 32 + lane, stride = 32 * split;
+  if (p.allow_dependents_early) pdl_allow_dependents();
 
   // 1. Weights first (the first batch of the first row, the norm weight): no kernel
   //    writes them, so they are loaded while the previous kernel may still run.
@@ -64,7 +65,7 @@ __global__ void __launch_bounds__(kThreads, 3)
 
   // 2. Every block waits, then stages the input vector (normalized for kRmsNorm).
   stage_input<In>(p, x_shared, &warp_partial[0][0], norm_held);
-  pdl_allow_dependents();
+  if (!p.allow_dependents_early) pdl_allow_dependents();
 
   // 3. The rows: dot products against the staged input, then the epilogue. The trip
   //    count is the same for every warp of the block (the barriers below need that).

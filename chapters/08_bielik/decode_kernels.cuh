@@ -114,6 +114,13 @@ struct DecodeGemvParams {
   /// Register kernels: warps that share one output row (1, 2, 4 or 8; 0: decode_gemv
   /// picks, see below). bench_decode_gemv sweeps it.
   int split_warps = 0;
+  /// Register kernels with PDL: let the NEXT kernel be scheduled as soon as this one
+  /// starts, instead of after this one's own wait. Its blocks then load their weights
+  /// while this kernel and the one before it still run. Only for a next kernel that reads
+  /// nothing but constants (weights, biases, norm weights) before its own wait: it may
+  /// start before the kernel before THIS one has finished. The model sets it on the O
+  /// projection, so that gate/up's 55 MB start streaming during the attention.
+  bool allow_dependents_early = false;
 };
 
 /// y = f(x W^T + b) for one token. One warp per output row (a few consecutive rows per

@@ -529,6 +529,9 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     const unsigned skip = options_.decode_skip;
     DecodeGemvParams o{d_x_.data(), d_attn_.data(), nullptr, L.w_o, L.b_o, C_, H_ * D_, eps};
     o.max_blocks_per_sm = options_.small_gemv_blocks_per_sm;
+    // gate/up reads only constants before its wait (weights, biases, the norm weight):
+    // it may start while the attention runs, and stream its weights meanwhile.
+    o.allow_dependents_early = options_.o_allows_gate_up_early;
     evict_first(o);
     if (skip & (kSkipAttention | kSkipOProjection)) {
       // Measurement only (decode_skip): the attention and / or the O projection left out.

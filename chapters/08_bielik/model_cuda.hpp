@@ -84,6 +84,10 @@ struct CudaModelOptions {
   /// stream_evict_first): the 3 GB a step streams then stop pushing the KV cache, the
   /// biases and the norm weights out of L2. bench_model measures both.
   bool gemv_evict_first = true;
+  /// The O projection lets gate/up start as soon as it starts itself (DecodeGemvParams::
+  /// allow_dependents_early): gate/up's weights then stream during the attention, which
+  /// otherwise leaves HBM idle. bench_model measures both.
+  bool o_allows_gate_up_early = true;
   /// Decode attention splits per kv head (0: a cluster of 8 for kCluster, sized for 512
   /// keys for the v3 paths; at most 1024, the workspace's size, and for kCluster at most
   /// the largest cluster, 16; bench_model sweeps it).

@@ -351,7 +351,7 @@ TEST_CASE("CUDA model: two-chunk prefill equals one-chunk prefill", "[ch08][gpu]
   }
 }
 
-TEST_CASE("CUDA model: the decode graph equals eager launches, with and without PDL and cache hints",
+TEST_CASE("CUDA model: the decode graph equals eager launches, with and without PDL, cache hints, early starts",
           "[ch08][gpu][model]") {
   const uint64_t seed = fresh_seed();
   INFO("prompt seed " << seed);
@@ -372,15 +372,20 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
     for (bool graph : {true, false}) {
       for (bool pdl : {true, false}) runs.push_back(run(cuda_options(0, 1024, graph, pdl)));
     }
-    // A cache hint changes no value: the weights read without the evict-first hint.
+    // A cache hint changes no value: the weights read without the evict-first hint. Nor
+    // does when gate/up may start (the O projection lets it start early by default).
     {
       CudaModelOptions options = cuda_options();
       options.gemv_evict_first = false;
       runs.push_back(run(options));
+      options = cuda_options();
+      options.o_allows_gate_up_early = false;
+      runs.push_back(run(options));
     }
     // The same kernels in the same order: bit for bit the same logits.
     for (size_t i = 1; i < runs.size(); ++i) {
-      INFO(spec.name << " run " << i << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint)");
+      INFO(spec.name << " run " << i
+                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then gate/up after O's wait)");
       REQUIRE(runs[i] == runs[0]);
     }
   }
