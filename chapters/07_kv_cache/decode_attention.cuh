@@ -221,9 +221,10 @@ inline constexpr DecodeAttentionDeviceLengthVersion kDecodeAttentionDeviceLength
     {"v5_cluster_device_length", decode_attention_v5_cluster_device_length, decode_attention_v5_default_splits},
 };
 
-/// The version the model calls: v2, the fastest measured with its default splits at 4k
-/// and 8k keys (v3 wins at 1k, and at 8k only with fewer splits than its default
-/// picks; see the README). For CUDA graphs use decode_attention_v2_split_k_device_length.
+/// This chapter's default for a host-side length: v2, the fastest measured with its
+/// default splits at 4k and 8k keys (v3 and v5 win at 1k; see the README). Chapter 08's
+/// decode graph calls decode_attention_v5_cluster_device_length (chat lengths, where v5
+/// measured fastest in the model's step).
 inline void decode_attention_forward(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k_cache,
                                      const __nv_bfloat16* v_cache, int kv_len, int max_context, int H, int Hkv,
                                      int D, DecodeAttentionWorkspace* workspace, cudaStream_t stream = 0) {
