@@ -95,16 +95,18 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     rope_ = rope_table_build(D_, config_.rope_theta, context, stream_);
 
     // The decode attention reads the length on the GPU, so its grid is fixed for every
-    // length. Splits sized for 512 keys (32 for Bielik): a full 8k cache still spreads
-    // over 64 blocks of 256 keys, while at chat lengths the step does not pay for
-    // hundreds of empty splits (a block launch each, and a load each in the combine).
-    // Measured on the H200 (bench_model): 128 splits cost ~10 us a layer at 20 keys.
+    // length. For the v3 paths, splits sized for 512 keys (32 for Bielik): a full 8k
+    // cache still spreads over 64 blocks of 256 keys, while at chat lengths the step does
+    // not pay for hundreds of empty splits (a block launch each, and a load each in the
+    // combine). Measured on the H200 (bench_model): 128 splits cost ~10 us a layer at 20
+    // keys. The workspace holds v3's partials (v5 keeps them in shared memory).
     attention_workspace_ = std::make_unique<DecodeAttentionWorkspace>(H_, D_, 1024);
     attention_min_keys_ = options_.attention_min_keys_per_split > 0 ? options_.attention_min_keys_per_split
                                                                     : kDecodeV3MinKeysPerSplit;
     // v5's splits are its cluster's blocks. Clusters of 8 (not chapter 07's 16): measured
-    // on the H200 (bench_model), 8 won at chat lengths (813 vs 785 tokens/s at 16-272
-    // keys) and lost after a 2048-token prompt (672 vs 703).
+    // on the H200 (bench_model, 22:58 and 23:04 UTC runs), 8 won at chat lengths (813 vs
+    // 785, 816 vs 790 tokens/s at 16-272 keys) and lost after a 2048-token prompt (672 vs
+    // 707).
     attention_splits_ = options_.attention_splits > 0 ? std::min(options_.attention_splits, 1024)
                         : options_.decode_attention == DecodeAttentionPath::kCluster
                             ? std::min(8, decode_attention_v5_default_splits(context, H_, Hkv_, D_, 1024))
