@@ -91,6 +91,10 @@ int main() {
         p.K = shape.K;
         p.eps = 1e-6f;
         p.stream_evict_first = evict_first;
+        // The model's form also loads the residual before the PDL wait. Here every launch
+        // of the chain adds into the same y, so that read may see an older value: only
+        // the time is measured, never the values.
+        p.epilogue_inputs_settled = evict_first;
         p.split_warps = split;
         return p;
       };

@@ -52,20 +52,23 @@ __global__ void __launch_bounds__(kThreads, 3)
   load_batch<Out, kBatch>(w, p, first < p.N ? first : -1, base_first, stride, policy);
   uint4 norm_held[kNormHeld];
   load_norm_weight<In>(p, norm_held);
-  // The first row's epilogue inputs too, by the lane that stores it: the bias, RoPE's
-  // position and cos / sin, and the residual. None is written by the kernel just before
-  // this one: the position was committed by the previous step, and the residual stream
-  // was last written two kernels back (O reads what the previous layer's down projection
-  // wrote, down what O wrote), which had completed before the previous kernel let this
-  // one start (every kernel here allows its dependents only after its own wait). Loaded
-  // at the end of the row instead, they cost one or two more trips to L2 after the dot.
+  // The first row's epilogue inputs too, by the lane that stores it: the bias, and
+  // RoPE's position and cos / sin or the residual when p.epilogue_inputs_settled says no
+  // kernel still running writes them (in the model: the position was committed by the
+  // previous step, and the residual stream was last written two kernels back, O reading
+  // what the previous layer's down projection wrote and down what O wrote). Loaded at
+  // the end of the row instead, they cost one or two more trips to L2 after the dot.
+  constexpr bool kReadsWritten = Out == GemvOutput::kResidualAdd || Out == GemvOutput::kRopeAppend;
+  const bool early = !kReadsWritten || p.epilogue_inputs_settled;
   const bool stores = lane == 0 && part == 0;
   EpilogueInputs epilogue;
-  if (stores && first < p.N) epilogue = load_epilogue_inputs<Out, HasBias>(p, first);
+  if (stores && first < p.N && early) epilogue = load_epilogue_inputs<Out, HasBias>(p, first);
 
   // 2. Every block waits, then stages the input vector (normalized for kRmsNorm).
   stage_input<In>(p, x_shared, &warp_partial[0][0], norm_held);
   if (!p.allow_dependents_early) pdl_allow_dependents();
+  // Otherwise right after the wait: they still arrive during the dot product.
+  if (stores && first < p.N && !early) epilogue = load_epilogue_inputs<Out, HasBias>(p, first);
 
   // 3. The rows: dot products against the staged input, then the epilogue. The trip
   //    count is the same for every warp of the block (the barriers below need that).
@@ -112,13 +115,14 @@ __global__ void __launch_bounds__(kThreads, 2)
   };
   auto base_of = [&](int step) { return base_first + (step % batches_per_row) * batch_span; };
 
+  if (p.allow_dependents_early) pdl_allow_dependents();
   const uint64_t policy = l2_policy(p.stream_evict_first);
   uint4 w[kRows][kBatch], w_next[kRows][kBatch];
   load_batch<Out, kBatch>(w, p, row_of(0), base_of(0), stride, policy);  // before the PDL wait
   uint4 norm_held[kNormHeld];
   load_norm_weight<In>(p, norm_held);
   stage_input<In>(p, x_shared, &warp_partial[0][0], norm_held);
-  pdl_allow_dependents();
+  if (!p.allow_dependents_early) pdl_allow_dependents();
 
   float acc[2] = {0.0f, 0.0f};
   for (int step = 0; step < steps; ++step) {

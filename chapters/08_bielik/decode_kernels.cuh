@@ -114,6 +114,14 @@ struct DecodeGemvParams {
   /// Register kernels: warps that share one output row (1, 2, 4 or 8; 0: decode_gemv
   /// picks, see below). bench_decode_gemv sweeps it.
   int split_warps = 0;
+  /// kRegisterLoads with PDL: the residual (kResidualAdd) and RoPE's position
+  /// (kRopeAppend) were written at least two kernels back, so the kernel may load them
+  /// before its PDL wait, with the weights, instead of after it. True when the kernel just
+  /// before lets its dependents start only after its own wait, and writes neither. The
+  /// model sets it: each of its kernels allows dependents after its wait (the O
+  /// projection's early start below is the one exception, and gate/up reads neither).
+  /// The bias and cos / sin are constants and are always loaded before the wait.
+  bool epilogue_inputs_settled = false;
   /// Register kernels with PDL: let the NEXT kernel be scheduled as soon as this one
   /// starts, instead of after this one's own wait. Its blocks then load their weights
   /// while this kernel and the one before it still run. Only for a next kernel that reads

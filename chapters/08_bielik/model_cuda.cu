@@ -515,7 +515,17 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   embedding_forward(d_x_.data(), embed_, d_token_.data(), 1, C_, V_, nullptr, s);
   done("embedding");
 
-  auto evict_first = [&](DecodeGemvParams& p) { p.stream_evict_first = options_.gemv_evict_first; };
+  // Every GEMV of the step: the evict-first hint as configured, and the epilogue's
+  // residual / position loaded before the PDL wait. The position was committed by the
+  // previous step. The residual that O reads was written by the previous layer's down
+  // projection, which had finished before QKV passed its wait and let the attention
+  // start; the one down reads was written by O, finished before gate/up passed its wait
+  // and let down start. (The attention kernels and O let their successors start at once,
+  // but those read neither before their own wait.)
+  auto step_gemv_settings = [&](DecodeGemvParams& p) {
+    p.stream_evict_first = options_.gemv_evict_first;
+    p.epilogue_inputs_settled = true;
+  };
 
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
@@ -525,7 +535,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     qkv.rope = RopeAppendTarget{kv_.k(int(l)), kv_.v(int(l)), d_length, rope_.cos.data(), rope_.sin.data(),
                                 H_, Hkv_, D_, context, rope_.max_positions};
     qkv.max_blocks_per_sm = options_.small_gemv_blocks_per_sm;
-    evict_first(qkv);
+    step_gemv_settings(qkv);
     decode_gemv(GemvInput::kRmsNorm, GemvOutput::kRopeAppend, qkv, pdl, s);
     done("qkv_rope_append");
     const unsigned skip = options_.decode_skip;
@@ -534,7 +544,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     // gate/up reads only constants before its wait (weights, biases, the norm weight):
     // it may start while the attention runs, and stream its weights meanwhile.
     o.allow_dependents_early = options_.o_allows_gate_up_early;
-    evict_first(o);
+    step_gemv_settings(o);
     if (skip & (kSkipAttention | kSkipOProjection)) {
       // Measurement only (decode_skip): the attention and / or the O projection left out.
       if (!(skip & kSkipOProjection)) decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, o, pdl, s);
@@ -568,18 +578,18 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     done("o_proj");
     DecodeGemvParams gate_up{d_act_.data(), d_x_.data(), L.post_norm, L.w_gate_up, L.b_gate_up, F_, C_, eps};
     gate_up.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
-    evict_first(gate_up);
+    step_gemv_settings(gate_up);
     if (!(skip & kSkipGateUp)) decode_gemv(GemvInput::kRmsNorm, GemvOutput::kSwiGLU, gate_up, pdl, s);
     done("gate_up_swiglu");
     DecodeGemvParams down{d_x_.data(), d_act_.data(), nullptr, L.w_down, L.b_down, C_, F_, eps};
     down.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
-    evict_first(down);
+    step_gemv_settings(down);
     if (!(skip & kSkipDown)) decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, down, pdl, s);
     done("down");
   }
   DecodeGemvParams head{d_logits_.data(), d_x_.data(), final_norm_, lm_head_, nullptr, V_, C_, eps};
   head.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
-  evict_first(head);
+  step_gemv_settings(head);
   decode_gemv(GemvInput::kRmsNorm, GemvOutput::kF32, head, pdl, s);
   done("lm_head");
   // The argmax overwrites the input token (the next step's input when generating) and

@@ -574,8 +574,10 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
       p.K = c.K;
       p.eps = 1e-6f;
       // The evict-first hint (a cache hint: it must not change a value) on half the
-      // variants; the bulk-stream kernel ignores it.
+      // variants; the bulk-stream kernel ignores it. On the same half, the residual is
+      // loaded before the PDL wait (the copy that wrote it is long done).
       p.stream_evict_first = pdl;
+      p.epilogue_inputs_settled = pdl;
       // With PDL the register kernels split each row over a forced number of warps (the
       // automatic choice, 1 or 2 for these shapes, runs without PDL): 8 where K is not a
       // multiple of 64 (lanes past the row's end), else 4.
@@ -761,8 +763,11 @@ TEST_CASE("decode_gemv kRopeAppend equals the QKV GEMV then decode_rope_append, 
       decode_gemv(GemvInput::kRmsNorm, GemvOutput::kBf16, p, false);
       decode_rope_append(as_bf16(qkv), as_bf16(k_ref), as_bf16(v_ref), d_length.data(), table, shape.H, shape.Hkv,
                          shape.max_context, false);
-      // Fused, both register kernels.
-      for (DecodeGemvKernel kernel : {DecodeGemvKernel::kRegisterLoads, DecodeGemvKernel::kRegisterPipelined}) {
+      // Fused, both register kernels; the position read before the PDL wait or after it.
+      for (int variant = 0; variant < 4; ++variant) {
+        const DecodeGemvKernel kernel =
+            variant / 2 == 0 ? DecodeGemvKernel::kRegisterLoads : DecodeGemvKernel::kRegisterPipelined;
+        INFO("kernel " << variant / 2 << " position before the wait " << variant % 2);
         DeviceBuffer<uint16_t> q(size_t(shape.H) * shape.D), k(cache_elements), v(cache_elements);
         q.fill_bytes(0xFF);
         k.fill_bytes(0xFF);
@@ -772,6 +777,7 @@ TEST_CASE("decode_gemv kRopeAppend equals the QKV GEMV then decode_rope_append, 
         f.N = rows / 2;
         f.rope = RopeAppendTarget{as_bf16(k), as_bf16(v), d_length.data(), table.cos.data(), table.sin.data(),
                                   shape.H, shape.Hkv, shape.D, shape.max_context, table.max_positions};
+        f.epilogue_inputs_settled = variant % 2 == 1;
         decode_gemv(GemvInput::kRmsNorm, GemvOutput::kRopeAppend, f, true, 0, kernel);
         CUDA_CHECK(cudaDeviceSynchronize());
         const std::vector<uint16_t> q_fused = q.to_host(), q_ref = qkv.to_host();
