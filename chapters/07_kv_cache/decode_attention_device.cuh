@@ -18,6 +18,11 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "pdl.cuh"
 
 namespace bielik::decode {
 
@@ -256,6 +261,12 @@ struct NoWait {
   __device__ void operator()() const {}
 };
 
+/// What a split kernel launched with PDL does there: wait for the kernel before it (the
+/// one that wrote q and the newest keys). v3's and v5's split kernels pass it.
+struct WaitForPreviousKernel {
+  __device__ void operator()() const { pdl_wait(); }
+};
+
 /// v3's split body (also v4's): one block's keys [begin, end) of kv head `kv_head`
 /// streamed in rounds of kUnroll keys per lane group, the next round's loads in flight
 /// while the current one is computed; the block's partial state is written at the end.
@@ -347,6 +358,28 @@ __device__ __forceinline__ void merge_split_partials_8(float (&out)[8], const fl
   const float inverse = l > 0 ? 1.0f / l : 0.0f;
 #pragma unroll
   for (int e = 0; e < 8; ++e) out[e] = acc[e] * inverse;
+}
+
+// --- host side ----------------------------------------------------------------------
+
+/// The kernel instantiation for G = H / Hkv query heads per kv head (a template
+/// parameter: the kernels keep G heads' state in registers):
+/// make(std::integral_constant<int, G>{}) returns it. Throws std::invalid_argument,
+/// naming `who`, outside 1..8. Every decode attention version uses it, and so do
+/// chapter 08's persistent steps.
+template <typename Make>
+auto kernel_for_group(int G, const char* who, Make make) -> decltype(make(std::integral_constant<int, 1>{})) {
+  switch (G) {
+    case 1: return make(std::integral_constant<int, 1>{});
+    case 2: return make(std::integral_constant<int, 2>{});
+    case 3: return make(std::integral_constant<int, 3>{});
+    case 4: return make(std::integral_constant<int, 4>{});
+    case 5: return make(std::integral_constant<int, 5>{});
+    case 6: return make(std::integral_constant<int, 6>{});
+    case 7: return make(std::integral_constant<int, 7>{});
+    case 8: return make(std::integral_constant<int, 8>{});
+  }
+  throw std::invalid_argument(std::string(who) + ": H / Hkv = " + std::to_string(G) + " outside 1..8");
 }
 
 }  // namespace bielik::decode

@@ -169,23 +169,11 @@ using SplitKernel = void (*)(float*, float*, const __nv_bfloat16*, const __nv_bf
                              const int*, int, int, int, int);
 
 // The kernel instance for (D, G): the loops over heads and dims must be compile-time.
-template <int D>
-SplitKernel split_kernel_for_group(int G) {
-  switch (G) {
-    case 1: return decode_attention_v2_split_kernel<D, 1>;
-    case 2: return decode_attention_v2_split_kernel<D, 2>;
-    case 3: return decode_attention_v2_split_kernel<D, 3>;
-    case 4: return decode_attention_v2_split_kernel<D, 4>;
-    case 5: return decode_attention_v2_split_kernel<D, 5>;
-    case 6: return decode_attention_v2_split_kernel<D, 6>;
-    case 7: return decode_attention_v2_split_kernel<D, 7>;
-    case 8: return decode_attention_v2_split_kernel<D, 8>;
-  }
-  throw std::invalid_argument("decode attention v2: G = " + std::to_string(G) + " outside 1..8");
-}
-
 SplitKernel split_kernel(int D, int G) {
-  return D == 128 ? split_kernel_for_group<128>(G) : split_kernel_for_group<64>(G);
+  return decode::kernel_for_group(G, "decode attention v2", [D](auto group) -> SplitKernel {
+    constexpr int kG = decltype(group)::value;
+    return D == 128 ? decode_attention_v2_split_kernel<128, kG> : decode_attention_v2_split_kernel<64, kG>;
+  });
 }
 
 void check_workspace(const DecodeAttentionWorkspace* workspace, int H, int D, int num_splits) {

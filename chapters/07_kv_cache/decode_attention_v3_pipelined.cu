@@ -40,11 +40,6 @@ constexpr int kV3Warps = 4;
 constexpr int kV3Unroll = 2;  // keys per lane group per round
 constexpr int kV3CombineThreads = 256;
 
-// What the split kernel does between its early loads and the rest (pipelined_split_partial).
-struct WaitForPreviousKernel {
-  __device__ void operator()() const { pdl_wait(); }
-};
-
 
 template <int D, int G>
 __global__ void __launch_bounds__(kV3Warps * 32)
@@ -79,7 +74,7 @@ __global__ void __launch_bounds__(kV3Warps * 32)
   // Rounds of 2 keys per lane group: 16 keys a round for D=128, 32 for D=64.
   decode::pipelined_split_partial<D, G, kV3Warps, kV3Unroll>(acc_out, ml_out, q, k_cache, v_cache, kv_head,
                                                             max_context, begin, end, committed,
-                                                            WaitForPreviousKernel{});
+                                                            decode::WaitForPreviousKernel{});
 }
 
 // One block per query head. Thread (r, c) merges float4 column c of splits r, r + kRows,
@@ -143,23 +138,11 @@ __global__ void __launch_bounds__(kV3CombineThreads)
 using SplitKernel = void (*)(float*, float*, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
                              const int*, int, int, int, int, int);
 
-template <int D>
-SplitKernel split_kernel_for_group(int G) {
-  switch (G) {
-    case 1: return decode_attention_v3_split_kernel<D, 1>;
-    case 2: return decode_attention_v3_split_kernel<D, 2>;
-    case 3: return decode_attention_v3_split_kernel<D, 3>;
-    case 4: return decode_attention_v3_split_kernel<D, 4>;
-    case 5: return decode_attention_v3_split_kernel<D, 5>;
-    case 6: return decode_attention_v3_split_kernel<D, 6>;
-    case 7: return decode_attention_v3_split_kernel<D, 7>;
-    case 8: return decode_attention_v3_split_kernel<D, 8>;
-  }
-  throw std::invalid_argument("decode attention v3: G = " + std::to_string(G) + " outside 1..8");
-}
-
 SplitKernel split_kernel(int D, int G) {
-  return D == 128 ? split_kernel_for_group<128>(G) : split_kernel_for_group<64>(G);
+  return decode::kernel_for_group(G, "decode attention v3", [D](auto group) -> SplitKernel {
+    constexpr int kG = decltype(group)::value;
+    return D == 128 ? decode_attention_v3_split_kernel<128, kG> : decode_attention_v3_split_kernel<64, kG>;
+  });
 }
 
 void launch_v3_splits(const __nv_bfloat16* q, const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,

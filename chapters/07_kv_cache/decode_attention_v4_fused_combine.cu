@@ -125,21 +125,6 @@ __global__ void __launch_bounds__(kV4Warps * 32)
 using Kernel = void (*)(__nv_bfloat16*, float*, float*, int*, const __nv_bfloat16*, const __nv_bfloat16*,
                         const __nv_bfloat16*, const int*, int, int, int, int);
 
-template <int D>
-Kernel kernel_for_group(int G) {
-  switch (G) {
-    case 1: return decode_attention_v4_kernel<D, 1>;
-    case 2: return decode_attention_v4_kernel<D, 2>;
-    case 3: return decode_attention_v4_kernel<D, 3>;
-    case 4: return decode_attention_v4_kernel<D, 4>;
-    case 5: return decode_attention_v4_kernel<D, 5>;
-    case 6: return decode_attention_v4_kernel<D, 6>;
-    case 7: return decode_attention_v4_kernel<D, 7>;
-    case 8: return decode_attention_v4_kernel<D, 8>;
-  }
-  throw std::invalid_argument("decode attention v4: G = " + std::to_string(G) + " outside 1..8");
-}
-
 void launch_v4(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k_cache,
                const __nv_bfloat16* v_cache, const int* d_length, int kv_len_arg, int max_context, int H, int Hkv,
                int D, int num_splits, DecodeAttentionWorkspace* workspace, cudaStream_t stream) {
@@ -148,7 +133,10 @@ void launch_v4(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* 
     throw std::invalid_argument("decode attention v4: workspace missing or too small for H=" + std::to_string(H) +
                                 " D=" + std::to_string(D) + " splits=" + std::to_string(num_splits));
   }
-  Kernel kernel = D == 128 ? kernel_for_group<128>(H / Hkv) : kernel_for_group<64>(H / Hkv);
+  const Kernel kernel = decode::kernel_for_group(H / Hkv, "decode attention v4", [D](auto group) -> Kernel {
+    constexpr int kG = decltype(group)::value;
+    return D == 128 ? decode_attention_v4_kernel<128, kG> : decode_attention_v4_kernel<64, kG>;
+  });
   launch_kernel(true, kernel, dim3(num_splits, Hkv), dim3(kV4Warps * 32), 0, stream, out,
                 workspace->partial_acc.data(), workspace->partial_ml.data(), workspace->split_counters.data(), q,
                 k_cache, v_cache, d_length, kv_len_arg, max_context, num_splits, H);

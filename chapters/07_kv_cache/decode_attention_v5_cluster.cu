@@ -48,10 +48,6 @@ constexpr int kV5MaxCluster = 16;  // the largest (non-portable) cluster size
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // the kernel's body exists from sm_90 on
 constexpr int kV5Unroll = 2;
-
-struct WaitForPreviousKernel {
-  __device__ void operator()() const { pdl_wait(); }
-};
 #endif
 
 template <int D, int G>
@@ -82,7 +78,7 @@ __global__ void __launch_bounds__(kV5Warps * 32)
   } else {
     decode::pipelined_split_partial<D, G, kV5Warps, kV5Unroll>(partial_acc, partial_ml, q, k_cache, v_cache,
                                                               kv_head, max_context, begin, end, committed,
-                                                              WaitForPreviousKernel{});
+                                                              decode::WaitForPreviousKernel{});
   }
   cluster.sync();  // every split's partial is written and visible cluster-wide
 
@@ -121,22 +117,12 @@ __global__ void __launch_bounds__(kV5Warps * 32)
 using V5Kernel = void (*)(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
                           const int*, int, int);
 
-template <int D>
-V5Kernel kernel_for_group(int G) {
-  switch (G) {
-    case 1: return decode_attention_v5_kernel<D, 1>;
-    case 2: return decode_attention_v5_kernel<D, 2>;
-    case 3: return decode_attention_v5_kernel<D, 3>;
-    case 4: return decode_attention_v5_kernel<D, 4>;
-    case 5: return decode_attention_v5_kernel<D, 5>;
-    case 6: return decode_attention_v5_kernel<D, 6>;
-    case 7: return decode_attention_v5_kernel<D, 7>;
-    case 8: return decode_attention_v5_kernel<D, 8>;
-  }
-  throw std::invalid_argument("decode attention v5: G = " + std::to_string(G) + " outside 1..8");
+V5Kernel v5_kernel(int D, int G) {
+  return decode::kernel_for_group(G, "decode attention v5", [D](auto group) -> V5Kernel {
+    constexpr int kG = decltype(group)::value;
+    return D == 128 ? decode_attention_v5_kernel<128, kG> : decode_attention_v5_kernel<64, kG>;
+  });
 }
-
-V5Kernel v5_kernel(int D, int G) { return D == 128 ? kernel_for_group<128>(G) : kernel_for_group<64>(G); }
 
 // The largest cluster this kernel can run with, asked once per kernel: 16 if the GPU
 // schedules a cluster of 16 such blocks (non-portable size), else 8.

@@ -137,25 +137,6 @@ __device__ __forceinline__ void merge_splits(const PersistentStep& p) {
 
 // --- host side ----------------------------------------------------------------------
 
-/// The kernel instantiation for G = H / Hkv query heads per kv head (a template
-/// parameter: the attention phases keep G heads' state in registers):
-/// make(std::integral_constant<int, G>{}) returns it. Throws std::invalid_argument,
-/// naming `who`, outside 1..8.
-template <typename Make>
-auto kernel_for_group(int G, const char* who, Make make) -> decltype(make(std::integral_constant<int, 1>{})) {
-  switch (G) {
-    case 1: return make(std::integral_constant<int, 1>{});
-    case 2: return make(std::integral_constant<int, 2>{});
-    case 3: return make(std::integral_constant<int, 3>{});
-    case 4: return make(std::integral_constant<int, 4>{});
-    case 5: return make(std::integral_constant<int, 5>{});
-    case 6: return make(std::integral_constant<int, 6>{});
-    case 7: return make(std::integral_constant<int, 7>{});
-    case 8: return make(std::integral_constant<int, 8>{});
-  }
-  throw std::invalid_argument(std::string(who) + ": H / Hkv = " + std::to_string(G) + " outside 1..8");
-}
-
 /// A cooperative launch of `blocks` blocks of kThreads: every block is resident at once
 /// or the launch fails, which is what grid_barrier needs (a block spinning on the
 /// barrier must not wait for a block that was never scheduled).

@@ -156,7 +156,7 @@ using StepKernel = void (*)(PersistentStep);
 
 template <int D, int kBlocksPerSm>
 StepKernel kernel_for(int G) {
-  return kernel_for_group(G, "persistent decode", [](auto group) -> StepKernel {
+  return decode::kernel_for_group(G, "persistent decode", [](auto group) -> StepKernel {
     return decode_step_persistent_kernel<D, decltype(group)::value, kBlocksPerSm>;
   });
 }

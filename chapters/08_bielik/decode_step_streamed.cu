@@ -355,8 +355,9 @@ using StepKernel = void (*)(PersistentStep, int, int, int);
 
 template <int D>
 StepKernel kernel_for(int G) {
-  return kernel_for_group(G, "streamed decode",
-                          [](auto group) -> StepKernel { return decode_step_streamed_kernel<D, decltype(group)::value>; });
+  return decode::kernel_for_group(G, "streamed decode", [](auto group) -> StepKernel {
+    return decode_step_streamed_kernel<D, decltype(group)::value>;
+  });
 }
 
 StepKernel kernel_for(const PersistentStep& step) {
