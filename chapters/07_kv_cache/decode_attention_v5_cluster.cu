@@ -27,15 +27,17 @@
 // non-portable size (the H200 does), else the portable 8, each of 8 warps (32 keys a round
 // for D = 128). Before sm_90 there are no clusters: the v5 entry points run v3 instead.
 #include <algorithm>
-#include <cooperative_groups.h>
 #include <map>
 #include <stdexcept>
 #include <string>
 
 #include "cuda_check.cuh"
 #include "decode_attention.cuh"
+#include "decode_attention_cluster.cuh"
 #include "decode_attention_device.cuh"
 #include "pdl.cuh"
+
+#include <cooperative_groups.h>
 
 namespace bielik {
 
@@ -43,12 +45,8 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-constexpr int kV5Warps = 8;
-constexpr int kV5MaxCluster = 16;  // the largest (non-portable) cluster size
-
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // the kernel's body exists from sm_90 on
-constexpr int kV5Unroll = 2;
-#endif
+constexpr int kV5Warps = decode::kClusterWarps;
+constexpr int kV5MaxCluster = decode::kClusterMaxSize;
 
 template <int D, int G>
 __global__ void __launch_bounds__(kV5Warps * 32)
@@ -59,55 +57,15 @@ __global__ void __launch_bounds__(kV5Warps * 32)
                                const int* d_length,  // (1) or nullptr: kv_len = *d_length + kv_len_arg
                                int kv_len_arg, int max_context) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  __shared__ __align__(16) float partial_acc[G * D];  // this block's split: sum_j p_j v_j, (G, D)
-  __shared__ float partial_ml[G * 2];                 // and (m, l) per head
+  __shared__ decode::ClusterPartial<D, G> partial;  // this block's split, read by the whole cluster
   cg::cluster_group cluster = cg::this_cluster();
-  const int split = int(cluster.block_rank()), splits = int(cluster.num_blocks());
   const int kv_head = blockIdx.y;
-
   // As v3's split kernel: the next kernel only preloads weights, so it may be scheduled
-  // now; the length and the committed keys are read before the wait.
+  // now (the length and the committed keys are read before the wait, inside).
   pdl_allow_dependents();
-  const int committed = d_length ? *d_length : 0;
-  const int kv_len = min(committed + kv_len_arg, max_context);
-  const int chunk = decode::split_chunk_keys(kv_len, splits, kDecodeV3MinKeysPerSplit);
-  const int begin = split * chunk, end = min(kv_len, begin + chunk);
-  if (begin >= end) {
-    pdl_wait();
-    decode::write_empty_partial<G>(partial_ml);
-  } else {
-    decode::pipelined_split_partial<D, G, kV5Warps, kV5Unroll>(partial_acc, partial_ml, q, k_cache, v_cache,
-                                                              kv_head, max_context, begin, end, committed,
-                                                              decode::WaitForPreviousKernel{});
-  }
-  cluster.sync();  // every split's partial is written and visible cluster-wide
-
-  // Block `split` merges outputs [split * per_block, ...) of the G x D (48 each in a
-  // cluster of 16; a small cluster's blocks loop): one load per split from that block's
-  // shared memory, all independent.
-  constexpr int kOutputs = G * D;
-  const int per_block = (kOutputs + splits - 1) / splits;
-  for (int i = int(threadIdx.x); i < per_block && split * per_block + i < kOutputs; i += int(blockDim.x)) {
-    const int output = split * per_block + i;
-    const int h = output / D, d = output % D;
-    float m = -INFINITY, l = 0.0f, acc = 0.0f;
-#pragma unroll
-    for (int r = 0; r < kV5MaxCluster; ++r) {
-      if (r >= splits) break;
-      const float* remote_ml = cluster.map_shared_rank(partial_ml, r);
-      const float m_r = remote_ml[2 * h];
-      const float l_r = remote_ml[2 * h + 1];
-      const float acc_r = cluster.map_shared_rank(partial_acc, r)[h * D + d];  // garbage if empty: not used
-      if (m_r == -INFINITY) continue;  // an empty split
-      const float m_new = fmaxf(m, m_r);
-      const float old_weight = exp2f(m - m_new), new_weight = exp2f(m_r - m_new);
-      l = l * old_weight + l_r * new_weight;
-      acc = acc * old_weight + acc_r * new_weight;
-      m = m_new;
-    }
-    // l > 0 whenever kv_len >= 1; no keys at all give zeros, not NaN.
-    out[(size_t(kv_head) * G + h) * D + d] = __float2bfloat16(l > 0.0f ? acc / l : 0.0f);
-  }
+  __nv_bfloat16* group_out = out + size_t(kv_head) * G * D;
+  decode::cluster_attention<D, G>(cluster, partial, q, k_cache, v_cache, kv_head, d_length, kv_len_arg, max_context,
+                                  [&](int output, float value) { group_out[output] = __float2bfloat16(value); });
   cluster.sync();  // no block leaves while another may still read its shared memory
 #else
   __trap();  // never launched before sm_90 (the launcher runs v3 there)

@@ -137,7 +137,8 @@ __device__ __forceinline__ EpilogueInputs load_epilogue_inputs(const DecodeGemvP
   if constexpr (Out == GemvOutput::kResidualAdd) {
     // Read through L2: in the persistent steps other blocks rewrote y since this SM last
     // read it, and L1 is not coherent.
-    in.residual = __bfloat162float(__ldcg(static_cast<const __nv_bfloat16*>(p.y) + n));
+    const __nv_bfloat16* residual = p.residual_in ? p.residual_in : static_cast<const __nv_bfloat16*>(p.y);
+    in.residual = __bfloat162float(__ldcg(residual + n));
   } else if constexpr (Out == GemvOutput::kRopeAppend) {
     const RopeAppendTarget& t = p.rope;
     const int half = t.D / 2, j = n % half;
@@ -344,7 +345,7 @@ __device__ __forceinline__ void block_argmax_commit(int32_t* token, const float*
 template <GemvInput In>
 __device__ __forceinline__ void load_norm_weight(const DecodeGemvParams& p, uint4 (&norm_held)[kNormHeld]) {
   const int chunks = p.K / 8;
-  if constexpr (In == GemvInput::kRmsNorm) {
+  if constexpr (In == GemvInput::kRmsNorm || In == GemvInput::kRmsNormAddPartials) {
 #pragma unroll
     for (int j = 0; j < kNormHeld; ++j) {
       const int c = threadIdx.x + j * kThreads;
@@ -385,31 +386,59 @@ __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_
   pdl_wait();
   const uint4* x_vectors = reinterpret_cast<const uint4*>(p.x);
   float sum_squares = 0.0f;
-  // kStageLoads vectors per thread in flight at once: the down projection's 8960 values
-  // (1120 vectors) arrive in ONE trip to L2 instead of two. The normalized inputs are
-  // hidden vectors (K <= 4096 in any model here, see kNormHeld): 2 cover them, and the
-  // registers of 3 more would spill in the gate/up kernel.
-  constexpr int kStageLoads = In == GemvInput::kRmsNorm ? 2 : 5;
-  for (int c0 = threadIdx.x; c0 < chunks; c0 += kStageLoads * kThreads) {
-    uint4 v[kStageLoads];
+  constexpr bool kNormalized = In == GemvInput::kRmsNorm || In == GemvInput::kRmsNormAddPartials;
+  if constexpr (In == GemvInput::kRmsNormAddPartials) {
+    // The O projection, added into the residual stream here instead of by an O kernel:
+    // h = bf16(x + bf16(sum_g partials[g])), the value the unfused O GEMV's residual add
+    // stores. Every block computes all of h (K = C values, a few KB from L2); block 0
+    // also stores it for the down projection's residual add.
+    const ResidualPartials& rp = p.residual_partials;
+    for (int c = threadIdx.x; c < chunks; c += kThreads) {
+      float h[8], o[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+      unpack_8(h, kCoherent ? __ldcg(x_vectors + c) : x_vectors[c]);
+      for (int g = 0; g < rp.count; ++g) {
+        const float4* part = reinterpret_cast<const float4*>(rp.partials + size_t(g) * p.K) + 2 * c;
+        const float4 a = __ldcg(part), b = __ldcg(part + 1);
+        o[0] += a.x, o[1] += a.y, o[2] += a.z, o[3] += a.w;
+        o[4] += b.x, o[5] += b.y, o[6] += b.z, o[7] += b.w;
+      }
 #pragma unroll
-    for (int u = 0; u < kStageLoads; ++u) {
-      const int c = c0 + u * kThreads;
-      v[u] = c < chunks ? (kCoherent ? __ldcg(x_vectors + c) : x_vectors[c]) : make_uint4(0, 0, 0, 0);
+      for (int e = 0; e < 8; ++e) h[e] += round_bf16(o[e]);
+      const uint4 packed = pack_8(h);
+      if (blockIdx.x == 0) reinterpret_cast<uint4*>(rp.residual_out)[c] = packed;
+      x_shared[c] = packed;
+      float f[8];
+      unpack_8(f, packed);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sum_squares += f[e] * f[e];
     }
+  } else {
+    // kStageLoads vectors per thread in flight at once: the down projection's 8960 values
+    // (1120 vectors) arrive in ONE trip to L2 instead of two. The normalized inputs are
+    // hidden vectors (K <= 4096 in any model here, see kNormHeld): 2 cover them, and the
+    // registers of 3 more would spill in the gate/up kernel.
+    constexpr int kStageLoads = In == GemvInput::kRmsNorm ? 2 : 5;
+    for (int c0 = threadIdx.x; c0 < chunks; c0 += kStageLoads * kThreads) {
+      uint4 v[kStageLoads];
 #pragma unroll
-    for (int u = 0; u < kStageLoads; ++u) {
-      const int c = c0 + u * kThreads;
-      if (c < chunks) x_shared[c] = v[u];
-      if constexpr (In == GemvInput::kRmsNorm) {
-        float f[8];
-        unpack_8(f, v[u]);  // zeros past the end
+      for (int u = 0; u < kStageLoads; ++u) {
+        const int c = c0 + u * kThreads;
+        v[u] = c < chunks ? (kCoherent ? __ldcg(x_vectors + c) : x_vectors[c]) : make_uint4(0, 0, 0, 0);
+      }
 #pragma unroll
-        for (int j = 0; j < 8; ++j) sum_squares += f[j] * f[j];
+      for (int u = 0; u < kStageLoads; ++u) {
+        const int c = c0 + u * kThreads;
+        if (c < chunks) x_shared[c] = v[u];
+        if constexpr (In == GemvInput::kRmsNorm) {
+          float f[8];
+          unpack_8(f, v[u]);  // zeros past the end
+#pragma unroll
+          for (int j = 0; j < 8; ++j) sum_squares += f[j] * f[j];
+        }
       }
     }
   }
-  if constexpr (In == GemvInput::kRmsNorm) {
+  if constexpr (kNormalized) {
     sum_squares = warp_sum(sum_squares);
     if (lane == 0) scratch[warp] = sum_squares;
     __syncthreads();

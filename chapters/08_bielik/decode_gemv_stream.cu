@@ -183,6 +183,8 @@ void decode_gemv_stream(GemvInput input, GemvOutput output, const DecodeGemvPara
                         cudaStream_t stream) {
   if (input == GemvInput::kRmsNorm) {
     launch_stream_output<GemvInput::kRmsNorm>(output, p, pdl, stream);
+  } else if (input != GemvInput::kPlain) {
+    throw std::invalid_argument("decode_gemv_stream: only the kPlain and kRmsNorm inputs have a bulk-stream form");
   } else {
     launch_stream_output<GemvInput::kPlain>(output, p, pdl, stream);
   }

@@ -298,6 +298,15 @@ void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, 
           std::to_string(a.num_splits));
     }
   }
+  if (input == GemvInput::kRmsNormAddPartials) {
+    const ResidualPartials& rp = p.residual_partials;
+    if (output != GemvOutput::kSwiGLU || kernel == DecodeGemvKernel::kBulkStream || !rp.partials || rp.count < 1 ||
+        !rp.residual_out || !aligned_16(rp.partials) || !aligned_16(rp.residual_out)) {
+      throw std::invalid_argument(
+          "decode_gemv kRmsNormAddPartials: needs kSwiGLU, a register kernel, 16-byte aligned partials and residual_out "
+          "pointers and count >= 1; got count=" + std::to_string(rp.count));
+    }
+  }
   static const bool have_bulk_copy = weight_stream_supported();
   if (kernel == DecodeGemvKernel::kBulkStream && !have_bulk_copy) {
     throw std::invalid_argument("decode_gemv: the bulk-stream kernel needs sm_90 or newer");
@@ -310,6 +319,9 @@ void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, 
   if (input == GemvInput::kAttentionMerge) {
     // Only the O projection's form is compiled: merged attention in, residual add out.
     launch_gemv_bias<GemvInput::kAttentionMerge, GemvOutput::kResidualAdd>(p, pipelined, pdl, stream);
+  } else if (input == GemvInput::kRmsNormAddPartials) {
+    // Only the gate/up form is compiled: the residual plus the O partials in, SwiGLU out.
+    launch_gemv_bias<GemvInput::kRmsNormAddPartials, GemvOutput::kSwiGLU>(p, pipelined, pdl, stream);
   } else if (input == GemvInput::kRmsNorm) {
     launch_gemv_output<GemvInput::kRmsNorm>(output, p, pipelined, pdl, stream);
   } else {

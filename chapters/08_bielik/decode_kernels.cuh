@@ -49,6 +49,19 @@ enum class GemvInput {
   kRmsNorm,         ///< bf16(rmsnorm(x) * norm_weight), computed by every block from x (K values)
   kAttentionMerge,  ///< the attention output, merged by every block from the split
                     ///< partials of chapter 07's split kernel (AttentionMergeSource; x unused)
+  kRmsNormAddPartials,  ///< x is the residual stream before the O projection, which comes as
+                        ///< partial sums (ResidualPartials, decode_attention_o.cuh): every
+                        ///< block adds them in, h = bf16(x + bf16(sum_g partials[g])), block 0
+                        ///< stores h, and the input is bf16(rmsnorm(h) * norm_weight)
+};
+
+/// kRmsNormAddPartials: the O projection as `count` partial sums (decode_attention_o
+/// writes one per kv head), and where the updated residual stream goes. It cannot go
+/// back to x: other blocks may still be reading x when block 0 stores.
+struct ResidualPartials {
+  const float* partials = nullptr;        ///< (count, K)
+  int count = 0;
+  __nv_bfloat16* residual_out = nullptr;  ///< (K) written by block 0: h
 };
 
 /// What a decode GEMV does with output n (acc = W[n, :] . input, b = bias or 0).
@@ -106,6 +119,11 @@ struct DecodeGemvParams {
   float eps = 0;           ///< kRmsNorm epsilon
   RopeAppendTarget rope;   ///< kRopeAppend only
   AttentionMergeSource merge;  ///< kAttentionMerge only
+  ResidualPartials residual_partials;  ///< kRmsNormAddPartials only
+  /// kResidualAdd: read the residual from here instead of from y (nullptr: y, in place).
+  /// The model's down projection reads the h that gate/up stored (kRmsNormAddPartials)
+  /// and writes the new residual stream to y.
+  const __nv_bfloat16* residual_in = nullptr;
   int max_blocks_per_sm = 0;  ///< register kernels: cap on resident blocks per SM (0: occupancy)
   /// Register kernels: read W with an L2 evict-first cache hint. The weights are read
   /// once per step and then only take L2 room from what IS read again soon: the KV
@@ -139,7 +157,9 @@ struct DecodeGemvParams {
 /// loads go out before the PDL wait.
 /// Needs K % 8 == 0, K <= 16384 (shared memory), 16-byte aligned x, W and norm_weight;
 /// kAttentionMerge only with kResidualAdd (the O projection), the register kernels, and
-/// a complete AttentionMergeSource with K = H * D, D % 8 == 0;
+/// a complete AttentionMergeSource with K = H * D, D % 8 == 0; kRmsNormAddPartials only
+/// with kSwiGLU (gate/up), the register kernels, and a complete ResidualPartials with
+/// 16-byte aligned partials;
 /// throws std::invalid_argument otherwise. `pdl`: launch with programmatic dependent
 /// launch (ignored before sm_90).
 /// `kernel` picks the implementation (bench_decode_gemv compares them):

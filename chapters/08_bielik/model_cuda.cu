@@ -9,6 +9,7 @@
 
 #include "attention.cuh"
 #include "cuda_check.cuh"
+#include "decode_attention_o.cuh"
 #include "decode_kernels.cuh"
 #include "embedding.cuh"
 #include "matmul.cuh"
@@ -107,8 +108,17 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     // on the H200 (bench_model, 22:58 and 23:04 UTC runs), 8 won at chat lengths (813 vs
     // 785, 816 vs 790 tokens/s at 16-272 keys) and lost after a 2048-token prompt (672 vs
     // 707).
-    attention_splits_ = options_.attention_splits > 0 ? std::min(options_.attention_splits, 1024)
-                        : options_.decode_attention == DecodeAttentionPath::kCluster
+    // The fused attention + O: the largest cluster that fits (16 on the H200: 147 KB of
+    // W_o rows per block; 8 would need 295 KB).
+    attention_path_ = options_.decode_attention;
+    int fused_cluster = 0;
+    if (attention_path_ == DecodeAttentionPath::kClusterWithO) {
+      fused_cluster = decode_attention_o_cluster_size(C_, H_, Hkv_, D_, options_.attention_splits);
+      if (fused_cluster == 0) attention_path_ = DecodeAttentionPath::kCluster;
+    }
+    attention_splits_ = attention_path_ == DecodeAttentionPath::kClusterWithO ? fused_cluster
+                        : options_.attention_splits > 0 ? std::min(options_.attention_splits, 1024)
+                        : attention_path_ == DecodeAttentionPath::kCluster
                             ? std::min(8, decode_attention_v5_default_splits(context, H_, Hkv_, D_, 1024))
                             : decode_attention_v3_default_splits(std::min(context, 512), H_, Hkv_, D_, 1024);
 
@@ -132,12 +142,16 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     d_qkv_ = DeviceBuffer<__nv_bfloat16>(QKV_);
     d_attn_ = DeviceBuffer<__nv_bfloat16>(size_t(H_) * D_);
     d_act_ = DeviceBuffer<__nv_bfloat16>(F_);
+    d_o_partials_ = DeviceBuffer<float>(size_t(Hkv_) * C_);
+    d_h_ = DeviceBuffer<__nv_bfloat16>(C_);
     d_logits_ = DeviceBuffer<float>(V_);
     // Zeros, not whatever the allocator left: with options_.decode_skip a kernel may read
     // one of these without the kernel that writes it having run.
     d_qkv_.fill_bytes(0);
     d_attn_.fill_bytes(0);
     d_act_.fill_bytes(0);
+    d_o_partials_.fill_bytes(0);
+    d_h_.fill_bytes(0);
     for (size_t bytes : {p_tokens_.bytes(), p_x_.bytes(), p_h_.bytes(), p_proj_.bytes(),
                          p_qkv_.bytes(), p_q_.bytes(), p_attn_.bytes(), p_k_.bytes(), p_v_.bytes(),
                          p_gate_up_.bytes(), p_act_.bytes(), p_k_gathered_.bytes(), p_v_gathered_.bytes(),
@@ -545,7 +559,28 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     // it may start while the attention runs, and stream its weights meanwhile.
     o.allow_dependents_early = options_.o_allows_gate_up_early;
     step_gemv_settings(o);
-    if (skip & (kSkipAttention | kSkipOProjection)) {
+    // kClusterWithO: one kernel for both, its O projection left as partial sums that
+    // gate/up adds into the residual stream (into d_h_, which down then reads).
+    const bool fused_o = attention_path_ == DecodeAttentionPath::kClusterWithO &&
+                         !(skip & (kSkipAttention | kSkipOProjection));
+    if (fused_o) {
+      AttentionOParams attention_o;
+      attention_o.partials = d_o_partials_.data();
+      attention_o.q = d_qkv_.data();
+      attention_o.k_cache = kv_.k(int(l));
+      attention_o.v_cache = kv_.v(int(l));
+      attention_o.d_length = d_length;
+      attention_o.new_tokens = 1;
+      attention_o.max_context = context;
+      attention_o.w_o = L.w_o;
+      attention_o.b_o = L.b_o;
+      attention_o.C = C_;
+      attention_o.H = H_;
+      attention_o.Hkv = Hkv_;
+      attention_o.D = D_;
+      decode_attention_o(attention_o, attention_splits_, pdl, s);
+      done("attention_o");
+    } else if (skip & (kSkipAttention | kSkipOProjection)) {
       // Measurement only (decode_skip): the attention and / or the O projection left out.
       if (!(skip & kSkipOProjection)) decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, o, pdl, s);
     } else if (options_.decode_attention == DecodeAttentionPath::kMergeInO) {
@@ -567,23 +602,31 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
                                      D_};
       decode_gemv(GemvInput::kAttentionMerge, GemvOutput::kResidualAdd, o, pdl, s);
     } else {
-      const auto attention = options_.decode_attention == DecodeAttentionPath::kCluster
-                                 ? decode_attention_v5_cluster_device_length
-                                 : decode_attention_v3_pipelined_device_length;
+      const auto attention = attention_path_ == DecodeAttentionPath::kSplitCombine
+                                 ? decode_attention_v3_pipelined_device_length
+                                 : decode_attention_v5_cluster_device_length;
       attention(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)), d_length, 1, context, H_, Hkv_, D_,
                 attention_splits_, attention_workspace_.get(), s);
       done("attention");
       decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, o, pdl, s);
     }
-    done("o_proj");
+    if (!fused_o) done("o_proj");
     DecodeGemvParams gate_up{d_act_.data(), d_x_.data(), L.post_norm, L.w_gate_up, L.b_gate_up, F_, C_, eps};
     gate_up.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
     step_gemv_settings(gate_up);
-    if (!(skip & kSkipGateUp)) decode_gemv(GemvInput::kRmsNorm, GemvOutput::kSwiGLU, gate_up, pdl, s);
+    gate_up.residual_partials = ResidualPartials{d_o_partials_.data(), Hkv_, d_h_.data()};
+    const GemvInput gate_up_input = fused_o ? GemvInput::kRmsNormAddPartials : GemvInput::kRmsNorm;
+    if (!(skip & kSkipGateUp)) decode_gemv(gate_up_input, GemvOutput::kSwiGLU, gate_up, pdl, s);
     done("gate_up_swiglu");
     DecodeGemvParams down{d_x_.data(), d_act_.data(), nullptr, L.w_down, L.b_down, C_, F_, eps};
     down.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
     step_gemv_settings(down);
+    if (fused_o) {
+      // The residual is the h gate/up just stored: the kernel right before, so not
+      // settled before down's PDL wait.
+      down.residual_in = d_h_.data();
+      down.epilogue_inputs_settled = false;
+    }
     if (!(skip & kSkipDown)) decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, down, pdl, s);
     done("down");
   }

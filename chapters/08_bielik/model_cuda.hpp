@@ -56,6 +56,11 @@ namespace bielik {
 /// The decode step's attention: chapter 07's kernels, or v3's splits with the merge fused
 /// into the O projection.
 enum class DecodeAttentionPath {
+  /// v5's cluster attention with the O projection fused in (decode_attention_o.cuh), the
+  /// projection's partials added into the residual stream by gate/up: no O kernel. Where
+  /// the GPU cannot run it (before sm_90, or W_o's rows do not fit a cluster's shared
+  /// memory), the model takes kCluster.
+  kClusterWithO,
   kCluster,       ///< v5: splits and merge in one kernel, a thread block cluster per kv head (sm_90+, else v3)
   kSplitCombine,  ///< v3: the split kernel, then the combine kernel
   kMergeInO,      ///< v3's split kernel; the O projection merges the partials (GemvInput::kAttentionMerge)
@@ -88,12 +93,13 @@ struct CudaModelOptions {
   /// allow_dependents_early): gate/up's weights then stream during the attention, which
   /// otherwise leaves HBM idle. bench_model measures both.
   bool o_allows_gate_up_early = true;
-  /// Decode attention splits per kv head (0: a cluster of 8 for kCluster, sized for 512
-  /// keys for the v3 paths; at most 1024, the workspace's size, and for kCluster at most
+  /// Decode attention splits per kv head (0: the largest cluster that runs for
+  /// kClusterWithO, 16 on the H200; a cluster of 8 for kCluster; sized for 512 keys for
+  /// the v3 paths; at most 1024, the workspace's size, and for the cluster paths at most
   /// the largest cluster, 16; bench_model sweeps it).
   int attention_splits = 0;
   /// How the decode step computes attention (bench_model measures each).
-  DecodeAttentionPath decode_attention = DecodeAttentionPath::kCluster;
+  DecodeAttentionPath decode_attention = DecodeAttentionPath::kClusterWithO;
   /// kMergeInO: least keys per attention split (0: chapter 07's kDecodeV3MinKeysPerSplit).
   /// More keys per split means fewer splits hold keys at chat lengths, so fewer partials
   /// for the merge to read; bench_model sweeps it.
@@ -148,8 +154,8 @@ class CudaModel final : public Backend {
 
   /// One decode step of `token`, launched eagerly (never the graph, no PDL) with
   /// `after_kernel(name)` called on the host after each kernel class is enqueued
-  /// ("embedding", "qkv", "rope_append", "attention", "o_proj", "gate_up_swiglu", "down",
-  /// "lm_head", "argmax"): the benchmark records an event there. Advances position().
+  /// ("embedding", "qkv", "rope_append", "attention", "o_proj" or, fused, "attention_o",
+  /// "gate_up_swiglu", "down", "lm_head", "argmax"): the benchmark records an event there. Advances position().
   void decode_probed(int32_t token, const std::function<void(const char*)>& after_kernel);
 
   /// prefill(tokens) (last logits) with `after_kernel(name)` called on the host after each
@@ -226,6 +232,9 @@ class CudaModel final : public Backend {
   PersistentStep persistent_step_;
   StreamedStepLayout streamed_layout_;  ///< persistent_weight_stream: the ring, computed at load
   int attention_splits_ = 1;
+  /// The path the decode step takes: options_.decode_attention, or kCluster where the
+  /// GPU cannot run kClusterWithO.
+  DecodeAttentionPath attention_path_ = DecodeAttentionPath::kCluster;
   int attention_min_keys_ = 16;  ///< least keys per attention split (options or chapter 07 default)
   size_t scratch_bytes_ = 0;
 
@@ -245,6 +254,8 @@ class CudaModel final : public Backend {
   DeviceBuffer<__nv_bfloat16> d_qkv_;   // ((H + 2 Hkv) D)
   DeviceBuffer<__nv_bfloat16> d_attn_;  // (H D)
   DeviceBuffer<__nv_bfloat16> d_act_;   // (F)
+  DeviceBuffer<float> d_o_partials_;    // (Hkv, C) kClusterWithO: the O projection by kv group
+  DeviceBuffer<__nv_bfloat16> d_h_;     // (C) kClusterWithO: the residual stream after attention
   DeviceBuffer<float> d_logits_;        // (V) fp32, also the prefill's last-row logits
 
   // Pinned host memory for the copies back (async, no staging).

@@ -27,6 +27,7 @@
 #include "catch_compat.hpp"
 #include "compare.hpp"
 #include "decode_attention_device.cuh"  // chapter 07: decode::splits_with_keys
+#include "decode_attention_o.cuh"
 #include "decode_kernels.cuh"
 #include "decode_persistent.cuh"
 #include "device_buffer.cuh"
@@ -278,6 +279,10 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
       const char* name;
     };
     const AttentionVariant variants[] = {
+        {DecodeAttentionPath::kClusterWithO, 1, 0, "attention + O fused"},
+        {DecodeAttentionPath::kClusterWithO, 3, 0, "attention + O fused"},
+        {DecodeAttentionPath::kClusterWithO, 16, 0, "attention + O fused"},
+        {DecodeAttentionPath::kCluster, 0, 0, "v5 cluster"},
         {DecodeAttentionPath::kCluster, 1, 0, "v5 cluster"},
         {DecodeAttentionPath::kCluster, 3, 0, "v5 cluster"},
         {DecodeAttentionPath::kSplitCombine, 0, 0, "v3 split + combine"},
@@ -372,22 +377,29 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
     for (bool graph : {true, false}) {
       for (bool pdl : {true, false}) runs.push_back(run(cuda_options(0, 1024, graph, pdl)));
     }
-    // A cache hint changes no value: the weights read without the evict-first hint. Nor
-    // does when gate/up may start (the O projection lets it start early by default).
+    // A cache hint changes no value: the weights read without the evict-first hint.
     {
       CudaModelOptions options = cuda_options();
       options.gemv_evict_first = false;
       runs.push_back(run(options));
-      options = cuda_options();
-      options.o_allows_gate_up_early = false;
-      runs.push_back(run(options));
     }
     // The same kernels in the same order: bit for bit the same logits.
     for (size_t i = 1; i < runs.size(); ++i) {
-      INFO(spec.name << " run " << i
-                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then gate/up after O's wait)");
+      INFO(spec.name << " run " << i << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint)");
       REQUIRE(runs[i] == runs[0]);
     }
+    // The unfused path (attention, then the O GEMV): graph or eager, and whether the O
+    // GEMV lets gate/up start early, change no value either.
+    CudaModelOptions unfused = cuda_options();
+    unfused.decode_attention = DecodeAttentionPath::kCluster;
+    const std::vector<float> unfused_graph = run(unfused);
+    CudaModelOptions unfused_late = unfused;
+    unfused_late.o_allows_gate_up_early = false;
+    CudaModelOptions unfused_eager = cuda_options(0, 1024, false, true);
+    unfused_eager.decode_attention = DecodeAttentionPath::kCluster;
+    INFO(spec.name << " unfused path: gate/up after O's wait, then eager launches");
+    REQUIRE(run(unfused_late) == unfused_graph);
+    REQUIRE(run(unfused_eager) == unfused_graph);
   }
 }
 
@@ -731,6 +743,260 @@ TEST_CASE("decode_gemv kAttentionMerge refuses what it cannot run", "[ch08][gpu]
   p = valid();
   p.merge.partial_acc = nullptr;
   refused(p, GemvOutput::kResidualAdd, DecodeGemvKernel::kAuto);
+}
+
+// The attention of one token (query heads (H, D), keys / values (Hkv, max_context, D),
+// the first kv_len of them) in float64, each output rounded to bf16 as chapter 07 stores it.
+std::vector<float> attention_reference(const std::vector<uint16_t>& q, const std::vector<uint16_t>& k,
+                                       const std::vector<uint16_t>& v, int H, int Hkv, int D, int max_context,
+                                       int kv_len) {
+  std::vector<float> out(size_t(H) * D);
+  const int G = H / Hkv;
+  for (int h = 0; h < H; ++h) {
+    const size_t head = size_t(h / G) * max_context * D;
+    std::vector<double> scores(kv_len);
+    double top = -INFINITY;
+    for (int j = 0; j < kv_len; ++j) {
+      double dot = 0;
+      for (int d = 0; d < D; ++d) {
+        dot += double(bf16_bits_to_float(q[size_t(h) * D + d])) * bf16_bits_to_float(k[head + size_t(j) * D + d]);
+      }
+      scores[j] = dot / std::sqrt(double(D));
+      top = std::max(top, scores[j]);
+    }
+    double sum = 0;
+    for (double& x : scores) sum += (x = std::exp(x - top));
+    for (int d = 0; d < D; ++d) {
+      double acc = 0;
+      for (int j = 0; j < kv_len; ++j) acc += scores[j] * bf16_bits_to_float(v[head + size_t(j) * D + d]);
+      out[size_t(h) * D + d] = round_to_bf16(float(acc / sum));
+    }
+  }
+  return out;
+}
+
+TEST_CASE("decode_attention_o: every kv group's share of the O projection matches a CPU reference",
+          "[ch08][gpu][kernels]") {
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  struct Case {
+    int C, H, Hkv, D, committed, cluster;  // kv_len = committed + 1; cluster 0: the largest that runs
+    bool bias;
+  };
+  const Case cases[] = {
+      {1536, 12, 2, 128, 39, 0, true},    // Bielik at 40 keys: 16 splits, most of them empty
+      {1536, 12, 2, 128, 271, 0, false},  // 272 keys
+      {1536, 12, 2, 128, 2047, 0, true},  // 2048 keys: every split holds 128
+      {576, 9, 3, 64, 100, 0, false},     // SmolLM2-135M's attention (G = 3, D = 64)
+      {576, 9, 3, 64, 100, 5, true},      // a cluster of 5: 116 rows a block, the last one 112
+      {200, 4, 2, 64, 6, 3, true},        // odd C (67 rows a block, the last one 66), 7 keys
+      {200, 4, 2, 64, 0, 1, false},       // one key, a cluster of one block
+      {192, 6, 1, 128, 33, 16, true},     // C = 192 over 16 blocks: 12 rows each
+  };
+  uint64_t case_seed = seed;
+  for (const Case& c : cases) {
+    const int G = c.H / c.Hkv, band = G * c.D, kv_len = c.committed + 1, max_context = kv_len + 9;
+    const int cluster = decode_attention_o_cluster_size(c.C, c.H, c.Hkv, c.D, c.cluster);
+    INFO("C=" << c.C << " H=" << c.H << " Hkv=" << c.Hkv << " D=" << c.D << " kv_len=" << kv_len << " cluster "
+              << cluster << " (asked " << c.cluster << ") bias " << c.bias);
+    if (!device_is_sm90_or_newer()) {
+      REQUIRE(cluster == 0);  // before sm_90 the model runs the unfused path
+      continue;
+    }
+    REQUIRE(cluster == (c.cluster > 0 ? c.cluster : 16));  // the H200 runs every size asked here
+    const std::vector<uint16_t> q = random_bf16(size_t(c.H) * c.D, ++case_seed, 1.0f);
+    const std::vector<uint16_t> k = random_bf16(size_t(c.Hkv) * max_context * c.D, ++case_seed, 1.0f);
+    const std::vector<uint16_t> v = random_bf16(size_t(c.Hkv) * max_context * c.D, ++case_seed, 1.0f);
+    const std::vector<uint16_t> W = random_bf16(size_t(c.C) * c.H * c.D, ++case_seed, 1.0f / std::sqrt(float(band)));
+    const std::vector<uint16_t> bias = random_bf16(c.C, ++case_seed, 0.5f);
+    const std::vector<float> attention = attention_reference(q, k, v, c.H, c.Hkv, c.D, max_context, kv_len);
+    // Group g's share: W_o's columns [g band, (g + 1) band) times g's heads' outputs, and
+    // the bias in group 0's.
+    std::vector<double> expected(size_t(c.Hkv) * c.C);
+    for (int g = 0; g < c.Hkv; ++g) {
+      for (int n = 0; n < c.C; ++n) {
+        double acc = g == 0 && c.bias ? bf16_bits_to_float(bias[n]) : 0.0;
+        for (int i = 0; i < band; ++i) {
+          const size_t column = size_t(g) * band + i;
+          acc += double(bf16_bits_to_float(W[size_t(n) * c.H * c.D + column])) * attention[column];
+        }
+        expected[size_t(g) * c.C + n] = acc;
+      }
+    }
+    DeviceBuffer<uint16_t> d_q(q), d_k(k), d_v(v), d_W(W), d_bias(bias);
+    DeviceBuffer<int> d_length(std::vector<int>{c.committed});
+    DeviceBuffer<float> d_partials(size_t(c.Hkv) * c.C);
+    for (bool pdl : {false, true}) {
+      INFO("pdl " << pdl);
+      d_partials.fill_bytes(0xFF);  // NaN: every output must be written
+      AttentionOParams p;
+      p.partials = d_partials.data();
+      p.q = reinterpret_cast<const __nv_bfloat16*>(d_q.data());
+      p.k_cache = reinterpret_cast<const __nv_bfloat16*>(d_k.data());
+      p.v_cache = reinterpret_cast<const __nv_bfloat16*>(d_v.data());
+      p.d_length = d_length.data();
+      p.new_tokens = 1;
+      p.max_context = max_context;
+      p.w_o = reinterpret_cast<const __nv_bfloat16*>(d_W.data());
+      p.b_o = c.bias ? reinterpret_cast<const __nv_bfloat16*>(d_bias.data()) : nullptr;
+      p.C = c.C;
+      p.H = c.H;
+      p.Hkv = c.Hkv;
+      p.D = c.D;
+      decode_attention_o(p, cluster, pdl);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      const CompareResult r = compare("attention + O partials", d_partials.to_host(), expected, tolerance::kBf16Output);
+      INFO(r.report);
+      REQUIRE(r.passed);
+    }
+  }
+}
+
+TEST_CASE("decode_attention_o refuses what it cannot run", "[ch08][gpu][kernels]") {
+  DeviceBuffer<uint16_t> q(12 * 128), k(2 * 64 * 128), v(2 * 64 * 128), W(1536 * 1536);
+  DeviceBuffer<int> length(1);
+  DeviceBuffer<float> partials(2 * 1536);
+  auto valid = [&] {
+    AttentionOParams p;
+    p.partials = partials.data();
+    p.q = reinterpret_cast<const __nv_bfloat16*>(q.data());
+    p.k_cache = reinterpret_cast<const __nv_bfloat16*>(k.data());
+    p.v_cache = reinterpret_cast<const __nv_bfloat16*>(v.data());
+    p.d_length = length.data();
+    p.max_context = 64;
+    p.w_o = reinterpret_cast<const __nv_bfloat16*>(W.data());
+    p.C = 1536;
+    p.H = 12;
+    p.Hkv = 2;
+    p.D = 128;
+    return p;
+  };
+  AttentionOParams p = valid();
+  p.D = 16;  // no kernel for head_dim 16
+  REQUIRE_THROWS_AS(decode_attention_o(p, 16, false), std::invalid_argument);
+  REQUIRE_THROWS_AS(decode_attention_o_cluster_size(1536, 12, 2, 16), std::invalid_argument);
+  p = valid();
+  p.H = 13;  // not a multiple of Hkv
+  REQUIRE_THROWS_AS(decode_attention_o(p, 16, false), std::invalid_argument);
+  p = valid();
+  p.d_length = nullptr;
+  REQUIRE_THROWS_AS(decode_attention_o(p, 16, false), std::invalid_argument);
+  p = valid();
+  p.w_o = reinterpret_cast<const __nv_bfloat16*>(W.data()) + 1;  // not 16-byte aligned
+  REQUIRE_THROWS_AS(decode_attention_o(p, 16, false), std::invalid_argument);
+  // Bielik's W_o rows over 8 blocks need 295 KB of shared memory a block: more than any
+  // GPU offers, so no cluster of 8 or fewer runs it, and asking for 8 finds none; 17
+  // blocks is over the largest cluster.
+  REQUIRE(decode_attention_o_cluster_size(1536, 12, 2, 128, 8) == 0);
+  REQUIRE_THROWS_AS(decode_attention_o(valid(), 8, false), std::invalid_argument);
+  REQUIRE_THROWS_AS(decode_attention_o(valid(), 17, false), std::invalid_argument);
+}
+
+TEST_CASE("decode_gemv kRmsNormAddPartials: the O partials added into the residual, then norm + gate/up",
+          "[ch08][gpu][kernels]") {
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  struct Case {
+    int N, K, count;
+    bool bias;
+  };
+  const Case cases[] = {
+      {8960, 1536, 2, true},  // Bielik's gate/up, 2 kv groups
+      {1536, 576, 3, false},  // SmolLM2's, 3 kv groups
+      {43, 344, 3, true},     // odd sizes
+      {129, 2056, 1, false},  // K > 2048: two batches a row, the last shorter
+  };
+  uint64_t case_seed = seed;
+  for (const Case& c : cases) {
+    INFO("N=" << c.N << " K=" << c.K << " partials " << c.count << " bias " << c.bias);
+    const std::vector<uint16_t> x = random_bf16(c.K, ++case_seed, 2.0f);
+    std::vector<float> partials(size_t(c.count) * c.K);
+    {
+      std::mt19937_64 engine(++case_seed);
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      for (float& value : partials) value = normal(engine);
+    }
+    const std::vector<uint16_t> W = random_bf16(size_t(2) * c.N * c.K, ++case_seed, 1.0f / std::sqrt(float(c.K)));
+    const std::vector<uint16_t> bias = random_bf16(2 * c.N, ++case_seed, 0.5f);
+    std::vector<uint16_t> norm = random_bf16(c.K, ++case_seed, 0.2f);
+    for (auto& value : norm) value = float_to_bf16_bits(1.0f + bf16_bits_to_float(value));
+
+    // h = bf16(x + bf16(partial 0 + partial 1 + ...)), summed in fp32 in that order: the
+    // residual the unfused O GEMV's kResidualAdd stores. The kernel must store exactly it.
+    std::vector<uint16_t> h_bits(c.K);
+    std::vector<float> h(c.K);
+    for (int i = 0; i < c.K; ++i) {
+      float o = 0.0f;
+      for (int g = 0; g < c.count; ++g) o += partials[size_t(g) * c.K + i];
+      h_bits[i] = float_to_bf16_bits(bf16_bits_to_float(x[i]) + round_to_bf16(o));
+      h[i] = bf16_bits_to_float(h_bits[i]);
+    }
+    double sum_squares = 0;
+    for (float value : h) sum_squares += double(value) * value;
+    const double inverse_rms = 1.0 / std::sqrt(sum_squares / c.K + 1e-6);
+    std::vector<float> input(c.K);
+    for (int i = 0; i < c.K; ++i) input[i] = round_to_bf16(float(h[i] * inverse_rms * bf16_bits_to_float(norm[i])));
+    auto dot = [&](int row) {
+      double acc = c.bias ? bf16_bits_to_float(bias[row]) : 0.0;
+      for (int i = 0; i < c.K; ++i) acc += double(bf16_bits_to_float(W[size_t(row) * c.K + i])) * input[i];
+      return acc;
+    };
+    std::vector<float> expected(c.N);
+    for (int n = 0; n < c.N; ++n) {
+      const float gate = round_to_bf16(float(dot(n))), up = round_to_bf16(float(dot(c.N + n)));
+      expected[n] = gate / (1.0f + std::exp(-gate)) * up;
+    }
+
+    DeviceBuffer<uint16_t> d_x(x), d_W(W), d_bias(bias), d_norm(norm), d_y(size_t(c.N)), d_h(size_t(c.K));
+    DeviceBuffer<float> d_partials(partials);
+    for (DecodeGemvKernel kernel : {DecodeGemvKernel::kRegisterLoads, DecodeGemvKernel::kRegisterPipelined}) {
+      for (bool pdl : {false, true}) {
+        INFO("kernel " << (kernel == DecodeGemvKernel::kRegisterLoads ? "register loads" : "register pipelined")
+                       << " pdl " << pdl);
+        d_y.fill_bytes(0xFF);
+        d_h.fill_bytes(0xFF);
+        DecodeGemvParams p{};
+        p.y = d_y.data();
+        p.x = reinterpret_cast<const __nv_bfloat16*>(d_x.data());
+        p.norm_weight = reinterpret_cast<const __nv_bfloat16*>(d_norm.data());
+        p.W = reinterpret_cast<const __nv_bfloat16*>(d_W.data());
+        p.bias = c.bias ? reinterpret_cast<const __nv_bfloat16*>(d_bias.data()) : nullptr;
+        p.N = c.N;
+        p.K = c.K;
+        p.eps = 1e-6f;
+        p.residual_partials =
+            ResidualPartials{d_partials.data(), c.count, reinterpret_cast<__nv_bfloat16*>(d_h.data())};
+        decode_gemv(GemvInput::kRmsNormAddPartials, GemvOutput::kSwiGLU, p, pdl, 0, kernel);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        REQUIRE(d_h.to_host() == h_bits);
+        const CompareResult r = compare_bf16("kRmsNormAddPartials", d_y.to_host(), expected, tolerance::kBf16Output);
+        INFO(r.report);
+        REQUIRE(r.passed);
+      }
+    }
+  }
+  // Only the gate/up form exists, on the register kernels, with its partials.
+  DeviceBuffer<uint16_t> x(64), W(2 * 64 * 64), y(64), h(64), norm(64);
+  DeviceBuffer<float> partials(2 * 64);
+  DecodeGemvParams p{};
+  p.y = y.data();
+  p.x = reinterpret_cast<const __nv_bfloat16*>(x.data());
+  p.norm_weight = reinterpret_cast<const __nv_bfloat16*>(norm.data());
+  p.W = reinterpret_cast<const __nv_bfloat16*>(W.data());
+  p.N = 64;
+  p.K = 64;
+  p.residual_partials = ResidualPartials{partials.data(), 2, reinterpret_cast<__nv_bfloat16*>(h.data())};
+  REQUIRE_THROWS_AS(decode_gemv(GemvInput::kRmsNormAddPartials, GemvOutput::kBf16, p, false), std::invalid_argument);
+  if (weight_stream_supported()) {
+    REQUIRE_THROWS_AS(decode_gemv(GemvInput::kRmsNormAddPartials, GemvOutput::kSwiGLU, p, false, 0,
+                                  DecodeGemvKernel::kBulkStream),
+                      std::invalid_argument);
+  }
+  p.residual_partials.count = 0;
+  REQUIRE_THROWS_AS(decode_gemv(GemvInput::kRmsNormAddPartials, GemvOutput::kSwiGLU, p, false), std::invalid_argument);
+  p.residual_partials.count = 2;
+  p.residual_partials.residual_out = nullptr;
+  REQUIRE_THROWS_AS(decode_gemv(GemvInput::kRmsNormAddPartials, GemvOutput::kSwiGLU, p, false), std::invalid_argument);
 }
 
 TEST_CASE("decode_gemv kRopeAppend equals the QKV GEMV then decode_rope_append, bit for bit", "[ch08][gpu][kernels]") {

@@ -1,0 +1,87 @@
+// v5's attention of one kv head by a thread block cluster (sm_90), as a device function:
+// chapter 07's v5 kernel is this plus a global store, and chapter 08's fused attention +
+// O projection is this plus the projection. Not a public API.
+//
+// Block r of the cluster (its rank) streams split r of the kv head's keys with v3's
+// pipelined body, leaves its partial state in its OWN shared memory (ClusterPartial),
+// meets the cluster at a barrier, then merges outputs [r * per_block, ...) of the G x D
+// from every block's partial, read through distributed shared memory, and hands each
+// merged value to the caller's `store`. The caller must meet the cluster once more
+// before its blocks exit: a block's shared memory must outlive the other blocks' reads.
+#pragma once
+
+#include <cooperative_groups.h>
+
+#include "decode_attention.cuh"  // kDecodeV3MinKeysPerSplit
+#include "decode_attention_device.cuh"
+
+namespace bielik::decode {
+
+constexpr int kClusterWarps = 8;     // warps per block: 32 keys a round for D = 128
+constexpr int kClusterMaxSize = 16;  // the largest (non-portable) cluster size
+constexpr int kClusterUnroll = 2;    // key rounds in flight per lane group
+
+/// One block's split, in its shared memory, read by the other blocks of the cluster.
+template <int D, int G>
+struct ClusterPartial {
+  alignas(16) float acc[G * D];  ///< sum_j p_j v_j of this split's keys, (G, D)
+  float ml[G * 2];               ///< (m, l) per query head
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+
+/// The attention of kv head `kv_head` for its G query heads, by the calling cluster (one
+/// block per split). kv_len = *d_length + kv_len_arg (d_length may be null: 0 committed),
+/// capped at max_context. The length and the committed keys are read before the PDL wait
+/// (an earlier step committed them); q and the newest keys after it. Calls
+/// store(output, value) for this block's share of the G x D outputs, output = h * D + d
+/// within the kv head's group (no keys at all: zeros). Every thread must call it.
+template <int D, int G, typename Store>
+__device__ __forceinline__ void cluster_attention(cooperative_groups::cluster_group& cluster,
+                                                  ClusterPartial<D, G>& mine, const __nv_bfloat16* q,
+                                                  const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
+                                                  int kv_head, const int* d_length, int kv_len_arg, int max_context,
+                                                  Store store) {
+  const int split = int(cluster.block_rank()), splits = int(cluster.num_blocks());
+  const int committed = d_length ? *d_length : 0;
+  const int kv_len = min(committed + kv_len_arg, max_context);
+  const int chunk = split_chunk_keys(kv_len, splits, kDecodeV3MinKeysPerSplit);
+  const int begin = split * chunk, end = min(kv_len, begin + chunk);
+  if (begin >= end) {
+    pdl_wait();
+    write_empty_partial<G>(mine.ml);
+  } else {
+    pipelined_split_partial<D, G, kClusterWarps, kClusterUnroll>(mine.acc, mine.ml, q, k_cache, v_cache, kv_head,
+                                                                 max_context, begin, end, committed,
+                                                                 WaitForPreviousKernel{});
+  }
+  cluster.sync();  // every split's partial is written and visible cluster-wide
+
+  // One load per split from that block's shared memory, all independent.
+  constexpr int kOutputs = G * D;
+  const int per_block = (kOutputs + splits - 1) / splits;
+  for (int i = int(threadIdx.x); i < per_block && split * per_block + i < kOutputs; i += int(blockDim.x)) {
+    const int output = split * per_block + i;
+    const int h = output / D;
+    float m = -INFINITY, l = 0.0f, acc = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kClusterMaxSize; ++r) {
+      if (r >= splits) break;
+      const ClusterPartial<D, G>* remote = cluster.map_shared_rank(&mine, r);
+      const float m_r = remote->ml[2 * h];
+      const float l_r = remote->ml[2 * h + 1];
+      const float acc_r = remote->acc[output];  // garbage if empty: not used
+      if (m_r == -INFINITY) continue;           // an empty split
+      const float m_new = fmaxf(m, m_r);
+      const float old_weight = exp2f(m - m_new), new_weight = exp2f(m_r - m_new);
+      l = l * old_weight + l_r * new_weight;
+      acc = acc * old_weight + acc_r * new_weight;
+      m = m_new;
+    }
+    store(output, l > 0.0f ? acc / l : 0.0f);  // l > 0 whenever kv_len >= 1
+  }
+}
+
+#endif  // sm_90
+
+}  // namespace bielik::decode

@@ -1,0 +1,69 @@
+/// @file decode_attention_o.cuh
+/// @brief Chapter 08: the decode step's attention AND its O projection in one kernel of
+/// thread block clusters (sm_90).
+///
+/// Why. In the decode step the attention and the O projection are two short kernels in
+/// a chain (QKV -> attention -> O -> gate/up) that no weight stream overlaps. Leaving
+/// the O kernel out of every layer saved 7.7 us a layer on the H200 (bench_model's
+/// marginal-cost table) for a projection whose 4.7 MB need ~1.1 us of bandwidth: its
+/// cost is the kernel boundary and the gate/up kernel it keeps from starting, not its
+/// bytes.
+///
+/// How. Chapter 07's v5 runs the attention of kv head g as a cluster of S blocks, and
+/// the cluster ends up holding the G x D attention output of g's query heads. That is
+/// everything the O projection needs from g: W_o's columns [g G D, (g + 1) G D) times
+/// that vector is g's share of every O output. So:
+///  * before its PDL wait, while the QKV projection still runs, block r of g's cluster
+///    asks the bulk-copy engine for its rows of that column band, rows
+///    [r C / S, (r + 1) C / S) (147 KB of shared memory for Bielik with S = 16);
+///  * it runs v5's attention (decode_attention_cluster.cuh), and each merged output
+///    value is written straight into the shared memory of EVERY block of the cluster
+///    (distributed shared memory), so that after one cluster barrier each block holds
+///    the group's whole attention output, and no block reads another's memory again;
+///  * it multiplies its W_o rows by that vector and writes g's partial sums.
+/// The partials of the Hkv groups, partials[g][n], add up to the O projection (+ its bias,
+/// added to group 0's). The next kernel (the gate/up GEMV, GemvInput::kRmsNormAddPartials)
+/// adds them into the residual stream as it stages its input: no O kernel, and gate/up
+/// is scheduled as soon as this kernel starts, so its weights stream during the attention.
+///
+/// Numerics: the attention output is rounded to bf16 (as chapter 07 stores it), each
+/// partial is an fp32 sum, the O output bf16(sum_g partials[g][n]) is rounded by its
+/// consumer. Only the summation order differs from the unfused GEMV.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+namespace bielik {
+
+/// The fused kernel's arguments. All pointers are device pointers.
+struct AttentionOParams {
+  float* partials = nullptr;              ///< (Hkv, C) written: kv group g's share of the O projection
+  const __nv_bfloat16* q = nullptr;       ///< (H, D) this token's rotated queries
+  const __nv_bfloat16* k_cache = nullptr; ///< (Hkv, max_context, D) one layer
+  const __nv_bfloat16* v_cache = nullptr; ///< (Hkv, max_context, D) one layer
+  const int* d_length = nullptr;          ///< (1) committed tokens: kv_len = *d_length + new_tokens
+  int new_tokens = 1;
+  int max_context = 0;
+  const __nv_bfloat16* w_o = nullptr;     ///< (C, H D), HuggingFace's o_proj.weight
+  const __nv_bfloat16* b_o = nullptr;     ///< (C) or nullptr
+  int C = 0, H = 0, Hkv = 0, D = 0;
+};
+
+/// The cluster size (attention splits per kv head) decode_attention_o would use for this
+/// shape on this GPU when asked for `requested` (0: the largest, 16 where the GPU allows
+/// that non-portable size): the largest size <= requested whose blocks' shared memory
+/// (their W_o rows, C / size of them, plus the attention's) fits and whose cluster the
+/// GPU can schedule. 0 when there is none, or before sm_90: the caller then runs the
+/// attention and the O projection as separate kernels.
+int decode_attention_o_cluster_size(int C, int H, int Hkv, int D, int requested = 0);
+
+/// The attention of one new token over the cache and the O projection of its output, as
+/// Hkv partial sums (see the file comment). `cluster`: blocks per kv head, as returned by
+/// decode_attention_o_cluster_size. Throws std::invalid_argument for a missing pointer, a
+/// shape the kernel lacks (D = 64 or 128, H / Hkv in 1..8) or a cluster size that cannot
+/// run. `pdl`: launched with programmatic dependent launch; the kernel then lets its
+/// dependents start at once (they may read only constants before their own wait).
+void decode_attention_o(const AttentionOParams& params, int cluster, bool pdl, cudaStream_t stream = 0);
+
+}  // namespace bielik
