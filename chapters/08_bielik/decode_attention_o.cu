@@ -23,8 +23,9 @@ using namespace decode_device;
 
 constexpr int kThreadsPerBlock = decode::kClusterWarps * 32;
 
-// Grid (S, Hkv), clusters of (S, 1, 1): cluster g computes kv head g; its block r owns
-// O rows [r * rows_per_block, ...) of g's column band.
+// Grid (S, Hkv, R), clusters of (S, 1, 1): cluster (g, z) computes kv head g (each of
+// the R replicas the same attention); its block r owns O rows
+// [(z S + r) rows_per_block, ...) of g's column band.
 template <int D, int G>
 __global__ void __launch_bounds__(kThreadsPerBlock) attention_o_kernel(AttentionOParams p, int rows_per_block) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -37,7 +38,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) attention_o_kernel(Attention
   __shared__ uint64_t rows_arrived;                 // counts the band rows' bytes in
   cg::cluster_group cluster = cg::this_cluster();
   const int group = int(blockIdx.y), splits = int(cluster.num_blocks());
-  const int row_begin = int(cluster.block_rank()) * rows_per_block;
+  const int row_begin = (int(blockIdx.z) * splits + int(cluster.block_rank())) * rows_per_block;
   const int rows = max(0, min(p.C, row_begin + rows_per_block) - row_begin);
 
   // The next kernel (gate/up) reads only constants before its wait: let it be scheduled
@@ -101,10 +102,10 @@ Kernel kernel_for(int D, int G) {
   });
 }
 
-int rows_per_block(int C, int cluster) { return (C + cluster - 1) / cluster; }
+int rows_per_block(int C, int blocks) { return (C + blocks - 1) / blocks; }
 
-size_t dynamic_bytes(int C, int G, int D, int cluster) {
-  return (size_t(rows_per_block(C, cluster)) + 1) * G * D * sizeof(__nv_bfloat16);  // the rows + the vector
+size_t dynamic_bytes(int C, int G, int D, int blocks) {
+  return (size_t(rows_per_block(C, blocks)) + 1) * G * D * sizeof(__nv_bfloat16);  // the rows + the vector
 }
 
 // Allows the kernel all the shared memory the GPU offers a block (so that any size we
@@ -131,10 +132,10 @@ size_t prepare(Kernel kernel) {
   return allowed;
 }
 
-cudaLaunchConfig_t launch_config(int cluster, int Hkv, size_t bytes, cudaStream_t stream,
+cudaLaunchConfig_t launch_config(int cluster, int Hkv, int replicas, size_t bytes, cudaStream_t stream,
                                  cudaLaunchAttribute (&attributes)[2], bool pdl) {
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(cluster, Hkv);
+  config.gridDim = dim3(cluster, Hkv, replicas);
   config.blockDim = dim3(kThreadsPerBlock);
   config.dynamicSmemBytes = bytes;
   config.stream = stream;
@@ -153,18 +154,18 @@ cudaLaunchConfig_t launch_config(int cluster, int Hkv, size_t bytes, cudaStream_
 
 // Whether a cluster of `cluster` blocks of this shape fits (shared memory) and can be
 // scheduled on this GPU; asked once per shape.
-bool can_run(int C, int H, int Hkv, int D, int cluster) {
-  if (!device_is_sm90_or_newer() || cluster < 1 || cluster > decode::kClusterMaxSize) return false;
+bool can_run(int C, int H, int Hkv, int D, int cluster, int replicas) {
+  if (!device_is_sm90_or_newer() || cluster < 1 || cluster > decode::kClusterMaxSize || replicas < 1) return false;
   static std::map<std::pair<Kernel, std::pair<int, int>>, bool> known;
   const Kernel kernel = kernel_for(D, H / Hkv);
-  const size_t bytes = dynamic_bytes(C, H / Hkv, D, cluster);
+  const size_t bytes = dynamic_bytes(C, H / Hkv, D, cluster * replicas);
   const auto key = std::make_pair(kernel, std::make_pair(int(bytes), cluster * 1024 + Hkv));
   auto found = known.find(key);
   if (found != known.end()) return found->second;
   bool ok = bytes <= prepare(kernel);
   if (ok) {
     cudaLaunchAttribute attributes[2];
-    cudaLaunchConfig_t config = launch_config(cluster, Hkv, bytes, 0, attributes, false);
+    cudaLaunchConfig_t config = launch_config(cluster, Hkv, 1, bytes, 0, attributes, false);
     int clusters = 0;
     ok = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess && clusters >= 1;
     (void)cudaGetLastError();
@@ -183,16 +184,16 @@ void check_shape(int C, int H, int Hkv, int D) {
 
 }  // namespace
 
-int decode_attention_o_cluster_size(int C, int H, int Hkv, int D, int requested) {
+int decode_attention_o_cluster_size(int C, int H, int Hkv, int D, int requested, int replicas) {
   check_shape(C, H, Hkv, D);
   const int start = requested > 0 ? std::min(requested, decode::kClusterMaxSize) : decode::kClusterMaxSize;
   for (int cluster = start; cluster >= 1; --cluster) {
-    if (can_run(C, H, Hkv, D, cluster)) return cluster;
+    if (can_run(C, H, Hkv, D, cluster, replicas)) return cluster;
   }
   return 0;
 }
 
-void decode_attention_o(const AttentionOParams& p, int cluster, bool pdl, cudaStream_t stream) {
+void decode_attention_o(const AttentionOParams& p, int cluster, bool pdl, cudaStream_t stream, int replicas) {
   check_shape(p.C, p.H, p.Hkv, p.D);
   if (!p.partials || !p.q || !p.k_cache || !p.v_cache || !p.d_length || !p.w_o || p.max_context < 1 ||
       p.new_tokens < 0 || reinterpret_cast<uintptr_t>(p.w_o) % 16 != 0) {
@@ -200,16 +201,17 @@ void decode_attention_o(const AttentionOParams& p, int cluster, bool pdl, cudaSt
         "decode_attention_o: needs the partials, q, cache, length and 16-byte aligned W_o pointers, max_context >= 1 "
         "and new_tokens >= 0");
   }
-  if (!can_run(p.C, p.H, p.Hkv, p.D, cluster)) {
-    throw std::invalid_argument("decode_attention_o: a cluster of " + std::to_string(cluster) +
-                                " blocks cannot run this shape on this GPU (C=" + std::to_string(p.C) +
-                                "); ask decode_attention_o_cluster_size");
+  if (!can_run(p.C, p.H, p.Hkv, p.D, cluster, replicas)) {
+    throw std::invalid_argument("decode_attention_o: " + std::to_string(replicas) + " replica(s) of a cluster of " +
+                                std::to_string(cluster) + " blocks cannot run this shape on this GPU (C=" +
+                                std::to_string(p.C) + "); ask decode_attention_o_cluster_size");
   }
   const Kernel kernel = kernel_for(p.D, p.H / p.Hkv);
+  const int blocks = cluster * replicas;  // per kv group, sharing its O rows
   cudaLaunchAttribute attributes[2];
-  const cudaLaunchConfig_t config =
-      launch_config(cluster, p.Hkv, dynamic_bytes(p.C, p.H / p.Hkv, p.D, cluster), stream, attributes, pdl);
-  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, rows_per_block(p.C, cluster)));
+  const cudaLaunchConfig_t config = launch_config(cluster, p.Hkv, replicas, dynamic_bytes(p.C, p.H / p.Hkv, p.D, blocks),
+                                                  stream, attributes, pdl);
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, rows_per_block(p.C, blocks)));
 }
 
 }  // namespace bielik

@@ -52,18 +52,23 @@ struct AttentionOParams {
 
 /// The cluster size (attention splits per kv head) decode_attention_o would use for this
 /// shape on this GPU when asked for `requested` (0: the largest, 16 where the GPU allows
-/// that non-portable size): the largest size <= requested whose blocks' shared memory
-/// (their W_o rows, C / size of them, plus the attention's) fits and whose cluster the
-/// GPU can schedule. 0 when there is none, or before sm_90: the caller then runs the
-/// attention and the O projection as separate kernels.
-int decode_attention_o_cluster_size(int C, int H, int Hkv, int D, int requested = 0);
+/// that non-portable size) with `replicas` clusters per kv head: the largest size <=
+/// requested whose blocks' shared memory (their W_o rows, C / (size x replicas) of them,
+/// plus the attention's) fits and whose cluster the GPU can schedule. 0 when there is
+/// none, or before sm_90: the caller then runs the attention and the O projection as
+/// separate kernels.
+int decode_attention_o_cluster_size(int C, int H, int Hkv, int D, int requested = 0, int replicas = 1);
 
 /// The attention of one new token over the cache and the O projection of its output, as
-/// Hkv partial sums (see the file comment). `cluster`: blocks per kv head, as returned by
-/// decode_attention_o_cluster_size. Throws std::invalid_argument for a missing pointer, a
-/// shape the kernel lacks (D = 64 or 128, H / Hkv in 1..8) or a cluster size that cannot
-/// run. `pdl`: launched with programmatic dependent launch; the kernel then lets its
-/// dependents start at once (they may read only constants before their own wait).
-void decode_attention_o(const AttentionOParams& params, int cluster, bool pdl, cudaStream_t stream = 0);
+/// Hkv partial sums (see the file comment). `cluster`: blocks per cluster, as returned by
+/// decode_attention_o_cluster_size. `replicas`: clusters per kv head, each computing the
+/// same attention and projecting 1 / replicas of the O rows: W_o's 4.7 MB are then
+/// loaded by replicas x 32 SMs instead of 32 (one SM's port is the limit:
+/// bench_attention_o). Throws std::invalid_argument for a missing pointer, a shape the
+/// kernel lacks (D = 64 or 128, H / Hkv in 1..8) or a cluster that cannot run. `pdl`:
+/// launched with programmatic dependent launch; the kernel then lets its dependents start
+/// at once (they may read only constants before their own wait).
+void decode_attention_o(const AttentionOParams& params, int cluster, bool pdl, cudaStream_t stream = 0,
+                        int replicas = 1);
 
 }  // namespace bielik

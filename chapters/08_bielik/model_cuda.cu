@@ -66,6 +66,10 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     throw std::invalid_argument("attention_min_keys_per_split must be >= 0 (0: chapter 07's default), got " +
                                 std::to_string(options_.attention_min_keys_per_split));
   }
+  if (options_.attention_o_replicas < 1) {
+    throw std::invalid_argument("attention_o_replicas must be >= 1, got " +
+                                std::to_string(options_.attention_o_replicas));
+  }
   if (options_.attention_splits < 0) {
     throw std::invalid_argument("attention_splits must be >= 0 (0: automatic), got " +
                                 std::to_string(options_.attention_splits));
@@ -113,7 +117,8 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     attention_path_ = options_.decode_attention;
     int fused_cluster = 0;
     if (attention_path_ == DecodeAttentionPath::kClusterWithO) {
-      fused_cluster = decode_attention_o_cluster_size(C_, H_, Hkv_, D_, options_.attention_splits);
+      fused_cluster =
+          decode_attention_o_cluster_size(C_, H_, Hkv_, D_, options_.attention_splits, options_.attention_o_replicas);
       if (fused_cluster == 0) attention_path_ = DecodeAttentionPath::kCluster;
     }
     attention_splits_ = attention_path_ == DecodeAttentionPath::kClusterWithO ? fused_cluster
@@ -578,7 +583,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
       attention_o.H = H_;
       attention_o.Hkv = Hkv_;
       attention_o.D = D_;
-      decode_attention_o(attention_o, attention_splits_, pdl, s);
+      decode_attention_o(attention_o, attention_splits_, pdl, s, options_.attention_o_replicas);
       done("attention_o");
     } else if (skip & (kSkipAttention | kSkipOProjection)) {
       // Measurement only (decode_skip): the attention and / or the O projection left out.

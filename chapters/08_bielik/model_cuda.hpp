@@ -98,6 +98,9 @@ struct CudaModelOptions {
   /// the v3 paths; at most 1024, the workspace's size, and for the cluster paths at most
   /// the largest cluster, 16; bench_model sweeps it).
   int attention_splits = 0;
+  /// kClusterWithO: clusters per kv head, each computing the same attention and
+  /// projecting 1 / replicas of the O rows (decode_attention_o; bench_model sweeps it).
+  int attention_o_replicas = 4;
   /// How the decode step computes attention (bench_model measures each).
   DecodeAttentionPath decode_attention = DecodeAttentionPath::kClusterWithO;
   /// kMergeInO: least keys per attention split (0: chapter 07's kDecodeV3MinKeysPerSplit).

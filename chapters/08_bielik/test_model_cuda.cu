@@ -190,12 +190,16 @@ TEST_CASE("CUDA model: a head_dim the attention kernels lack is refused at load"
   REQUIRE(refused);
 }
 
-TEST_CASE("CUDA model: negative attention options are refused at load, naming the option", "[ch08][gpu][model]") {
+TEST_CASE("CUDA model: out-of-range attention options are refused at load, naming the option", "[ch08][gpu][model]") {
   const std::string dir = tiny_checkpoint(kSpecs[0]);
-  for (int which = 0; which < 2; ++which) {
+  for (int which = 0; which < 3; ++which) {
     CudaModelOptions options = cuda_options();
-    (which == 0 ? options.attention_splits : options.attention_min_keys_per_split) = -1;
-    const std::string name = which == 0 ? "attention_splits" : "attention_min_keys_per_split";
+    int* option[] = {&options.attention_splits, &options.attention_min_keys_per_split,
+                     &options.attention_o_replicas};
+    *option[which] = which == 2 ? 0 : -1;  // replicas: at least one
+    const std::string name = which == 0   ? "attention_splits"
+                             : which == 1 ? "attention_min_keys_per_split"
+                                          : "attention_o_replicas";
     bool refused = false;
     try {
       CudaModel model(dir, options);
@@ -277,10 +281,11 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
       DecodeAttentionPath path;
       int splits, min_keys;
       const char* name;
+      int replicas = 1;
     };
     const AttentionVariant variants[] = {
         {DecodeAttentionPath::kClusterWithO, 1, 0, "attention + O fused"},
-        {DecodeAttentionPath::kClusterWithO, 3, 0, "attention + O fused"},
+        {DecodeAttentionPath::kClusterWithO, 3, 0, "attention + O fused, 5 replicas", 5},
         {DecodeAttentionPath::kClusterWithO, 16, 0, "attention + O fused"},
         {DecodeAttentionPath::kCluster, 0, 0, "v5 cluster"},
         {DecodeAttentionPath::kCluster, 1, 0, "v5 cluster"},
@@ -297,6 +302,7 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
       options.attention_splits = a.splits;
       options.attention_min_keys_per_split = a.min_keys;
       options.decode_attention = a.path;
+      options.attention_o_replicas = a.replicas;
       CudaModel split_model(dir, options);
       const std::string label = std::string(spec.name) + " " + a.name + ", " + std::to_string(a.splits) +
                                 " splits (0: default) of >= " + std::to_string(a.min_keys) + " keys";
@@ -781,24 +787,27 @@ TEST_CASE("decode_attention_o: every kv group's share of the O projection matche
   INFO("seed " << seed);
   struct Case {
     int C, H, Hkv, D, committed, cluster;  // kv_len = committed + 1; cluster 0: the largest that runs
+    int replicas;
     bool bias;
   };
   const Case cases[] = {
-      {1536, 12, 2, 128, 39, 0, true},    // Bielik at 40 keys: 16 splits, most of them empty
-      {1536, 12, 2, 128, 271, 0, false},  // 272 keys
-      {1536, 12, 2, 128, 2047, 0, true},  // 2048 keys: every split holds 128
-      {576, 9, 3, 64, 100, 0, false},     // SmolLM2-135M's attention (G = 3, D = 64)
-      {576, 9, 3, 64, 100, 5, true},      // a cluster of 5: 116 rows a block, the last one 112
-      {200, 4, 2, 64, 6, 3, true},        // odd C (67 rows a block, the last one 66), 7 keys
-      {200, 4, 2, 64, 0, 1, false},       // one key, a cluster of one block
-      {192, 6, 1, 128, 33, 16, true},     // C = 192 over 16 blocks: 12 rows each
+      {1536, 12, 2, 128, 39, 0, 1, true},    // Bielik at 40 keys: 16 splits, most of them empty
+      {1536, 12, 2, 128, 271, 0, 4, false},  // 272 keys, 4 clusters per kv head: 24 rows a block
+      {1536, 12, 2, 128, 2047, 0, 2, true},  // 2048 keys: every split holds 128
+      {576, 9, 3, 64, 100, 0, 3, false},     // SmolLM2-135M's attention (G = 3, D = 64)
+      {576, 9, 3, 64, 100, 5, 1, true},      // a cluster of 5: 116 rows a block, the last one 112
+      {200, 4, 2, 64, 6, 3, 1, true},        // odd C (67 rows a block, the last one 66), 7 keys
+      {200, 4, 2, 64, 6, 3, 5, false},       // 15 blocks of 14 rows, the last one 4
+      {200, 4, 2, 64, 0, 1, 1, false},       // one key, a cluster of one block
+      {192, 6, 1, 128, 33, 16, 1, true},     // C = 192 over 16 blocks: 12 rows each
+      {192, 6, 1, 128, 33, 16, 16, true},    // 256 blocks for 192 rows: some blocks have none
   };
   uint64_t case_seed = seed;
   for (const Case& c : cases) {
     const int G = c.H / c.Hkv, band = G * c.D, kv_len = c.committed + 1, max_context = kv_len + 9;
-    const int cluster = decode_attention_o_cluster_size(c.C, c.H, c.Hkv, c.D, c.cluster);
+    const int cluster = decode_attention_o_cluster_size(c.C, c.H, c.Hkv, c.D, c.cluster, c.replicas);
     INFO("C=" << c.C << " H=" << c.H << " Hkv=" << c.Hkv << " D=" << c.D << " kv_len=" << kv_len << " cluster "
-              << cluster << " (asked " << c.cluster << ") bias " << c.bias);
+              << cluster << " (asked " << c.cluster << ") x " << c.replicas << " replicas, bias " << c.bias);
     if (!device_is_sm90_or_newer()) {
       REQUIRE(cluster == 0);  // before sm_90 the model runs the unfused path
       continue;
@@ -843,7 +852,7 @@ TEST_CASE("decode_attention_o: every kv group's share of the O projection matche
       p.H = c.H;
       p.Hkv = c.Hkv;
       p.D = c.D;
-      decode_attention_o(p, cluster, pdl);
+      decode_attention_o(p, cluster, pdl, 0, c.replicas);
       CUDA_CHECK(cudaDeviceSynchronize());
       const CompareResult r = compare("attention + O partials", d_partials.to_host(), expected, tolerance::kBf16Output);
       INFO(r.report);
