@@ -69,7 +69,7 @@ int main() {
     p.allow_dependents_early = true;
     decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, p, true, s);
   };
-  auto fused = [&](int l, int rows, cudaStream_t s, int replicas = 1) {
+  auto fused = [&](int l, int rows, cudaStream_t s, int replicas = 1, int cluster = 0) {
     AttentionOParams p;
     p.partials = partials.data();
     p.q = qkv.data();
@@ -82,7 +82,7 @@ int main() {
     p.H = H;
     p.Hkv = Hkv;
     p.D = D;
-    decode_attention_o(p, decode_attention_o_cluster_size(rows, H, Hkv, D, 0, replicas), true, s, replicas);
+    decode_attention_o(p, decode_attention_o_cluster_size(rows, H, Hkv, D, cluster, replicas), true, s, replicas);
   };
 
   struct Chain {
@@ -103,10 +103,16 @@ int main() {
                             std::to_string(decode_attention_o_cluster_size(rows, H, Hkv, D)),
                         [&, rows](int l, cudaStream_t s) { fused(l, rows, s); }});
     }
-    for (int replicas : {2, 4}) {
-      chains.push_back({"fused attention + O, C = 1536 rows, " + std::to_string(replicas) + " replicas",
-                        [&, replicas](int l, cudaStream_t s) { fused(l, C, s, replicas); }});
+    for (int cluster : {16, 8}) {
+      for (int replicas : {2, 4, 8}) {
+        if (decode_attention_o_cluster_size(C, H, Hkv, D, cluster, replicas) != cluster) continue;
+        chains.push_back({"fused attention + O, clusters of " + std::to_string(cluster) + " x " +
+                              std::to_string(replicas) + " replicas",
+                          [&, cluster, replicas](int l, cudaStream_t s) { fused(l, C, s, replicas, cluster); }});
+      }
     }
+    chains.push_back({"QKV GEMV + fused attention + O, clusters of 8 x 4 replicas",
+                      [&](int l, cudaStream_t s) { qkv_gemv(l, s), fused(l, C, s, 4, 8); }});
     chains.push_back({"QKV GEMV + fused attention + O", [&](int l, cudaStream_t s) { qkv_gemv(l, s), fused(l, C, s); }});
     chains.push_back({"QKV GEMV + fused attention + O, 4 replicas",
                       [&](int l, cudaStream_t s) { qkv_gemv(l, s), fused(l, C, s, 4); }});

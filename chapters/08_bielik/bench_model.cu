@@ -48,6 +48,7 @@ struct Args {
   bool decode_only = false;  ///< load, decode, print tokens/s, stop (for a profiler's timeline)
   DecodeAttentionPath attention = CudaModelOptions{}.decode_attention;
   int replicas = CudaModelOptions{}.attention_o_replicas;
+  int splits = CudaModelOptions{}.attention_splits;
 };
 
 Args parse(int argc, char** argv) {
@@ -70,6 +71,8 @@ Args parse(int argc, char** argv) {
       a.decode_only = true;
     } else if (flag == "--replicas") {
       a.replicas = std::stoi(value());
+    } else if (flag == "--splits") {
+      a.splits = std::stoi(value());
     } else if (flag == "--attention") {
       const std::string path = value();
       if (path == "cluster_o") {
@@ -86,7 +89,7 @@ Args parse(int argc, char** argv) {
     } else {
       throw std::invalid_argument("unknown argument " + flag +
                                   " (usage: bench_model [--model DIR] [--out FILE] [--decode-tokens N] [--context N]"
-                                  " [--decode-only] [--attention cluster_o|cluster|split_combine|merge_in_o] [--replicas N])");
+                                  " [--decode-only] [--attention cluster_o|cluster|split_combine|merge_in_o] [--replicas N] [--splits N])");
     }
   }
   // A relative default resolves against the source tree when run from elsewhere.
@@ -223,6 +226,7 @@ int main(int argc, char** argv) {
     options.max_context = args.context;
     options.decode_attention = args.attention;
     options.attention_o_replicas = args.replicas;
+    options.attention_splits = args.splits;
     const double load_start = now_ms();
     auto model = std::make_unique<CudaModel>(args.model, options);
     const double load_s = (now_ms() - load_start) * 1e-3;
