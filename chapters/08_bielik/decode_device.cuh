@@ -137,8 +137,17 @@ __device__ __forceinline__ EpilogueInputs load_epilogue_inputs(const DecodeGemvP
   if constexpr (Out == GemvOutput::kResidualAdd) {
     // Read through L2: in the persistent steps other blocks rewrote y since this SM last
     // read it, and L1 is not coherent.
-    const __nv_bfloat16* residual = p.residual_in ? p.residual_in : static_cast<const __nv_bfloat16*>(p.y);
-    in.residual = __bfloat162float(__ldcg(residual + n));
+    in.residual = __bfloat162float(__ldcg(static_cast<const __nv_bfloat16*>(p.y) + n));
+    const ResidualPartials& rp = p.residual_partials;
+    if (rp.partials) {  // the O projection not yet in the residual (decode_attention_o)
+      float part[kMaxResidualPartials];
+#pragma unroll
+      for (int g = 0; g < kMaxResidualPartials; ++g) part[g] = g < rp.count ? __ldcg(rp.partials + size_t(g) * p.N + n) : 0.0f;
+      float o = 0.0f;
+#pragma unroll
+      for (int g = 0; g < kMaxResidualPartials; ++g) o += part[g];  // + 0.0f past count: exact
+      in.residual = round_bf16(in.residual + round_bf16(o));
+    }
   } else if constexpr (Out == GemvOutput::kRopeAppend) {
     const RopeAppendTarget& t = p.rope;
     const int half = t.D / 2, j = n % half;
@@ -390,22 +399,29 @@ __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_
   if constexpr (In == GemvInput::kRmsNormAddPartials) {
     // The O projection, added into the residual stream here instead of by an O kernel:
     // h = bf16(x + bf16(sum_g partials[g])), the value the unfused O GEMV's residual add
-    // stores. Every block computes all of h (K = C values, a few KB from L2); block 0
-    // also stores it for the down projection's residual add.
+    // stores. Every block computes all of h (K = C values, a few KB from L2).
     const ResidualPartials& rp = p.residual_partials;
     for (int c = threadIdx.x; c < chunks; c += kThreads) {
+      // Every load first (x and up to kMaxResidualPartials pairs of float4), so that they
+      // travel to L2 together; then the sums, in the order g = 0, 1, ...
+      const uint4 x_raw = kCoherent ? __ldcg(x_vectors + c) : x_vectors[c];
+      float4 part[kMaxResidualPartials][2];
+#pragma unroll
+      for (int g = 0; g < kMaxResidualPartials; ++g) {
+        const float4* source = reinterpret_cast<const float4*>(rp.partials + size_t(g) * p.K) + 2 * c;
+        part[g][0] = g < rp.count ? __ldcg(source) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        part[g][1] = g < rp.count ? __ldcg(source + 1) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
       float h[8], o[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-      unpack_8(h, kCoherent ? __ldcg(x_vectors + c) : x_vectors[c]);
-      for (int g = 0; g < rp.count; ++g) {
-        const float4* part = reinterpret_cast<const float4*>(rp.partials + size_t(g) * p.K) + 2 * c;
-        const float4 a = __ldcg(part), b = __ldcg(part + 1);
-        o[0] += a.x, o[1] += a.y, o[2] += a.z, o[3] += a.w;
-        o[4] += b.x, o[5] += b.y, o[6] += b.z, o[7] += b.w;
+      unpack_8(h, x_raw);
+#pragma unroll
+      for (int g = 0; g < kMaxResidualPartials; ++g) {  // + 0.0f past count: exact
+        o[0] += part[g][0].x, o[1] += part[g][0].y, o[2] += part[g][0].z, o[3] += part[g][0].w;
+        o[4] += part[g][1].x, o[5] += part[g][1].y, o[6] += part[g][1].z, o[7] += part[g][1].w;
       }
 #pragma unroll
       for (int e = 0; e < 8; ++e) h[e] += round_bf16(o[e]);
-      const uint4 packed = pack_8(h);
-      if (blockIdx.x == 0) reinterpret_cast<uint4*>(rp.residual_out)[c] = packed;
+      const uint4 packed = pack_8(h);  // h rounded to bf16: what the unfused O GEMV stores
       x_shared[c] = packed;
       float f[8];
       unpack_8(f, packed);

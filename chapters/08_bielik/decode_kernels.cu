@@ -300,11 +300,19 @@ void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, 
   }
   if (input == GemvInput::kRmsNormAddPartials) {
     const ResidualPartials& rp = p.residual_partials;
-    if (output != GemvOutput::kSwiGLU || kernel == DecodeGemvKernel::kBulkStream || !rp.partials || rp.count < 1 ||
-        !rp.residual_out || !aligned_16(rp.partials) || !aligned_16(rp.residual_out)) {
+    if (output != GemvOutput::kSwiGLU || kernel == DecodeGemvKernel::kBulkStream || !rp.partials) {
       throw std::invalid_argument(
-          "decode_gemv kRmsNormAddPartials: needs kSwiGLU, a register kernel, 16-byte aligned partials and residual_out "
-          "pointers and count >= 1; got count=" + std::to_string(rp.count));
+          "decode_gemv kRmsNormAddPartials: needs kSwiGLU, a register kernel and the partials pointer");
+    }
+  }
+  if (p.residual_partials.partials) {
+    const ResidualPartials& rp = p.residual_partials;
+    const bool reader = input == GemvInput::kRmsNormAddPartials || output == GemvOutput::kResidualAdd;
+    if (!reader || kernel == DecodeGemvKernel::kBulkStream || rp.count < 1 || rp.count > kMaxResidualPartials ||
+        !aligned_16(rp.partials)) {
+      throw std::invalid_argument("decode_gemv: residual partials need kRmsNormAddPartials or kResidualAdd, a register "
+                                  "kernel, 1 <= count <= " + std::to_string(kMaxResidualPartials) +
+                                  " and 16-byte aligned partials; got count=" + std::to_string(rp.count));
     }
   }
   static const bool have_bulk_copy = weight_stream_supported();

@@ -51,18 +51,23 @@ enum class GemvInput {
                     ///< partials of chapter 07's split kernel (AttentionMergeSource; x unused)
   kRmsNormAddPartials,  ///< x is the residual stream before the O projection, which comes as
                         ///< partial sums (ResidualPartials, decode_attention_o.cuh): every
-                        ///< block adds them in, h = bf16(x + bf16(sum_g partials[g])), block 0
-                        ///< stores h, and the input is bf16(rmsnorm(h) * norm_weight)
+                        ///< block adds them in, h = bf16(x + bf16(sum_g partials[g])), and the
+                        ///< input is bf16(rmsnorm(h) * norm_weight). h is not stored: the down
+                        ///< projection computes its own rows of it (below)
 };
 
-/// kRmsNormAddPartials: the O projection as `count` partial sums (decode_attention_o
-/// writes one per kv head), and where the updated residual stream goes. It cannot go
-/// back to x: other blocks may still be reading x when block 0 stores.
+/// The O projection as `count` partial sums (decode_attention_o writes one per kv head),
+/// not yet added into the residual stream. Two GEMVs of the decode step read them:
+/// gate/up (GemvInput::kRmsNormAddPartials) adds all of them into its input, and down
+/// (GemvOutput::kResidualAdd with these set) adds its row's into the residual before its
+/// own output: y[n] = bf16(h[n] + bf16(acc + b[n])), h[n] = bf16(y[n] + bf16(sum_g
+/// partials[g][n])). Nobody has to store h, and down reads only what was written two
+/// kernels back, so it may read it before its PDL wait.
 struct ResidualPartials {
-  const float* partials = nullptr;        ///< (count, K)
-  int count = 0;
-  __nv_bfloat16* residual_out = nullptr;  ///< (K) written by block 0: h
+  const float* partials = nullptr;  ///< (count, K) for gate/up, (count, N) for down
+  int count = 0;                    ///< 1..kMaxResidualPartials
 };
+constexpr int kMaxResidualPartials = 8;
 
 /// What a decode GEMV does with output n (acc = W[n, :] . input, b = bias or 0).
 enum class GemvOutput {
@@ -119,11 +124,8 @@ struct DecodeGemvParams {
   float eps = 0;           ///< kRmsNorm epsilon
   RopeAppendTarget rope;   ///< kRopeAppend only
   AttentionMergeSource merge;  ///< kAttentionMerge only
-  ResidualPartials residual_partials;  ///< kRmsNormAddPartials only
-  /// kResidualAdd: read the residual from here instead of from y (nullptr: y, in place).
-  /// The model's down projection reads the h that gate/up stored (kRmsNormAddPartials)
-  /// and writes the new residual stream to y.
-  const __nv_bfloat16* residual_in = nullptr;
+  /// kRmsNormAddPartials, and optionally kResidualAdd (partials null: none)
+  ResidualPartials residual_partials;
   int max_blocks_per_sm = 0;  ///< register kernels: cap on resident blocks per SM (0: occupancy)
   /// Register kernels: read W with an L2 evict-first cache hint. The weights are read
   /// once per step and then only take L2 room from what IS read again soon: the KV
@@ -159,7 +161,7 @@ struct DecodeGemvParams {
 /// kAttentionMerge only with kResidualAdd (the O projection), the register kernels, and
 /// a complete AttentionMergeSource with K = H * D, D % 8 == 0; kRmsNormAddPartials only
 /// with kSwiGLU (gate/up), the register kernels, and a complete ResidualPartials with
-/// 16-byte aligned partials;
+/// 16-byte aligned partials; kResidualAdd's partials only on the register kernels;
 /// throws std::invalid_argument otherwise. `pdl`: launch with programmatic dependent
 /// launch (ignored before sm_90).
 /// `kernel` picks the implementation (bench_decode_gemv compares them):

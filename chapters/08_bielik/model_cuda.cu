@@ -112,13 +112,15 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     // on the H200 (bench_model, 22:58 and 23:04 UTC runs), 8 won at chat lengths (813 vs
     // 785, 816 vs 790 tokens/s at 16-272 keys) and lost after a 2048-token prompt (672 vs
     // 707).
-    // The fused attention + O: the largest cluster that fits (16 on the H200: 147 KB of
-    // W_o rows per block; 8 would need 295 KB).
+    // The fused attention + O: the largest cluster up to the one asked for whose W_o rows
+    // fit a block's shared memory.
     attention_path_ = options_.decode_attention;
     int fused_cluster = 0;
     if (attention_path_ == DecodeAttentionPath::kClusterWithO) {
-      fused_cluster =
-          decode_attention_o_cluster_size(C_, H_, Hkv_, D_, options_.attention_splits, options_.attention_o_replicas);
+      // Clusters of 8 unless asked otherwise: 4 replicas of clusters of 16 do not fit the
+      // GPU's GPCs at once (bench_attention_o: 16.3 us against 8.0 for 8 x 4).
+      const int requested = options_.attention_splits > 0 ? options_.attention_splits : 8;
+      fused_cluster = decode_attention_o_cluster_size(C_, H_, Hkv_, D_, requested, options_.attention_o_replicas);
       if (fused_cluster == 0) attention_path_ = DecodeAttentionPath::kCluster;
     }
     attention_splits_ = attention_path_ == DecodeAttentionPath::kClusterWithO ? fused_cluster
@@ -148,7 +150,6 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     d_attn_ = DeviceBuffer<__nv_bfloat16>(size_t(H_) * D_);
     d_act_ = DeviceBuffer<__nv_bfloat16>(F_);
     d_o_partials_ = DeviceBuffer<float>(size_t(Hkv_) * C_);
-    d_h_ = DeviceBuffer<__nv_bfloat16>(C_);
     d_logits_ = DeviceBuffer<float>(V_);
     // Zeros, not whatever the allocator left: with options_.decode_skip a kernel may read
     // one of these without the kernel that writes it having run.
@@ -156,7 +157,6 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     d_attn_.fill_bytes(0);
     d_act_.fill_bytes(0);
     d_o_partials_.fill_bytes(0);
-    d_h_.fill_bytes(0);
     for (size_t bytes : {p_tokens_.bytes(), p_x_.bytes(), p_h_.bytes(), p_proj_.bytes(),
                          p_qkv_.bytes(), p_q_.bytes(), p_attn_.bytes(), p_k_.bytes(), p_v_.bytes(),
                          p_gate_up_.bytes(), p_act_.bytes(), p_k_gathered_.bytes(), p_v_gathered_.bytes(),
@@ -539,7 +539,8 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   // previous step. The residual that O reads was written by the previous layer's down
   // projection, which had finished before QKV passed its wait and let the attention
   // start; the one down reads was written by O, finished before gate/up passed its wait
-  // and let down start. (The attention kernels and O let their successors start at once,
+  // and let down start (with the fused attention + O, down's residual is the previous
+  // layer's and the O partials it adds were written two kernels back). (The attention kernels and O let their successors start at once,
   // but those read neither before their own wait.)
   auto step_gemv_settings = [&](DecodeGemvParams& p) {
     p.stream_evict_first = options_.gemv_evict_first;
@@ -565,7 +566,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     o.allow_dependents_early = options_.o_allows_gate_up_early;
     step_gemv_settings(o);
     // kClusterWithO: one kernel for both, its O projection left as partial sums that
-    // gate/up adds into the residual stream (into d_h_, which down then reads).
+    // gate/up adds into its input and down adds into the residual stream.
     const bool fused_o = attention_path_ == DecodeAttentionPath::kClusterWithO &&
                          !(skip & (kSkipAttention | kSkipOProjection));
     if (fused_o) {
@@ -619,19 +620,16 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     DecodeGemvParams gate_up{d_act_.data(), d_x_.data(), L.post_norm, L.w_gate_up, L.b_gate_up, F_, C_, eps};
     gate_up.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
     step_gemv_settings(gate_up);
-    gate_up.residual_partials = ResidualPartials{d_o_partials_.data(), Hkv_, d_h_.data()};
+    if (fused_o) gate_up.residual_partials = ResidualPartials{d_o_partials_.data(), Hkv_};
     const GemvInput gate_up_input = fused_o ? GemvInput::kRmsNormAddPartials : GemvInput::kRmsNorm;
     if (!(skip & kSkipGateUp)) decode_gemv(gate_up_input, GemvOutput::kSwiGLU, gate_up, pdl, s);
     done("gate_up_swiglu");
     DecodeGemvParams down{d_x_.data(), d_act_.data(), nullptr, L.w_down, L.b_down, C_, F_, eps};
     down.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
     step_gemv_settings(down);
-    if (fused_o) {
-      // The residual is the h gate/up just stored: the kernel right before, so not
-      // settled before down's PDL wait.
-      down.residual_in = d_h_.data();
-      down.epilogue_inputs_settled = false;
-    }
+    // Its row of h = the residual + the O projection: the partials were written two
+    // kernels back, so they are settled before down's wait, as the residual is.
+    if (fused_o) down.residual_partials = ResidualPartials{d_o_partials_.data(), Hkv_};
     if (!(skip & kSkipDown)) decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, down, pdl, s);
     done("down");
   }

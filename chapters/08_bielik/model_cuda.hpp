@@ -93,8 +93,8 @@ struct CudaModelOptions {
   /// allow_dependents_early): gate/up's weights then stream during the attention, which
   /// otherwise leaves HBM idle. bench_model measures both.
   bool o_allows_gate_up_early = true;
-  /// Decode attention splits per kv head (0: the largest cluster that runs for
-  /// kClusterWithO, 16 on the H200; a cluster of 8 for kCluster; sized for 512 keys for
+  /// Decode attention splits per kv head (0: a cluster of 8 for kClusterWithO and
+  /// kCluster (the largest that fits, if smaller); sized for 512 keys for
   /// the v3 paths; at most 1024, the workspace's size, and for the cluster paths at most
   /// the largest cluster, 16; bench_model sweeps it).
   int attention_splits = 0;
@@ -258,7 +258,6 @@ class CudaModel final : public Backend {
   DeviceBuffer<__nv_bfloat16> d_attn_;  // (H D)
   DeviceBuffer<__nv_bfloat16> d_act_;   // (F)
   DeviceBuffer<float> d_o_partials_;    // (Hkv, C) kClusterWithO: the O projection by kv group
-  DeviceBuffer<__nv_bfloat16> d_h_;     // (C) kClusterWithO: the residual stream after attention
   DeviceBuffer<float> d_logits_;        // (V) fp32, also the prefill's last-row logits
 
   // Pinned host memory for the copies back (async, no staging).

@@ -901,7 +901,7 @@ TEST_CASE("decode_attention_o refuses what it cannot run", "[ch08][gpu][kernels]
   REQUIRE_THROWS_AS(decode_attention_o(valid(), 17, false), std::invalid_argument);
 }
 
-TEST_CASE("decode_gemv kRmsNormAddPartials: the O partials added into the residual, then norm + gate/up",
+TEST_CASE("decode_gemv with the O partials: gate/up adds them into its input, down into its residual",
           "[ch08][gpu][kernels]") {
   const uint64_t seed = fresh_seed();
   INFO("seed " << seed);
@@ -925,20 +925,20 @@ TEST_CASE("decode_gemv kRmsNormAddPartials: the O partials added into the residu
       std::normal_distribution<float> normal(0.0f, 1.0f);
       for (float& value : partials) value = normal(engine);
     }
-    const std::vector<uint16_t> W = random_bf16(size_t(2) * c.N * c.K, ++case_seed, 1.0f / std::sqrt(float(c.K)));
-    const std::vector<uint16_t> bias = random_bf16(2 * c.N, ++case_seed, 0.5f);
+    // Gate/up reads 2N rows of W and the bias; the down form below reads K of them.
+    const int rows = std::max(2 * c.N, c.K);
+    const std::vector<uint16_t> W = random_bf16(size_t(rows) * c.K, ++case_seed, 1.0f / std::sqrt(float(c.K)));
+    const std::vector<uint16_t> bias = random_bf16(rows, ++case_seed, 0.5f);
     std::vector<uint16_t> norm = random_bf16(c.K, ++case_seed, 0.2f);
     for (auto& value : norm) value = float_to_bf16_bits(1.0f + bf16_bits_to_float(value));
 
     // h = bf16(x + bf16(partial 0 + partial 1 + ...)), summed in fp32 in that order: the
-    // residual the unfused O GEMV's kResidualAdd stores. The kernel must store exactly it.
-    std::vector<uint16_t> h_bits(c.K);
+    // residual the unfused O GEMV's kResidualAdd stores.
     std::vector<float> h(c.K);
     for (int i = 0; i < c.K; ++i) {
       float o = 0.0f;
       for (int g = 0; g < c.count; ++g) o += partials[size_t(g) * c.K + i];
-      h_bits[i] = float_to_bf16_bits(bf16_bits_to_float(x[i]) + round_to_bf16(o));
-      h[i] = bf16_bits_to_float(h_bits[i]);
+      h[i] = round_to_bf16(bf16_bits_to_float(x[i]) + round_to_bf16(o));
     }
     double sum_squares = 0;
     for (float value : h) sum_squares += double(value) * value;
@@ -955,15 +955,26 @@ TEST_CASE("decode_gemv kRmsNormAddPartials: the O partials added into the residu
       const float gate = round_to_bf16(float(dot(n))), up = round_to_bf16(float(dot(c.N + n)));
       expected[n] = gate / (1.0f + std::exp(-gate)) * up;
     }
+    // The down form: the K rows of W (as a (K, K) projection of the normalized input,
+    // which is only test data here) added into the residual h that x + partials make:
+    // y[n] = bf16(h[n] + bf16(W[n] . input + b[n])), with y holding x on entry.
+    std::vector<float> expected_down(c.K);
+    for (int n = 0; n < c.K; ++n) {
+      double acc = c.bias ? bf16_bits_to_float(bias[n]) : 0.0;
+      for (int i = 0; i < c.K; ++i) acc += double(bf16_bits_to_float(W[size_t(n) * c.K + i])) * input[i];
+      expected_down[n] = h[n] + round_to_bf16(float(acc));
+    }
+    std::vector<uint16_t> input_bits(c.K);
+    for (int i = 0; i < c.K; ++i) input_bits[i] = float_to_bf16_bits(input[i]);
 
-    DeviceBuffer<uint16_t> d_x(x), d_W(W), d_bias(bias), d_norm(norm), d_y(size_t(c.N)), d_h(size_t(c.K));
+    DeviceBuffer<uint16_t> d_x(x), d_W(W), d_bias(bias), d_norm(norm), d_y(size_t(c.N)), d_input(input_bits);
+    DeviceBuffer<uint16_t> d_residual(size_t(c.K));
     DeviceBuffer<float> d_partials(partials);
     for (DecodeGemvKernel kernel : {DecodeGemvKernel::kRegisterLoads, DecodeGemvKernel::kRegisterPipelined}) {
       for (bool pdl : {false, true}) {
         INFO("kernel " << (kernel == DecodeGemvKernel::kRegisterLoads ? "register loads" : "register pipelined")
                        << " pdl " << pdl);
         d_y.fill_bytes(0xFF);
-        d_h.fill_bytes(0xFF);
         DecodeGemvParams p{};
         p.y = d_y.data();
         p.x = reinterpret_cast<const __nv_bfloat16*>(d_x.data());
@@ -973,19 +984,35 @@ TEST_CASE("decode_gemv kRmsNormAddPartials: the O partials added into the residu
         p.N = c.N;
         p.K = c.K;
         p.eps = 1e-6f;
-        p.residual_partials =
-            ResidualPartials{d_partials.data(), c.count, reinterpret_cast<__nv_bfloat16*>(d_h.data())};
+        p.residual_partials = ResidualPartials{d_partials.data(), c.count};
         decode_gemv(GemvInput::kRmsNormAddPartials, GemvOutput::kSwiGLU, p, pdl, 0, kernel);
         CUDA_CHECK(cudaDeviceSynchronize());
-        REQUIRE(d_h.to_host() == h_bits);
         const CompareResult r = compare_bf16("kRmsNormAddPartials", d_y.to_host(), expected, tolerance::kBf16Output);
         INFO(r.report);
         REQUIRE(r.passed);
+
+        // Down's form, on the normalized input the CPU made: the residual starts as x.
+        d_residual.copy_from_host(x);
+        DecodeGemvParams down{};
+        down.y = d_residual.data();
+        down.x = reinterpret_cast<const __nv_bfloat16*>(d_input.data());
+        down.W = p.W;
+        down.bias = p.bias;
+        down.N = c.K;
+        down.K = c.K;
+        down.epilogue_inputs_settled = pdl;  // the partials and x were copied long before
+        down.residual_partials = ResidualPartials{d_partials.data(), c.count};
+        decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, down, pdl, 0, kernel);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        const CompareResult rd =
+            compare_bf16("kResidualAdd + partials", d_residual.to_host(), expected_down, tolerance::kBf16Output);
+        INFO(rd.report);
+        REQUIRE(rd.passed);
       }
     }
   }
   // Only the gate/up form exists, on the register kernels, with its partials.
-  DeviceBuffer<uint16_t> x(64), W(2 * 64 * 64), y(64), h(64), norm(64);
+  DeviceBuffer<uint16_t> x(64), W(2 * 64 * 64), y(64), norm(64);
   DeviceBuffer<float> partials(2 * 64);
   DecodeGemvParams p{};
   p.y = y.data();
@@ -994,17 +1021,21 @@ TEST_CASE("decode_gemv kRmsNormAddPartials: the O partials added into the residu
   p.W = reinterpret_cast<const __nv_bfloat16*>(W.data());
   p.N = 64;
   p.K = 64;
-  p.residual_partials = ResidualPartials{partials.data(), 2, reinterpret_cast<__nv_bfloat16*>(h.data())};
+  p.residual_partials = ResidualPartials{partials.data(), 2};
   REQUIRE_THROWS_AS(decode_gemv(GemvInput::kRmsNormAddPartials, GemvOutput::kBf16, p, false), std::invalid_argument);
   if (weight_stream_supported()) {
     REQUIRE_THROWS_AS(decode_gemv(GemvInput::kRmsNormAddPartials, GemvOutput::kSwiGLU, p, false, 0,
                                   DecodeGemvKernel::kBulkStream),
                       std::invalid_argument);
   }
-  p.residual_partials.count = 0;
-  REQUIRE_THROWS_AS(decode_gemv(GemvInput::kRmsNormAddPartials, GemvOutput::kSwiGLU, p, false), std::invalid_argument);
+  for (int count : {0, kMaxResidualPartials + 1}) {
+    p.residual_partials.count = count;
+    REQUIRE_THROWS_AS(decode_gemv(GemvInput::kRmsNormAddPartials, GemvOutput::kSwiGLU, p, false),
+                      std::invalid_argument);
+  }
   p.residual_partials.count = 2;
-  p.residual_partials.residual_out = nullptr;
+  REQUIRE_THROWS_AS(decode_gemv(GemvInput::kRmsNorm, GemvOutput::kBf16, p, false), std::invalid_argument);
+  p.residual_partials.partials = nullptr;
   REQUIRE_THROWS_AS(decode_gemv(GemvInput::kRmsNormAddPartials, GemvOutput::kSwiGLU, p, false), std::invalid_argument);
 }
 
