@@ -186,6 +186,9 @@ int main() {
                   {"shape", "T", "cuBLASLt (us)", "best own", "own (us)", "% of cuBLASLt"});
   BenchTable tiles("tile shapes at large T (the picked one marked *)",
                    {"shape", "T", "kernel", "tile", "time (us)", "TFLOP/s"});
+  BenchTable steady("back to back: 20 launches, no L2 flush between (how prefill runs them)",
+                    {"shape", "T", "cuBLASLt (us)", "v5, picked tile (us)", "% of cuBLASLt", "cuBLASLt isolated (us)",
+                     "v5 isolated (us)"});
   BenchTable bias_cost("what the bias costs: HasBias=true vs false instantiations",
                        {"shape", "T", "version", "no bias (us)", "bias (us)", "difference"});
 
@@ -223,6 +226,18 @@ int main() {
       }
       best.add_row({shape.name, std::to_string(T), fmt(cublas_ms * 1e3, 1), best_name, fmt(best_ms * 1e3, 1),
                     fmt(100 * cublas_ms / best_ms, 1)});
+
+      // The isolated times above start from a flushed L2 and an idle GPU; back to back,
+      // a launch's fixed costs overlap the previous one's tail, as in the model's prefill.
+      if ((T == 1 || T == 2048) && time_v5_tiles) {
+        auto run_v5 = [&] { problem.run(matmul_v5_wgmma, bf16(problem.y.data()), T); };
+        auto run_lt = [&] { problem.run(matmul_cublaslt, bf16(problem.y.data()), T); };
+        const double v5_b2b = time_gpu_back_to_back([&](int) { run_v5(); }, 20).median_ms;
+        const double lt_b2b = time_gpu_back_to_back([&](int) { run_lt(); }, 20).median_ms;
+        const double v5_isolated = time_adaptive(run_v5).median_ms;
+        steady.add_row({shape.name, std::to_string(T), fmt(lt_b2b * 1e3, 1), fmt(v5_b2b * 1e3, 1),
+                        fmt(100 * lt_b2b / v5_b2b, 1), fmt(cublas_ms * 1e3, 1), fmt(v5_isolated * 1e3, 1)});
+      }
 
       if (T >= 512) {  // which tile shape wins, and does the pick agree?
         for (int i = 0; i < matmul_v4_tile_count(); ++i) {
@@ -269,6 +284,7 @@ int main() {
 
   best.print();
   tiles.print();
+  steady.print();
   bias_cost.print();
   return 0;
 }

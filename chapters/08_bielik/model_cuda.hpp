@@ -102,7 +102,7 @@ struct CudaModelOptions {
   /// projecting 1 / replicas of the O rows (decode_attention_o; bench_model sweeps it).
   int attention_o_replicas = 4;
   /// How the decode step computes attention (bench_model measures each).
-  DecodeAttentionPath decode_attention = DecodeAttentionPath::kClusterWithO;
+  DecodeAttentionPath decode_attention = DecodeAttentionPath::kCluster;
   /// kMergeInO: least keys per attention split (0: chapter 07's kDecodeV3MinKeysPerSplit).
   /// More keys per split means fewer splits hold keys at chat lengths, so fewer partials
   /// for the merge to read; bench_model sweeps it.
