@@ -14,7 +14,7 @@
 // v4's (8 rows of one column land on 8 different bank groups), now fixed by hardware;
 // the cp.async copies write exactly that layout.
 //
-// Block: 2 warpgroups (256 threads), a 128 x BN tile of y (BN = 64, 128, 192 or 256; or
+// Block: 2 warpgroups (256 threads), a 128 x BN tile of y (BN = 64, 128, 192, 224 or 256; or
 // one warpgroup and 64 x 128 or 64 x 64 for small grids), chosen like v4's tile from the problem's
 // shape (128x192 wins on every large Bielik shape); warpgroup w owns rows 64w..64w+63. Each
 // k-tile of 64: wait for its copies, one barrier, 4 wgmma (k = 0, 16, 32, 48: the
@@ -164,6 +164,7 @@ struct V5Tile {
 constexpr V5Tile kV5Tiles[] = {
     {"128x256 (2 warpgroups, 4 stages)", 128, 256, 0.91, v5_launch<256, 2, 4>},  // 192 KB of stages
     {"128x192 (2 warpgroups, 5 stages)", 128, 192, 1.00, v5_launch<192, 2, 5>},  // 200 KB
+    {"128x224 (2 warpgroups, 5 stages)", 128, 224, 0.98, v5_launch<224, 2, 5>},  // 221 KB: gate/up's 8960 = 40 x 224
     {"128x128 (2 warpgroups, 5 stages)", 128, 128, 0.88, v5_launch<128, 2, 5>},  // 160 KB
     {"64x128 (1 warpgroup, 4 stages)", 64, 128, 0.40, v5_launch<128, 1, 4>},     // 96 KB: 2 blocks per SM
     // Narrow tiles for narrow outputs (k/v: C_out = 256, 32 blocks of 128 x 128 at
