@@ -49,6 +49,7 @@ struct Args {
   DecodeAttentionPath attention = CudaModelOptions{}.decode_attention;
   int replicas = CudaModelOptions{}.attention_o_replicas;
   int splits = CudaModelOptions{}.attention_splits;
+  bool qkv_early = CudaModelOptions{}.qkv_allows_attention_early;
 };
 
 Args parse(int argc, char** argv) {
@@ -71,6 +72,8 @@ Args parse(int argc, char** argv) {
       a.decode_only = true;
     } else if (flag == "--replicas") {
       a.replicas = std::stoi(value());
+    } else if (flag == "--qkv-early") {
+      a.qkv_early = true;
     } else if (flag == "--splits") {
       a.splits = std::stoi(value());
     } else if (flag == "--attention") {
@@ -89,7 +92,7 @@ Args parse(int argc, char** argv) {
     } else {
       throw std::invalid_argument("unknown argument " + flag +
                                   " (usage: bench_model [--model DIR] [--out FILE] [--decode-tokens N] [--context N]"
-                                  " [--decode-only] [--attention cluster_o|cluster|split_combine|merge_in_o] [--replicas N] [--splits N])");
+                                  " [--decode-only] [--attention cluster_o|cluster|split_combine|merge_in_o] [--replicas N] [--splits N] [--qkv-early])");
     }
   }
   // A relative default resolves against the source tree when run from elsewhere.
@@ -227,6 +230,7 @@ int main(int argc, char** argv) {
     options.decode_attention = args.attention;
     options.attention_o_replicas = args.replicas;
     options.attention_splits = args.splits;
+    options.qkv_allows_attention_early = args.qkv_early;
     const double load_start = now_ms();
     auto model = std::make_unique<CudaModel>(args.model, options);
     const double load_s = (now_ms() - load_start) * 1e-3;
@@ -366,6 +370,7 @@ int main(int argc, char** argv) {
       int attention_splits;
       int min_keys;
       int replicas = 4;  ///< kClusterWithO only
+      bool qkv_early = false;
       double tok_s = 0;
     };
     using Path = DecodeAttentionPath;
@@ -373,6 +378,7 @@ int main(int argc, char** argv) {
         {"defaults (attention v5: clusters of 8 per kv head; then the O GEMV, which lets gate/up start early; "
          "evict-first)", true, true, Path::kCluster, 0, 0},
         {"gate/up starts after O's wait", false, true, Path::kCluster, 0, 0},
+        {"QKV lets the attention start early", true, true, Path::kCluster, 0, 0, 4, true},
         {"attention v5, clusters of 16", true, true, Path::kCluster, 16, 0},
         {"no evict-first hint", true, false, Path::kCluster, 0, 0},
         {"attention + O in one kernel (decode_attention_o): clusters of 8 x 4 replicas per kv head", true, true,
@@ -398,6 +404,7 @@ int main(int argc, char** argv) {
       o.attention_splits = v.attention_splits;
       o.attention_min_keys_per_split = v.min_keys;
       o.attention_o_replicas = v.replicas;
+      o.qkv_allows_attention_early = v.qkv_early;
       CudaModel m(args.model, o);
       v.tok_s = decode_tokens_per_s(m, tokens, 3, false);
       const double long_rate = long_fits ? decode_tokens_per_s(m, long_tokens, 3, false, long_prompt) : 0.0;

@@ -556,6 +556,8 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
                                 H_, Hkv_, D_, context, rope_.max_positions};
     qkv.max_blocks_per_sm = options_.small_gemv_blocks_per_sm;
     step_gemv_settings(qkv);
+    // The attention reads only what earlier steps committed before its wait.
+    qkv.allow_dependents_early = options_.qkv_allows_attention_early;
     decode_gemv(GemvInput::kRmsNorm, GemvOutput::kRopeAppend, qkv, pdl, s);
     done("qkv_rope_append");
     const unsigned skip = options_.decode_skip;
@@ -565,6 +567,10 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     // it may start while the attention runs, and stream its weights meanwhile.
     o.allow_dependents_early = options_.o_allows_gate_up_early;
     step_gemv_settings(o);
+    // When QKV lets the attention start early, the attention (which lets O start at
+    // once) may run before the previous layer's down projection has finished writing the
+    // residual: O must read it after its wait.
+    if (options_.qkv_allows_attention_early) o.epilogue_inputs_settled = false;
     // kClusterWithO: one kernel for both, its O projection left as partial sums that
     // gate/up adds into its input and down adds into the residual stream.
     const bool fused_o = attention_path_ == DecodeAttentionPath::kClusterWithO &&

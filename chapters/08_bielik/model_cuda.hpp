@@ -93,6 +93,11 @@ struct CudaModelOptions {
   /// allow_dependents_early): gate/up's weights then stream during the attention, which
   /// otherwise leaves HBM idle. bench_model measures both.
   bool o_allows_gate_up_early = true;
+  /// The QKV projection lets the attention start as soon as it starts itself: the
+  /// attention's blocks then read the length and the committed keys (written by earlier
+  /// steps) while the previous layer's down projection still finishes. bench_model
+  /// measures both.
+  bool qkv_allows_attention_early = false;
   /// Decode attention splits per kv head (0: a cluster of 8 for kClusterWithO and
   /// kCluster (the largest that fits, if smaller); sized for 512 keys for
   /// the v3 paths; at most 1024, the workspace's size, and for the cluster paths at most

@@ -383,15 +383,20 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
     for (bool graph : {true, false}) {
       for (bool pdl : {true, false}) runs.push_back(run(cuda_options(0, 1024, graph, pdl)));
     }
-    // A cache hint changes no value: the weights read without the evict-first hint.
+    // A cache hint changes no value: the weights read without the evict-first hint. Nor
+    // does when the attention may start.
     {
       CudaModelOptions options = cuda_options();
       options.gemv_evict_first = false;
       runs.push_back(run(options));
+      options = cuda_options();
+      options.qkv_allows_attention_early = true;
+      runs.push_back(run(options));
     }
     // The same kernels in the same order: bit for bit the same logits.
     for (size_t i = 1; i < runs.size(); ++i) {
-      INFO(spec.name << " run " << i << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint)");
+      INFO(spec.name << " run " << i
+                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early)");
       REQUIRE(runs[i] == runs[0]);
     }
     // The unfused path (attention, then the O GEMV): graph or eager, and whether the O
