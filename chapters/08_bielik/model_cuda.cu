@@ -540,8 +540,9 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   // projection, which had finished before QKV passed its wait and let the attention
   // start; the one down reads was written by O, finished before gate/up passed its wait
   // and let down start (with the fused attention + O, down's residual is the previous
-  // layer's and the O partials it adds were written two kernels back). (The attention kernels and O let their successors start at once,
-  // but those read neither before their own wait.)
+  // layer's, and the O partials it adds were written two kernels back). The attention
+  // kernels and O let their successors start at once, but those read neither before
+  // their own wait. (qkv_allows_attention_early breaks the first promise: see O below.)
   auto step_gemv_settings = [&](DecodeGemvParams& p) {
     p.stream_evict_first = options_.gemv_evict_first;
     p.epilogue_inputs_settled = true;

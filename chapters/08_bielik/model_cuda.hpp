@@ -56,10 +56,11 @@ namespace bielik {
 /// The decode step's attention: chapter 07's kernels, or v3's splits with the merge fused
 /// into the O projection.
 enum class DecodeAttentionPath {
-  /// v5's cluster attention with the O projection fused in (decode_attention_o.cuh), the
-  /// projection's partials added into the residual stream by gate/up: no O kernel. Where
-  /// the GPU cannot run it (before sm_90, or W_o's rows do not fit a cluster's shared
-  /// memory), the model takes kCluster.
+  /// v5's cluster attention with the O projection fused in (decode_attention_o.cuh): no O
+  /// kernel; gate/up adds the projection's partials into its input, down into the
+  /// residual stream. Measured slower than kCluster on the H200 (774 against 859
+  /// tokens/s; chapter README), so not the default. Where the GPU cannot run it (before
+  /// sm_90, or W_o's rows do not fit a cluster's shared memory), the model takes kCluster.
   kClusterWithO,
   kCluster,       ///< v5: splits and merge in one kernel, a thread block cluster per kv head (sm_90+, else v3)
   kSplitCombine,  ///< v3: the split kernel, then the combine kernel
@@ -95,8 +96,8 @@ struct CudaModelOptions {
   bool o_allows_gate_up_early = true;
   /// The QKV projection lets the attention start as soon as it starts itself: the
   /// attention's blocks then read the length and the committed keys (written by earlier
-  /// steps) while the previous layer's down projection still finishes. bench_model
-  /// measures both.
+  /// steps) while the previous layer's down projection still finishes. Measured slower
+  /// on the H200 (836 against 848 tokens/s), so off; bench_model measures both.
   bool qkv_allows_attention_early = false;
   /// Decode attention splits per kv head (0: a cluster of 8 for kClusterWithO and
   /// kCluster (the largest that fits, if smaller); sized for 512 keys for
@@ -163,7 +164,8 @@ class CudaModel final : public Backend {
   /// One decode step of `token`, launched eagerly (never the graph, no PDL) with
   /// `after_kernel(name)` called on the host after each kernel class is enqueued
   /// ("embedding", "qkv", "rope_append", "attention", "o_proj" or, fused, "attention_o",
-  /// "gate_up_swiglu", "down", "lm_head", "argmax"): the benchmark records an event there. Advances position().
+  /// "gate_up_swiglu", "down", "lm_head", "argmax"): the benchmark records an event
+  /// there. Advances position().
   void decode_probed(int32_t token, const std::function<void(const char*)>& after_kernel);
 
   /// prefill(tokens) (last logits) with `after_kernel(name)` called on the host after each
