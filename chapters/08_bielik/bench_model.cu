@@ -92,7 +92,8 @@ Args parse(int argc, char** argv) {
     } else {
       throw std::invalid_argument("unknown argument " + flag +
                                   " (usage: bench_model [--model DIR] [--out FILE] [--decode-tokens N] [--context N]"
-                                  " [--decode-only] [--attention cluster_o|cluster|split_combine|merge_in_o] [--replicas N] [--splits N] [--qkv-early])");
+                                  " [--decode-only] [--attention cluster_o|cluster|split_combine|merge_in_o]"
+                                  " [--replicas N] [--splits N] [--qkv-early])");
     }
   }
   // A relative default resolves against the source tree when run from elsewhere.

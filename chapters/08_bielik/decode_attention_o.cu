@@ -5,7 +5,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
-#include <utility>
+#include <tuple>
 
 #include "cuda_check.cuh"
 #include "decode_attention_cluster.cuh"  // chapter 07: v5's attention as a device function
@@ -156,10 +156,10 @@ cudaLaunchConfig_t launch_config(int cluster, int Hkv, int replicas, size_t byte
 // scheduled on this GPU; asked once per shape.
 bool can_run(int C, int H, int Hkv, int D, int cluster, int replicas) {
   if (!device_is_sm90_or_newer() || cluster < 1 || cluster > decode::kClusterMaxSize || replicas < 1) return false;
-  static std::map<std::pair<Kernel, std::pair<int, int>>, bool> known;
+  static std::map<std::tuple<Kernel, size_t, int, int>, bool> known;
   const Kernel kernel = kernel_for(D, H / Hkv);
   const size_t bytes = dynamic_bytes(C, H / Hkv, D, cluster * replicas);
-  const auto key = std::make_pair(kernel, std::make_pair(int(bytes), cluster * 1024 + Hkv));
+  const auto key = std::make_tuple(kernel, bytes, cluster, Hkv);
   auto found = known.find(key);
   if (found != known.end()) return found->second;
   bool ok = bytes <= prepare(kernel);

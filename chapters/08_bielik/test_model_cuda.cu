@@ -786,6 +786,30 @@ std::vector<float> attention_reference(const std::vector<uint16_t>& q, const std
   return out;
 }
 
+// decode_attention_o's arguments over test buffers (bf16 data held as uint16_t), for one
+// new token; `bias` may be null.
+AttentionOParams attention_o_params(DeviceBuffer<float>& partials, DeviceBuffer<uint16_t>& q,
+                                    DeviceBuffer<uint16_t>& k, DeviceBuffer<uint16_t>& v, DeviceBuffer<int>& length,
+                                    int max_context, DeviceBuffer<uint16_t>& W, DeviceBuffer<uint16_t>* bias, int C,
+                                    int H, int Hkv, int D) {
+  auto bf16 = [](DeviceBuffer<uint16_t>& buffer) { return reinterpret_cast<const __nv_bfloat16*>(buffer.data()); };
+  AttentionOParams p;
+  p.partials = partials.data();
+  p.q = bf16(q);
+  p.k_cache = bf16(k);
+  p.v_cache = bf16(v);
+  p.d_length = length.data();
+  p.new_tokens = 1;
+  p.max_context = max_context;
+  p.w_o = bf16(W);
+  p.b_o = bias ? bf16(*bias) : nullptr;
+  p.C = C;
+  p.H = H;
+  p.Hkv = Hkv;
+  p.D = D;
+  return p;
+}
+
 TEST_CASE("decode_attention_o: every kv group's share of the O projection matches a CPU reference",
           "[ch08][gpu][kernels]") {
   const uint64_t seed = fresh_seed();
@@ -843,20 +867,8 @@ TEST_CASE("decode_attention_o: every kv group's share of the O projection matche
     for (bool pdl : {false, true}) {
       INFO("pdl " << pdl);
       d_partials.fill_bytes(0xFF);  // NaN: every output must be written
-      AttentionOParams p;
-      p.partials = d_partials.data();
-      p.q = reinterpret_cast<const __nv_bfloat16*>(d_q.data());
-      p.k_cache = reinterpret_cast<const __nv_bfloat16*>(d_k.data());
-      p.v_cache = reinterpret_cast<const __nv_bfloat16*>(d_v.data());
-      p.d_length = d_length.data();
-      p.new_tokens = 1;
-      p.max_context = max_context;
-      p.w_o = reinterpret_cast<const __nv_bfloat16*>(d_W.data());
-      p.b_o = c.bias ? reinterpret_cast<const __nv_bfloat16*>(d_bias.data()) : nullptr;
-      p.C = c.C;
-      p.H = c.H;
-      p.Hkv = c.Hkv;
-      p.D = c.D;
+      const AttentionOParams p = attention_o_params(d_partials, d_q, d_k, d_v, d_length, max_context, d_W,
+                                                    c.bias ? &d_bias : nullptr, c.C, c.H, c.Hkv, c.D);
       decode_attention_o(p, cluster, pdl, 0, c.replicas);
       CUDA_CHECK(cudaDeviceSynchronize());
       const CompareResult r = compare("attention + O partials", d_partials.to_host(), expected, tolerance::kBf16Output);
@@ -870,21 +882,7 @@ TEST_CASE("decode_attention_o refuses what it cannot run", "[ch08][gpu][kernels]
   DeviceBuffer<uint16_t> q(12 * 128), k(2 * 64 * 128), v(2 * 64 * 128), W(1536 * 1536);
   DeviceBuffer<int> length(1);
   DeviceBuffer<float> partials(2 * 1536);
-  auto valid = [&] {
-    AttentionOParams p;
-    p.partials = partials.data();
-    p.q = reinterpret_cast<const __nv_bfloat16*>(q.data());
-    p.k_cache = reinterpret_cast<const __nv_bfloat16*>(k.data());
-    p.v_cache = reinterpret_cast<const __nv_bfloat16*>(v.data());
-    p.d_length = length.data();
-    p.max_context = 64;
-    p.w_o = reinterpret_cast<const __nv_bfloat16*>(W.data());
-    p.C = 1536;
-    p.H = 12;
-    p.Hkv = 2;
-    p.D = 128;
-    return p;
-  };
+  auto valid = [&] { return attention_o_params(partials, q, k, v, length, 64, W, nullptr, 1536, 12, 2, 128); };
   AttentionOParams p = valid();
   p.D = 16;  // no kernel for head_dim 16
   REQUIRE_THROWS_AS(decode_attention_o(p, 16, false), std::invalid_argument);
