@@ -79,7 +79,7 @@ int main() {
     DeviceBuffer<float> y(size_t(shape.N));  // big enough for bf16 or f32 outputs
     // One row: `label`, the chain timed from the host and as a graph, and alone when asked.
     auto add_row = [&](const std::string& label, DecodeGemvKernel kernel, bool evict_first, int split,
-                       bool time_alone) {
+                       bool time_alone, bool second_batch_in_shared = false) {
       auto params = [&](int copy) {
         DecodeGemvParams p{};
         p.y = y.data();
@@ -96,6 +96,7 @@ int main() {
         // the time is measured, never the values.
         p.epilogue_inputs_settled = evict_first;
         p.split_warps = split;
+        p.second_batch_in_shared = second_batch_in_shared;
         return p;
       };
       std::string alone_us, alone_pct;
@@ -123,6 +124,12 @@ int main() {
       add_row("register loads, evict-first (the model's)", kernel, true, 0, false);
       for (int split : {1, 2, 4, 8}) {
         add_row("register loads, evict-first, " + std::to_string(split) + " warps/row", kernel, true, split, false);
+      }
+      // Down's rows take two batches, gate/up's warps three row pairs: the second batch
+      // copied into shared memory before the wait too (DecodeGemvParams::
+      // second_batch_in_shared), alone and in the chain.
+      if ((shape.output == GemvOutput::kResidualAdd && shape.K > 2048) || shape.output == GemvOutput::kSwiGLU) {
+        add_row("register loads, evict-first, 2nd batch cp.async to shared", kernel, true, 0, true, true);
       }
     }
   }

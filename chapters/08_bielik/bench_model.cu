@@ -50,6 +50,8 @@ struct Args {
   int replicas = CudaModelOptions{}.attention_o_replicas;
   int splits = CudaModelOptions{}.attention_splits;
   bool qkv_early = CudaModelOptions{}.qkv_allows_attention_early;
+  bool down_shared = CudaModelOptions{}.down_second_batch_in_shared;
+  bool gate_up_shared = CudaModelOptions{}.gate_up_second_batch_in_shared;
 };
 
 Args parse(int argc, char** argv) {
@@ -74,6 +76,10 @@ Args parse(int argc, char** argv) {
       a.replicas = std::stoi(value());
     } else if (flag == "--qkv-early") {
       a.qkv_early = true;
+    } else if (flag == "--down-shared") {
+      a.down_shared = true;
+    } else if (flag == "--gate-up-shared") {
+      a.gate_up_shared = true;
     } else if (flag == "--splits") {
       a.splits = std::stoi(value());
     } else if (flag == "--attention") {
@@ -93,7 +99,8 @@ Args parse(int argc, char** argv) {
       throw std::invalid_argument("unknown argument " + flag +
                                   " (usage: bench_model [--model DIR] [--out FILE] [--decode-tokens N] [--context N]"
                                   " [--decode-only] [--attention cluster_o|cluster|split_combine|merge_in_o]"
-                                  " [--replicas N] [--splits N] [--qkv-early])");
+                                  " [--replicas N] [--splits N] [--qkv-early] [--down-shared]"
+                                  " [--gate-up-shared])");
     }
   }
   // A relative default resolves against the source tree when run from elsewhere.
@@ -232,6 +239,8 @@ int main(int argc, char** argv) {
     options.attention_o_replicas = args.replicas;
     options.attention_splits = args.splits;
     options.qkv_allows_attention_early = args.qkv_early;
+    options.down_second_batch_in_shared = args.down_shared;
+    options.gate_up_second_batch_in_shared = args.gate_up_shared;
     const double load_start = now_ms();
     auto model = std::make_unique<CudaModel>(args.model, options);
     const double load_s = (now_ms() - load_start) * 1e-3;
@@ -372,6 +381,8 @@ int main(int argc, char** argv) {
       int min_keys;
       int replicas = 4;  ///< kClusterWithO only
       bool qkv_early = false;
+      bool down_shared = false;
+      bool gate_up_shared = false;
       double tok_s = 0;
     };
     using Path = DecodeAttentionPath;
@@ -380,6 +391,11 @@ int main(int argc, char** argv) {
          "evict-first)", true, true, Path::kCluster, 0, 0},
         {"gate/up starts after O's wait", false, true, Path::kCluster, 0, 0},
         {"QKV lets the attention start early", true, true, Path::kCluster, 0, 0, 4, true},
+        {"down copies its second batch of weights into shared memory before its wait", true, true, Path::kCluster, 0,
+         0, 4, false, true},
+        {"gate/up copies its second row pair into shared memory before its wait", true, true, Path::kCluster, 0, 0, 4,
+         false, false, true},
+        {"both of the above", true, true, Path::kCluster, 0, 0, 4, false, true, true},
         {"attention v5, clusters of 16", true, true, Path::kCluster, 16, 0},
         {"no evict-first hint", true, false, Path::kCluster, 0, 0},
         {"attention + O in one kernel (decode_attention_o): clusters of 8 x 4 replicas per kv head", true, true,
@@ -406,6 +422,8 @@ int main(int argc, char** argv) {
       o.attention_min_keys_per_split = v.min_keys;
       o.attention_o_replicas = v.replicas;
       o.qkv_allows_attention_early = v.qkv_early;
+      o.down_second_batch_in_shared = v.down_shared;
+      o.gate_up_second_batch_in_shared = v.gate_up_shared;
       CudaModel m(args.model, o);
       v.tok_s = decode_tokens_per_s(m, tokens, 3, false);
       const double long_rate = long_fits ? decode_tokens_per_s(m, long_tokens, 3, false, long_prompt) : 0.0;

@@ -38,6 +38,34 @@ __device__ __forceinline__ uint4 load_streaming(const void* p, uint64_t l2_polic
   return v;
 }
 
+/// load_streaming's shared-memory form: 16 bytes of weights copied global -> shared by
+/// cp.async, with the same L2 policy, without a register to hold them until they arrive.
+/// The copies a thread issued are its own to read after cp_async_wait_all (no barrier:
+/// no other thread reads them). sm_80+; older GPUs load and store (the kernel is the same).
+__device__ __forceinline__ void copy_streaming_to_shared(uint4* shared_dst, const void* p, uint64_t l2_policy) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(shared_dst));
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(p), "l"(l2_policy)
+               : "memory");
+#else
+  (void)l2_policy;
+  *shared_dst = *static_cast<const uint4*>(p);
+#endif
+}
+
+/// Closes this thread's cp.async copies into one group and waits until all its groups
+/// have landed in shared memory ("memory": the compiler may not hoist a read above it).
+__device__ __forceinline__ void cp_async_commit_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+
 /// An L2 cache policy for load_streaming: evict-first (the line is not wanted again, so
 /// L2 drops it before others) or the normal one (what a load without a hint gets).
 __device__ __forceinline__ uint64_t l2_policy(bool evict_first) {
@@ -239,6 +267,40 @@ __device__ __forceinline__ void load_batch(uint4 (&w)[rows_per_unit<Out>()][kBat
       const int chunk = base + stride * u;
       w[r][u] = unit >= 0 && chunk < chunks ? load_streaming(row_start + 8 * chunk, policy) : make_uint4(0, 0, 0, 0);
     }
+  }
+}
+
+/// load_batch's shared-memory form, for a batch the warp reads later: the same chunks
+/// copied by cp.async into `slots` ((kRows, kBatch, 32) uint4, this warp's; lane l's
+/// chunks at index l), one group committed. Chunks past the row are not copied (the
+/// dot product skips them); unit < 0 copies nothing.
+template <GemvOutput Out, int kBatch>
+__device__ __forceinline__ void copy_batch_to_shared(uint4* slots, const DecodeGemvParams& p, int unit, int base,
+                                                     int stride, uint64_t policy) {
+  const int chunks = p.K / 8, lane = threadIdx.x % 32;
+  if (unit >= 0) {
+#pragma unroll
+    for (int r = 0; r < rows_per_unit<Out>(); ++r) {
+      const __nv_bfloat16* row_start = p.W + size_t(weight_row<Out>(p, unit, r)) * p.K;
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int chunk = base + stride * u;
+        if (chunk < chunks) copy_streaming_to_shared(&slots[(r * kBatch + u) * 32 + lane], row_start + 8 * chunk, policy);
+      }
+    }
+  }
+  cp_async_commit_all();
+}
+
+/// Waits for this thread's copies (copy_batch_to_shared), then reads its chunks back.
+template <int kRows, int kBatch>
+__device__ __forceinline__ void read_batch_from_shared(uint4 (&w)[kRows][kBatch], const uint4* slots) {
+  const int lane = threadIdx.x % 32;
+  cp_async_wait_all();
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) w[r][u] = slots[(r * kBatch + u) * 32 + lane];
   }
 }
 

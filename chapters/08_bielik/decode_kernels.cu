@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -32,11 +34,26 @@ namespace {
 constexpr int kMaxK = 16384;      // K bf16 values of shared memory: 32 KB, under the 48 KB default
 
 
-template <GemvInput In, GemvOutput Out, bool HasBias, int kBatch>
+// Weights a warp copies into shared memory before the PDL wait with kSecondBatchShared:
+// one batch, (kRows, kBatch, 32) uint4.
+template <GemvOutput Out, int kBatch>
+__host__ __device__ constexpr int shared_batch_vectors() {
+  return rows_per_unit<Out>() * kBatch * 32;
+}
+
+// kSecondBatchShared (DecodeGemvParams::second_batch_in_shared): a warp's second batch
+// is also requested before the PDL wait, by cp.async into shared memory, without the
+// registers to hold it. The second batch is the rest of the first row when rows take
+// two batches or more (down: 8960 values split over 2 warps, two batches of 9 loads a
+// lane, so the whole row is in flight), else the next row (gate/up: its second row pair
+// of three). 36 KB (down) or 48 KB (gate/up) a block: 3 blocks still fit an SM.
+template <GemvInput In, GemvOutput Out, bool HasBias, int kBatch, bool kSecondBatchShared = false>
 __global__ void __launch_bounds__(kThreads, 3)
     decode_gemv_kernel(DecodeGemvParams p, int rows_per_warp, int split) {
   constexpr int kRows = rows_per_unit<Out>();
-  extern __shared__ uint4 x_shared[];  // (K/8) the input, normalized for kRmsNorm
+  // (K/8) the input, normalized for kRmsNorm; with kSecondBatchShared then (kWarps,
+  // shared_batch_vectors) the copied weights
+  extern __shared__ uint4 x_shared[];
   __shared__ float warp_partial[kWarps][kRows];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int part = warp % split;
@@ -50,6 +67,16 @@ __global__ void __launch_bounds__(kThreads, 3)
   const uint64_t policy = l2_policy(p.stream_evict_first);
   uint4 w[kRows][kBatch];
   load_batch<Out, kBatch>(w, p, first < p.N ? first : -1, base_first, stride, policy);
+  // The second batch: (first, its second batch) or (first + 1, its first). The same for
+  // every lane of the warp (lanes whose chunks lie past the row copy nothing).
+  uint4* second_batch = x_shared + chunks + warp * shared_batch_vectors<Out, kBatch>();
+  const bool rows_take_two_batches = chunks > kBatch * stride;
+  const int second_row = rows_take_two_batches ? first : first + 1;
+  const int second_base = rows_take_two_batches ? base_first + kBatch * stride : base_first;
+  if constexpr (kSecondBatchShared) {
+    const bool exists = second_row < p.N && (rows_take_two_batches || rows_per_warp > 1);
+    copy_batch_to_shared<Out, kBatch>(second_batch, p, exists ? second_row : -1, second_base, stride, policy);
+  }
   uint4 norm_held[kNormHeld];
   load_norm_weight<In>(p, norm_held);
   // The first row's epilogue inputs too, by the lane that stores it: the bias, and
@@ -80,6 +107,12 @@ __global__ void __launch_bounds__(kThreads, 3)
     if (i > 0 && stores && valid) epilogue = load_epilogue_inputs<Out, HasBias>(p, row);
     float acc[2] = {0.0f, 0.0f};
     for (int base = base_first; valid && base < chunks; base += kBatch * stride) {
+      if constexpr (kSecondBatchShared) {  // the second batch: copied before the wait
+        if (!loaded && row == second_row && base == second_base) {
+          read_batch_from_shared<kRows, kBatch>(w, second_batch);
+          loaded = true;
+        }
+      }
       if (!loaded) load_batch<Out, kBatch>(w, p, row, base, stride, policy);
       loaded = false;
       accumulate_batch<kRows, kBatch>(acc, w, x_shared, base, stride, chunks);
@@ -141,22 +174,45 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 
 template <typename Kernel>
-int occupancy(Kernel kernel) {
+int occupancy(Kernel kernel, size_t shared_bytes = 4096) {
   int blocks = 0;
-  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, 4096));
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, shared_bytes));
   return std::max(blocks, 1);
 }
 
-template <GemvInput In, GemvOutput Out, bool HasBias, int kBatch>
+// occupancy() of a kernel whose shared memory grows with K, asked once per K: the
+// launch happens every step, the answer never changes.
+template <typename Kernel>
+int occupancy_at(Kernel kernel, int K, size_t shared_bytes) {
+  static std::mutex mutex;
+  static std::map<int, int> blocks_at_K;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto found = blocks_at_K.find(K);
+  if (found == blocks_at_K.end()) found = blocks_at_K.emplace(K, occupancy(kernel, shared_bytes)).first;
+  return found->second;
+}
+
+template <GemvInput In, GemvOutput Out, bool HasBias, int kBatch, bool kSecondBatchShared = false>
 void launch_gemv(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaStream_t stream) {
-  auto kernel = pipelined ? decode_gemv_pipelined_kernel<In, Out, HasBias, kBatch>
-                          : decode_gemv_kernel<In, Out, HasBias, kBatch>;
-  const size_t shared_bytes = size_t(p.K) * sizeof(__nv_bfloat16);
+  static_assert(!kSecondBatchShared || kBatch > 0, "");
+  auto register_kernel = decode_gemv_kernel<In, Out, HasBias, kBatch, kSecondBatchShared>;
+  auto kernel = pipelined ? decode_gemv_pipelined_kernel<In, Out, HasBias, kBatch> : register_kernel;
+  constexpr size_t kSecondBatchBytes =
+      kSecondBatchShared ? size_t(kWarps) * shared_batch_vectors<Out, kBatch>() * sizeof(uint4) : 0;
+  const size_t shared_bytes = size_t(p.K) * sizeof(__nv_bfloat16) + (pipelined ? 0 : kSecondBatchBytes);
+  // With the copied batch a block may need more than the 48 KB default (allowed once),
+  // and what fits an SM depends on K.
+  static const bool allowed = !kSecondBatchShared || [&] {
+    CUDA_CHECK(cudaFuncSetAttribute(register_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(kMaxK * sizeof(__nv_bfloat16) + kSecondBatchBytes)));
+    return true;
+  }();
+  (void)allowed;
   // One wave: as many blocks as fit on the GPU at once.
-  static const int blocks_per_sm_of[2] = {
-      occupancy(decode_gemv_kernel<In, Out, HasBias, kBatch>),
-      occupancy(decode_gemv_pipelined_kernel<In, Out, HasBias, kBatch>)};
-  const int occupancy_blocks = blocks_per_sm_of[pipelined ? 1 : 0];
+  static const int blocks_per_sm_of[2] = {occupancy(register_kernel),
+                                          occupancy(decode_gemv_pipelined_kernel<In, Out, HasBias, kBatch>)};
+  const int occupancy_blocks = kSecondBatchShared && !pipelined ? occupancy_at(register_kernel, p.K, shared_bytes)
+                                                                 : blocks_per_sm_of[pipelined ? 1 : 0];
   const int blocks_per_sm =
       p.max_blocks_per_sm > 0 ? std::min(occupancy_blocks, p.max_blocks_per_sm) : occupancy_blocks;
   const long long wave_warps = (long long)multiprocessor_count() * blocks_per_sm * kWarps;
@@ -185,8 +241,22 @@ void launch_gemv_bias(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaS
   with_bias_flag(p.bias, [&](auto has_bias) {
     constexpr bool kBias = decltype(has_bias)::value;
     if (short_pair) {
+      // The gate/up form may copy its second row pair into shared memory.
+      if constexpr (Out == GemvOutput::kSwiGLU && In == GemvInput::kRmsNorm) {
+        if (p.second_batch_in_shared && !pipelined) {
+          launch_gemv<In, Out, kBias, 6, true>(p, pipelined, pdl, stream);
+          return;
+        }
+      }
       launch_gemv<In, Out, kBias, 6>(p, pipelined, pdl, stream);
     } else if (long_row) {
+      // The down projection's form may copy its second batch into shared memory.
+      if constexpr (Out == GemvOutput::kResidualAdd && In == GemvInput::kPlain) {
+        if (p.second_batch_in_shared && !pipelined) {
+          launch_gemv<In, Out, kBias, 9, true>(p, pipelined, pdl, stream);
+          return;
+        }
+      }
       launch_gemv<In, Out, kBias, 9>(p, pipelined, pdl, stream);
     } else {
       launch_gemv<In, Out, kBias, kPair ? 4 : 8>(p, pipelined, pdl, stream);

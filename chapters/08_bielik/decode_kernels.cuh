@@ -149,6 +149,13 @@ struct DecodeGemvParams {
   /// start before the kernel before THIS one has finished. The model sets it on the O
   /// projection, so that gate/up's 55 MB start streaming during the attention.
   bool allow_dependents_early = false;
+  /// kRegisterLoads, the down projection's form (kPlain -> kResidualAdd, K > 2048) and
+  /// gate/up's (kRmsNorm -> kSwiGLU, K <= 1536); ignored by the other forms and kernels:
+  /// each warp's second batch of weights (the rest of down's row, gate/up's second row
+  /// pair) is copied into shared memory (cp.async) before the PDL wait, so twice the
+  /// bytes are requested before the wait, instead of after the first batch has arrived.
+  /// bench_decode_gemv and bench_model measure it.
+  bool second_batch_in_shared = false;
 };
 
 /// y = f(x W^T + b) for one token. One warp per output row (a few consecutive rows per

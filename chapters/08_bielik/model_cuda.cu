@@ -626,6 +626,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     if (!fused_o) done("o_proj");
     DecodeGemvParams gate_up{d_act_.data(), d_x_.data(), L.post_norm, L.w_gate_up, L.b_gate_up, F_, C_, eps};
     gate_up.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
+    gate_up.second_batch_in_shared = options_.gate_up_second_batch_in_shared;
     step_gemv_settings(gate_up);
     if (fused_o) gate_up.residual_partials = ResidualPartials{d_o_partials_.data(), Hkv_};
     const GemvInput gate_up_input = fused_o ? GemvInput::kRmsNormAddPartials : GemvInput::kRmsNorm;
@@ -633,6 +634,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     done("gate_up_swiglu");
     DecodeGemvParams down{d_x_.data(), d_act_.data(), nullptr, L.w_down, L.b_down, C_, F_, eps};
     down.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
+    down.second_batch_in_shared = options_.down_second_batch_in_shared;
     step_gemv_settings(down);
     // Its row of h = the residual + the O projection: the partials were written two
     // kernels back, so they are settled before down's wait, as the residual is.

@@ -99,6 +99,11 @@ struct CudaModelOptions {
   /// steps) while the previous layer's down projection still finishes. Measured slower
   /// on the H200 (836 against 848 tokens/s), so off; bench_model measures both.
   bool qkv_allows_attention_early = false;
+  /// Gate/up and down request each warp's second batch of weights before their PDL wait
+  /// too, by cp.async into shared memory (DecodeGemvParams::second_batch_in_shared):
+  /// gate/up's second row pair, down's whole row. bench_model measures each.
+  bool gate_up_second_batch_in_shared = false;
+  bool down_second_batch_in_shared = false;
   /// Decode attention splits per kv head (0: a cluster of 8 for kClusterWithO and
   /// kCluster (the largest that fits, if smaller); sized for 512 keys for
   /// the v3 paths; at most 1024, the workspace's size, and for the cluster paths at most

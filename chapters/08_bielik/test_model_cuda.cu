@@ -531,18 +531,27 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
       {GemvInput::kPlain, GemvOutput::kBf16, 7, 8, true},
       {GemvInput::kRmsNorm, GemvOutput::kSwiGLU, 129, 2056, true},  // two stages a row, the last shorter
       {GemvInput::kPlain, GemvOutput::kResidualAdd, 300, 8968, false},
+      {GemvInput::kRmsNorm, GemvOutput::kSwiGLU, 4001, 1000, true},  // 2 row pairs a warp, the last block short
   };
   std::vector<DecodeGemvKernel> kernels = {DecodeGemvKernel::kRegisterLoads, DecodeGemvKernel::kRegisterPipelined};
   if (weight_stream_supported()) kernels.push_back(DecodeGemvKernel::kBulkStream);
   uint64_t case_seed = seed;
   for (const Case& c : cases) {
-    for (int variant = 0; variant < 2 * int(kernels.size()); ++variant) {
-      const bool pdl = variant % 2 == 1;
-      const DecodeGemvKernel kernel = kernels[variant / 2];
-      INFO("N=" << c.N << " K=" << c.K << " output " << int(c.output) << " pdl (and forced split) " << pdl << " kernel "
+    // Each kernel without and with PDL; then the register kernel with the second batch in
+    // shared memory (down's and gate/up's forms take it, the others ignore it), with PDL
+    // and the automatic split, and without PDL and a split of 1 (down: more chunks per
+    // lane than two batches hold).
+    const int plain_variants = 2 * int(kernels.size());
+    for (int variant = 0; variant < plain_variants + 2; ++variant) {
+      const bool second_batch_in_shared = variant >= plain_variants;
+      const bool pdl = second_batch_in_shared ? variant == plain_variants : variant % 2 == 1;
+      const DecodeGemvKernel kernel =
+          second_batch_in_shared ? DecodeGemvKernel::kRegisterLoads : kernels[variant / 2];
+      INFO("N=" << c.N << " K=" << c.K << " output " << int(c.output) << " pdl " << pdl << " kernel "
                 << (kernel == DecodeGemvKernel::kBulkStream       ? "bulk stream"
                     : kernel == DecodeGemvKernel::kRegisterLoads ? "register loads"
-                                                                 : "register pipelined"));
+                                                                 : "register pipelined")
+                << " second batch in shared " << second_batch_in_shared);
       const int rows = c.output == GemvOutput::kSwiGLU ? 2 * c.N : c.N;
       const std::vector<uint16_t> x = random_bf16(c.K, ++case_seed, 2.0f);
       const std::vector<uint16_t> W = random_bf16(size_t(rows) * c.K, ++case_seed, 1.0f / std::sqrt(float(c.K)));
@@ -605,6 +614,10 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
       // automatic choice, 1 or 2 for these shapes, runs without PDL): 8 where K is not a
       // multiple of 64 (lanes past the row's end), else 4.
       if (kernel != DecodeGemvKernel::kBulkStream && pdl) p.split_warps = c.K % 64 != 0 ? 8 : 4;
+      if (second_batch_in_shared) {
+        p.second_batch_in_shared = true;
+        p.split_warps = pdl ? 0 : 1;
+      }
       decode_gemv(c.input, c.output, p, pdl, 0, kernel);
       CUDA_CHECK(cudaDeviceSynchronize());
       CompareResult r = c.output == GemvOutput::kF32
