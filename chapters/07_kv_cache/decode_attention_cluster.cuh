@@ -14,6 +14,7 @@
 
 #include "decode_attention.cuh"  // kDecodeV3MinKeysPerSplit
 #include "decode_attention_device.cuh"
+#include "pdl.cuh"  // device_supports_pdl
 
 namespace bielik::decode {
 
@@ -83,5 +84,32 @@ __device__ __forceinline__ void cluster_attention(cooperative_groups::cluster_gr
 }
 
 #endif  // sm_90
+
+/// The launch of a cluster kernel (host side): `grid` blocks of `threads`, in clusters
+/// of `cluster` blocks along x, PDL when `pdl` is set and the GPU has it. Chapter 07's
+/// v5 and chapter 08's fused attention + O launch through it, and ask
+/// cudaOccupancyMaxActiveClusters with its config. Not copyable: config points at the
+/// attributes inside.
+struct ClusterLaunch {
+  cudaLaunchAttribute attributes[2] = {};
+  cudaLaunchConfig_t config = {};
+
+  ClusterLaunch(dim3 grid, int threads, int cluster, size_t shared_bytes, cudaStream_t stream, bool pdl) {
+    config.gridDim = grid;
+    config.blockDim = dim3(threads);
+    config.dynamicSmemBytes = shared_bytes;
+    config.stream = stream;
+    attributes[0].id = cudaLaunchAttributeClusterDimension;
+    attributes[0].val.clusterDim.x = cluster;
+    attributes[0].val.clusterDim.y = 1;
+    attributes[0].val.clusterDim.z = 1;
+    attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[1].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attributes;
+    config.numAttrs = pdl && device_supports_pdl() ? 2 : 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
 
 }  // namespace bielik::decode

@@ -90,18 +90,9 @@ int largest_cluster(V5Kernel kernel, int Hkv) {
   if (found != known.end()) return found->second;
   int size = 8;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(kV5MaxCluster, Hkv);
-    config.blockDim = dim3(kV5Warps * 32);
-    cudaLaunchAttribute attribute = {};
-    attribute.id = cudaLaunchAttributeClusterDimension;
-    attribute.val.clusterDim.x = kV5MaxCluster;
-    attribute.val.clusterDim.y = 1;
-    attribute.val.clusterDim.z = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
+    const decode::ClusterLaunch launch(dim3(kV5MaxCluster, Hkv), kV5Warps * 32, kV5MaxCluster, 0, 0, false);
     int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess && clusters >= 1) {
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config) == cudaSuccess && clusters >= 1) {
       size = kV5MaxCluster;
     }
   }
@@ -115,20 +106,9 @@ void launch_v5(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* 
                int D, int num_splits, cudaStream_t stream) {
   V5Kernel kernel = v5_kernel(D, H / Hkv);
   const int cluster = std::clamp(num_splits, 1, largest_cluster(kernel, Hkv));
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(cluster, Hkv);
-  config.blockDim = dim3(kV5Warps * 32);
-  config.stream = stream;
-  cudaLaunchAttribute attributes[2] = {};
-  attributes[0].id = cudaLaunchAttributeClusterDimension;
-  attributes[0].val.clusterDim.x = cluster;
-  attributes[0].val.clusterDim.y = 1;
-  attributes[0].val.clusterDim.z = 1;
-  attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attributes[1].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attributes;
-  config.numAttrs = 2;
-  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, out, q, k_cache, v_cache, d_length, kv_len_arg, max_context));
+  // With PDL: the kernel reads the length and the committed keys before its wait.
+  const decode::ClusterLaunch launch(dim3(cluster, Hkv), kV5Warps * 32, cluster, 0, stream, true);
+  CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, out, q, k_cache, v_cache, d_length, kv_len_arg, max_context));
 }
 
 }  // namespace

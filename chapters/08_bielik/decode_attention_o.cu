@@ -132,26 +132,6 @@ size_t prepare(Kernel kernel) {
   return allowed;
 }
 
-cudaLaunchConfig_t launch_config(int cluster, int Hkv, int replicas, size_t bytes, cudaStream_t stream,
-                                 cudaLaunchAttribute (&attributes)[2], bool pdl) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(cluster, Hkv, replicas);
-  config.blockDim = dim3(kThreadsPerBlock);
-  config.dynamicSmemBytes = bytes;
-  config.stream = stream;
-  attributes[0] = {};
-  attributes[0].id = cudaLaunchAttributeClusterDimension;
-  attributes[0].val.clusterDim.x = cluster;
-  attributes[0].val.clusterDim.y = 1;
-  attributes[0].val.clusterDim.z = 1;
-  attributes[1] = {};
-  attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attributes[1].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attributes;
-  config.numAttrs = pdl && device_supports_pdl() ? 2 : 1;
-  return config;
-}
-
 // Whether a cluster of `cluster` blocks of this shape fits (shared memory) and can be
 // scheduled on this GPU; asked once per shape.
 bool can_run(int C, int H, int Hkv, int D, int cluster, int replicas) {
@@ -164,10 +144,9 @@ bool can_run(int C, int H, int Hkv, int D, int cluster, int replicas) {
   if (found != known.end()) return found->second;
   bool ok = bytes <= prepare(kernel);
   if (ok) {
-    cudaLaunchAttribute attributes[2];
-    cudaLaunchConfig_t config = launch_config(cluster, Hkv, 1, bytes, 0, attributes, false);
+    const decode::ClusterLaunch launch(dim3(cluster, Hkv, 1), kThreadsPerBlock, cluster, bytes, 0, false);
     int clusters = 0;
-    ok = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess && clusters >= 1;
+    ok = cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config) == cudaSuccess && clusters >= 1;
     (void)cudaGetLastError();
   }
   known.emplace(key, ok);
@@ -208,10 +187,9 @@ void decode_attention_o(const AttentionOParams& p, int cluster, bool pdl, cudaSt
   }
   const Kernel kernel = kernel_for(p.D, p.H / p.Hkv);
   const int blocks = cluster * replicas;  // per kv group, sharing its O rows
-  cudaLaunchAttribute attributes[2];
-  const cudaLaunchConfig_t config = launch_config(cluster, p.Hkv, replicas, dynamic_bytes(p.C, p.H / p.Hkv, p.D, blocks),
-                                                  stream, attributes, pdl);
-  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, rows_per_block(p.C, blocks)));
+  const decode::ClusterLaunch launch(dim3(cluster, p.Hkv, replicas), kThreadsPerBlock, cluster,
+                                     dynamic_bytes(p.C, p.H / p.Hkv, p.D, blocks), stream, pdl);
+  CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, p, rows_per_block(p.C, blocks)));
 }
 
 }  // namespace bielik

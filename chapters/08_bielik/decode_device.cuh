@@ -464,23 +464,31 @@ __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_
     // stores. Every block computes all of h (K = C values, a few KB from L2).
     const ResidualPartials& rp = p.residual_partials;
     for (int c = threadIdx.x; c < chunks; c += kThreads) {
-      // Every load first (x and up to kMaxResidualPartials pairs of float4), so that they
-      // travel to L2 together; then the sums, in the order g = 0, 1, ...
+      // The partials kPartialLoads at a time, their loads (and x's) in flight together,
+      // summed in the order g = 0, 1, ... All kMaxResidualPartials at once hold 64 floats:
+      // the gate/up kernel (80 registers a thread) spilled 76 bytes, in pairs 44 (ptxas -v).
+      constexpr int kPartialLoads = 2;
       const uint4 x_raw = kCoherent ? __ldcg(x_vectors + c) : x_vectors[c];
-      float4 part[kMaxResidualPartials][2];
+      float o[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-      for (int g = 0; g < kMaxResidualPartials; ++g) {
-        const float4* source = reinterpret_cast<const float4*>(rp.partials + size_t(g) * p.K) + 2 * c;
-        part[g][0] = g < rp.count ? __ldcg(source) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        part[g][1] = g < rp.count ? __ldcg(source + 1) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      for (int g0 = 0; g0 < kMaxResidualPartials; g0 += kPartialLoads) {
+        if (g0 >= rp.count) break;
+        float4 part[kPartialLoads][2];
+#pragma unroll
+        for (int j = 0; j < kPartialLoads; ++j) {
+          const int g = g0 + j;
+          const float4* source = reinterpret_cast<const float4*>(rp.partials + size_t(g) * p.K) + 2 * c;
+          part[j][0] = g < rp.count ? __ldcg(source) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          part[j][1] = g < rp.count ? __ldcg(source + 1) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int j = 0; j < kPartialLoads; ++j) {  // + 0.0f past count: exact
+          o[0] += part[j][0].x, o[1] += part[j][0].y, o[2] += part[j][0].z, o[3] += part[j][0].w;
+          o[4] += part[j][1].x, o[5] += part[j][1].y, o[6] += part[j][1].z, o[7] += part[j][1].w;
+        }
       }
-      float h[8], o[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+      float h[8];
       unpack_8(h, x_raw);
-#pragma unroll
-      for (int g = 0; g < kMaxResidualPartials; ++g) {  // + 0.0f past count: exact
-        o[0] += part[g][0].x, o[1] += part[g][0].y, o[2] += part[g][0].z, o[3] += part[g][0].w;
-        o[4] += part[g][1].x, o[5] += part[g][1].y, o[6] += part[g][1].z, o[7] += part[g][1].w;
-      }
 #pragma unroll
       for (int e = 0; e < 8; ++e) h[e] += round_bf16(o[e]);
       const uint4 packed = pack_8(h);  // h rounded to bf16: what the unfused O GEMV stores
