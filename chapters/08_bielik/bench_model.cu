@@ -80,6 +80,8 @@ Args parse(int argc, char** argv) {
       a.down_shared = true;
     } else if (flag == "--gate-up-shared") {
       a.gate_up_shared = true;
+    } else if (flag == "--no-gate-up-shared") {
+      a.gate_up_shared = false;
     } else if (flag == "--splits") {
       a.splits = std::stoi(value());
     } else if (flag == "--attention") {
@@ -100,7 +102,7 @@ Args parse(int argc, char** argv) {
                                   " (usage: bench_model [--model DIR] [--out FILE] [--decode-tokens N] [--context N]"
                                   " [--decode-only] [--attention cluster_o|cluster|split_combine|merge_in_o]"
                                   " [--replicas N] [--splits N] [--qkv-early] [--down-shared]"
-                                  " [--gate-up-shared])");
+                                  " [--gate-up-shared|--no-gate-up-shared])");
     }
   }
   // A relative default resolves against the source tree when run from elsewhere.
@@ -381,21 +383,21 @@ int main(int argc, char** argv) {
       int min_keys;
       int replicas = 4;  ///< kClusterWithO only
       bool qkv_early = false;
-      bool down_shared = false;
-      bool gate_up_shared = false;
+      bool down_shared = CudaModelOptions{}.down_second_batch_in_shared;
+      bool gate_up_shared = CudaModelOptions{}.gate_up_second_batch_in_shared;
       double tok_s = 0;
     };
     using Path = DecodeAttentionPath;
     std::vector<OptionVariant> option_variants = {
         {"defaults (attention v5: clusters of 8 per kv head; then the O GEMV, which lets gate/up start early; "
-         "evict-first)", true, true, Path::kCluster, 0, 0},
+         "evict-first; gate/up copies its second row pair into shared memory before its wait)",
+         true, true, Path::kCluster, 0, 0},
         {"gate/up starts after O's wait", false, true, Path::kCluster, 0, 0},
         {"QKV lets the attention start early", true, true, Path::kCluster, 0, 0, 4, true},
-        {"down copies its second batch of weights into shared memory before its wait", true, true, Path::kCluster, 0,
-         0, 4, false, true},
-        {"gate/up copies its second row pair into shared memory before its wait", true, true, Path::kCluster, 0, 0, 4,
-         false, false, true},
-        {"both of the above", true, true, Path::kCluster, 0, 0, 4, false, true, true},
+        {"down also copies its second batch of weights into shared memory before its wait", true, true,
+         Path::kCluster, 0, 0, 4, false, true},
+        {"gate/up loads its second row pair after its wait (no copy into shared memory)", true, true, Path::kCluster,
+         0, 0, 4, false, false, false},
         {"attention v5, clusters of 16", true, true, Path::kCluster, 16, 0},
         {"no evict-first hint", true, false, Path::kCluster, 0, 0},
         {"attention + O in one kernel (decode_attention_o): clusters of 8 x 4 replicas per kv head", true, true,
