@@ -390,14 +390,13 @@ int main(int argc, char** argv) {
     using Path = DecodeAttentionPath;
     std::vector<OptionVariant> option_variants = {
         {"defaults (attention v5: clusters of 8 per kv head; then the O GEMV, which lets gate/up start early; "
-         "evict-first; gate/up copies its second row pair into shared memory before its wait)",
-         true, true, Path::kCluster, 0, 0},
+         "evict-first)", true, true, Path::kCluster, 0, 0},
         {"gate/up starts after O's wait", false, true, Path::kCluster, 0, 0},
         {"QKV lets the attention start early", true, true, Path::kCluster, 0, 0, 4, true},
-        {"down also copies its second batch of weights into shared memory before its wait", true, true,
-         Path::kCluster, 0, 0, 4, false, true},
-        {"gate/up loads its second row pair after its wait (no copy into shared memory)", true, true, Path::kCluster,
-         0, 0, 4, false, false, false},
+        {"gate/up copies its second row pair into shared memory before its wait", true, true, Path::kCluster, 0, 0,
+         4, false, false, true},
+        {"down copies its second batch of weights into shared memory before its wait", true, true, Path::kCluster, 0,
+         0, 4, false, true, false},
         {"attention v5, clusters of 16", true, true, Path::kCluster, 16, 0},
         {"no evict-first hint", true, false, Path::kCluster, 0, 0},
         {"attention + O in one kernel (decode_attention_o): clusters of 8 x 4 replicas per kv head", true, true,

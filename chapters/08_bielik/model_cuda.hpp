@@ -101,10 +101,10 @@ struct CudaModelOptions {
   bool qkv_allows_attention_early = false;
   /// Gate/up and down request each warp's second batch of weights before their PDL wait
   /// too, by cp.async into shared memory (DecodeGemvParams::second_batch_in_shared):
-  /// gate/up's second row pair, down's whole row. On the H200 gate/up's gained ~1% (851
-  /// against 844 tokens/s; it starts early, during the attention, so more of its 55 MB
-  /// stream then), down's lost 3% (820); bench_model measures both.
-  bool gate_up_second_batch_in_shared = true;
+  /// gate/up's second row pair, down's whole row. On the H200 neither gained: gate/up's
+  /// measured +1% in two A/B pairs and -2% in the next run's options table (run-to-run
+  /// noise), down's -3% in both; so both are off. bench_model measures them.
+  bool gate_up_second_batch_in_shared = false;
   bool down_second_batch_in_shared = false;
   /// Decode attention splits per kv head (0: a cluster of 8 for kClusterWithO and
   /// kCluster (the largest that fits, if smaller); sized for 512 keys for
