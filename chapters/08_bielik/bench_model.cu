@@ -52,6 +52,8 @@ struct Args {
   bool qkv_early = CudaModelOptions{}.qkv_allows_attention_early;
   bool down_shared = CudaModelOptions{}.down_second_batch_in_shared;
   bool gate_up_shared = CudaModelOptions{}.gate_up_second_batch_in_shared;
+  int small_blocks = CudaModelOptions{}.small_gemv_blocks_per_sm;
+  int large_blocks = CudaModelOptions{}.large_gemv_blocks_per_sm;
 };
 
 Args parse(int argc, char** argv) {
@@ -82,6 +84,10 @@ Args parse(int argc, char** argv) {
       a.gate_up_shared = true;
     } else if (flag == "--no-gate-up-shared") {
       a.gate_up_shared = false;
+    } else if (flag == "--small-blocks") {
+      a.small_blocks = std::stoi(value());
+    } else if (flag == "--large-blocks") {
+      a.large_blocks = std::stoi(value());
     } else if (flag == "--splits") {
       a.splits = std::stoi(value());
     } else if (flag == "--attention") {
@@ -102,7 +108,7 @@ Args parse(int argc, char** argv) {
                                   " (usage: bench_model [--model DIR] [--out FILE] [--decode-tokens N] [--context N]"
                                   " [--decode-only] [--attention cluster_o|cluster|split_combine|merge_in_o]"
                                   " [--replicas N] [--splits N] [--qkv-early] [--down-shared]"
-                                  " [--gate-up-shared|--no-gate-up-shared])");
+                                  " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N])");
     }
   }
   // A relative default resolves against the source tree when run from elsewhere.
@@ -243,6 +249,8 @@ int main(int argc, char** argv) {
     options.qkv_allows_attention_early = args.qkv_early;
     options.down_second_batch_in_shared = args.down_shared;
     options.gate_up_second_batch_in_shared = args.gate_up_shared;
+    options.small_gemv_blocks_per_sm = args.small_blocks;
+    options.large_gemv_blocks_per_sm = args.large_blocks;
     const double load_start = now_ms();
     auto model = std::make_unique<CudaModel>(args.model, options);
     const double load_s = (now_ms() - load_start) * 1e-3;
