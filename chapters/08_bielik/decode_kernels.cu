@@ -18,6 +18,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "cuda_check.cuh"
 #include "decode_device.cuh"
@@ -180,21 +181,22 @@ int occupancy(Kernel kernel, size_t shared_bytes = 4096) {
   return std::max(blocks, 1);
 }
 
-// occupancy() of a kernel whose shared memory grows with K, asked once per K: the
-// launch happens every step, the answer never changes.
+// occupancy() of a kernel whose shared memory grows with K, asked once per (kernel, K):
+// the launch happens every step, the answer never changes. (Every GEMV kernel has the
+// same pointer type, so the kernel is part of the key.)
 template <typename Kernel>
 int occupancy_at(Kernel kernel, int K, size_t shared_bytes) {
   static std::mutex mutex;
-  static std::map<int, int> blocks_at_K;
+  static std::map<std::pair<const void*, int>, int> known;
   std::lock_guard<std::mutex> lock(mutex);
-  auto found = blocks_at_K.find(K);
-  if (found == blocks_at_K.end()) found = blocks_at_K.emplace(K, occupancy(kernel, shared_bytes)).first;
+  const auto key = std::make_pair(reinterpret_cast<const void*>(kernel), K);
+  auto found = known.find(key);
+  if (found == known.end()) found = known.emplace(key, occupancy(kernel, shared_bytes)).first;
   return found->second;
 }
 
 template <GemvInput In, GemvOutput Out, bool HasBias, int kBatch, bool kSecondBatchShared = false>
 void launch_gemv(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaStream_t stream) {
-  static_assert(!kSecondBatchShared || kBatch > 0, "");
   auto register_kernel = decode_gemv_kernel<In, Out, HasBias, kBatch, kSecondBatchShared>;
   auto kernel = pipelined ? decode_gemv_pipelined_kernel<In, Out, HasBias, kBatch> : register_kernel;
   constexpr size_t kSecondBatchBytes =
