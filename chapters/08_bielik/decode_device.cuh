@@ -55,7 +55,9 @@ __device__ __forceinline__ void copy_streaming_to_shared(uint4* shared_dst, cons
 
 /// cp_async_commit_all closes this thread's cp.async copies into one group;
 /// cp_async_wait_all waits until all its groups have landed in shared memory ("memory":
-/// the compiler may not move a shared-memory read above it).
+/// the compiler may not move a shared-memory read above it). Chapter 03's
+/// ptx::cp_async_commit / cp_async_wait lack that clobber: their callers reach a
+/// __syncthreads before they read, and this kernel's lanes read their copies with none.
 __device__ __forceinline__ void cp_async_commit_all() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\n" ::: "memory");
