@@ -58,7 +58,9 @@ class DeviceBuffer {
   }
   /// Fills every byte with `byte`. Tests poison outputs with 0xFF (a bf16/fp32 NaN
   /// pattern) so an element the kernel forgot to write fails the comparison.
-  void fill_bytes(int byte) { CUDA_CHECK(cudaMemset(data_, byte, bytes())); }
+  void fill_bytes(int byte) {
+    if (count_ > 0) CUDA_CHECK(cudaMemset(data_, byte, bytes()));
+  }
 
  private:
   T* data_ = nullptr;

@@ -27,6 +27,7 @@
 #include "attention.cuh"
 #include "attention_ptx.cuh"
 #include "attention_tile_load.cuh"
+#include "attention_tile_step.cuh"
 #include "cuda_check.cuh"
 
 namespace bielik {
@@ -36,7 +37,7 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kBlockM = 16 * kWarps;  // queries per block: one 16-row mma tile per warp
-constexpr int kBlockN = 64;           // keys per tile
+constexpr int kBlockN = kFlashTileKeys;  // keys per tile (64)
 
 template <int D>
 constexpr size_t shared_bytes() {  // Q tile + 2 stages of K and V tiles
@@ -62,8 +63,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int m0 = (gridDim.y - 1 - blockIdx.y) * kBlockM;  // heaviest query blocks first
   const int offset = Tkv - Tq;                            // query i sits at position offset + i
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int group = lane / 4, thread_in_group = lane % 4;
-  const int row_top = m0 + warp * 16 + group, row_bottom = row_top + 8;  // this thread's two query rows
+  const int row_top = m0 + warp * 16 + lane / 4, row_bottom = row_top + 8;  // this thread's two query rows
 
   const size_t q_stride = size_t(H) * D, kv_stride = size_t(Hkv) * D;
   const __nv_bfloat16* q_head = q + size_t(h) * D;
@@ -85,11 +85,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   // The warp's 16 query rows as A fragments, kept in registers for the whole loop.
   uint32_t q_frag[D / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    // lanes 0-7: rows 0-7 / cols 0-7, 8-15: rows 8-15 / cols 0-7, 16-23: rows 0-7 / cols 8-15, 24-31: rows 8-15 / cols 8-15
-    ptx::ldmatrix_x4(q_frag[kk], q_tile + (warp * 16 + lane % 8 + (lane / 8) % 2 * 8) * S + kk * 16 + lane / 16 * 8);
-  }
+  load_query_fragments<D>(q_frag, q_tile + warp * 16 * S, lane);
 
   float o[D / 8][4] = {};  // O accumulator: 16 x D per warp, fragment layout of C
   float row_max[2] = {-INFINITY, -INFINITY};  // rows row_top, row_bottom; unscaled scores
@@ -107,109 +103,15 @@ __global__ void __launch_bounds__(kThreads, 2)
       ptx::cp_async_wait<0>();
     }
     __syncthreads();
-    const __nv_bfloat16* k_tile = k_tiles + stage * kBlockN * S;
-    const __nv_bfloat16* v_tile = v_tiles + stage * kBlockN * S;
-
-    // S = Q K^T for 16 rows x 64 keys: s[j] is the 16x8 block of keys 8j .. 8j+7.
-    float s[kBlockN / 8][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-#pragma unroll
-      for (int jp = 0; jp < kBlockN / 16; ++jp) {
-        // K rows are B columns. lanes 0-7: keys 0-7 / d 0-7, 8-15: keys 0-7 / d 8-15,
-        // 16-23: keys 8-15 / d 0-7, 24-31: keys 8-15 / d 8-15 (of this 16x16 block).
-        uint32_t b[4];
-        ptx::ldmatrix_x4(b, k_tile + (jp * 16 + lane % 8 + lane / 16 * 8) * S + kk * 16 + (lane / 8) % 2 * 8);
-        ptx::mma_bf16_16x8x16(s[2 * jp], q_frag[kk], b[0], b[1]);
-        ptx::mma_bf16_16x8x16(s[2 * jp + 1], q_frag[kk], b[2], b[3]);
-      }
-    }
-
-    if (tile >= unmasked_tiles) {  // the diagonal (and the end of the keys) crosses this tile
-      const int key0 = tile * kBlockN + 2 * thread_in_group;
-#pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = key0 + 8 * j + (e & 1);
-          const int row = e < 2 ? row_top : row_bottom;
-          if (key > offset + row || key >= Tkv) s[j][e] = -INFINITY;
-        }
-      }
-    }
-
-    // Online softmax: new running max per row (4 lanes share a row), rescale the past.
-    float scaled_max[2], correction[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float tile_max = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) tile_max = fmaxf(tile_max, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-      const float new_max = fmaxf(row_max[r], tile_max);
-      // A row with nothing visible yet keeps max -inf; use 0 so exp2 sees -inf, not NaN.
-      scaled_max[r] = new_max == -INFINITY ? 0.0f : new_max * scale_log2;
-      correction[r] = exp2f(row_max[r] * scale_log2 - scaled_max[r]);  // 0 on the first tile
-      row_max[r] = new_max;
-    }
-    float tile_sum[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int j = 0; j < kBlockN / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[j][e] = exp2f(fmaf(s[j][e], scale_log2, -scaled_max[e / 2]));  // masked: exp2(-inf) = 0
-        tile_sum[e / 2] += s[j][e];
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) row_sum[r] = row_sum[r] * correction[r] + tile_sum[r];
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      o[j][0] *= correction[0], o[j][1] *= correction[0];
-      o[j][2] *= correction[1], o[j][3] *= correction[1];
-    }
-
-    // O += P V. P's A fragment for keys 16kk .. 16kk+15 is s[2kk] and s[2kk+1], packed.
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint32_t p[4] = {ptx::pack_bf16x2(s[2 * kk][0], s[2 * kk][1]), ptx::pack_bf16x2(s[2 * kk][2], s[2 * kk][3]),
-                             ptx::pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             ptx::pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
-        // V rows are B rows (keys = k). Transposed loads: lanes 0-7: keys 0-7 / d 0-7,
-        // 8-15: keys 8-15 / d 0-7, 16-23: keys 0-7 / d 8-15, 24-31: keys 8-15 / d 8-15.
-        uint32_t b[4];
-        ptx::ldmatrix_x4_trans(b, v_tile + (kk * 16 + lane % 8 + (lane / 8) % 2 * 8) * S + dp * 16 + lane / 16 * 8);
-        ptx::mma_bf16_16x8x16(o[2 * dp], p, b[0], b[1]);
-        ptx::mma_bf16_16x8x16(o[2 * dp + 1], p, b[2], b[3]);
-      }
-    }
+    // S = Q K^T, the mask where the diagonal (or the end of the keys) crosses the tile,
+    // the online softmax, O += P V: attention_tile_step.cuh.
+    flash_tile_step<D>(q_frag, k_tiles + stage * kBlockN * S, v_tiles + stage * kBlockN * S, tile,
+                       tile >= unmasked_tiles, offset, Tkv, row_top, row_bottom, scale_log2, lane, o, row_max, row_sum);
     __syncthreads();  // every warp is done with this stage before it is refilled
   }
 
-  // Finish the softmax: the row's full denominator is the sum over its 4 lanes.
-  float inverse[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float sum = row_sum[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    inverse[r] = 1.0f / sum;
-  }
-  const int col = 2 * thread_in_group;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = r == 0 ? row_top : row_bottom;
-    if (row >= Tq) continue;  // padding rows of the last block
-    __nv_bfloat16* out_row = out + size_t(row) * q_stride + size_t(h) * D + col;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      *reinterpret_cast<uint32_t*>(out_row + 8 * j) =
-          ptx::pack_bf16x2(o[j][2 * r] * inverse[r], o[j][2 * r + 1] * inverse[r]);
-    }
-  }
+  // Finish the softmax (the row's full denominator is the sum over its 4 lanes) and store.
+  store_normalized_rows<D>(out + size_t(h) * D, q_stride, o, row_sum, row_top, row_bottom, Tq, lane);
 }
 
 namespace {

@@ -29,6 +29,7 @@
 #include "attention.cuh"
 #include "attention_ptx.cuh"
 #include "attention_tile_load.cuh"
+#include "attention_tile_step.cuh"
 #include "cuda_check.cuh"
 #include "pdl.cuh"
 
@@ -40,7 +41,7 @@ constexpr int kGroups = 2;               // warp groups splitting the key tiles
 constexpr int kGroupThreads = 4 * 32;    // 4 warps per group
 constexpr int kThreads = kGroups * kGroupThreads;
 constexpr int kBlockM = 64;              // queries per block: 16 rows per warp of a group
-constexpr int kBlockN = 64;              // keys per tile
+constexpr int kBlockN = kFlashTileKeys;   // keys per tile (64)
 
 template <int D>
 constexpr size_t shared_bytes() {  // Q tile + per group 2 stages of K and V tiles
@@ -69,8 +70,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int m0 = (gridDim.y - 1 - blockIdx.y) * kBlockM;  // heaviest query blocks first
   const int offset = Tkv - Tq;
   const int warp_in_group = group_thread / 32, lane = threadIdx.x % 32;
-  const int group = lane / 4, thread_in_group = lane % 4;
-  const int row_top = m0 + warp_in_group * 16 + group, row_bottom = row_top + 8;
+  const int row_top = m0 + warp_in_group * 16 + lane / 4, row_bottom = row_top + 8;
 
   const size_t q_stride = size_t(H) * D, kv_stride = size_t(Hkv) * D;
   const __nv_bfloat16* q_head = q + size_t(h) * D;
@@ -92,11 +92,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   uint32_t q_frag[D / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    ptx::ldmatrix_x4(q_frag[kk],
-                     q_tile + (warp_in_group * 16 + lane % 8 + (lane / 8) % 2 * 8) * S + kk * 16 + lane / 16 * 8);
-  }
+  load_query_fragments<D>(q_frag, q_tile + warp_in_group * 16 * S, lane);
 
   float o[D / 8][4] = {};
   float row_max[2] = {-INFINITY, -INFINITY};
@@ -117,79 +113,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::cp_async_wait<0>();
     }
     ptx::named_barrier_sync(1 + group_id, kGroupThreads);
-    const __nv_bfloat16* k_tile = k_tiles + stage * kBlockN * S;
-    const __nv_bfloat16* v_tile = v_tiles + stage * kBlockN * S;
-
-    float s[kBlockN / 8][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-#pragma unroll
-      for (int jp = 0; jp < kBlockN / 16; ++jp) {
-        uint32_t b[4];
-        ptx::ldmatrix_x4(b, k_tile + (jp * 16 + lane % 8 + lane / 16 * 8) * S + kk * 16 + (lane / 8) % 2 * 8);
-        ptx::mma_bf16_16x8x16(s[2 * jp], q_frag[kk], b[0], b[1]);
-        ptx::mma_bf16_16x8x16(s[2 * jp + 1], q_frag[kk], b[2], b[3]);
-      }
-    }
-
-    if (tile >= unmasked_tiles) {
-      const int key0 = tile * kBlockN + 2 * thread_in_group;
-#pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = key0 + 8 * j + (e & 1);
-          const int row = e < 2 ? row_top : row_bottom;
-          if (key > offset + row || key >= Tkv) s[j][e] = -INFINITY;
-        }
-      }
-    }
-
-    float scaled_max[2], correction[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float tile_max = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) tile_max = fmaxf(tile_max, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-      const float new_max = fmaxf(row_max[r], tile_max);
-      // Group 1 can see fully masked tiles first (a row's first visible key may be in a
-      // later tile of group 0): keep -inf and use 0 so exp2 sees -inf, not NaN.
-      scaled_max[r] = new_max == -INFINITY ? 0.0f : new_max * scale_log2;
-      correction[r] = exp2f(row_max[r] * scale_log2 - scaled_max[r]);
-      row_max[r] = new_max;
-    }
-    float tile_sum[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int j = 0; j < kBlockN / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[j][e] = exp2f(fmaf(s[j][e], scale_log2, -scaled_max[e / 2]));
-        tile_sum[e / 2] += s[j][e];
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) row_sum[r] = row_sum[r] * correction[r] + tile_sum[r];
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      o[j][0] *= correction[0], o[j][1] *= correction[0];
-      o[j][2] *= correction[1], o[j][3] *= correction[1];
-    }
-
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint32_t p[4] = {ptx::pack_bf16x2(s[2 * kk][0], s[2 * kk][1]), ptx::pack_bf16x2(s[2 * kk][2], s[2 * kk][3]),
-                             ptx::pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             ptx::pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
-        uint32_t b[4];
-        ptx::ldmatrix_x4_trans(b, v_tile + (kk * 16 + lane % 8 + (lane / 8) % 2 * 8) * S + dp * 16 + lane / 16 * 8);
-        ptx::mma_bf16_16x8x16(o[2 * dp], p, b[0], b[1]);
-        ptx::mma_bf16_16x8x16(o[2 * dp + 1], p, b[2], b[3]);
-      }
-    }
+    flash_tile_step<D>(q_frag, k_tiles + stage * kBlockN * S, v_tiles + stage * kBlockN * S, tile,
+                       tile >= unmasked_tiles, offset, Tkv, row_top, row_bottom, scale_log2, lane, o, row_max, row_sum);
     ptx::named_barrier_sync(1 + group_id, kGroupThreads);  // the group is done with this stage
   }
 
@@ -215,41 +140,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   if (group_id == 1) return;
 
-  float scale_own[2], scale_other[2];
+  // Group 0 always has tile 0, where key 0 is visible to every row: its max is finite.
+  float other_max[2], other_sum[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const float other_max = parked[(kValues + r) * kGroupThreads + group_thread];
-    const float other_sum = parked[(kValues + 2 + r) * kGroupThreads + group_thread];
-    // Group 0 always has tile 0, where key 0 is visible to every row: row_max is finite.
-    const float merged_max = fmaxf(row_max[r], other_max);
-    scale_own[r] = exp2f((row_max[r] - merged_max) * scale_log2);
-    scale_other[r] = exp2f((other_max - merged_max) * scale_log2);  // 0 if group 1 saw nothing
-    row_sum[r] = row_sum[r] * scale_own[r] + other_sum * scale_other[r];
+    other_max[r] = parked[(kValues + r) * kGroupThreads + group_thread];  // -inf if group 1 saw nothing
+    other_sum[r] = parked[(kValues + 2 + r) * kGroupThreads + group_thread];
   }
-#pragma unroll
-  for (int j = 0; j < D / 8; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      o[j][e] = o[j][e] * scale_own[e / 2] + parked[(j * 4 + e) * kGroupThreads + group_thread] * scale_other[e / 2];
-    }
-  }
-
-  const int col = 2 * thread_in_group;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float sum = row_sum[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const float inverse = 1.0f / sum;
-    const int row = r == 0 ? row_top : row_bottom;
-    if (row >= Tq) continue;
-    __nv_bfloat16* out_row = out + size_t(row) * q_stride + size_t(h) * D + col;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      *reinterpret_cast<uint32_t*>(out_row + 8 * j) =
-          ptx::pack_bf16x2(o[j][2 * r] * inverse, o[j][2 * r + 1] * inverse);
-    }
-  }
+  merge_softmax_state<D>(
+      o, row_max, row_sum, other_max, other_sum,
+      [&](int j, int e) { return parked[(j * 4 + e) * kGroupThreads + group_thread]; }, scale_log2);
+  store_normalized_rows<D>(out + size_t(h) * D, q_stride, o, row_sum, row_top, row_bottom, Tq, lane);
 }
 
 bool attention_v5_supported(int D) {

@@ -31,6 +31,7 @@ std::vector<uint16_t> run_version(const AttentionVersion& version, const std::ve
                                   const Shape& s) {
   DeviceBuffer<uint16_t> q(q_bits), k(k_bits), v(v_bits), out(size_t(s.Tq) * s.H * s.D);
   DeviceBuffer<float> workspace(version.workspace_floats ? version.workspace_floats(s.Tq, s.Tkv, s.H) : 0);
+  workspace.fill_bytes(0);  // v6's arrival counters start at zero (v1 overwrites its scores)
   out.fill_bytes(0xFF);
   version.launch(reinterpret_cast<__nv_bfloat16*>(out.data()), reinterpret_cast<const __nv_bfloat16*>(q.data()),
                  reinterpret_cast<const __nv_bfloat16*>(k.data()), reinterpret_cast<const __nv_bfloat16*>(v.data()),
@@ -160,6 +161,64 @@ TEST_CASE("attention launchers reject shapes they do not support", "[ch05][gpu]"
     REQUIRE_THROWS_AS(version.launch(data, data, data, data, 1, 1, 1, 1, 96, workspace.data(), 0),
                       std::invalid_argument);  // D
   }
+}
+
+TEST_CASE("v6 cut into many items: matches the CPU reference, deterministic, leaves its counters at zero",
+          "[ch05][gpu]") {
+  uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  // Odd sizes and a longer context; C = 1 cuts a block of n tiles into n items, C = 3
+  // leaves a short last item; 0 is the automatic plan.
+  for (Shape s : {Shape{130, 130, 12, 2, 128}, Shape{65, 200, 6, 3, 128}, Shape{200, 333, 9, 3, 64},
+                  Shape{513, 513, 12, 2, 128}, Shape{1, 300, 12, 2, 128}}) {
+    std::vector<uint16_t> q = random_bf16(size_t(s.Tq) * s.H * s.D, seed);
+    std::vector<uint16_t> k = random_bf16(size_t(s.Tkv) * s.Hkv * s.D, seed + 1);
+    std::vector<uint16_t> v = random_bf16(size_t(s.Tkv) * s.Hkv * s.D, seed + 2);
+    std::vector<float> expected(size_t(s.Tq) * s.H * s.D);
+    attention_cpu(expected.data(), bf16_to_float(q).data(), bf16_to_float(k).data(), bf16_to_float(v).data(), s.Tq,
+                  s.Tkv, s.H, s.Hkv, s.D);
+    const std::vector<double> expected_d(expected.begin(), expected.end());
+    const double v1_error =
+        compare_bf16("v1", run_version(kAttentionVersions[0], q, k, v, s), expected_d, tolerance::kBf16Output)
+            .rel_norm_error;
+    DeviceBuffer<uint16_t> dq(q), dk(k), dv(v), out(size_t(s.Tq) * s.H * s.D);
+    for (int tiles_per_item : {1, 3, 0}) {
+      INFO("Tq=" << s.Tq << " Tkv=" << s.Tkv << " H=" << s.H << " D=" << s.D << " tiles per item " << tiles_per_item);
+      DeviceBuffer<float> workspace(attention_v6_workspace_floats_with(s.Tq, s.Tkv, s.H, tiles_per_item));
+      workspace.fill_bytes(0);
+      std::vector<uint16_t> first;
+      for (int run = 0; run < 3; ++run) {  // the same workspace each time: the counters must be back at 0
+        const bool pdl = run == 2;
+        out.fill_bytes(0xFF);
+        attention_v6_balanced_splits_with(reinterpret_cast<__nv_bfloat16*>(out.data()),
+                                          reinterpret_cast<const __nv_bfloat16*>(dq.data()),
+                                          reinterpret_cast<const __nv_bfloat16*>(dk.data()),
+                                          reinterpret_cast<const __nv_bfloat16*>(dv.data()), s.Tq, s.Tkv, s.H, s.Hkv,
+                                          s.D, workspace.data(), 0, pdl, tiles_per_item);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<uint16_t> result = out.to_host();
+        if (run == 0) {
+          CompareResult r = compare_bf16("v6", result, expected_d, 2 * v1_error + 1e-3);
+          INFO(r.report);
+          REQUIRE(r.passed);
+          first = result;
+        } else {
+          INFO("run " << run << (pdl ? " (PDL)" : ""));
+          REQUIRE(result == first);  // bit for bit: the merge order does not depend on who arrives last
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("v6 refuses to run a cut plan without a workspace", "[ch05][gpu]") {
+  DeviceBuffer<uint16_t> buffer(size_t(130) * 12 * 128);
+  auto* data = reinterpret_cast<__nv_bfloat16*>(buffer.data());
+  REQUIRE(attention_v6_workspace_floats_with(130, 130, 12, 1) > 0);
+  REQUIRE_THROWS_AS(attention_v6_balanced_splits_with(data, data, data, data, 130, 130, 12, 2, 128, nullptr, 0, false, 1),
+                    std::invalid_argument);
+  REQUIRE(attention_v6_max_workspace_floats() >= attention_v6_workspace_floats(512, 512, 12));
+  REQUIRE(attention_v6_max_workspace_floats() >= attention_v6_workspace_floats(2048, 2048, 12));
 }
 
 TEST_CASE("attention_forward is the fastest version this GPU supports, bit for bit", "[ch05][gpu]") {

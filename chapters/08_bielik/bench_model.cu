@@ -45,6 +45,8 @@ struct Args {
   std::string out = "build/bench/model.json";
   int decode_tokens = 256;
   int context = 0;
+  bool ttft_only = false;    ///< load, compare TTFT with v6 and v5 prefill attention, stop
+  bool prefill_attention_balanced = true;  ///< --prefill-attention v6 (default) or v5
   bool decode_only = false;  ///< load, decode, print tokens/s, stop (for a profiler's timeline)
   DecodeAttentionPath attention = CudaModelOptions{}.decode_attention;
   int replicas = CudaModelOptions{}.attention_o_replicas;
@@ -74,6 +76,14 @@ Args parse(int argc, char** argv) {
       a.context = std::stoi(value());
     } else if (flag == "--decode-only") {
       a.decode_only = true;
+    } else if (flag == "--ttft-only") {
+      a.ttft_only = true;
+    } else if (flag == "--prefill-attention") {
+      const std::string version = value();
+      if (version != "v5" && version != "v6") {
+        throw std::invalid_argument("--prefill-attention takes v5 or v6; got " + version);
+      }
+      a.prefill_attention_balanced = version == "v6";
     } else if (flag == "--replicas") {
       a.replicas = std::stoi(value());
     } else if (flag == "--qkv-early") {
@@ -106,7 +116,7 @@ Args parse(int argc, char** argv) {
     } else {
       throw std::invalid_argument("unknown argument " + flag +
                                   " (usage: bench_model [--model DIR] [--out FILE] [--decode-tokens N] [--context N]"
-                                  " [--decode-only] [--attention cluster_o|cluster|split_combine|merge_in_o]"
+                                  " [--decode-only] [--ttft-only] [--prefill-attention v5|v6] [--attention cluster_o|cluster|split_combine|merge_in_o]"
                                   " [--replicas N] [--splits N] [--qkv-early] [--down-shared]"
                                   " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N])");
     }
@@ -251,6 +261,7 @@ int main(int argc, char** argv) {
     options.gate_up_second_batch_in_shared = args.gate_up_shared;
     options.small_gemv_blocks_per_sm = args.small_blocks;
     options.large_gemv_blocks_per_sm = args.large_blocks;
+    options.prefill_attention_balanced = args.prefill_attention_balanced;
     const double load_start = now_ms();
     auto model = std::make_unique<CudaModel>(args.model, options);
     const double load_s = (now_ms() - load_start) * 1e-3;
@@ -263,6 +274,25 @@ int main(int argc, char** argv) {
     if (args.decode_only) {  // scripts/timeline_decode_step.sh: just the decode graph, replayed
       const int tokens = std::min(args.decode_tokens, model->context_size() - 16);
       std::printf("decode only: %d tokens, %.0f tokens/s\n", tokens, decode_tokens_per_s(*model, tokens, 1, false));
+      return 0;
+    }
+
+    if (args.ttft_only) {  // the prefill attention A/B: two models, alternating rounds
+      CudaModelOptions o = options;
+      o.prefill_attention_balanced = !options.prefill_attention_balanced;
+      CudaModel other(args.model, o);
+      const char* name = options.prefill_attention_balanced ? "v6" : "v5";
+      const char* other_name = options.prefill_attention_balanced ? "v5" : "v6";
+      BenchTable table("model_prefill_attention", {"round", "prompt tokens", std::string("TTFT ms, ") + name,
+                                                   std::string("TTFT ms, ") + other_name, "ratio"});
+      for (int round = 0; round < 2; ++round) {
+        for (int n : {16, 128, 512, 2048}) {
+          if (n > model->context_size()) continue;
+          const double a = ttft_ms(*model, n), b = ttft_ms(other, n);
+          table.add_row({std::to_string(round), std::to_string(n), fmt(a, 3), fmt(b, 3), fmt(b / a, 3) + "x"});
+        }
+      }
+      table.print();
       return 0;
     }
 
@@ -362,6 +392,16 @@ int main(int argc, char** argv) {
       no_pdl_ttft_512 = ttft_ms(m, 512);
     }
     const double eager_tok_s = variant([](CudaModelOptions& o) { o.use_graph = false; });
+    // Prefill attention: chapter 05's v5 (attention_forward) instead of v6.
+    nlohmann::json ttft_other_attention = nlohmann::json::object();
+    {
+      CudaModelOptions o = options;
+      o.prefill_attention_balanced = !options.prefill_attention_balanced;
+      CudaModel m(args.model, o);
+      for (int n : {512, 2048}) {
+        if (n <= model_context) ttft_other_attention[std::to_string(n)] = ttft_ms(m, n);
+      }
+    }
 
     // --- how many GEMV blocks per SM: fewer leaves room for PDL to start the next kernel ---
     BenchTable occupancy_table("model_decode_gemv_blocks_per_sm",
@@ -500,6 +540,11 @@ int main(int argc, char** argv) {
     if (no_pdl_ttft_512 > 0) {
       std::printf("TTFT(512) without PDL between prefill's small kernels: %.3f ms (with: %.3f ms)\n",
                   no_pdl_ttft_512, double(ttft["512"]));
+    }
+    for (auto& [n, ms] : ttft_other_attention.items()) {
+      std::printf("TTFT(%s) with prefill attention %s: %.3f ms (with %s: %.3f ms)\n", n.c_str(),
+                  options.prefill_attention_balanced ? "v5" : "v6", double(ms),
+                  options.prefill_attention_balanced ? "v6" : "v5", double(ttft[n]));
     }
     prefill_step_table.print();
     std::printf("prefill pass (sum of the table) %.1f us\n", prefill_pass_us);
@@ -658,6 +703,8 @@ int main(int argc, char** argv) {
         {"floor_ms", floor_ms},
         {"ttft_ms", ttft},
         {"ttft_512_no_pdl_ms", no_pdl_ttft_512},
+        {"prefill_attention", options.prefill_attention_balanced ? "v6" : "v5"},
+        {"ttft_other_prefill_attention_ms", ttft_other_attention},
         {"decode_tokens", tokens},
         {"decode_tok_s", tok_s},
         {"decode_ms_per_token", ms_per_token},
