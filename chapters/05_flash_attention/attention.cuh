@@ -89,29 +89,29 @@ void attention_v5_flash_split_keys_pdl(__nv_bfloat16* out, const __nv_bfloat16* 
                                        const __nv_bfloat16* v, int Tq, int Tkv, int H, int Hkv, int D,
                                        cudaStream_t stream, bool pdl);
 
-/// v6: v3's 4-warp blocks, with the key tiles of heavy query blocks cut into work items
-/// of C tiles, C = ceil(the grid's tiles / the blocks the GPU holds at once), so the
-/// causal prompt's work spreads over every SM (T = 512: the heaviest block runs 2 tiles
-/// instead of 8). An item that shares its query block parks its softmax state in the
-/// workspace; the last item of the block to arrive merges them in item order
-/// (deterministic) and writes the rows. The workspace (attention_v6_workspace_floats)
-/// must be zero-filled once when it is allocated: v6 uses its start as arrival counters
-/// and leaves them at zero. Same shape rules and alignment as v3.
-void attention_v6_balanced_splits(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k,
-                                  const __nv_bfloat16* v, int Tq, int Tkv, int H, int Hkv, int D, float* workspace,
-                                  cudaStream_t stream = 0);
-/// Floats of workspace v6 needs for this shape (0: no query block is cut).
-size_t attention_v6_workspace_floats(int Tq, int Tkv, int H);
-/// Enough workspace for v6 at every shape on this GPU (its plans cap the partial slots at
-/// twice the resident blocks: ~18 MB on an H200). Chapter 08 allocates this once.
-size_t attention_v6_max_workspace_floats();
-/// v6 with the launch options: `pdl` (as v5's), and `tiles_per_item` > 0 to force C
-/// (0: the automatic plan). The tests force small C to cut small shapes into many items;
-/// a forced plan needs attention_v6_workspace_floats_with(..., tiles_per_item).
-void attention_v6_balanced_splits_with(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k,
-                                       const __nv_bfloat16* v, int Tq, int Tkv, int H, int Hkv, int D,
-                                       float* workspace, cudaStream_t stream, bool pdl, int tiles_per_item);
-size_t attention_v6_workspace_floats_with(int Tq, int Tkv, int H, int tiles_per_item);
+/// v6: v3's 4-warp blocks, with each query block's key tiles split over a thread block
+/// cluster of S blocks (S different SMs, sm_90+), whose softmax states are merged
+/// through distributed shared memory. S is chosen per launch (attention_v6_default_splits:
+/// T = 512 -> 2 on an H200; S = 1 is v3). No workspace (pass nullptr). Same shape rules
+/// and alignment as v3.
+void attention_v6_cluster_split_keys(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                                     const __nv_bfloat16* v, int Tq, int Tkv, int H, int Hkv, int D, float* workspace,
+                                     cudaStream_t stream = 0);
+/// The automatic S: the largest of 1, 2, 4, 8 for which every block of the grid is
+/// resident at once and the heaviest query block has a tile for each of its S blocks;
+/// 1 before sm_90 (no clusters).
+int attention_v6_default_splits(int Tq, int Tkv, int H, int D);
+/// v6 with the launch options: `pdl` (as v5's), `splits` = S, 1..8 (0: automatic; > 1
+/// needs sm_90, else std::invalid_argument). `block_times` (bench_attention's timeline),
+/// if not null: 5 values per block of the grid (H, attention_v6_grid_rows), row-major:
+/// the SM, then %globaltimer in ns at the block's start, once its first tiles are
+/// loaded, after its last tile, and at its end.
+void attention_v6_cluster_split_keys_with(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                                          const __nv_bfloat16* v, int Tq, int Tkv, int H, int Hkv, int D,
+                                          cudaStream_t stream, bool pdl, int splits,
+                                          unsigned long long* block_times = nullptr);
+/// grid.y of that launch: query blocks x S.
+int attention_v6_grid_rows(int Tq, int Tkv, int H, int D, int splits);
 
 /// Checks the shape rules every version shares; throws std::invalid_argument naming `who`.
 /// D must be 64 or 128 (the head dims of Llama-family models; template instances).
@@ -123,7 +123,7 @@ using AttentionLauncher = void (*)(__nv_bfloat16*, const __nv_bfloat16*, const _
 struct AttentionVersion {
   const char* name;
   AttentionLauncher launch;
-  size_t (*workspace_floats)(int Tq, int Tkv, int H);  ///< nullptr: needs none; else zero-filled
+  size_t (*workspace_floats)(int Tq, int Tkv, int H);  ///< nullptr: needs none
   bool (*supported)(int D);                            ///< nullptr: runs on every GPU of the book
 };
 inline constexpr AttentionVersion kAttentionVersions[] = {
@@ -132,7 +132,7 @@ inline constexpr AttentionVersion kAttentionVersions[] = {
     {"v3_flash_mma", attention_v3_flash_mma, nullptr, nullptr},
     {"v4_flash_two_row_tiles", attention_v4_flash_two_row_tiles, nullptr, nullptr},
     {"v5_flash_split_keys", attention_v5_flash_split_keys, nullptr, attention_v5_supported},
-    {"v6_balanced_splits", attention_v6_balanced_splits, attention_v6_workspace_floats, nullptr},
+    {"v6_cluster_split_keys", attention_v6_cluster_split_keys, nullptr, nullptr},
 };
 
 /// The version later chapters call for prefill: the fastest one measured (v5) where the

@@ -31,7 +31,6 @@ std::vector<uint16_t> run_version(const AttentionVersion& version, const std::ve
                                   const Shape& s) {
   DeviceBuffer<uint16_t> q(q_bits), k(k_bits), v(v_bits), out(size_t(s.Tq) * s.H * s.D);
   DeviceBuffer<float> workspace(version.workspace_floats ? version.workspace_floats(s.Tq, s.Tkv, s.H) : 0);
-  workspace.fill_bytes(0);  // v6's arrival counters start at zero (v1 overwrites its scores)
   out.fill_bytes(0xFF);
   version.launch(reinterpret_cast<__nv_bfloat16*>(out.data()), reinterpret_cast<const __nv_bfloat16*>(q.data()),
                  reinterpret_cast<const __nv_bfloat16*>(k.data()), reinterpret_cast<const __nv_bfloat16*>(v.data()),
@@ -163,12 +162,13 @@ TEST_CASE("attention launchers reject shapes they do not support", "[ch05][gpu]"
   }
 }
 
-TEST_CASE("v6 cut into many items: matches the CPU reference, deterministic, leaves its counters at zero",
+TEST_CASE("v6 at every cluster size: matches the CPU reference, the same bits with PDL and run to run",
           "[ch05][gpu]") {
   uint64_t seed = fresh_seed();
   INFO("seed " << seed);
-  // Odd sizes and a longer context; C = 1 cuts a block of n tiles into n items, C = 3
-  // leaves a short last item; 0 is the automatic plan.
+  // Odd sizes and a longer context. S = 3 leaves the last rank a short chunk; at S = 8
+  // light query blocks have ranks with no tile at all (the empty state) and ranks that
+  // finish no rows (4 warps, 8 ranks); 0 is the automatic choice.
   for (Shape s : {Shape{130, 130, 12, 2, 128}, Shape{65, 200, 6, 3, 128}, Shape{200, 333, 9, 3, 64},
                   Shape{513, 513, 12, 2, 128}, Shape{1, 300, 12, 2, 128}}) {
     std::vector<uint16_t> q = random_bf16(size_t(s.Tq) * s.H * s.D, seed);
@@ -182,19 +182,17 @@ TEST_CASE("v6 cut into many items: matches the CPU reference, deterministic, lea
         compare_bf16("v1", run_version(kAttentionVersions[0], q, k, v, s), expected_d, tolerance::kBf16Output)
             .rel_norm_error;
     DeviceBuffer<uint16_t> dq(q), dk(k), dv(v), out(size_t(s.Tq) * s.H * s.D);
-    for (int tiles_per_item : {1, 3, 0}) {
-      INFO("Tq=" << s.Tq << " Tkv=" << s.Tkv << " H=" << s.H << " D=" << s.D << " tiles per item " << tiles_per_item);
-      DeviceBuffer<float> workspace(attention_v6_workspace_floats_with(s.Tq, s.Tkv, s.H, tiles_per_item));
-      workspace.fill_bytes(0);
+    for (int splits : {1, 2, 3, 8, 0}) {
+      INFO("Tq=" << s.Tq << " Tkv=" << s.Tkv << " H=" << s.H << " D=" << s.D << " splits " << splits);
       std::vector<uint16_t> first;
-      for (int run = 0; run < 3; ++run) {  // the same workspace each time: the counters must be back at 0
+      for (int run = 0; run < 3; ++run) {
         const bool pdl = run == 2;
         out.fill_bytes(0xFF);
-        attention_v6_balanced_splits_with(reinterpret_cast<__nv_bfloat16*>(out.data()),
-                                          reinterpret_cast<const __nv_bfloat16*>(dq.data()),
-                                          reinterpret_cast<const __nv_bfloat16*>(dk.data()),
-                                          reinterpret_cast<const __nv_bfloat16*>(dv.data()), s.Tq, s.Tkv, s.H, s.Hkv,
-                                          s.D, workspace.data(), 0, pdl, tiles_per_item);
+        attention_v6_cluster_split_keys_with(reinterpret_cast<__nv_bfloat16*>(out.data()),
+                                             reinterpret_cast<const __nv_bfloat16*>(dq.data()),
+                                             reinterpret_cast<const __nv_bfloat16*>(dk.data()),
+                                             reinterpret_cast<const __nv_bfloat16*>(dv.data()), s.Tq, s.Tkv, s.H,
+                                             s.Hkv, s.D, 0, pdl, splits);
         CUDA_CHECK(cudaDeviceSynchronize());
         std::vector<uint16_t> result = out.to_host();
         if (run == 0) {
@@ -204,21 +202,27 @@ TEST_CASE("v6 cut into many items: matches the CPU reference, deterministic, lea
           first = result;
         } else {
           INFO("run " << run << (pdl ? " (PDL)" : ""));
-          REQUIRE(result == first);  // bit for bit: the merge order does not depend on who arrives last
+          REQUIRE(result == first);  // the merge order is the rank order, whatever the timing
         }
       }
     }
   }
 }
 
-TEST_CASE("v6 refuses to run a cut plan without a workspace", "[ch05][gpu]") {
+TEST_CASE("v6 chooses its cluster size from the grid and rejects sizes it cannot launch", "[ch05][gpu]") {
+  // T = 512 at Bielik's heads: 96 query blocks; 2 per block fit an H200 (264 resident),
+  // 4 would not. One query block of 1 tile: nothing to split.
+  const int at_512 = attention_v6_default_splits(512, 512, 12, 128);
+  REQUIRE(at_512 >= 1);
+  REQUIRE(attention_v6_grid_rows(512, 512, 12, 128, 0) == 8 * at_512);
+  REQUIRE(attention_v6_default_splits(64, 64, 12, 128) == 1);
+  REQUIRE(attention_v6_default_splits(1, 4096, 12, 128) >= 1);
   DeviceBuffer<uint16_t> buffer(size_t(130) * 12 * 128);
   auto* data = reinterpret_cast<__nv_bfloat16*>(buffer.data());
-  REQUIRE(attention_v6_workspace_floats_with(130, 130, 12, 1) > 0);
-  REQUIRE_THROWS_AS(attention_v6_balanced_splits_with(data, data, data, data, 130, 130, 12, 2, 128, nullptr, 0, false, 1),
+  REQUIRE_THROWS_AS(attention_v6_cluster_split_keys_with(data, data, data, data, 130, 130, 12, 2, 128, 0, false, 9),
                     std::invalid_argument);
-  REQUIRE(attention_v6_max_workspace_floats() >= attention_v6_workspace_floats(512, 512, 12));
-  REQUIRE(attention_v6_max_workspace_floats() >= attention_v6_workspace_floats(2048, 2048, 12));
+  REQUIRE_THROWS_AS(attention_v6_cluster_split_keys_with(data, data, data, data, 130, 130, 12, 2, 128, 0, false, -1),
+                    std::invalid_argument);
 }
 
 TEST_CASE("attention_forward is the fastest version this GPU supports, bit for bit", "[ch05][gpu]") {

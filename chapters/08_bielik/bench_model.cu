@@ -46,7 +46,7 @@ struct Args {
   int decode_tokens = 256;
   int context = 0;
   bool ttft_only = false;    ///< load, compare TTFT with v6 and v5 prefill attention, stop
-  bool prefill_attention_balanced = true;  ///< --prefill-attention v6 (default) or v5
+  bool prefill_attention_clusters = true;  ///< --prefill-attention v6 (default) or v5
   bool decode_only = false;  ///< load, decode, print tokens/s, stop (for a profiler's timeline)
   DecodeAttentionPath attention = CudaModelOptions{}.decode_attention;
   int replicas = CudaModelOptions{}.attention_o_replicas;
@@ -83,7 +83,7 @@ Args parse(int argc, char** argv) {
       if (version != "v5" && version != "v6") {
         throw std::invalid_argument("--prefill-attention takes v5 or v6; got " + version);
       }
-      a.prefill_attention_balanced = version == "v6";
+      a.prefill_attention_clusters = version == "v6";
     } else if (flag == "--replicas") {
       a.replicas = std::stoi(value());
     } else if (flag == "--qkv-early") {
@@ -261,7 +261,7 @@ int main(int argc, char** argv) {
     options.gate_up_second_batch_in_shared = args.gate_up_shared;
     options.small_gemv_blocks_per_sm = args.small_blocks;
     options.large_gemv_blocks_per_sm = args.large_blocks;
-    options.prefill_attention_balanced = args.prefill_attention_balanced;
+    options.prefill_attention_clusters = args.prefill_attention_clusters;
     const double load_start = now_ms();
     auto model = std::make_unique<CudaModel>(args.model, options);
     const double load_s = (now_ms() - load_start) * 1e-3;
@@ -279,10 +279,10 @@ int main(int argc, char** argv) {
 
     if (args.ttft_only) {  // the prefill attention A/B: two models, alternating rounds
       CudaModelOptions o = options;
-      o.prefill_attention_balanced = !options.prefill_attention_balanced;
+      o.prefill_attention_clusters = !options.prefill_attention_clusters;
       CudaModel other(args.model, o);
-      const char* name = options.prefill_attention_balanced ? "v6" : "v5";
-      const char* other_name = options.prefill_attention_balanced ? "v5" : "v6";
+      const char* name = options.prefill_attention_clusters ? "v6" : "v5";
+      const char* other_name = options.prefill_attention_clusters ? "v5" : "v6";
       BenchTable table("model_prefill_attention", {"round", "prompt tokens", std::string("TTFT ms, ") + name,
                                                    std::string("TTFT ms, ") + other_name, "ratio"});
       for (int round = 0; round < 2; ++round) {
@@ -396,7 +396,7 @@ int main(int argc, char** argv) {
     nlohmann::json ttft_other_attention = nlohmann::json::object();
     {
       CudaModelOptions o = options;
-      o.prefill_attention_balanced = !options.prefill_attention_balanced;
+      o.prefill_attention_clusters = !options.prefill_attention_clusters;
       CudaModel m(args.model, o);
       for (int n : {512, 2048}) {
         if (n <= model_context) ttft_other_attention[std::to_string(n)] = ttft_ms(m, n);
@@ -543,8 +543,8 @@ int main(int argc, char** argv) {
     }
     for (auto& [n, ms] : ttft_other_attention.items()) {
       std::printf("TTFT(%s) with prefill attention %s: %.3f ms (with %s: %.3f ms)\n", n.c_str(),
-                  options.prefill_attention_balanced ? "v5" : "v6", double(ms),
-                  options.prefill_attention_balanced ? "v6" : "v5", double(ttft[n]));
+                  options.prefill_attention_clusters ? "v5" : "v6", double(ms),
+                  options.prefill_attention_clusters ? "v6" : "v5", double(ttft[n]));
     }
     prefill_step_table.print();
     std::printf("prefill pass (sum of the table) %.1f us\n", prefill_pass_us);
@@ -703,7 +703,7 @@ int main(int argc, char** argv) {
         {"floor_ms", floor_ms},
         {"ttft_ms", ttft},
         {"ttft_512_no_pdl_ms", no_pdl_ttft_512},
-        {"prefill_attention", options.prefill_attention_balanced ? "v6" : "v5"},
+        {"prefill_attention", options.prefill_attention_clusters ? "v6" : "v5"},
         {"ttft_other_prefill_attention_ms", ttft_other_attention},
         {"decode_tokens", tokens},
         {"decode_tok_s", tok_s},

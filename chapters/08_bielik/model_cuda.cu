@@ -144,10 +144,6 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     p_k_gathered_ = DeviceBuffer<__nv_bfloat16>(size_t(context) * Hkv_ * D_);
     p_v_gathered_ = DeviceBuffer<__nv_bfloat16>(size_t(context) * Hkv_ * D_);
     p_logits_ = DeviceBuffer<__nv_bfloat16>(size_t(std::min(kLogitRows, Tc)) * V_);
-    if (options_.prefill_attention_balanced) {
-      p_attention_workspace_ = DeviceBuffer<float>(attention_v6_max_workspace_floats());
-      p_attention_workspace_.fill_bytes(0);  // v6's arrival counters start (and stay) at zero
-    }
     d_token_ = DeviceBuffer<int32_t>(1);
     d_x_ = DeviceBuffer<__nv_bfloat16>(C_);
     d_qkv_ = DeviceBuffer<__nv_bfloat16>(QKV_);
@@ -164,7 +160,7 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     for (size_t bytes : {p_tokens_.bytes(), p_x_.bytes(), p_h_.bytes(), p_proj_.bytes(),
                          p_qkv_.bytes(), p_q_.bytes(), p_attn_.bytes(), p_k_.bytes(), p_v_.bytes(),
                          p_gate_up_.bytes(), p_act_.bytes(), p_k_gathered_.bytes(), p_v_gathered_.bytes(),
-                         p_logits_.bytes(), p_attention_workspace_.bytes(), d_token_.bytes(), d_x_.bytes(), d_qkv_.bytes(), d_attn_.bytes(),
+                         p_logits_.bytes(), d_token_.bytes(), d_x_.bytes(), d_qkv_.bytes(), d_attn_.bytes(),
                          d_act_.bytes(), d_logits_.bytes(), attention_workspace_->partial_acc.bytes(),
                          attention_workspace_->partial_ml.bytes(), rope_.cos.bytes(), rope_.sin.bytes()}) {
       scratch_bytes_ += bytes;
@@ -474,9 +470,9 @@ void CudaModel::forward_chunk(const int32_t* tokens, int T, bool all_logits, flo
       keys = p_k_gathered_.data();
       values = p_v_gathered_.data();
     }
-    if (options_.prefill_attention_balanced) {
-      attention_v6_balanced_splits_with(p_attn_.data(), p_q_.data(), keys, values, T, P + T, H_, Hkv_, D_,
-                                        p_attention_workspace_.data(), s, use_pdl_, 0);
+    if (options_.prefill_attention_clusters) {
+      attention_v6_cluster_split_keys_with(p_attn_.data(), p_q_.data(), keys, values, T, P + T, H_, Hkv_, D_, s,
+                                           use_pdl_, 0);
     } else {
       attention_forward(p_attn_.data(), p_q_.data(), keys, values, T, P + T, H_, Hkv_, D_, s, use_pdl_);
     }

@@ -80,10 +80,10 @@ struct CudaModelOptions {
   int prefill_chunk = 2048;  ///< most tokens per prefill pass (sizes the activation buffers)
   bool use_graph = true;     ///< decode by replaying the captured CUDA graph (else launch eagerly)
   bool use_pdl = true;       ///< programmatic dependent launch between decode kernels and between prefill's small kernels (sm_90+)
-  /// Prefill attention with chapter 05's v6 (the key tiles of heavy query blocks cut over
-  /// more SMs; ~18 MB of workspace) instead of attention_forward (v5, or v3 on GPUs with
+  /// Prefill attention with chapter 05's v6 (each query block's key tiles split over a
+  /// thread block cluster, sm_90+) instead of attention_forward (v5, or v3 on GPUs with
   /// less shared memory). bench_model measures both.
-  bool prefill_attention_balanced = true;
+  bool prefill_attention_clusters = true;
   /// Resident blocks per SM the decode GEMVs may use (0: as many as fit), for the small
   /// ones (QKV, O) and the large ones (gate/up, down, lm_head). Fewer leaves room on each
   /// SM for the NEXT kernel's blocks, which PDL then starts early: their weight loads
@@ -268,7 +268,6 @@ class CudaModel final : public Backend {
   DeviceBuffer<__nv_bfloat16> p_gate_up_, p_act_;   // (Tc, 2F) (Tc, F)
   DeviceBuffer<__nv_bfloat16> p_k_gathered_, p_v_gathered_;  // (max_context, Hkv, D) each
   DeviceBuffer<__nv_bfloat16> p_logits_;            // (kLogitRows, V) for Logits::kAll
-  DeviceBuffer<float> p_attention_workspace_;        // chapter 05 v6's counters and partial states (zeroed once)
 
   // Decode buffers (one token).
   DeviceBuffer<int32_t> d_token_;       // (1) input token; the argmax overwrites it
