@@ -99,14 +99,23 @@ struct ClusterLaunch {
     config.blockDim = dim3(threads);
     config.dynamicSmemBytes = shared_bytes;
     config.stream = stream;
-    attributes[0].id = cudaLaunchAttributeClusterDimension;
-    attributes[0].val.clusterDim.x = cluster;
-    attributes[0].val.clusterDim.y = 1;
-    attributes[0].val.clusterDim.z = 1;
-    attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attributes[1].val.programmaticStreamSerializationAllowed = 1;
     config.attrs = attributes;
-    config.numAttrs = pdl && device_supports_pdl() ? 2 : 1;
+    config.numAttrs = 0;
+    // A cluster of one block is an ordinary launch: no cluster attribute, so none of the
+    // cluster scheduling (every kernel is implicitly in 1-block clusters on sm_90, so
+    // cluster.sync() and map_shared_rank still work in the kernel).
+    if (cluster > 1) {
+      cudaLaunchAttribute& dims = attributes[config.numAttrs++];
+      dims.id = cudaLaunchAttributeClusterDimension;
+      dims.val.clusterDim.x = cluster;
+      dims.val.clusterDim.y = 1;
+      dims.val.clusterDim.z = 1;
+    }
+    if (pdl && device_supports_pdl()) {
+      cudaLaunchAttribute& programmatic = attributes[config.numAttrs++];
+      programmatic.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      programmatic.val.programmaticStreamSerializationAllowed = 1;
+    }
   }
   ClusterLaunch(const ClusterLaunch&) = delete;
   ClusterLaunch& operator=(const ClusterLaunch&) = delete;

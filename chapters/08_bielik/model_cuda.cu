@@ -14,6 +14,7 @@
 #include "embedding.cuh"
 #include "matmul.cuh"
 #include "model_weights.hpp"
+#include "pdl.cuh"
 #include "prefill_kernels.cuh"
 #include "rmsnorm.cuh"
 #include "safetensors.hpp"
@@ -470,7 +471,7 @@ void CudaModel::forward_chunk(const int32_t* tokens, int T, bool all_logits, flo
       keys = p_k_gathered_.data();
       values = p_v_gathered_.data();
     }
-    if (options_.prefill_attention_clusters) {
+    if (options_.prefill_attention_clusters && device_is_sm90_or_newer()) {  // (before sm_90, v6 is v3: use v5)
       attention_v6_cluster_split_keys_with(p_attn_.data(), p_q_.data(), keys, values, T, P + T, H_, Hkv_, D_, s,
                                            use_pdl_, 0);
     } else {
