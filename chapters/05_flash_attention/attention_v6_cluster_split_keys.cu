@@ -165,6 +165,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     return;
   }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Park the state over the K/V tiles (the loop's last barrier freed them).
   constexpr int kValues = D / 2;  // o[D/8][4]
   float* parked = reinterpret_cast<float*>(k_tiles);
@@ -210,6 +211,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   cluster.sync();  // no block leaves (freeing its shared memory) while another still reads it
   stamp(4);
+#else
+  __trap();  // splits > 1 is never launched before sm_90 (no clusters there; the launcher checks)
+#endif
 }
 
 template <int D>
