@@ -46,6 +46,7 @@ struct Args {
   int decode_tokens = 256;
   int context = 0;
   bool ttft_only = false;    ///< load, compare TTFT with v6 and v5 prefill attention, stop
+  bool timeline = false;     ///< load, print the decode GEMVs' timeline (one step), stop
   bool prefill_attention_clusters = true;  ///< --prefill-attention v6 (default) or v5
   bool decode_only = false;  ///< load, decode, print tokens/s, stop (for a profiler's timeline)
   DecodeAttentionPath attention = CudaModelOptions{}.decode_attention;
@@ -78,6 +79,8 @@ Args parse(int argc, char** argv) {
       a.decode_only = true;
     } else if (flag == "--ttft-only") {
       a.ttft_only = true;
+    } else if (flag == "--timeline") {
+      a.timeline = true;
     } else if (flag == "--prefill-attention") {
       const std::string version = value();
       if (version != "v5" && version != "v6") {
@@ -116,7 +119,7 @@ Args parse(int argc, char** argv) {
     } else {
       throw std::invalid_argument("unknown argument " + flag +
                                   " (usage: bench_model [--model DIR] [--out FILE] [--decode-tokens N] [--context N]"
-                                  " [--decode-only] [--ttft-only] [--prefill-attention v5|v6] [--attention cluster_o|cluster|split_combine|merge_in_o]"
+                                  " [--decode-only] [--ttft-only] [--timeline] [--prefill-attention v5|v6] [--attention cluster_o|cluster|split_combine|merge_in_o]"
                                   " [--replicas N] [--splits N] [--qkv-early] [--down-shared]"
                                   " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N])");
     }
@@ -236,6 +239,48 @@ double decode_tokens_per_s(CudaModel& model, int tokens, int repeats, bool sync_
   return median(rates);
 }
 
+// One decode step's GEMVs on a timeline (CudaModelOptions::decode_timeline): for each
+// GEMV of a layer, when its first and last blocks start, pass their PDL wait (input
+// staged) and end, relative to the moment the previous layer's down projection ended
+// (the layer's input is complete). Means over layers 1..L-1 and 5 steps, after a
+// 16-token prompt and 64 warm-up tokens. The attention has no stamps of its own: it runs
+// between QKV's end and O's first wait.
+void print_decode_timeline(CudaModel& model) {
+  const int L = model.config().num_hidden_layers;
+  model.reset();
+  const std::vector<float> logits = model.prefill(random_prompt(16, model.config().vocab_size, 7));
+  int32_t token = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  token = model.generate_greedy(token, 64).back();
+  const char* names[4] = {"QKV + RoPE + append", "O + residual", "gate/up + SwiGLU", "down + residual"};
+  double sums[4][6] = {}, period = 0, attention = 0;
+  int samples = 0;
+  for (int step = 0; step < 5; ++step) {
+    const std::vector<unsigned long long> t = model.decode_timeline(token);
+    auto at = [&](int layer, int kernel, int value) { return t[6 * (4 * layer + kernel) + value]; };
+    for (int l = 1; l < L; ++l) {
+      const double origin = double(at(l - 1, 3, 5));  // the previous down's last block ends
+      for (int k = 0; k < 4; ++k) {
+        for (int v = 0; v < 6; ++v) sums[k][v] += (double(at(l, k, v)) - origin) * 1e-3;
+      }
+      period += (double(at(l, 3, 5)) - origin) * 1e-3;
+      attention += (double(at(l, 1, 2)) - double(at(l, 0, 5))) * 1e-3;
+      ++samples;
+    }
+  }
+  BenchTable table("model_decode_timeline", {"GEMV (us after the previous layer's down ended)", "first block starts",
+                                             "last block starts", "first past its wait", "last past its wait",
+                                             "first block ends", "last block ends"});
+  for (int k = 0; k < 4; ++k) {
+    std::vector<std::string> row{names[k]};
+    for (int v = 0; v < 6; ++v) row.push_back(fmt(sums[k][v] / samples, 2));
+    table.add_row(row);
+  }
+  table.print();
+  std::printf("a layer: %.2f us (mean over layers 1..%d, 5 steps); QKV's last block ends -> O's first passes its "
+              "wait (the attention and two kernel boundaries): %.2f us\n",
+              period / samples, L - 1, attention / samples);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -262,6 +307,7 @@ int main(int argc, char** argv) {
     options.small_gemv_blocks_per_sm = args.small_blocks;
     options.large_gemv_blocks_per_sm = args.large_blocks;
     options.prefill_attention_clusters = args.prefill_attention_clusters;
+    options.decode_timeline = args.timeline;
     const double load_start = now_ms();
     auto model = std::make_unique<CudaModel>(args.model, options);
     const double load_s = (now_ms() - load_start) * 1e-3;
@@ -277,6 +323,10 @@ int main(int argc, char** argv) {
       return 0;
     }
 
+    if (args.timeline) {
+      print_decode_timeline(*model);
+      return 0;
+    }
     if (args.ttft_only) {  // the prefill attention A/B: two models, alternating rounds
       CudaModelOptions o = options;
       o.prefill_attention_clusters = !options.prefill_attention_clusters;

@@ -307,6 +307,16 @@ __device__ __forceinline__ void read_batch_from_shared(uint4 (&w)[kRows][kBatch]
   }
 }
 
+/// DecodeGemvParams::timeline: thread 0 of the block folds %globaltimer into the min /
+/// max pair `event` (0 start, 1 past the wait, 2 end) of the launch's 6 values.
+__device__ __forceinline__ void timeline_mark(unsigned long long* timeline, int event) {
+  if (timeline == nullptr || threadIdx.x != 0) return;
+  unsigned long long now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  atomicMin(timeline + 2 * event, now);
+  atomicMax(timeline + 2 * event + 1, now);
+}
+
 /// acc[r] += the batch's chunks of weight row r . the staged input: chunks base,
 /// base + stride, ..., those past the row skipped.
 template <int kRows, int kBatch>

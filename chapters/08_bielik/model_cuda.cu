@@ -20,6 +20,10 @@
 #include "safetensors.hpp"
 
 namespace bielik {
+
+namespace {
+constexpr size_t kTimelineValues = 6;  // DecodeGemvParams::timeline: 3 min / max pairs
+}  // namespace
 namespace {
 
 // Logits::kAll rows per lm_head GEMM: bounds the (rows, V) bf16 scratch (16 MB for Bielik).
@@ -151,6 +155,7 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     d_attn_ = DeviceBuffer<__nv_bfloat16>(size_t(H_) * D_);
     d_act_ = DeviceBuffer<__nv_bfloat16>(F_);
     d_o_partials_ = DeviceBuffer<float>(size_t(Hkv_) * C_);
+    if (options_.decode_timeline) d_timeline_ = DeviceBuffer<unsigned long long>(kTimelineValues * (4 * layers_.size() + 1));
     d_logits_ = DeviceBuffer<float>(V_);
     // Zeros, not whatever the allocator left: with options_.decode_skip a kernel may read
     // one of these without the kernel that writes it having run.
@@ -554,6 +559,10 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     p.stream_evict_first = options_.gemv_evict_first;
     p.epilogue_inputs_settled = true;
   };
+  // decode_timeline: GEMV k of layer l records into slot 4 l + k (the lm_head: 4 L).
+  auto timeline_slot = [&](size_t slot) {
+    return options_.decode_timeline ? d_timeline_.data() + kTimelineValues * slot : nullptr;
+  };
 
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
@@ -566,6 +575,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     step_gemv_settings(qkv);
     // The attention reads only what earlier steps committed before its wait.
     qkv.allow_dependents_early = options_.qkv_allows_attention_early;
+    qkv.timeline = timeline_slot(4 * l);
     decode_gemv(GemvInput::kRmsNorm, GemvOutput::kRopeAppend, qkv, pdl, s);
     done("qkv_rope_append");
     const unsigned skip = options_.decode_skip;
@@ -574,6 +584,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     // gate/up reads only constants before its wait (weights, biases, the norm weight):
     // it may start while the attention runs, and stream its weights meanwhile.
     o.allow_dependents_early = options_.o_allows_gate_up_early;
+    o.timeline = timeline_slot(4 * l + 1);
     step_gemv_settings(o);
     // When QKV lets the attention start early, the attention (which lets O start at
     // once) may run before the previous layer's down projection has finished writing the
@@ -634,6 +645,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     DecodeGemvParams gate_up{d_act_.data(), d_x_.data(), L.post_norm, L.w_gate_up, L.b_gate_up, F_, C_, eps};
     gate_up.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
     gate_up.second_batch_in_shared = options_.gate_up_second_batch_in_shared;
+    gate_up.timeline = timeline_slot(4 * l + 2);
     step_gemv_settings(gate_up);
     if (fused_o) gate_up.residual_partials = ResidualPartials{d_o_partials_.data(), Hkv_};
     const GemvInput gate_up_input = fused_o ? GemvInput::kRmsNormAddPartials : GemvInput::kRmsNorm;
@@ -642,6 +654,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     DecodeGemvParams down{d_x_.data(), d_act_.data(), nullptr, L.w_down, L.b_down, C_, F_, eps};
     down.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
     down.second_batch_in_shared = options_.down_second_batch_in_shared;
+    down.timeline = timeline_slot(4 * l + 3);
     step_gemv_settings(down);
     // Its row of h = the residual + the O projection: the partials were written two
     // kernels back, so they are settled before down's wait, as the residual is.
@@ -651,6 +664,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   }
   DecodeGemvParams head{d_logits_.data(), d_x_.data(), final_norm_, lm_head_, nullptr, V_, C_, eps};
   head.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
+  head.timeline = timeline_slot(4 * layers_.size());
   step_gemv_settings(head);
   decode_gemv(GemvInput::kRmsNorm, GemvOutput::kF32, head, pdl, s);
   done("lm_head");
@@ -712,6 +726,17 @@ std::vector<int32_t> CudaModel::generate_greedy(int32_t token, int count) {
     if (t < 0) throw std::runtime_error("decode produced NaN logits (argmax undefined)");
   }
   return tokens;
+}
+
+std::vector<unsigned long long> CudaModel::decode_timeline(int32_t token) {
+  if (!options_.decode_timeline) return {};
+  // Min slots start at the largest value, max slots at 0 (DecodeGemvParams::timeline).
+  std::vector<unsigned long long> reset(d_timeline_.size());
+  for (size_t i = 0; i < reset.size(); ++i) reset[i] = i % 2 == 0 ? ~0ull : 0ull;
+  CUDA_CHECK(cudaMemcpyAsync(d_timeline_.data(), reset.data(), d_timeline_.bytes(), cudaMemcpyHostToDevice, stream_));
+  decode_greedy(token);
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return d_timeline_.to_host();
 }
 
 std::vector<unsigned long long> CudaModel::persistent_phase_clock() {

@@ -141,6 +141,10 @@ struct CudaModelOptions {
   /// Record the persistent step's phase times (PersistentStep::phase_clock), read back
   /// with CudaModel::persistent_phase_clock().
   bool persistent_phase_clock = false;
+  /// Measurement only (bench_model --timeline): every decode GEMV records when its blocks
+  /// start, pass their wait and end (DecodeGemvParams::timeline), read back with
+  /// CudaModel::decode_timeline().
+  bool decode_timeline = false;
 };
 
 class CudaModel final : public Backend {
@@ -190,6 +194,12 @@ class CudaModel final : public Backend {
   /// phase cycle counts, summed over every step since the model was created; empty
   /// otherwise.
   std::vector<unsigned long long> persistent_phase_clock();
+
+  /// With decode_timeline: one greedy decode step of `token` (the graph, as every step),
+  /// then its GEMVs' timeline: for launch i = 4 l + k (k: 0 QKV, 1 O, 2 gate/up, 3 down;
+  /// i = 4 L: the lm_head) the 6 values of DecodeGemvParams::timeline at 6 i. Empty
+  /// without the option.
+  std::vector<unsigned long long> decode_timeline(int32_t token);
 
   /// The stream every kernel of this model runs on.
   cudaStream_t stream() const { return stream_; }
@@ -250,6 +260,7 @@ class CudaModel final : public Backend {
   DeviceBuffer<PersistentLayer> d_persistent_layers_;
   DeviceBuffer<unsigned> d_barrier_;
   DeviceBuffer<unsigned long long> d_phase_clock_;
+  DeviceBuffer<unsigned long long> d_timeline_;  // (4 L + 1, 6) with options_.decode_timeline
   PersistentStep persistent_step_;
   StreamedStepLayout streamed_layout_;  ///< persistent_weight_stream: the ring, computed at load
   int attention_splits_ = 1;

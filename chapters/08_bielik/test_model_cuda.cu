@@ -414,6 +414,39 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
   }
 }
 
+TEST_CASE("CUDA model: the decode timeline changes no value and stamps every GEMV in order", "[ch08][gpu][model]") {
+  const uint64_t seed = fresh_seed();
+  INFO("prompt seed " << seed);
+  const TinySpec& spec = kSpecs[0];
+  const std::string dir = tiny_checkpoint(spec);
+  const std::vector<int32_t> prompt = random_prompt(7, spec.V, seed);
+  CudaModel plain(dir, cuda_options());
+  CudaModelOptions options = cuda_options();
+  options.decode_timeline = true;
+  CudaModel timed(dir, options);
+  REQUIRE(plain.decode_timeline(1).empty());  // off: nothing recorded
+  REQUIRE(timed.prefill(prompt) == plain.prefill(prompt));
+  const int32_t token = prompt.back();
+  const std::vector<unsigned long long> t = timed.decode_timeline(token);  // a greedy step
+  plain.decode_greedy(token);
+  for (int32_t next : random_prompt(3, spec.V, seed + 1)) REQUIRE(timed.decode(next) == plain.decode(next));
+  const int L = timed.config().num_hidden_layers;
+  REQUIRE(t.size() == size_t(6) * (4 * L + 1));
+  for (int launch = 0; launch < 4 * L + 1; ++launch) {
+    const unsigned long long* v = &t[6 * launch];
+    INFO("launch " << launch << " (4 l + k; 4 L: lm_head)");
+    for (int e = 0; e < 6; ++e) REQUIRE((v[e] != 0 && v[e] != ~0ull));  // every pair was written
+    REQUIRE(v[0] <= v[1]);  // first start <= last start
+    REQUIRE(v[2] <= v[3]);  // first past the wait <= last
+    REQUIRE(v[4] <= v[5]);  // first end <= last end
+    REQUIRE(v[0] <= v[2]);  // a block passes its wait after it starts
+    REQUIRE(v[3] <= v[5]);  // and ends after
+    // Each GEMV's input is the previous GEMV's (or, for O, the attention's, which waits
+    // for QKV): no block passes its wait before the previous GEMV's last block has ended.
+    if (launch > 0) REQUIRE(v[2] >= t[6 * (launch - 1) + 5]);
+  }
+}
+
 TEST_CASE("CUDA model: greedy tokens equal the CPU backend's", "[ch08][gpu][model]") {
   for (const TinySpec& spec : kSpecs) {
     const std::string dir = tiny_checkpoint(spec);
