@@ -47,6 +47,7 @@ struct Args {
   int context = 0;
   bool ttft_only = false;    ///< load, compare TTFT with v6 and v5 prefill attention, stop
   bool timeline = false;     ///< load, print the decode GEMVs' timeline (one step), stop
+  bool gate_up_after_o = false;  ///< o_allows_gate_up_early = false
   bool prefill_attention_clusters = true;  ///< --prefill-attention v6 (default) or v5
   bool decode_only = false;  ///< load, decode, print tokens/s, stop (for a profiler's timeline)
   DecodeAttentionPath attention = CudaModelOptions{}.decode_attention;
@@ -91,6 +92,8 @@ Args parse(int argc, char** argv) {
       a.replicas = std::stoi(value());
     } else if (flag == "--qkv-early") {
       a.qkv_early = true;
+    } else if (flag == "--gate-up-after-o") {
+      a.gate_up_after_o = true;
     } else if (flag == "--down-shared") {
       a.down_shared = true;
     } else if (flag == "--gate-up-shared") {
@@ -120,7 +123,7 @@ Args parse(int argc, char** argv) {
       throw std::invalid_argument("unknown argument " + flag +
                                   " (usage: bench_model [--model DIR] [--out FILE] [--decode-tokens N] [--context N]"
                                   " [--decode-only] [--ttft-only] [--timeline] [--prefill-attention v5|v6] [--attention cluster_o|cluster|split_combine|merge_in_o]"
-                                  " [--replicas N] [--splits N] [--qkv-early] [--down-shared]"
+                                  " [--replicas N] [--splits N] [--qkv-early] [--gate-up-after-o] [--down-shared]"
                                   " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N])");
     }
   }
@@ -308,6 +311,7 @@ int main(int argc, char** argv) {
     options.large_gemv_blocks_per_sm = args.large_blocks;
     options.prefill_attention_clusters = args.prefill_attention_clusters;
     options.decode_timeline = args.timeline;
+    options.o_allows_gate_up_early = !args.gate_up_after_o;
     const double load_start = now_ms();
     auto model = std::make_unique<CudaModel>(args.model, options);
     const double load_s = (now_ms() - load_start) * 1e-3;
