@@ -5,7 +5,7 @@
 // the heaviest blocks run 8 tiles one after the other while most SMs sit idle. v5 split
 // those tiles between two warp groups of ONE block, but the SM's tensor cores were
 // already busy with one group: a tile costs a 4-warp block ~1.35 us alone on an SM and
-// ~2.4 us when two share it (bench_attention's timeline), so v5 gained 7%, not 2x. The
+// ~1.9-2.6 us when two share it (bench_attention's timeline), so v5 gained 7%, not 2x. The
 // tiles must go to other SMs. A first v6 cut them into work items on any SM and merged
 // the partial results through global memory (the last item to arrive merged): it
 // balanced the SMs, but the merge (partials to L2, a fence, an atomic, then dependent
