@@ -243,9 +243,8 @@ double decode_tokens_per_s(CudaModel& model, int tokens, int repeats, bool sync_
 }
 
 // One decode step's GEMVs on a timeline (CudaModelOptions::decode_timeline): for each
-// GEMV of a layer, when its first and last blocks start, return from their PDL wait,
-// have their input staged, and end, relative to the moment the previous layer's down
-// projection ended
+// GEMV of a layer, when its first and last blocks start, pass their PDL wait (input
+// staged) and end, relative to the moment the previous layer's down projection ended
 // (the layer's input is complete). Means over layers 1..L-1 and 5 steps, after a
 // 16-token prompt and 64 warm-up tokens. The attention has no stamps of its own: it runs
 // between QKV's end and O's first wait.
@@ -256,34 +255,32 @@ void print_decode_timeline(CudaModel& model) {
   int32_t token = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
   token = model.generate_greedy(token, 64).back();
   const char* names[4] = {"QKV + RoPE + append", "O + residual", "gate/up + SwiGLU", "down + residual"};
-  constexpr int kValues = 8;  // DecodeGemvParams::timeline
-  double sums[4][kValues] = {}, period = 0, attention = 0;
+  double sums[4][6] = {}, period = 0, attention = 0;
   int samples = 0;
   for (int step = 0; step < 5; ++step) {
     const std::vector<unsigned long long> t = model.decode_timeline(token);
-    auto at = [&](int layer, int kernel, int value) { return t[kValues * (4 * layer + kernel) + value]; };
+    auto at = [&](int layer, int kernel, int value) { return t[6 * (4 * layer + kernel) + value]; };
     for (int l = 1; l < L; ++l) {
-      const double origin = double(at(l - 1, 3, 7));  // the previous down's last block ends
+      const double origin = double(at(l - 1, 3, 5));  // the previous down's last block ends
       for (int k = 0; k < 4; ++k) {
-        for (int v = 0; v < kValues; ++v) sums[k][v] += (double(at(l, k, v)) - origin) * 1e-3;
+        for (int v = 0; v < 6; ++v) sums[k][v] += (double(at(l, k, v)) - origin) * 1e-3;
       }
-      period += (double(at(l, 3, 7)) - origin) * 1e-3;
-      attention += (double(at(l, 1, 2)) - double(at(l, 0, 7))) * 1e-3;
+      period += (double(at(l, 3, 5)) - origin) * 1e-3;
+      attention += (double(at(l, 1, 2)) - double(at(l, 0, 5))) * 1e-3;
       ++samples;
     }
   }
-  BenchTable table("model_decode_timeline",
-                   {"GEMV (us after the previous layer's down ended)", "first block starts", "last block starts",
-                    "first wait returns", "last wait returns", "first input staged", "last input staged",
-                    "first block ends", "last block ends"});
+  BenchTable table("model_decode_timeline", {"GEMV (us after the previous layer's down ended)", "first block starts",
+                                             "last block starts", "first past its wait", "last past its wait",
+                                             "first block ends", "last block ends"});
   for (int k = 0; k < 4; ++k) {
     std::vector<std::string> row{names[k]};
-    for (int v = 0; v < kValues; ++v) row.push_back(fmt(sums[k][v] / samples, 2));
+    for (int v = 0; v < 6; ++v) row.push_back(fmt(sums[k][v] / samples, 2));
     table.add_row(row);
   }
   table.print();
-  std::printf("a layer: %.2f us (mean over layers 1..%d, 5 steps); QKV's last block ends -> O's first wait "
-              "returns (the attention and two kernel boundaries): %.2f us\n",
+  std::printf("a layer: %.2f us (mean over layers 1..%d, 5 steps); QKV's last block ends -> O's first passes its "
+              "wait (the attention and two kernel boundaries): %.2f us\n",
               period / samples, L - 1, attention / samples);
 }
 

@@ -308,8 +308,7 @@ __device__ __forceinline__ void read_batch_from_shared(uint4 (&w)[kRows][kBatch]
 }
 
 /// DecodeGemvParams::timeline: thread 0 of the block folds %globaltimer into the min /
-/// max pair `event` (0 start, 1 its PDL wait returned, 2 input staged, 3 end) of the
-/// launch's 8 values.
+/// max pair `event` (0 start, 1 past the wait, 2 end) of the launch's 6 values.
 __device__ __forceinline__ void timeline_mark(unsigned long long* timeline, int event) {
   if (timeline == nullptr || threadIdx.x != 0) return;
   unsigned long long now;
@@ -469,7 +468,6 @@ __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_
     return;
   }
   pdl_wait();
-  timeline_mark(p.timeline, 1);
   const uint4* x_vectors = reinterpret_cast<const uint4*>(p.x);
   float sum_squares = 0.0f;
   constexpr bool kNormalized = In == GemvInput::kRmsNorm || In == GemvInput::kRmsNormAddPartials;

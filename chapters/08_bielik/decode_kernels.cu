@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kThreads, 3)
 
   // 2. Every block waits, then stages the input vector (normalized for kRmsNorm).
   stage_input<In>(p, x_shared, &warp_partial[0][0], norm_held);
-  timeline_mark(p.timeline, 2);
+  timeline_mark(p.timeline, 1);
   if (!p.allow_dependents_early) pdl_allow_dependents();
   // Otherwise right after the wait: they still arrive during the dot product.
   if (stores && first < p.N && !early) epilogue = load_epilogue_inputs<Out, HasBias>(p, first);
@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     loaded = false;
     finish_row<Out, HasBias>(p, valid ? row : -1, acc, warp_partial, split, &epilogue);
   }
-  timeline_mark(p.timeline, 3);
+  timeline_mark(p.timeline, 2);
 }
 
 // The same work layout, software-pipelined: a warp's work is a flat sequence of steps

@@ -156,11 +156,10 @@ struct DecodeGemvParams {
   /// bytes are requested before the wait, instead of after the first batch has arrived.
   /// bench_decode_gemv and bench_model measure it.
   bool second_batch_in_shared = false;
-  /// Measurement only (bench_model --timeline), register kernels: 8 values, min / max
-  /// pairs (min slots start at ULLONG_MAX, max slots at 0): %globaltimer (ns) when the
-  /// first and the last block start, when their PDL wait returns, when their input is
-  /// staged (normalized for kRmsNorm), and when they end (thread 0 of each block).
-  /// nullptr: off.
+  /// Measurement only (bench_model --timeline), register kernels: 6 values, zeroed min /
+  /// max pairs (min slots start at ULLONG_MAX): %globaltimer (ns) when the first and the
+  /// last block start, when the first and the last pass their PDL wait with the input
+  /// staged, and when the first and the last end (thread 0 of each block). nullptr: off.
   unsigned long long* timeline = nullptr;
 };
 

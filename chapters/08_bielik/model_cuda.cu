@@ -23,7 +23,7 @@ namespace bielik {
 
 namespace {
 
-constexpr size_t kTimelineValues = 8;  // DecodeGemvParams::timeline: 4 min / max pairs
+constexpr size_t kTimelineValues = 6;  // DecodeGemvParams::timeline: 3 min / max pairs
 
 // Logits::kAll rows per lm_head GEMM: bounds the (rows, V) bf16 scratch (16 MB for Bielik).
 constexpr int kLogitRows = 256;
