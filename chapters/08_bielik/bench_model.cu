@@ -122,7 +122,8 @@ Args parse(int argc, char** argv) {
     } else {
       throw std::invalid_argument("unknown argument " + flag +
                                   " (usage: bench_model [--model DIR] [--out FILE] [--decode-tokens N] [--context N]"
-                                  " [--decode-only] [--ttft-only] [--timeline] [--prefill-attention v5|v6] [--attention cluster_o|cluster|split_combine|merge_in_o]"
+                                  " [--decode-only] [--ttft-only] [--timeline] [--prefill-attention v5|v6]"
+                                  " [--attention cluster_o|cluster|split_combine|merge_in_o]"
                                   " [--replicas N] [--splits N] [--qkv-early] [--gate-up-after-o] [--down-shared]"
                                   " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N])");
     }
