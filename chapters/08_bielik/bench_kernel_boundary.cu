@@ -1,0 +1,222 @@
+// bench_kernel_boundary: what one kernel boundary costs in a CUDA graph, and whether a
+// counter in global memory passes a dependency faster than griddepcontrol.wait.
+//
+// The decode step is a chain of dependent kernels (five a layer, 160 a token), and its
+// timeline (bench_model --timeline) says each griddepcontrol.wait returns ~1.2 us after
+// the previous kernel's last block ends. This benchmark isolates that: a chain of
+// `kChain` launches of a small kernel, each block reading two values the previous
+// launch wrote (its own and its neighbour's) and writing min + 1. Every launch has
+// `blocks` blocks of 256 threads; optionally each thread first streams `loads` 16-byte
+// weight-like loads that do not depend on the previous kernel (as the decode GEMVs do
+// before their wait). How the dependency is passed:
+//
+//  * stream order: no PDL; the next kernel starts when the previous one has ended.
+//  * PDL wait: programmatic dependent launch; griddepcontrol.launch_dependents at the
+//    start (or after the wait), griddepcontrol.wait before the dependent reads.
+//  * PDL + counter: the same launch, but no griddepcontrol.wait: each block of launch i
+//    ends by adding 1 to counter[i] (release, after a fence), and the blocks of launch
+//    i + 1 spin until counter[i] == blocks (acquire). The counters are zeroed by a
+//    memset at the start of the graph.
+//
+// Why the counter cannot deadlock: PDL launches the next grid only once EVERY block of
+// this one has executed launch_dependents (or exited), so every block a counter waits
+// for is already resident on an SM when its waiters arrive; they cannot take its room.
+//
+// Each mode is first run once on a stream and checked (every value must equal the chain
+// length: a stale read would leave it short), then timed in a graph of kChain launches.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bench.cuh"
+#include "cuda_check.cuh"
+#include "device_buffer.cuh"
+#include "pdl.cuh"
+
+namespace {
+
+using namespace bielik;
+
+constexpr int kThreads = 256;
+constexpr int kChain = 64;          // launches in one graph
+constexpr int kMaxLoads = 8;        // 16-byte loads a thread may issue before the dependency
+
+enum class Dependency {
+  kStreamOrder,
+  kPdlWait,
+  kPdlWaitLateTrigger,
+  kPdlCounterFenced,  // __threadfence, then the release add (the textbook pattern)
+  kPdlCounter,        // the release add alone (it orders the block's earlier stores)
+  kPdlCounterLateTrigger,
+};
+
+__host__ __device__ constexpr bool uses_counter(Dependency d) {
+  return d == Dependency::kPdlCounterFenced || d == Dependency::kPdlCounter || d == Dependency::kPdlCounterLateTrigger;
+}
+
+struct ChainParams {
+  const float* in;              // (blocks) what the previous launch wrote
+  float* out;                   // (blocks) this launch's values
+  const uint4* weights;         // (blocks * kThreads * loads) this launch's independent bytes
+  int loads;                    // 16-byte loads per thread before the dependency, <= kMaxLoads
+  const unsigned* wait_counter; // the previous launch's counter (kPdlCounter*), or null
+  unsigned* signal_counter;     // this launch's counter (kPdlCounter*)
+  float* sink;                  // written only if the weights sum to NaN: keeps the loads alive
+};
+
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+  unsigned v;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+#else
+  v = *(volatile const unsigned*)p;
+  __threadfence();
+#endif
+  return v;
+}
+
+__device__ __forceinline__ void add_release(unsigned* p, unsigned value) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(value) : "memory");
+#else
+  __threadfence();
+  atomicAdd(p, value);
+#endif
+}
+
+template <Dependency kDependency>
+__global__ void __launch_bounds__(kThreads) chain_step_kernel(ChainParams p) {
+  constexpr bool kCounter = uses_counter(kDependency);
+  constexpr bool kLateTrigger =
+      kDependency == Dependency::kPdlWaitLateTrigger || kDependency == Dependency::kPdlCounterLateTrigger;
+  if (!kLateTrigger) pdl_allow_dependents();
+
+  // Independent work first: loads that need nothing from the previous launch.
+  uint4 held[kMaxLoads];
+  const size_t thread = size_t(blockIdx.x) * kThreads + threadIdx.x;
+#pragma unroll
+  for (int u = 0; u < kMaxLoads; ++u) {
+    held[u] = u < p.loads ? __ldcs(p.weights + thread * p.loads + u) : make_uint4(0, 0, 0, 0);
+  }
+
+  // The dependency.
+  if constexpr (kCounter) {
+    if (p.wait_counter != nullptr && threadIdx.x == 0) {
+      while (load_acquire(p.wait_counter) < gridDim.x) {
+      }
+    }
+    __syncthreads();
+  } else {
+    pdl_wait();
+  }
+  if (kLateTrigger) pdl_allow_dependents();
+
+  if (threadIdx.x == 0) {
+    const int b = blockIdx.x, neighbour = (blockIdx.x + 1) % gridDim.x;
+    p.out[b] = fminf(__ldcg(p.in + b), __ldcg(p.in + neighbour)) + 1.0f;
+  }
+  unsigned bits = 0;
+#pragma unroll
+  for (int u = 0; u < kMaxLoads; ++u) bits ^= held[u].x ^ held[u].y ^ held[u].z ^ held[u].w;
+  if (bits == 0x7fc00001u) *p.sink = 1.0f;  // never true for the zeroed weights
+
+  if constexpr (kCounter) {
+    __syncthreads();  // the block's stores are issued before thread 0 signals
+    if (threadIdx.x == 0) {
+      if (kDependency == Dependency::kPdlCounterFenced) __threadfence();
+      add_release(p.signal_counter, 1u);
+    }
+  }
+}
+
+const char* name_of(Dependency d) {
+  switch (d) {
+    case Dependency::kStreamOrder: return "stream order (no PDL)";
+    case Dependency::kPdlWait: return "PDL, griddepcontrol.wait (trigger at start)";
+    case Dependency::kPdlWaitLateTrigger: return "PDL, griddepcontrol.wait (trigger after the wait)";
+    case Dependency::kPdlCounterFenced: return "PDL + counter, fence + release add (trigger at start)";
+    case Dependency::kPdlCounter: return "PDL + counter, release add (trigger at start)";
+    case Dependency::kPdlCounterLateTrigger: return "PDL + counter, release add (trigger after the spin)";
+  }
+  return "?";
+}
+
+template <Dependency kDependency>
+void enqueue_step(int i, int blocks, int loads, DeviceBuffer<float>* values, const DeviceBuffer<uint4>& weights,
+                  DeviceBuffer<unsigned>& counters, DeviceBuffer<float>& sink, cudaStream_t stream) {
+  constexpr bool kCounter = uses_counter(kDependency);
+  if (kCounter && i == 0) CUDA_CHECK(cudaMemsetAsync(counters.data(), 0, counters.size() * sizeof(unsigned), stream));
+  const size_t per_launch = size_t(blocks) * kThreads * size_t(loads);
+  const size_t slots = per_launch == 0 ? 1 : weights.size() / per_launch;  // rotate over more than L2
+  ChainParams p;
+  p.in = values[i % 2].data();
+  p.out = values[(i + 1) % 2].data();
+  p.weights = weights.data() + (per_launch == 0 ? 0 : (i % slots) * per_launch);
+  p.loads = loads;
+  p.wait_counter = kCounter && i > 0 ? counters.data() + (i - 1) : nullptr;
+  p.signal_counter = counters.data() + i;
+  p.sink = sink.data();
+  const bool pdl = kDependency != Dependency::kStreamOrder;
+  launch_kernel(pdl, chain_step_kernel<kDependency>, dim3(blocks), dim3(kThreads), 0, stream, p);
+}
+
+template <Dependency kDependency>
+void measure(BenchTable& table, int blocks, int loads, const DeviceBuffer<uint4>& weights, double copy_gbs) {
+  DeviceBuffer<float> values[2] = {DeviceBuffer<float>(blocks), DeviceBuffer<float>(blocks)};
+  DeviceBuffer<unsigned> counters(kChain);
+  DeviceBuffer<float> sink(1);
+
+  // Correctness first: kChain launches on a stream from zero; every value must be kChain.
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaMemsetAsync(values[0].data(), 0, blocks * sizeof(float), stream));
+  for (int i = 0; i < kChain; ++i) enqueue_step<kDependency>(i, blocks, loads, values, weights, counters, sink, stream);
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  CUDA_CHECK(cudaStreamDestroy(stream));
+  const std::vector<float> result = values[kChain % 2].to_host();
+  int wrong = 0;
+  for (float v : result) wrong += v != float(kChain);
+
+  const BenchTiming t = time_gpu_graph(
+      [&](int i, cudaStream_t s) { enqueue_step<kDependency>(i, blocks, loads, values, weights, counters, sink, s); },
+      kChain, 15);
+  const double bytes = double(blocks) * kThreads * loads * 16.0;
+  table.add_row({name_of(kDependency), std::to_string(blocks), std::to_string(loads), fmt(bytes / 1e6, 1),
+                 fmt(t.median_ms * 1e3, 2), fmt(t.min_ms * 1e3, 2),
+                 loads == 0 ? "" : fmt(bytes / (copy_gbs * 1e9) * 1e6, 2),
+                 wrong == 0 ? "ok" : std::to_string(wrong) + " stale"});
+}
+
+}  // namespace
+
+int main() {
+  int device_count = 0;
+  if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
+    std::printf("bench_kernel_boundary: no CUDA device, nothing to measure\n");
+    return 0;
+  }
+  const double copy_gbs = measure_copy_bandwidth_gbs();
+  std::printf("%s; copy bandwidth %.0f GB/s; PDL %s\n", describe_device().c_str(), copy_gbs,
+              device_supports_pdl() ? "yes" : "no (every mode runs in stream order)");
+  // 256 MB of zeroed weight-like bytes, read in rotation so that each launch reads HBM.
+  DeviceBuffer<uint4> weights((size_t(256) << 20) / sizeof(uint4));
+  CUDA_CHECK(cudaMemset(weights.data(), 0, weights.size() * sizeof(uint4)));
+
+  BenchTable table("kernel_boundary", {"dependency", "blocks", "loads / thread", "MB / launch", "us / launch (median)",
+                                       "min", "bytes alone at copy BW (us)", "check"});
+  for (int loads : {0, 8}) {
+    for (int blocks : {132, 264, 396}) {
+      measure<Dependency::kStreamOrder>(table, blocks, loads, weights, copy_gbs);
+      measure<Dependency::kPdlWait>(table, blocks, loads, weights, copy_gbs);
+      measure<Dependency::kPdlWaitLateTrigger>(table, blocks, loads, weights, copy_gbs);
+      measure<Dependency::kPdlCounterFenced>(table, blocks, loads, weights, copy_gbs);
+      measure<Dependency::kPdlCounter>(table, blocks, loads, weights, copy_gbs);
+      measure<Dependency::kPdlCounterLateTrigger>(table, blocks, loads, weights, copy_gbs);
+    }
+  }
+  table.print();
+  return 0;
+}
