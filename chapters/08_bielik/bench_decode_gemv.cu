@@ -79,7 +79,7 @@ int main() {
     DeviceBuffer<float> y(size_t(shape.N));  // big enough for bf16 or f32 outputs
     // One row: `label`, the chain timed from the host and as a graph, and alone when asked.
     auto add_row = [&](const std::string& label, DecodeGemvKernel kernel, bool evict_first, int split,
-                       bool time_alone, bool second_batch_in_shared = false) {
+                       bool time_alone, bool second_batch_in_shared = false, bool input_from_global = false) {
       auto params = [&](int copy) {
         DecodeGemvParams p{};
         p.y = y.data();
@@ -97,6 +97,7 @@ int main() {
         p.epilogue_inputs_settled = evict_first;
         p.split_warps = split;
         p.second_batch_in_shared = second_batch_in_shared;
+        p.input_from_global = input_from_global;
         return p;
       };
       std::string alone_us, alone_pct;
@@ -130,6 +131,11 @@ int main() {
       // second_batch_in_shared), alone and in the chain.
       if ((shape.output == GemvOutput::kResidualAdd && shape.K > 2048) || shape.output == GemvOutput::kSwiGLU) {
         add_row("register loads, evict-first, 2nd batch cp.async to shared", kernel, true, 0, true, true);
+      }
+      // Down's input read in place by each lane instead of staged by every block
+      // (DecodeGemvParams::input_from_global).
+      if (shape.output == GemvOutput::kResidualAdd && shape.K > 2048) {
+        add_row("register loads, evict-first, input read in place (not staged)", kernel, true, 0, true, false, true);
       }
     }
   }

@@ -56,6 +56,7 @@ struct Args {
   bool qkv_early = CudaModelOptions{}.qkv_allows_attention_early;
   bool down_shared = CudaModelOptions{}.down_second_batch_in_shared;
   bool gate_up_shared = CudaModelOptions{}.gate_up_second_batch_in_shared;
+  bool down_global_input = CudaModelOptions{}.down_input_from_global;
   int small_blocks = CudaModelOptions{}.small_gemv_blocks_per_sm;
   int large_blocks = CudaModelOptions{}.large_gemv_blocks_per_sm;
 };
@@ -96,6 +97,8 @@ Args parse(int argc, char** argv) {
       a.gate_up_after_o = true;
     } else if (flag == "--down-shared") {
       a.down_shared = true;
+    } else if (flag == "--down-global-input") {
+      a.down_global_input = true;
     } else if (flag == "--gate-up-shared") {
       a.gate_up_shared = true;
     } else if (flag == "--no-gate-up-shared") {
@@ -125,6 +128,7 @@ Args parse(int argc, char** argv) {
                                   " [--decode-only] [--ttft-only] [--timeline] [--prefill-attention v5|v6]"
                                   " [--attention cluster_o|cluster|split_combine|merge_in_o]"
                                   " [--replicas N] [--splits N] [--qkv-early] [--gate-up-after-o] [--down-shared]"
+                                  " [--down-global-input]"
                                   " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N])");
     }
   }
@@ -244,8 +248,8 @@ double decode_tokens_per_s(CudaModel& model, int tokens, int repeats, bool sync_
 }
 
 // One decode step's GEMVs on a timeline (CudaModelOptions::decode_timeline): for each
-// GEMV of a layer, when its first and last blocks start, pass their PDL wait (input
-// staged) and end, relative to the moment the previous layer's down projection ended
+// GEMV of a layer, when its first and last blocks start, when their PDL wait returns,
+// when they are past it with the input staged, and when they end, relative to the moment the previous layer's down projection ended
 // (the layer's input is complete). Means over layers 1..L-1 and 5 steps, after a
 // 16-token prompt and 64 warm-up tokens. The attention has no stamps of its own: it runs
 // between QKV's end and O's first wait.
@@ -256,27 +260,29 @@ void print_decode_timeline(CudaModel& model) {
   int32_t token = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
   token = model.generate_greedy(token, 64).back();
   const char* names[4] = {"QKV + RoPE + append", "O + residual", "gate/up + SwiGLU", "down + residual"};
-  double sums[4][6] = {}, period = 0, attention = 0;
+  constexpr int kValues = 8;  // DecodeGemvParams::timeline
+  double sums[4][kValues] = {}, period = 0, attention = 0;
   int samples = 0;
   for (int step = 0; step < 5; ++step) {
     const std::vector<unsigned long long> t = model.decode_timeline(token);
-    auto at = [&](int layer, int kernel, int value) { return t[6 * (4 * layer + kernel) + value]; };
+    auto at = [&](int layer, int kernel, int value) { return t[kValues * (4 * layer + kernel) + value]; };
     for (int l = 1; l < L; ++l) {
-      const double origin = double(at(l - 1, 3, 5));  // the previous down's last block ends
+      const double origin = double(at(l - 1, 3, 7));  // the previous down's last block ends
       for (int k = 0; k < 4; ++k) {
-        for (int v = 0; v < 6; ++v) sums[k][v] += (double(at(l, k, v)) - origin) * 1e-3;
+        for (int v = 0; v < kValues; ++v) sums[k][v] += (double(at(l, k, v)) - origin) * 1e-3;
       }
-      period += (double(at(l, 3, 5)) - origin) * 1e-3;
-      attention += (double(at(l, 1, 2)) - double(at(l, 0, 5))) * 1e-3;
+      period += (double(at(l, 3, 7)) - origin) * 1e-3;
+      attention += (double(at(l, 1, 4)) - double(at(l, 0, 7))) * 1e-3;
       ++samples;
     }
   }
   BenchTable table("model_decode_timeline", {"GEMV (us after the previous layer's down ended)", "first block starts",
-                                             "last block starts", "first past its wait", "last past its wait",
+                                             "last block starts", "first wait returns", "last wait returns",
+                                             "first past its wait, input staged", "last past its wait, input staged",
                                              "first block ends", "last block ends"});
   for (int k = 0; k < 4; ++k) {
     std::vector<std::string> row{names[k]};
-    for (int v = 0; v < 6; ++v) row.push_back(fmt(sums[k][v] / samples, 2));
+    for (int v = 0; v < kValues; ++v) row.push_back(fmt(sums[k][v] / samples, 2));
     table.add_row(row);
   }
   table.print();
@@ -308,6 +314,7 @@ int main(int argc, char** argv) {
     options.qkv_allows_attention_early = args.qkv_early;
     options.down_second_batch_in_shared = args.down_shared;
     options.gate_up_second_batch_in_shared = args.gate_up_shared;
+    options.down_input_from_global = args.down_global_input;
     options.small_gemv_blocks_per_sm = args.small_blocks;
     options.large_gemv_blocks_per_sm = args.large_blocks;
     options.prefill_attention_clusters = args.prefill_attention_clusters;

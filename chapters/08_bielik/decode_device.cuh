@@ -308,7 +308,8 @@ __device__ __forceinline__ void read_batch_from_shared(uint4 (&w)[kRows][kBatch]
 }
 
 /// DecodeGemvParams::timeline: thread 0 of the block folds %globaltimer into the min /
-/// max pair `event` (0 start, 1 past the wait, 2 end) of the launch's 6 values.
+/// max pair `event` of the launch's 8 values.
+enum TimelineEvent { kTimelineStart = 0, kTimelineWaitReturned = 1, kTimelineStaged = 2, kTimelineEnd = 3 };
 __device__ __forceinline__ void timeline_mark(unsigned long long* timeline, int event) {
   if (timeline == nullptr || threadIdx.x != 0) return;
   unsigned long long now;
@@ -330,6 +331,27 @@ __device__ __forceinline__ void accumulate_batch(float (&acc)[2], const uint4 (&
 #pragma unroll
       for (int r = 0; r < kRows; ++r) acc[r] = dot_8(w[r][u], xv, acc[r]);
     }
+  }
+}
+
+/// accumulate_batch with the input read from global memory instead of shared memory
+/// (DecodeGemvParams::input_from_global): the kBatch x chunks are loaded first, all in
+/// flight together, then used. Cached in L1 (ld.global.ca): the block's other warps read
+/// the same chunks. Only after the PDL wait: x is the previous kernel's output.
+template <int kRows, int kBatch>
+__device__ __forceinline__ void accumulate_batch_global_input(float (&acc)[2], const uint4 (&w)[kRows][kBatch],
+                                                              const uint4* x_global, int base, int stride,
+                                                              int chunks) {
+  uint4 xv[kBatch];
+#pragma unroll
+  for (int u = 0; u < kBatch; ++u) {
+    const int chunk = base + stride * u;
+    xv[u] = chunk < chunks ? __ldca(x_global + chunk) : make_uint4(0, 0, 0, 0);
+  }
+#pragma unroll
+  for (int u = 0; u < kBatch; ++u) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) acc[r] = dot_8(w[r][u], xv[u], acc[r]);  // zero past the row: exact
   }
 }
 
@@ -458,6 +480,7 @@ __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_
     const int splits = decode::splits_with_keys(kv_len, a.num_splits, a.min_keys_per_split);
     const int vectors_per_head = a.D / 8;
     pdl_wait();  // the split kernel's partials are complete
+    timeline_mark(p.timeline, kTimelineWaitReturned);
     for (int c = threadIdx.x; c < chunks; c += kThreads) {
       float merged[8];
       decode::merge_split_partials_8(merged, a.partial_acc, a.partial_ml, splits, a.H, a.D, c / vectors_per_head,
@@ -468,6 +491,7 @@ __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_
     return;
   }
   pdl_wait();
+  timeline_mark(p.timeline, kTimelineWaitReturned);
   const uint4* x_vectors = reinterpret_cast<const uint4*>(p.x);
   float sum_squares = 0.0f;
   constexpr bool kNormalized = In == GemvInput::kRmsNorm || In == GemvInput::kRmsNormAddPartials;

@@ -48,9 +48,15 @@ __host__ __device__ constexpr int shared_batch_vectors() {
 // two batches or more (down: 8960 values split over 2 warps, two batches of 9 loads a
 // lane, so the whole row is in flight), else the next row (gate/up: its second row pair
 // of three). 36 KB (down) or 48 KB (gate/up) a block: 3 blocks still fit an SM.
-template <GemvInput In, GemvOutput Out, bool HasBias, int kBatch, bool kSecondBatchShared = false>
+//
+// kInputFromGlobal (DecodeGemvParams::input_from_global, kPlain inputs): no staging; the
+// lanes load x's chunks from global memory with their weight chunks' partners.
+template <GemvInput In, GemvOutput Out, bool HasBias, int kBatch, bool kSecondBatchShared = false,
+          bool kInputFromGlobal = false>
 __global__ void __launch_bounds__(kThreads, 3)
     decode_gemv_kernel(DecodeGemvParams p, int rows_per_warp, int split) {
+  static_assert(!kInputFromGlobal || (In == GemvInput::kPlain && !kSecondBatchShared),
+                "only a plain input can be read in place");
   constexpr int kRows = rows_per_unit<Out>();
   // (K/8) the input, normalized for kRmsNorm; with kSecondBatchShared then (kWarps,
   // shared_batch_vectors) the copied weights
@@ -61,7 +67,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   const int chunks = p.K / 8;
   const int first = (blockIdx.x * (kWarps / split) + warp / split) * rows_per_warp;
   const int base_first = part * 32 + lane, stride = 32 * split;
-  timeline_mark(p.timeline, 0);
+  timeline_mark(p.timeline, kTimelineStart);
   if (p.allow_dependents_early) pdl_allow_dependents();
 
   // 1. Weights first (the first batch of the first row, the norm weight): no kernel
@@ -93,9 +99,15 @@ __global__ void __launch_bounds__(kThreads, 3)
   EpilogueInputs epilogue;
   if (stores && first < p.N && early) epilogue = load_epilogue_inputs<Out, HasBias>(p, first);
 
-  // 2. Every block waits, then stages the input vector (normalized for kRmsNorm).
-  stage_input<In>(p, x_shared, &warp_partial[0][0], norm_held);
-  timeline_mark(p.timeline, 1);
+  // 2. Every block waits, then stages the input vector (normalized for kRmsNorm), or
+  //    with kInputFromGlobal only waits: each lane then reads its x chunks in place.
+  if constexpr (kInputFromGlobal) {
+    pdl_wait();
+    timeline_mark(p.timeline, kTimelineWaitReturned);
+  } else {
+    stage_input<In>(p, x_shared, &warp_partial[0][0], norm_held);
+  }
+  timeline_mark(p.timeline, kTimelineStaged);
   if (!p.allow_dependents_early) pdl_allow_dependents();
   // Otherwise right after the wait: they still arrive during the dot product.
   if (stores && first < p.N && !early) epilogue = load_epilogue_inputs<Out, HasBias>(p, first);
@@ -118,12 +130,17 @@ __global__ void __launch_bounds__(kThreads, 3)
       }
       if (!loaded) load_batch<Out, kBatch>(w, p, row, base, stride, policy);
       loaded = false;
-      accumulate_batch<kRows, kBatch>(acc, w, x_shared, base, stride, chunks);
+      if constexpr (kInputFromGlobal) {
+        accumulate_batch_global_input<kRows, kBatch>(acc, w, reinterpret_cast<const uint4*>(p.x), base, stride,
+                                                           chunks);
+      } else {
+        accumulate_batch<kRows, kBatch>(acc, w, x_shared, base, stride, chunks);
+      }
     }
     loaded = false;
     finish_row<Out, HasBias>(p, valid ? row : -1, acc, warp_partial, split, &epilogue);
   }
-  timeline_mark(p.timeline, 2);
+  timeline_mark(p.timeline, kTimelineEnd);
 }
 
 // The same work layout, software-pipelined: a warp's work is a flat sequence of steps
@@ -198,13 +215,15 @@ int occupancy_at(Kernel kernel, int K, size_t shared_bytes) {
   return found->second;
 }
 
-template <GemvInput In, GemvOutput Out, bool HasBias, int kBatch, bool kSecondBatchShared = false>
+template <GemvInput In, GemvOutput Out, bool HasBias, int kBatch, bool kSecondBatchShared = false,
+          bool kInputFromGlobal = false>
 void launch_gemv(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaStream_t stream) {
-  auto register_kernel = decode_gemv_kernel<In, Out, HasBias, kBatch, kSecondBatchShared>;
+  auto register_kernel = decode_gemv_kernel<In, Out, HasBias, kBatch, kSecondBatchShared, kInputFromGlobal>;
   auto kernel = pipelined ? decode_gemv_pipelined_kernel<In, Out, HasBias, kBatch> : register_kernel;
   constexpr size_t kSecondBatchBytes =
       kSecondBatchShared ? size_t(kWarps) * shared_batch_vectors<Out, kBatch>() * sizeof(uint4) : 0;
-  const size_t shared_bytes = size_t(p.K) * sizeof(__nv_bfloat16) + (pipelined ? 0 : kSecondBatchBytes);
+  const size_t input_bytes = kInputFromGlobal && !pipelined ? 0 : size_t(p.K) * sizeof(__nv_bfloat16);
+  const size_t shared_bytes = input_bytes + (pipelined ? 0 : kSecondBatchBytes);
   // With the copied batch a block may need more than the 48 KB default (allowed once),
   // and what fits an SM depends on K.
   static const bool allowed = !kSecondBatchShared || [&] {
@@ -259,6 +278,10 @@ void launch_gemv_bias(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaS
       if constexpr (Out == GemvOutput::kResidualAdd && In == GemvInput::kPlain) {
         if (p.second_batch_in_shared && !pipelined) {
           launch_gemv<In, Out, kBias, 9, true>(p, pipelined, pdl, stream);
+          return;
+        }
+        if (p.input_from_global && !pipelined) {
+          launch_gemv<In, Out, kBias, 9, false, true>(p, pipelined, pdl, stream);
           return;
         }
       }

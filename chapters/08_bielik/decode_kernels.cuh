@@ -156,10 +156,16 @@ struct DecodeGemvParams {
   /// bytes are requested before the wait, instead of after the first batch has arrived.
   /// bench_decode_gemv and bench_model measure it.
   bool second_batch_in_shared = false;
-  /// Measurement only (bench_model --timeline), register kernels: 6 values, zeroed min /
+  /// kRegisterLoads, the down projection's form (kPlain -> kResidualAdd, K > 2048) only:
+  /// no block stages the input vector in shared memory; each lane loads the x chunks its
+  /// weight chunks meet straight from global memory (through L1, which the block's warps
+  /// share), right after the PDL wait. Removes the staging and its barrier from the path
+  /// between the wait and the first FMA. bench_decode_gemv and bench_model measure it.
+  bool input_from_global = false;
+  /// Measurement only (bench_model --timeline), register kernels: 8 values, zeroed min /
   /// max pairs (min slots start at ULLONG_MAX): %globaltimer (ns) when the first and the
-  /// last block start, when the first and the last pass their PDL wait with the input
-  /// staged, and when the first and the last end (thread 0 of each block). nullptr: off.
+  /// last block start, when their PDL wait returns, when they are past it with the input
+  /// staged, and when they end (thread 0 of each block). nullptr: off.
   unsigned long long* timeline = nullptr;
 };
 

@@ -23,7 +23,7 @@ namespace bielik {
 
 namespace {
 
-constexpr size_t kTimelineValues = 6;  // DecodeGemvParams::timeline: 3 min / max pairs
+constexpr size_t kTimelineValues = 8;  // DecodeGemvParams::timeline: 4 min / max pairs
 
 // Logits::kAll rows per lm_head GEMM: bounds the (rows, V) bf16 scratch (16 MB for Bielik).
 constexpr int kLogitRows = 256;
@@ -653,6 +653,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     DecodeGemvParams down{d_x_.data(), d_act_.data(), nullptr, L.w_down, L.b_down, C_, F_, eps};
     down.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
     down.second_batch_in_shared = options_.down_second_batch_in_shared;
+    down.input_from_global = options_.down_input_from_global;
     down.timeline = timeline_slot(4 * l + 3);
     step_gemv_settings(down);
     // Its row of h = the residual + the O projection: the partials were written two

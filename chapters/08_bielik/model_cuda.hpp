@@ -110,6 +110,10 @@ struct CudaModelOptions {
   /// noise), down's -3% in both; so both are off. bench_model measures them.
   bool gate_up_second_batch_in_shared = false;
   bool down_second_batch_in_shared = false;
+  /// The down projection reads its input (the SwiGLU output) from global memory where
+  /// its lanes need it, instead of every block staging all of it in shared memory after
+  /// the wait (DecodeGemvParams::input_from_global). bench_model measures both.
+  bool down_input_from_global = false;
   /// Decode attention splits per kv head (0: a cluster of 8 for kClusterWithO and
   /// kCluster (the largest that fits, if smaller); sized for 512 keys for
   /// the v3 paths; at most 1024, the workspace's size, and for the cluster paths at most
@@ -197,7 +201,7 @@ class CudaModel final : public Backend {
 
   /// With decode_timeline: one greedy decode step of `token` (the graph, as every step),
   /// then its GEMVs' timeline: for launch i = 4 l + k (k: 0 QKV, 1 O, 2 gate/up, 3 down;
-  /// i = 4 L: the lm_head) the 6 values of DecodeGemvParams::timeline at 6 i. Empty
+  /// i = 4 L: the lm_head) the 8 values of DecodeGemvParams::timeline at 8 i. Empty
   /// without the option.
   std::vector<unsigned long long> decode_timeline(int32_t token);
 

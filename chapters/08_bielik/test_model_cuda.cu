@@ -431,19 +431,19 @@ TEST_CASE("CUDA model: the decode timeline changes no value and stamps every GEM
   plain.decode_greedy(token);
   for (int32_t next : random_prompt(3, spec.V, seed + 1)) REQUIRE(timed.decode(next) == plain.decode(next));
   const int L = timed.config().num_hidden_layers;
-  REQUIRE(t.size() == size_t(6) * (4 * L + 1));
+  constexpr int kValues = 8;  // start, wait returned, input staged, end: min / max pairs
+  REQUIRE(t.size() == size_t(kValues) * (4 * L + 1));
   for (int launch = 0; launch < 4 * L + 1; ++launch) {
-    const unsigned long long* v = &t[6 * launch];
+    const unsigned long long* v = &t[kValues * launch];
     INFO("launch " << launch << " (4 l + k; 4 L: lm_head)");
-    for (int e = 0; e < 6; ++e) REQUIRE((v[e] != 0 && v[e] != ~0ull));  // every pair was written
-    REQUIRE(v[0] <= v[1]);  // first start <= last start
-    REQUIRE(v[2] <= v[3]);  // first past the wait <= last
-    REQUIRE(v[4] <= v[5]);  // first end <= last end
-    REQUIRE(v[0] <= v[2]);  // a block passes its wait after it starts
-    REQUIRE(v[3] <= v[5]);  // and ends after
+    for (int e = 0; e < kValues; ++e) REQUIRE((v[e] != 0 && v[e] != ~0ull));  // every pair was written
+    for (int e = 0; e < kValues; e += 2) REQUIRE(v[e] <= v[e + 1]);  // first <= last
+    // In each block the events come in order, so the first of each is after the first
+    // of the one before, and the last after the last.
+    for (int e = 2; e < kValues; ++e) REQUIRE(v[e - 2] <= v[e]);
     // Each GEMV's input is the previous GEMV's (or, for O, the attention's, which waits
-    // for QKV): no block passes its wait before the previous GEMV's last block has ended.
-    if (launch > 0) REQUIRE(v[2] >= t[6 * (launch - 1) + 5]);
+    // for QKV): no wait returns before the previous GEMV's last block has ended.
+    if (launch > 0) REQUIRE(v[2] >= t[kValues * (launch - 1) + 7]);
   }
 }
 
@@ -571,20 +571,23 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
   uint64_t case_seed = seed;
   for (const Case& c : cases) {
     // Each kernel without and with PDL; then the register kernel with the second batch in
-    // shared memory (down's and gate/up's forms take it, the others ignore it), with PDL
-    // and the automatic split, and without PDL and a split of 1 (down: more chunks per
-    // lane than two batches hold).
+    // shared memory (down's and gate/up's forms take it, the others ignore it), and with
+    // the input read in place (down's form takes it), each with PDL and the automatic
+    // split, and without PDL and a split of 1 (down: more chunks per lane than two
+    // batches hold).
     const int plain_variants = 2 * int(kernels.size());
-    for (int variant = 0; variant < plain_variants + 2; ++variant) {
-      const bool second_batch_in_shared = variant >= plain_variants;
-      const bool pdl = second_batch_in_shared ? variant == plain_variants : variant % 2 == 1;
-      const DecodeGemvKernel kernel =
-          second_batch_in_shared ? DecodeGemvKernel::kRegisterLoads : kernels[variant / 2];
+    for (int variant = 0; variant < plain_variants + 4; ++variant) {
+      const bool second_batch_in_shared = variant == plain_variants || variant == plain_variants + 1;
+      const bool input_from_global = variant >= plain_variants + 2;
+      const bool register_option = second_batch_in_shared || input_from_global;
+      const bool pdl = register_option ? (variant - plain_variants) % 2 == 0 : variant % 2 == 1;
+      const DecodeGemvKernel kernel = register_option ? DecodeGemvKernel::kRegisterLoads : kernels[variant / 2];
       INFO("N=" << c.N << " K=" << c.K << " output " << int(c.output) << " pdl " << pdl << " kernel "
                 << (kernel == DecodeGemvKernel::kBulkStream       ? "bulk stream"
                     : kernel == DecodeGemvKernel::kRegisterLoads ? "register loads"
                                                                  : "register pipelined")
-                << " second batch in shared " << second_batch_in_shared);
+                << " second batch in shared " << second_batch_in_shared << " input read in place "
+                << input_from_global);
       const int rows = c.output == GemvOutput::kSwiGLU ? 2 * c.N : c.N;
       const std::vector<uint16_t> x = random_bf16(c.K, ++case_seed, 2.0f);
       const std::vector<uint16_t> W = random_bf16(size_t(rows) * c.K, ++case_seed, 1.0f / std::sqrt(float(c.K)));
@@ -647,8 +650,9 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
       // automatic choice, 1 or 2 for these shapes, runs without PDL): 8 where K is not a
       // multiple of 64 (lanes past the row's end), else 4.
       if (kernel != DecodeGemvKernel::kBulkStream && pdl) p.split_warps = c.K % 64 != 0 ? 8 : 4;
-      if (second_batch_in_shared) {
-        p.second_batch_in_shared = true;
+      if (register_option) {
+        p.second_batch_in_shared = second_batch_in_shared;
+        p.input_from_global = input_from_global;
         p.split_warps = pdl ? 0 : 1;
       }
       decode_gemv(c.input, c.output, p, pdl, 0, kernel);
