@@ -132,9 +132,9 @@ int main() {
       if ((shape.output == GemvOutput::kResidualAdd && shape.K > 2048) || shape.output == GemvOutput::kSwiGLU) {
         add_row("register loads, evict-first, 2nd batch cp.async to shared", kernel, true, 0, true, true);
       }
-      // Down's input read in place by each lane instead of staged by every block
+      // O's and down's input read in place by each lane instead of staged by every block
       // (DecodeGemvParams::input_from_global).
-      if (shape.output == GemvOutput::kResidualAdd && shape.K > 2048) {
+      if (shape.output == GemvOutput::kResidualAdd) {
         add_row("register loads, evict-first, input read in place (not staged)", kernel, true, 0, true, false, true);
       }
     }

@@ -57,6 +57,7 @@ struct Args {
   bool down_shared = CudaModelOptions{}.down_second_batch_in_shared;
   bool gate_up_shared = CudaModelOptions{}.gate_up_second_batch_in_shared;
   bool down_global_input = CudaModelOptions{}.down_input_from_global;
+  bool o_global_input = CudaModelOptions{}.o_input_from_global;
   int small_blocks = CudaModelOptions{}.small_gemv_blocks_per_sm;
   int large_blocks = CudaModelOptions{}.large_gemv_blocks_per_sm;
 };
@@ -99,6 +100,10 @@ Args parse(int argc, char** argv) {
       a.down_shared = true;
     } else if (flag == "--down-global-input") {
       a.down_global_input = true;
+    } else if (flag == "--down-staged-input") {
+      a.down_global_input = false;
+    } else if (flag == "--o-global-input") {
+      a.o_global_input = true;
     } else if (flag == "--gate-up-shared") {
       a.gate_up_shared = true;
     } else if (flag == "--no-gate-up-shared") {
@@ -128,7 +133,7 @@ Args parse(int argc, char** argv) {
                                   " [--decode-only] [--ttft-only] [--timeline] [--prefill-attention v5|v6]"
                                   " [--attention cluster_o|cluster|split_combine|merge_in_o]"
                                   " [--replicas N] [--splits N] [--qkv-early] [--gate-up-after-o] [--down-shared]"
-                                  " [--down-global-input]"
+                                  " [--down-global-input|--down-staged-input] [--o-global-input]"
                                   " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N])");
     }
   }
@@ -315,6 +320,7 @@ int main(int argc, char** argv) {
     options.down_second_batch_in_shared = args.down_shared;
     options.gate_up_second_batch_in_shared = args.gate_up_shared;
     options.down_input_from_global = args.down_global_input;
+    options.o_input_from_global = args.o_global_input;
     options.small_gemv_blocks_per_sm = args.small_blocks;
     options.large_gemv_blocks_per_sm = args.large_blocks;
     options.prefill_attention_clusters = args.prefill_attention_clusters;
@@ -495,6 +501,8 @@ int main(int argc, char** argv) {
       bool qkv_early = false;
       bool down_shared = CudaModelOptions{}.down_second_batch_in_shared;
       bool gate_up_shared = CudaModelOptions{}.gate_up_second_batch_in_shared;
+      bool down_global_input = CudaModelOptions{}.down_input_from_global;
+      bool o_global_input = CudaModelOptions{}.o_input_from_global;
       double tok_s = 0;
     };
     using Path = DecodeAttentionPath;
@@ -507,6 +515,10 @@ int main(int argc, char** argv) {
          4, false, false, true},
         {"down copies its second batch of weights into shared memory before its wait", true, true, Path::kCluster, 0,
          0, 4, false, true, false},
+        {"down stages its input in shared memory (before: every block, after its wait)", true, true, Path::kCluster,
+         0, 0, 4, false, false, false, false},
+        {"O reads its input in place too (not staged by every block)", true, true, Path::kCluster, 0, 0, 4, false,
+         false, false, true, true},
         {"attention v5, clusters of 16", true, true, Path::kCluster, 16, 0},
         {"no evict-first hint", true, false, Path::kCluster, 0, 0},
         {"attention + O in one kernel (decode_attention_o): clusters of 8 x 4 replicas per kv head", true, true,
@@ -535,6 +547,8 @@ int main(int argc, char** argv) {
       o.qkv_allows_attention_early = v.qkv_early;
       o.down_second_batch_in_shared = v.down_shared;
       o.gate_up_second_batch_in_shared = v.gate_up_shared;
+      o.down_input_from_global = v.down_global_input;
+      o.o_input_from_global = v.o_global_input;
       CudaModel m(args.model, o);
       v.tok_s = decode_tokens_per_s(m, tokens, 3, false);
       const double long_rate = long_fits ? decode_tokens_per_s(m, long_tokens, 3, false, long_prompt) : 0.0;

@@ -287,6 +287,13 @@ void launch_gemv_bias(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaS
       }
       launch_gemv<In, Out, kBias, 9>(p, pipelined, pdl, stream);
     } else {
+      // The O projection's form may read its input in place too.
+      if constexpr (Out == GemvOutput::kResidualAdd && In == GemvInput::kPlain) {
+        if (p.input_from_global && !pipelined) {
+          launch_gemv<In, Out, kBias, 8, false, true>(p, pipelined, pdl, stream);
+          return;
+        }
+      }
       launch_gemv<In, Out, kBias, kPair ? 4 : 8>(p, pipelined, pdl, stream);
     }
   });

@@ -156,7 +156,7 @@ struct DecodeGemvParams {
   /// bytes are requested before the wait, instead of after the first batch has arrived.
   /// bench_decode_gemv and bench_model measure it.
   bool second_batch_in_shared = false;
-  /// kRegisterLoads, the down projection's form (kPlain -> kResidualAdd, K > 2048) only:
+  /// kRegisterLoads, the O and down projections' form (kPlain -> kResidualAdd) only:
   /// no block stages the input vector in shared memory; each lane loads the x chunks its
   /// weight chunks meet straight from global memory (through L1, which the block's warps
   /// share), right after the PDL wait. Removes the staging and its barrier from the path

@@ -584,6 +584,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     // it may start while the attention runs, and stream its weights meanwhile.
     o.allow_dependents_early = options_.o_allows_gate_up_early;
     o.timeline = timeline_slot(4 * l + 1);
+    o.input_from_global = options_.o_input_from_global;
     step_gemv_settings(o);
     // When QKV lets the attention start early, the attention (which lets O start at
     // once) may run before the previous layer's down projection has finished writing the

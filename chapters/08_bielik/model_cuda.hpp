@@ -112,8 +112,13 @@ struct CudaModelOptions {
   bool down_second_batch_in_shared = false;
   /// The down projection reads its input (the SwiGLU output) from global memory where
   /// its lanes need it, instead of every block staging all of it in shared memory after
-  /// the wait (DecodeGemvParams::input_from_global). bench_model measures both.
-  bool down_input_from_global = false;
+  /// the wait (DecodeGemvParams::input_from_global). On the H200 (2026-12-01): 864-865
+  /// against 851 tokens/s in two A/B pairs, and down alone in a graph 7.95 against 8.20
+  /// us (82.1% against 79.6% of copy bandwidth). bench_model measures both.
+  bool down_input_from_global = true;
+  /// The same for the O projection (its input: the attention output, 1536 values), when
+  /// the attention is its own kernel (kCluster, kSplitCombine). bench_model measures both.
+  bool o_input_from_global = false;
   /// Decode attention splits per kv head (0: a cluster of 8 for kClusterWithO and
   /// kCluster (the largest that fits, if smaller); sized for 512 keys for
   /// the v3 paths; at most 1024, the workspace's size, and for the cluster paths at most
