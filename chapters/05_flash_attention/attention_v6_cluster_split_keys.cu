@@ -37,7 +37,9 @@
 #include "attention_ptx.cuh"
 #include "attention_tile_load.cuh"
 #include "attention_tile_step.cuh"
+#include "cluster_launch.cuh"
 #include "cuda_check.cuh"
+#include "globaltimer.cuh"
 #include "pdl.cuh"
 
 namespace bielik {
@@ -89,11 +91,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   unsigned long long* times =
       block_times ? block_times + 5 * (size_t(blockIdx.y) * gridDim.x + blockIdx.x) : nullptr;
   auto stamp = [&](int which) {
-    if (times != nullptr && threadIdx.x == 0) {
-      unsigned long long now;
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-      times[which] = now;
-    }
+    if (times != nullptr && threadIdx.x == 0) times[which] = globaltimer_ns();
   };
   if (times != nullptr && threadIdx.x == 0) {
     unsigned smid;
@@ -260,28 +258,9 @@ void launch(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k, 
   configure_once<D>();
   const dim3 grid(H, (Tq + kBlockM - 1) / kBlockM * splits);
   const float scale_log2 = 1.4426950408889634f / std::sqrt(float(D));  // log2(e) / sqrt(D)
-  cudaLaunchAttribute attributes[2] = {};
-  int count = 0;
-  if (splits > 1) {
-    attributes[count].id = cudaLaunchAttributeClusterDimension;
-    attributes[count].val.clusterDim.x = 1;
-    attributes[count].val.clusterDim.y = unsigned(splits);
-    attributes[count].val.clusterDim.z = 1;
-    ++count;
-  }
-  if (pdl && device_supports_pdl()) {
-    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attributes[count].val.programmaticStreamSerializationAllowed = 1;
-    ++count;
-  }
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = shared_bytes<D>();
-  config.stream = stream;
-  config.attrs = attributes;
-  config.numAttrs = count;
-  CUDA_CHECK(cudaLaunchKernelEx(&config, attention_v6_cluster_split_keys_kernel<D>, out, q, k, v, Tq, Tkv, H, Hkv,
+  // The splits of a query block are neighbours along y: one cluster (none when splits = 1).
+  const ClusterLaunch launch(grid, dim3(kThreads), dim3(1, unsigned(splits), 1), shared_bytes<D>(), stream, pdl);
+  CUDA_CHECK(cudaLaunchKernelEx(&launch.config, attention_v6_cluster_split_keys_kernel<D>, out, q, k, v, Tq, Tkv, H, Hkv,
                                 scale_log2, splits, block_times));
 }
 

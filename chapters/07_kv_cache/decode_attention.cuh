@@ -186,6 +186,30 @@ void decode_attention_v5_cluster_device_length(__nv_bfloat16* out, const __nv_bf
                                                const int* d_length, int new_tokens, int max_context, int H, int Hkv,
                                                int D, int num_splits, DecodeAttentionWorkspace* workspace,
                                                cudaStream_t stream = 0);
+namespace decode {
+/// Where a v5 block records its timeline (decode_attention_v5_cluster_device_length_timed):
+/// min / max pairs of %globaltimer over the blocks, 2 * kAttentionTimelineEvents values.
+enum AttentionTimelineEvent {
+  kAttentionStart = 0,         ///< the block starts
+  kAttentionWaitReturned = 1,  ///< its PDL wait returned (q and the newest keys are ready)
+  kAttentionPartialDone = 2,   ///< its split's partial is in shared memory (before the cluster barrier)
+  kAttentionStored = 3,        ///< its share of the merged outputs is stored
+  kAttentionEnd = 4,           ///< past the last cluster barrier
+  kAttentionTimelineEvents = 5
+};
+}  // namespace decode
+
+/// The same with a timeline (measurement only; chapter 08's bench_model --timeline):
+/// `timeline` holds 10 values, min / max pairs of %globaltimer (ns) over the blocks at
+/// each decode::AttentionTimelineEvent (start, wait returned, partial done, outputs
+/// stored, end), the min slots preset to ULLONG_MAX and the max slots to 0; nullptr: none.
+/// Before sm_90 (v3 runs instead) nothing is recorded.
+void decode_attention_v5_cluster_device_length_timed(__nv_bfloat16* out, const __nv_bfloat16* q,
+                                                     const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
+                                                     const int* d_length, int new_tokens, int max_context, int H,
+                                                     int Hkv, int D, int num_splits,
+                                                     DecodeAttentionWorkspace* workspace, cudaStream_t stream,
+                                                     unsigned long long* timeline);
 
 /// Every GPU version, in order, so tests and the benchmark loop over the same list.
 using DecodeAttentionLauncher = void (*)(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,

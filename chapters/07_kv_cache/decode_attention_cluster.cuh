@@ -12,9 +12,10 @@
 
 #include <cooperative_groups.h>
 
+#include "cluster_launch.cuh"  // ClusterLaunch, for the callers
 #include "decode_attention.cuh"  // kDecodeV3MinKeysPerSplit
 #include "decode_attention_device.cuh"
-#include "pdl.cuh"  // device_supports_pdl
+#include "pdl.cuh"
 
 namespace bielik::decode {
 
@@ -37,25 +38,28 @@ struct ClusterPartial {
 /// (an earlier step committed them); q and the newest keys after it. Calls
 /// store(output, value) for this block's share of the G x D outputs, output = h * D + d
 /// within the kv head's group (no keys at all: zeros). Every thread must call it.
+/// `timeline` (null: none) receives the AttentionTimelineEvent stamps from the wait to the
+/// stores.
 template <int D, int G, typename Store>
 __device__ __forceinline__ void cluster_attention(cooperative_groups::cluster_group& cluster,
                                                   ClusterPartial<D, G>& mine, const __nv_bfloat16* q,
                                                   const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
                                                   int kv_head, const int* d_length, int kv_len_arg, int max_context,
-                                                  Store store) {
+                                                  Store store, unsigned long long* timeline = nullptr) {
   const int split = int(cluster.block_rank()), splits = int(cluster.num_blocks());
   const int committed = d_length ? *d_length : 0;
   const int kv_len = min(committed + kv_len_arg, max_context);
   const int chunk = split_chunk_keys(kv_len, splits, kDecodeV3MinKeysPerSplit);
   const int begin = split * chunk, end = min(kv_len, begin + chunk);
   if (begin >= end) {
-    pdl_wait();
+    WaitForPreviousKernel{timeline}();
     write_empty_partial<G>(mine.ml);
   } else {
     pipelined_split_partial<D, G, kClusterWarps, kClusterUnroll>(mine.acc, mine.ml, q, k_cache, v_cache, kv_head,
                                                                  max_context, begin, end, committed,
-                                                                 WaitForPreviousKernel{});
+                                                                 WaitForPreviousKernel{timeline});
   }
+  timeline_fold(timeline, kAttentionPartialDone);
   cluster.sync();  // every split's partial is written and visible cluster-wide
 
   // One load per split from that block's shared memory, all independent.
@@ -81,44 +85,9 @@ __device__ __forceinline__ void cluster_attention(cooperative_groups::cluster_gr
     }
     store(output, l > 0.0f ? acc / l : 0.0f);  // l > 0 whenever kv_len >= 1
   }
+  timeline_fold(timeline, kAttentionStored);
 }
 
 #endif  // sm_90
-
-/// The launch of a cluster kernel (host side): `grid` blocks of `threads`, in clusters
-/// of `cluster` blocks along x, PDL when `pdl` is set and the GPU has it. Chapter 07's
-/// v5 and chapter 08's fused attention + O launch through it, and ask
-/// cudaOccupancyMaxActiveClusters with its config. Not copyable: config points at the
-/// attributes inside.
-struct ClusterLaunch {
-  cudaLaunchAttribute attributes[2] = {};
-  cudaLaunchConfig_t config = {};
-
-  ClusterLaunch(dim3 grid, int threads, int cluster, size_t shared_bytes, cudaStream_t stream, bool pdl) {
-    config.gridDim = grid;
-    config.blockDim = dim3(threads);
-    config.dynamicSmemBytes = shared_bytes;
-    config.stream = stream;
-    config.attrs = attributes;
-    config.numAttrs = 0;
-    // A cluster of one block is an ordinary launch: no cluster attribute, so none of the
-    // cluster scheduling (every kernel is implicitly in 1-block clusters on sm_90, so
-    // cluster.sync() and map_shared_rank still work in the kernel).
-    if (cluster > 1) {
-      cudaLaunchAttribute& dims = attributes[config.numAttrs++];
-      dims.id = cudaLaunchAttributeClusterDimension;
-      dims.val.clusterDim.x = cluster;
-      dims.val.clusterDim.y = 1;
-      dims.val.clusterDim.z = 1;
-    }
-    if (pdl && device_supports_pdl()) {
-      cudaLaunchAttribute& programmatic = attributes[config.numAttrs++];
-      programmatic.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      programmatic.val.programmaticStreamSerializationAllowed = 1;
-    }
-  }
-  ClusterLaunch(const ClusterLaunch&) = delete;
-  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
-};
 
 }  // namespace bielik::decode

@@ -22,6 +22,8 @@
 #include <string>
 #include <type_traits>
 
+#include "decode_attention.cuh"  // AttentionTimelineEvent
+#include "globaltimer.cuh"
 #include "pdl.cuh"
 
 namespace bielik::decode {
@@ -262,9 +264,14 @@ struct NoWait {
 };
 
 /// What a split kernel launched with PDL does there: wait for the kernel before it (the
-/// one that wrote q and the newest keys). v3's and v5's split kernels pass it.
+/// one that wrote q and the newest keys). v3's and v5's split kernels pass it; v5 with an
+/// optional timeline (null: none).
 struct WaitForPreviousKernel {
-  __device__ void operator()() const { pdl_wait(); }
+  unsigned long long* timeline = nullptr;
+  __device__ void operator()() const {
+    pdl_wait();
+    timeline_fold(timeline, kAttentionWaitReturned);
+  }
 };
 
 /// v3's split body (also v4's): one block's keys [begin, end) of kv head `kv_head`

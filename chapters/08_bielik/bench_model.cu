@@ -256,8 +256,8 @@ double decode_tokens_per_s(CudaModel& model, int tokens, int repeats, bool sync_
 // GEMV of a layer, when its first and last blocks start, when their PDL wait returns,
 // when they are past it with the input staged, and when they end, relative to the moment the previous layer's down projection ended
 // (the layer's input is complete). Means over layers 1..L-1 and 5 steps, after a
-// 16-token prompt and 64 warm-up tokens. The attention has no stamps of its own: it runs
-// between QKV's end and O's first wait.
+// 16-token prompt and 64 warm-up tokens. Then the same for the attention between them
+// (chapter 07's v5: start, wait returned, partial done, outputs stored, end).
 void print_decode_timeline(CudaModel& model) {
   const int L = model.config().num_hidden_layers;
   model.reset();
@@ -266,7 +266,8 @@ void print_decode_timeline(CudaModel& model) {
   token = model.generate_greedy(token, 64).back();
   const char* names[4] = {"QKV + RoPE + append", "O + residual", "gate/up + SwiGLU", "down + residual"};
   constexpr int kValues = 8;  // DecodeGemvParams::timeline
-  double sums[4][kValues] = {}, period = 0, attention = 0;
+  constexpr int kAttentionValues = 2 * decode::kAttentionTimelineEvents;
+  double sums[4][kValues] = {}, attention_sums[kAttentionValues] = {}, period = 0, attention = 0;
   int samples = 0;
   for (int step = 0; step < 5; ++step) {
     const std::vector<unsigned long long> t = model.decode_timeline(token);
@@ -275,6 +276,10 @@ void print_decode_timeline(CudaModel& model) {
       const double origin = double(at(l - 1, 3, 7));  // the previous down's last block ends
       for (int k = 0; k < 4; ++k) {
         for (int v = 0; v < kValues; ++v) sums[k][v] += (double(at(l, k, v)) - origin) * 1e-3;
+      }
+      for (int v = 0; v < kAttentionValues; ++v) {
+        const unsigned long long a = t[kValues * (4 * L + 1) + kAttentionValues * l + v];
+        attention_sums[v] += (double(a) - origin) * 1e-3;
       }
       period += (double(at(l, 3, 7)) - origin) * 1e-3;
       attention += (double(at(l, 1, 4)) - double(at(l, 0, 7))) * 1e-3;
@@ -291,6 +296,15 @@ void print_decode_timeline(CudaModel& model) {
     table.add_row(row);
   }
   table.print();
+  BenchTable attention_table("model_decode_attention_timeline",
+                             {"attention v5 (us after the previous layer's down ended)", "first block", "last block"});
+  const char* events[decode::kAttentionTimelineEvents] = {"starts", "its wait returns", "its partial is done",
+                                                          "its outputs are stored", "ends"};
+  for (int e = 0; e < decode::kAttentionTimelineEvents; ++e) {
+    attention_table.add_row({events[e], fmt(attention_sums[2 * e] / samples, 2),
+                             fmt(attention_sums[2 * e + 1] / samples, 2)});
+  }
+  attention_table.print();
   std::printf("a layer: %.2f us (mean over layers 1..%d, 5 steps); QKV's last block ends -> O's first passes its "
               "wait (the attention and two kernel boundaries): %.2f us\n",
               period / samples, L - 1, attention / samples);

@@ -144,7 +144,7 @@ bool can_run(int C, int H, int Hkv, int D, int cluster, int replicas) {
   if (found != known.end()) return found->second;
   bool ok = bytes <= prepare(kernel);
   if (ok && cluster > 1) {  // (a cluster of 1 is an ordinary launch: the shared memory was the test)
-    const decode::ClusterLaunch launch(dim3(cluster, Hkv, 1), kThreadsPerBlock, cluster, bytes, 0, false);
+    const ClusterLaunch launch(dim3(cluster, Hkv, 1), kThreadsPerBlock, cluster, bytes, 0, false);
     int clusters = 0;
     ok = cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config) == cudaSuccess && clusters >= 1;
     (void)cudaGetLastError();
@@ -187,7 +187,7 @@ void decode_attention_o(const AttentionOParams& p, int cluster, bool pdl, cudaSt
   }
   const Kernel kernel = kernel_for(p.D, p.H / p.Hkv);
   const int blocks = cluster * replicas;  // per kv group, sharing its O rows
-  const decode::ClusterLaunch launch(dim3(cluster, p.Hkv, replicas), kThreadsPerBlock, cluster,
+  const ClusterLaunch launch(dim3(cluster, p.Hkv, replicas), kThreadsPerBlock, cluster,
                                      dynamic_bytes(p.C, p.H / p.Hkv, p.D, blocks), stream, pdl);
   CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, p, rows_per_block(p.C, blocks)));
 }

@@ -13,6 +13,7 @@
 #include "cuda_check.cuh"
 #include "decode_attention_device.cuh"  // chapter 07: the split ranges and the partials' merge
 #include "decode_kernels.cuh"
+#include "globaltimer.cuh"
 #include "pdl.cuh"
 
 namespace bielik::decode_device {
@@ -311,11 +312,7 @@ __device__ __forceinline__ void read_batch_from_shared(uint4 (&w)[kRows][kBatch]
 /// max pair `event` of the launch's 8 values.
 enum TimelineEvent { kTimelineStart = 0, kTimelineWaitReturned = 1, kTimelineStaged = 2, kTimelineEnd = 3 };
 __device__ __forceinline__ void timeline_mark(unsigned long long* timeline, int event) {
-  if (timeline == nullptr || threadIdx.x != 0) return;
-  unsigned long long now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  atomicMin(timeline + 2 * event, now);
-  atomicMax(timeline + 2 * event + 1, now);
+  timeline_fold(timeline, event);
 }
 
 /// acc[r] += the batch's chunks of weight row r . the staged input: chunks base,

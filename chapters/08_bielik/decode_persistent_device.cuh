@@ -51,15 +51,9 @@ __device__ __forceinline__ void grid_barrier(unsigned* state) {
   __syncthreads();
 }
 
-__device__ __forceinline__ unsigned long long global_timer_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
-
 /// Block 0 writes the time into phase_clock[mark] (when it is not null); mark advances.
 __device__ __forceinline__ void mark_phase(const PersistentStep& p, int& mark) {
-  if (p.phase_clock && blockIdx.x == 0 && threadIdx.x == 0) p.phase_clock[mark] = global_timer_ns();
+  if (p.phase_clock && blockIdx.x == 0 && threadIdx.x == 0) p.phase_clock[mark] = globaltimer_ns();
   ++mark;
 }
 

@@ -24,6 +24,8 @@ namespace bielik {
 namespace {
 
 constexpr size_t kTimelineValues = 8;  // DecodeGemvParams::timeline: 4 min / max pairs
+// The attention's (chapter 07 v5, decode_attention_v5_cluster_device_length_timed): 5 pairs.
+constexpr size_t kAttentionTimelineValues = 2 * decode::kAttentionTimelineEvents;
 
 // Logits::kAll rows per lm_head GEMM: bounds the (rows, V) bf16 scratch (16 MB for Bielik).
 constexpr int kLogitRows = 256;
@@ -154,7 +156,10 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     d_attn_ = DeviceBuffer<__nv_bfloat16>(size_t(H_) * D_);
     d_act_ = DeviceBuffer<__nv_bfloat16>(F_);
     d_o_partials_ = DeviceBuffer<float>(size_t(Hkv_) * C_);
-    if (options_.decode_timeline) d_timeline_ = DeviceBuffer<unsigned long long>(kTimelineValues * (4 * layers_.size() + 1));
+    if (options_.decode_timeline) {
+      d_timeline_ = DeviceBuffer<unsigned long long>(kTimelineValues * (4 * layers_.size() + 1) +
+                                                     kAttentionTimelineValues * layers_.size());
+    }
     d_logits_ = DeviceBuffer<float>(V_);
     // Zeros, not whatever the allocator left: with options_.decode_skip a kernel may read
     // one of these without the kernel that writes it having run.
@@ -558,9 +563,15 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     p.stream_evict_first = options_.gemv_evict_first;
     p.epilogue_inputs_settled = true;
   };
-  // decode_timeline: GEMV k of layer l records into slot 4 l + k (the lm_head: 4 L).
+  // decode_timeline: GEMV k of layer l records into slot 4 l + k (the lm_head: 4 L);
+  // then the attention of layer l (the v5 cluster path only) into attention slot l.
   auto timeline_slot = [&](size_t slot) {
     return options_.decode_timeline ? d_timeline_.data() + kTimelineValues * slot : nullptr;
+  };
+  auto attention_timeline_slot = [&](size_t layer) {
+    return options_.decode_timeline
+               ? d_timeline_.data() + kTimelineValues * (4 * layers_.size() + 1) + kAttentionTimelineValues * layer
+               : nullptr;
   };
 
   for (size_t l = 0; l < layers_.size(); ++l) {
@@ -633,11 +644,15 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
                                      D_};
       decode_gemv(GemvInput::kAttentionMerge, GemvOutput::kResidualAdd, o, pdl, s);
     } else {
-      const auto attention = attention_path_ == DecodeAttentionPath::kSplitCombine
-                                 ? decode_attention_v3_pipelined_device_length
-                                 : decode_attention_v5_cluster_device_length;
-      attention(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)), d_length, 1, context, H_, Hkv_, D_,
-                attention_splits_, attention_workspace_.get(), s);
+      if (attention_path_ == DecodeAttentionPath::kSplitCombine) {
+        decode_attention_v3_pipelined_device_length(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)),
+                                                    d_length, 1, context, H_, Hkv_, D_, attention_splits_,
+                                                    attention_workspace_.get(), s);
+      } else {
+        decode_attention_v5_cluster_device_length_timed(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)),
+                                                        d_length, 1, context, H_, Hkv_, D_, attention_splits_,
+                                                        attention_workspace_.get(), s, attention_timeline_slot(l));
+      }
       done("attention");
       decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, o, pdl, s);
     }

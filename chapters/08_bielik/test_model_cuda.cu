@@ -432,7 +432,8 @@ TEST_CASE("CUDA model: the decode timeline changes no value and stamps every GEM
   for (int32_t next : random_prompt(3, spec.V, seed + 1)) REQUIRE(timed.decode(next) == plain.decode(next));
   const int L = timed.config().num_hidden_layers;
   constexpr int kValues = 8;  // start, wait returned, input staged, end: min / max pairs
-  REQUIRE(t.size() == size_t(kValues) * (4 * L + 1));
+  constexpr int kAttentionValues = 2 * decode::kAttentionTimelineEvents;
+  REQUIRE(t.size() == size_t(kValues) * (4 * L + 1) + size_t(kAttentionValues) * L);
   for (int launch = 0; launch < 4 * L + 1; ++launch) {
     const unsigned long long* v = &t[kValues * launch];
     INFO("launch " << launch << " (4 l + k; 4 L: lm_head)");
@@ -444,6 +445,20 @@ TEST_CASE("CUDA model: the decode timeline changes no value and stamps every GEM
     // Each GEMV's input is the previous GEMV's (or, for O, the attention's, which waits
     // for QKV): no wait returns before the previous GEMV's last block has ended.
     if (launch > 0) REQUIRE(v[2] >= t[kValues * (launch - 1) + 7]);
+  }
+  // Each layer's attention (chapter 07's v5 on sm_90; before it v3 runs and records
+  // nothing): every pair written, its events in order, its wait after QKV's last block
+  // ended, and O's wait after the attention's last block ended.
+  if (device_is_sm90_or_newer()) {
+    for (int l = 0; l < L; ++l) {
+      const unsigned long long* a = &t[kValues * (4 * L + 1) + kAttentionValues * l];
+      INFO("attention of layer " << l);
+      for (int e = 0; e < kAttentionValues; ++e) REQUIRE((a[e] != 0 && a[e] != ~0ull));
+      for (int e = 0; e < kAttentionValues; e += 2) REQUIRE(a[e] <= a[e + 1]);
+      for (int e = 2; e < kAttentionValues; ++e) REQUIRE(a[e - 2] <= a[e]);
+      REQUIRE(a[2] >= t[kValues * (4 * l) + 7]);                    // after QKV's last block
+      REQUIRE(t[kValues * (4 * l + 1) + 2] >= a[kAttentionValues - 1]);  // before O's wait returns
+    }
   }
 }
 
