@@ -62,25 +62,36 @@ __device__ __forceinline__ void cluster_attention(cooperative_groups::cluster_gr
   timeline_fold(timeline, kAttentionPartialDone);
   cluster.sync();  // every split's partial is written and visible cluster-wide
 
-  // One load per split from that block's shared memory, all independent.
+  // Only the splits that hold keys are read (the ones after them are empty), and every
+  // one of their loads is issued before any is used. A load from another block's shared
+  // memory crosses the GPC's network; when each split's loads waited for the previous
+  // split's merge (a loop that could `break` before the next load), the merge paid that
+  // trip once per split: ~2 us from the last partial to the stores with 8 splits
+  // (chapter 08's timeline, 2026-12-01). The merge itself runs in rank order, as before.
+  const int used = splits_with_keys(kv_len, splits, kDecodeV3MinKeysPerSplit);
   constexpr int kOutputs = G * D;
   const int per_block = (kOutputs + splits - 1) / splits;
   for (int i = int(threadIdx.x); i < per_block && split * per_block + i < kOutputs; i += int(blockDim.x)) {
     const int output = split * per_block + i;
     const int h = output / D;
+    float m_r[kClusterMaxSize], l_r[kClusterMaxSize], acc_r[kClusterMaxSize];
+#pragma unroll
+    for (int r = 0; r < kClusterMaxSize; ++r) {  // the loads: predicated, none waits for another
+      if (r < used) {
+        const ClusterPartial<D, G>* remote = cluster.map_shared_rank(&mine, r);
+        m_r[r] = remote->ml[2 * h];
+        l_r[r] = remote->ml[2 * h + 1];
+        acc_r[r] = remote->acc[output];
+      }
+    }
     float m = -INFINITY, l = 0.0f, acc = 0.0f;
 #pragma unroll
     for (int r = 0; r < kClusterMaxSize; ++r) {
-      if (r >= splits) break;
-      const ClusterPartial<D, G>* remote = cluster.map_shared_rank(&mine, r);
-      const float m_r = remote->ml[2 * h];
-      const float l_r = remote->ml[2 * h + 1];
-      const float acc_r = remote->acc[output];  // garbage if empty: not used
-      if (m_r == -INFINITY) continue;           // an empty split
-      const float m_new = fmaxf(m, m_r);
-      const float old_weight = exp2f(m - m_new), new_weight = exp2f(m_r - m_new);
-      l = l * old_weight + l_r * new_weight;
-      acc = acc * old_weight + acc_r * new_weight;
+      if (r >= used) break;
+      const float m_new = fmaxf(m, m_r[r]);
+      const float old_weight = exp2f(m - m_new), new_weight = exp2f(m_r[r] - m_new);
+      l = l * old_weight + l_r[r] * new_weight;
+      acc = acc * old_weight + acc_r[r] * new_weight;
       m = m_new;
     }
     store(output, l > 0.0f ? acc / l : 0.0f);  // l > 0 whenever kv_len >= 1
