@@ -58,6 +58,7 @@ struct Args {
   bool gate_up_shared = CudaModelOptions{}.gate_up_second_batch_in_shared;
   bool down_global_input = CudaModelOptions{}.down_input_from_global;
   bool o_global_input = CudaModelOptions{}.o_input_from_global;
+  bool rope_after_wait = CudaModelOptions{}.qkv_rope_inputs_after_wait;
   int small_blocks = CudaModelOptions{}.small_gemv_blocks_per_sm;
   int large_blocks = CudaModelOptions{}.large_gemv_blocks_per_sm;
 };
@@ -104,6 +105,8 @@ Args parse(int argc, char** argv) {
       a.down_global_input = false;
     } else if (flag == "--o-global-input") {
       a.o_global_input = true;
+    } else if (flag == "--rope-after-wait") {
+      a.rope_after_wait = true;
     } else if (flag == "--gate-up-shared") {
       a.gate_up_shared = true;
     } else if (flag == "--no-gate-up-shared") {
@@ -134,6 +137,7 @@ Args parse(int argc, char** argv) {
                                   " [--attention cluster_o|cluster|split_combine|merge_in_o]"
                                   " [--replicas N] [--splits N] [--qkv-early] [--gate-up-after-o] [--down-shared]"
                                   " [--down-global-input|--down-staged-input] [--o-global-input]"
+                                  " [--rope-after-wait]"
                                   " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N])");
     }
   }
@@ -335,6 +339,7 @@ int main(int argc, char** argv) {
     options.gate_up_second_batch_in_shared = args.gate_up_shared;
     options.down_input_from_global = args.down_global_input;
     options.o_input_from_global = args.o_global_input;
+    options.qkv_rope_inputs_after_wait = args.rope_after_wait;
     options.small_gemv_blocks_per_sm = args.small_blocks;
     options.large_gemv_blocks_per_sm = args.large_blocks;
     options.prefill_attention_clusters = args.prefill_attention_clusters;

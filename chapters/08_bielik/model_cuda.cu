@@ -583,6 +583,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
                                 H_, Hkv_, D_, context, rope_.max_positions};
     qkv.max_blocks_per_sm = options_.small_gemv_blocks_per_sm;
     step_gemv_settings(qkv);
+    qkv.epilogue_inputs_settled = !options_.qkv_rope_inputs_after_wait;
     // The attention reads only what earlier steps committed before its wait.
     qkv.allow_dependents_early = options_.qkv_allows_attention_early;
     qkv.timeline = timeline_slot(4 * l);

@@ -119,6 +119,11 @@ struct CudaModelOptions {
   /// The same for the O projection (its input: the attention output, 1536 values), when
   /// the attention is its own kernel (kCluster, kSplitCombine). bench_model measures both.
   bool o_input_from_global = false;
+  /// The QKV GEMV loads RoPE's position, then cos / sin at that position, after its wait
+  /// instead of before it. Before the wait, the lane that stores waits for the position to
+  /// arrive before it can ask for cos / sin, and its block's staging barrier waits for
+  /// that lane. bench_model measures both.
+  bool qkv_rope_inputs_after_wait = false;
   /// Decode attention splits per kv head (0: a cluster of 8 for kClusterWithO and
   /// kCluster (the largest that fits, if smaller); sized for 512 keys for
   /// the v3 paths; at most 1024, the workspace's size, and for the cluster paths at most
