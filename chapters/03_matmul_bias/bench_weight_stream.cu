@@ -138,7 +138,6 @@ int main() {
         const int stage = stage_kb * 1024;
         const size_t per_block = bytes / blocks / stage * stage;
         for (int mode : {0, 1, 2}) {  // try_wait, polling, try_wait + the GEMV's dot products
-          const bool polling = mode == 1;
           if (mode == 2 && (blocks_per_sm != 1 || stage_kb < 16)) continue;
           auto kernel = mode == 0 ? stream_only_kernel<false, false>
                                   : mode == 1 ? stream_only_kernel<true, false> : stream_only_kernel<false, true>;

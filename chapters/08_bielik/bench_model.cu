@@ -522,6 +522,7 @@ int main(int argc, char** argv) {
       bool gate_up_shared = CudaModelOptions{}.gate_up_second_batch_in_shared;
       bool down_global_input = CudaModelOptions{}.down_input_from_global;
       bool o_global_input = CudaModelOptions{}.o_input_from_global;
+      bool rope_after_wait = CudaModelOptions{}.qkv_rope_inputs_after_wait;
       double tok_s = 0;
     };
     using Path = DecodeAttentionPath;
@@ -538,6 +539,8 @@ int main(int argc, char** argv) {
          0, 0, 4, false, false, false, false},
         {"O reads its input in place too (not staged by every block)", true, true, Path::kCluster, 0, 0, 4, false,
          false, false, true, true},
+        {"QKV loads RoPE's position and cos / sin after its wait", true, true, Path::kCluster, 0, 0, 4, false, false,
+         false, true, false, true},
         {"attention v5, clusters of 16", true, true, Path::kCluster, 16, 0},
         {"no evict-first hint", true, false, Path::kCluster, 0, 0},
         {"attention + O in one kernel (decode_attention_o): clusters of 8 x 4 replicas per kv head", true, true,
@@ -568,6 +571,7 @@ int main(int argc, char** argv) {
       o.gate_up_second_batch_in_shared = v.gate_up_shared;
       o.down_input_from_global = v.down_global_input;
       o.o_input_from_global = v.o_global_input;
+      o.qkv_rope_inputs_after_wait = v.rope_after_wait;
       CudaModel m(args.model, o);
       v.tok_s = decode_tokens_per_s(m, tokens, 3, false);
       const double long_rate = long_fits ? decode_tokens_per_s(m, long_tokens, 3, false, long_prompt) : 0.0;
