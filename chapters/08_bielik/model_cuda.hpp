@@ -117,12 +117,17 @@ struct CudaModelOptions {
   /// us (82.1% against 79.6% of copy bandwidth). bench_model measures both.
   bool down_input_from_global = true;
   /// The same for the O projection (its input: the attention output, 1536 values), when
-  /// the attention is its own kernel (kCluster, kSplitCombine). bench_model measures both.
+  /// the attention is its own kernel (kCluster, kSplitCombine). Faster alone (1.93
+  /// against 2.42 us in a graph) but slower in the step (845-862 against 866-888
+  /// tokens/s): each warp asks L2 for all of x while gate/up's weights stream. Off;
+  /// bench_model measures both.
   bool o_input_from_global = false;
   /// The QKV GEMV loads RoPE's position, then cos / sin at that position, after its wait
   /// instead of before it. Before the wait, the lane that stores waits for the position to
   /// arrive before it can ask for cos / sin, and its block's staging barrier waits for
-  /// that lane. bench_model measures both.
+  /// that lane. After the wait, the last block's wait returns 1.6 us sooner, but the
+  /// loads then land at the end of the row: 853-864 against 888 tokens/s on the H200.
+  /// Off; bench_model measures both.
   bool qkv_rope_inputs_after_wait = false;
   /// Decode attention splits per kv head (0: a cluster of 8 for kClusterWithO and
   /// kCluster (the largest that fits, if smaller); sized for 512 keys for
