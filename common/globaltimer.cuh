@@ -28,4 +28,17 @@ __device__ __forceinline__ void timeline_fold(unsigned long long* timeline, int 
   atomicMax(timeline + 2 * event + 1, now);
 }
 
+/// The same, stamped only once `value` has arrived in thread 0's registers: the timer is
+/// read under a condition on the value, and a warp cannot evaluate that before a load it
+/// depends on has landed. (A plain stamp after a load is taken when the load is issued,
+/// not when its data is back.) The condition is never false for a value a kernel
+/// computes (it compares with one NaN bit pattern), so the stamp is always taken.
+__device__ __forceinline__ void timeline_fold_when_ready(unsigned long long* timeline, int event, float value) {
+  if (timeline == nullptr || threadIdx.x != 0) return;
+  if (__float_as_uint(value) == 0x7fc0beefu) return;
+  const unsigned long long now = globaltimer_ns();
+  atomicMin(timeline + 2 * event, now);
+  atomicMax(timeline + 2 * event + 1, now);
+}
+
 }  // namespace bielik

@@ -190,19 +190,24 @@ namespace decode {
 /// Where a v5 block records its timeline (decode_attention_v5_cluster_device_length_timed):
 /// min / max pairs of %globaltimer over the blocks, 2 * kAttentionTimelineEvents values.
 enum AttentionTimelineEvent {
-  kAttentionStart = 0,         ///< the block starts
-  kAttentionWaitReturned = 1,  ///< its PDL wait returned (q and the newest keys are ready)
-  kAttentionPartialDone = 2,   ///< its split's partial is in shared memory (before the cluster barrier)
-  kAttentionStored = 3,        ///< its share of the merged outputs is stored
-  kAttentionEnd = 4,           ///< past the last cluster barrier
-  kAttentionTimelineEvents = 5
+  kAttentionStart = 0,          ///< the block starts
+  kAttentionWaitReturned = 1,   ///< its PDL wait returned (q and the newest keys are ready)
+  kAttentionInputsArrived = 2,  ///< q and its first round of keys are in registers (blocks with keys)
+  kAttentionStatesUpdated = 3,  ///< its keys are in its lanes' softmax states (blocks with keys)
+  kAttentionWarpsMerged = 4,    ///< its warps' states are in shared memory, past the barrier (blocks with keys)
+  kAttentionPartialDone = 5,    ///< its split's partial is in shared memory (before the cluster barrier)
+  kAttentionStored = 6,         ///< its share of the merged outputs is stored
+  kAttentionEnd = 7,            ///< past the last cluster barrier
+  kAttentionTimelineEvents = 8
 };
 }  // namespace decode
 
 /// The same with a timeline (measurement only; chapter 08's bench_model --timeline):
-/// `timeline` holds 10 values, min / max pairs of %globaltimer (ns) over the blocks at
-/// each decode::AttentionTimelineEvent (start, wait returned, partial done, outputs
-/// stored, end), the min slots preset to ULLONG_MAX and the max slots to 0; nullptr: none.
+/// `timeline` holds 2 * kAttentionTimelineEvents values, min / max pairs of %globaltimer
+/// (ns) over the blocks at each decode::AttentionTimelineEvent (start, wait returned,
+/// inputs arrived, states updated, warps merged, partial done, outputs stored, end), the
+/// min slots preset to ULLONG_MAX and the max slots to 0; nullptr: none. The three events
+/// inside a split are stamped only by blocks whose split holds keys.
 /// Before sm_90 (v3 runs instead) nothing is recorded.
 void decode_attention_v5_cluster_device_length_timed(__nv_bfloat16* out, const __nv_bfloat16* q,
                                                      const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,

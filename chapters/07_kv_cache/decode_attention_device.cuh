@@ -202,13 +202,22 @@ __device__ __forceinline__ void update_states(float (&m)[G], float (&l)[G], floa
   }
 }
 
+/// Nothing to do between the first loads and the rest (pipelined_split_partial's default),
+/// and no stamps: mark(event, value) is where a timed kernel records that `value` (a
+/// register the event's work produced) has arrived (WaitForPreviousKernel).
+struct NoWait {
+  __device__ void operator()() const {}
+  __device__ void mark(int, float) const {}
+};
+
 /// Merges the block's lane-group states (shuffles within each warp, shared memory across
 /// the kWarps warps) and writes the block's partial state for its G heads:
 /// acc_out (G, D) and ml_out (G, 2). Called by all threads of a block whose key range
-/// was not empty.
-template <int D, int G, int kWarps>
+/// was not empty. `hooks.mark` (see NoWait) stamps the moment the warps' states are in
+/// shared memory.
+template <int D, int G, int kWarps, typename Hooks = NoWait>
 __device__ __forceinline__ void write_block_partial(float* acc_out, float* ml_out, float (&m)[G], float (&l)[G],
-                                                    float (&acc)[G][8]) {
+                                                    float (&acc)[G][8], const Hooks& hooks = {}) {
   constexpr int kLanesPerKey = LaneLayout<D>::kLanesPerKey;
   __shared__ float s_m[kWarps][G], s_l[kWarps][G];
   __shared__ __align__(16) float s_acc[kWarps][G][D];  // read and written as float4
@@ -227,6 +236,7 @@ __device__ __forceinline__ void write_block_partial(float* acc_out, float* ml_ou
     }
   }
   __syncthreads();
+  hooks.mark(kAttentionWarpsMerged, 0.0f);
   for (int index = threadIdx.x; index < G * D; index += blockDim.x) {
     const int i = index / D, d = index % D;
     float m_max = -INFINITY;
@@ -257,12 +267,6 @@ __device__ __forceinline__ void write_empty_partial(float* ml_out /* (G, 2) */) 
   }
 }
 
-
-/// Nothing to do between the first loads and the rest (pipelined_split_partial's default).
-struct NoWait {
-  __device__ void operator()() const {}
-};
-
 /// What a split kernel launched with PDL does there: wait for the kernel before it (the
 /// one that wrote q and the newest keys). v3's and v5's split kernels pass it; v5 with an
 /// optional timeline (null: none).
@@ -272,6 +276,7 @@ struct WaitForPreviousKernel {
     pdl_wait();
     timeline_fold(timeline, kAttentionWaitReturned);
   }
+  __device__ void mark(int event, float value) const { timeline_fold_when_ready(timeline, event, value); }
 };
 
 /// v3's split body (also v4's): one block's keys [begin, end) of kv head `kv_head`
@@ -280,7 +285,8 @@ struct WaitForPreviousKernel {
 /// The first round's keys below `ready_end` are loaded, then `after_first_loads()` runs
 /// (v3's split kernel waits there on the kernel before it, which wrote q and the keys from
 /// ready_end on), then the rest of the first round and q: keys committed by earlier steps
-/// are already on their way while the previous kernel finishes.
+/// are already on their way while the previous kernel finishes. `after_first_loads.mark`
+/// stamps the inputs' arrival, the states' update and the warps' merge (NoWait: nothing).
 template <int D, int G, int kWarps, int kUnroll, bool kCoherent = false, typename AfterFirstLoads = NoWait>
 __device__ __forceinline__ void pipelined_split_partial(float* acc_out, float* ml_out, const __nv_bfloat16* q,
                                                         const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
@@ -305,6 +311,7 @@ __device__ __forceinline__ void pipelined_split_partial(float* acc_out, float* m
 
   float q_slice[G][8];
   load_q_slices<D, G, kCoherent>(q_slice, q, kv_head, sub);
+  after_first_loads.mark(kAttentionInputsArrived, q_slice[G - 1][7] + __int_as_float(k_raw[0].x ^ v_raw[kUnroll - 1].w));
   float m[G], l[G], acc[G][8];
 #pragma unroll
   for (int i = 0; i < G; ++i) {
@@ -324,7 +331,8 @@ __device__ __forceinline__ void pipelined_split_partial(float* acc_out, float* m
       v_raw[u] = v_next[u];
     }
   }
-  write_block_partial<D, G, kWarps>(acc_out, ml_out, m, l, acc);
+  after_first_loads.mark(kAttentionStatesUpdated, l[G - 1]);
+  write_block_partial<D, G, kWarps>(acc_out, ml_out, m, l, acc, after_first_loads);
 }
 
 /// The attention output of query head h, dims d0 .. d0 + 7, merged from the partial

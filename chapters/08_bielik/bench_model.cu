@@ -59,6 +59,7 @@ struct Args {
   bool down_global_input = CudaModelOptions{}.down_input_from_global;
   bool o_global_input = CudaModelOptions{}.o_input_from_global;
   bool rope_after_wait = CudaModelOptions{}.qkv_rope_inputs_after_wait;
+  bool rope_step_row = CudaModelOptions{}.qkv_rope_step_row;
   int small_blocks = CudaModelOptions{}.small_gemv_blocks_per_sm;
   int large_blocks = CudaModelOptions{}.large_gemv_blocks_per_sm;
 };
@@ -107,6 +108,8 @@ Args parse(int argc, char** argv) {
       a.o_global_input = true;
     } else if (flag == "--rope-after-wait") {
       a.rope_after_wait = true;
+    } else if (flag == "--no-rope-step-row") {
+      a.rope_step_row = false;
     } else if (flag == "--gate-up-shared") {
       a.gate_up_shared = true;
     } else if (flag == "--no-gate-up-shared") {
@@ -137,7 +140,7 @@ Args parse(int argc, char** argv) {
                                   " [--attention cluster_o|cluster|split_combine|merge_in_o]"
                                   " [--replicas N] [--splits N] [--qkv-early] [--gate-up-after-o] [--down-shared]"
                                   " [--down-global-input|--down-staged-input] [--o-global-input]"
-                                  " [--rope-after-wait]"
+                                  " [--rope-after-wait] [--no-rope-step-row]"
                                   " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N])");
     }
   }
@@ -261,7 +264,8 @@ double decode_tokens_per_s(CudaModel& model, int tokens, int repeats, bool sync_
 // when they are past it with the input staged, and when they end, relative to the moment the previous layer's down projection ended
 // (the layer's input is complete). Means over layers 1..L-1 and 5 steps, after a
 // 16-token prompt and 64 warm-up tokens. Then the same for the attention between them
-// (chapter 07's v5: start, wait returned, partial done, outputs stored, end).
+// (chapter 07's v5: start, wait returned, inputs arrived, states updated, warps merged,
+// partial done, outputs stored, end).
 void print_decode_timeline(CudaModel& model) {
   const int L = model.config().num_hidden_layers;
   model.reset();
@@ -302,8 +306,10 @@ void print_decode_timeline(CudaModel& model) {
   table.print();
   BenchTable attention_table("model_decode_attention_timeline",
                              {"attention v5 (us after the previous layer's down ended)", "first block", "last block"});
-  const char* events[decode::kAttentionTimelineEvents] = {"starts", "its wait returns", "its partial is done",
-                                                          "its outputs are stored", "ends"};
+  const char* events[decode::kAttentionTimelineEvents] = {
+      "starts", "its wait returns", "q and its first keys arrived (splits with keys)",
+      "its keys are in the softmax states (splits with keys)", "its warps' states merged (splits with keys)",
+      "its partial is done", "its outputs are stored", "ends"};
   for (int e = 0; e < decode::kAttentionTimelineEvents; ++e) {
     attention_table.add_row({events[e], fmt(attention_sums[2 * e] / samples, 2),
                              fmt(attention_sums[2 * e + 1] / samples, 2)});
@@ -340,6 +346,7 @@ int main(int argc, char** argv) {
     options.down_input_from_global = args.down_global_input;
     options.o_input_from_global = args.o_global_input;
     options.qkv_rope_inputs_after_wait = args.rope_after_wait;
+    options.qkv_rope_step_row = args.rope_step_row;
     options.small_gemv_blocks_per_sm = args.small_blocks;
     options.large_gemv_blocks_per_sm = args.large_blocks;
     options.prefill_attention_clusters = args.prefill_attention_clusters;
@@ -523,6 +530,7 @@ int main(int argc, char** argv) {
       bool down_global_input = CudaModelOptions{}.down_input_from_global;
       bool o_global_input = CudaModelOptions{}.o_input_from_global;
       bool rope_after_wait = CudaModelOptions{}.qkv_rope_inputs_after_wait;
+      bool rope_step_row = CudaModelOptions{}.qkv_rope_step_row;
       double tok_s = 0;
     };
     using Path = DecodeAttentionPath;
@@ -541,6 +549,8 @@ int main(int argc, char** argv) {
          false, false, true, true},
         {"QKV loads RoPE's position and cos / sin after its wait", true, true, Path::kCluster, 0, 0, 4, false, false,
          false, true, false, true},
+        {"QKV looks cos / sin up in the table at the position it loaded (no step row)", true, true, Path::kCluster,
+         0, 0, 4, false, false, false, true, false, false, false},
         {"attention v5, clusters of 16", true, true, Path::kCluster, 16, 0},
         {"no evict-first hint", true, false, Path::kCluster, 0, 0},
         {"attention + O in one kernel (decode_attention_o): clusters of 8 x 4 replicas per kv head", true, true,
@@ -572,6 +582,7 @@ int main(int argc, char** argv) {
       o.down_input_from_global = v.down_global_input;
       o.o_input_from_global = v.o_global_input;
       o.qkv_rope_inputs_after_wait = v.rope_after_wait;
+      o.qkv_rope_step_row = v.rope_step_row;
       CudaModel m(args.model, o);
       v.tok_s = decode_tokens_per_s(m, tokens, 3, false);
       const double long_rate = long_fits ? decode_tokens_per_s(m, long_tokens, 3, false, long_prompt) : 0.0;

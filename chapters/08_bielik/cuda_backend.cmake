@@ -43,6 +43,8 @@ else()
   bielik_add_bench(bench_decode_gemv SOURCES ${cuda_backend_dir}/bench_decode_gemv.cu LIBS bielik_ch08_cuda)
   # bench_kernel_boundary: what a kernel boundary costs, griddepcontrol.wait against a counter.
   bielik_add_bench(bench_kernel_boundary SOURCES ${cuda_backend_dir}/bench_kernel_boundary.cu)
+  # bench_instruction_cache: what cold code (instruction cache misses) costs a kernel in a PDL chain.
+  bielik_add_bench(bench_instruction_cache SOURCES ${cuda_backend_dir}/bench_instruction_cache.cu)
   # bench_attention_o: the fused attention + O projection against the kernels it replaces.
   bielik_add_bench(bench_attention_o SOURCES ${cuda_backend_dir}/bench_attention_o.cu LIBS bielik_ch08_cuda)
 

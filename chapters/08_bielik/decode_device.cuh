@@ -185,8 +185,13 @@ __device__ __forceinline__ EpilogueInputs load_epilogue_inputs(const DecodeGemvP
     const int half = t.D / 2, j = n % half;
     in.pos = *t.d_length;
     in.valid = in.pos >= 0 && in.pos < t.max_context && in.pos < t.max_positions;
-    in.cos = in.valid ? t.cos[size_t(in.pos) * half + j] : NAN;
-    in.sin = in.valid ? t.sin[size_t(in.pos) * half + j] : NAN;
+    if (t.step_row) {  // the step's row (NaN where invalid): these loads need no position
+      in.cos = t.step_row[j];
+      in.sin = t.step_row[half + j];
+    } else {  // the table: these loads wait for the position to arrive
+      in.cos = in.valid ? t.cos[size_t(in.pos) * half + j] : NAN;
+      in.sin = in.valid ? t.sin[size_t(in.pos) * half + j] : NAN;
+    }
   }
   return in;
 }

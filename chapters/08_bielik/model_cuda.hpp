@@ -129,6 +129,11 @@ struct CudaModelOptions {
   /// loads then land at the end of the row: 853-864 against 888 tokens/s on the H200.
   /// Off; bench_model measures both.
   bool qkv_rope_inputs_after_wait = false;
+  /// The step first writes cos / sin of its position into one row
+  /// (decode_rope_step_row), a kernel that completes before the step's first GEMV
+  /// starts, and every QKV GEMV loads its cos / sin from that row before its wait, with
+  /// no wait for the position (RopeAppendTarget::step_row). bench_model measures both.
+  bool qkv_rope_step_row = true;
   /// Decode attention splits per kv head (0: a cluster of 8 for kClusterWithO and
   /// kCluster (the largest that fits, if smaller); sized for 512 keys for
   /// the v3 paths; at most 1024, the workspace's size, and for the cluster paths at most
@@ -282,7 +287,7 @@ class CudaModel final : public Backend {
   DeviceBuffer<PersistentLayer> d_persistent_layers_;
   DeviceBuffer<unsigned> d_barrier_;
   DeviceBuffer<unsigned long long> d_phase_clock_;
-  DeviceBuffer<unsigned long long> d_timeline_;  // (4 L + 1, 8) then (L, 10), with options_.decode_timeline
+  DeviceBuffer<unsigned long long> d_timeline_;  // (4 L + 1, 8) then (L, 16), with options_.decode_timeline
   PersistentStep persistent_step_;
   StreamedStepLayout streamed_layout_;  ///< persistent_weight_stream: the ring, computed at load
   int attention_splits_ = 1;
@@ -304,6 +309,7 @@ class CudaModel final : public Backend {
 
   // Decode buffers (one token).
   DeviceBuffer<int32_t> d_token_;       // (1) input token; the argmax overwrites it
+  DeviceBuffer<float> d_rope_row_;      // (D) cos / sin of the step's position (options_.qkv_rope_step_row)
   DeviceBuffer<__nv_bfloat16> d_x_;     // (C) residual stream
   DeviceBuffer<__nv_bfloat16> d_qkv_;   // ((H + 2 Hkv) D)
   DeviceBuffer<__nv_bfloat16> d_attn_;  // (H D)
