@@ -296,6 +296,12 @@ void check_graph_replay(const DecodeAttentionDeviceLengthVersion& version) {
   // The prompt goes in on the same stream: a non-blocking stream is not ordered after the
   // legacy default stream, so an append/commit there could still be running when the
   // first replay reads the device length (seen on the H200 with tests running side by side).
+  // The same holds the other way: the cache's length was zeroed, and the cache poisoned,
+  // by cudaMemset on the legacy stream, which may return before the memset is done. A
+  // zeroing that lands after this stream's commit would read as a prompt of 0 keys. (The
+  // H200 run of 2026-12-01 19:34 UTC failed once at the first replay with a finite, wrong
+  // output, which that would explain.) So wait for all of it first.
+  CUDA_CHECK(cudaDeviceSynchronize());
   const int prompt = 40;
   cache.append(0, sequence.k_at(0), sequence.v_at(0), prompt, stream);
   cache.commit(prompt, stream);

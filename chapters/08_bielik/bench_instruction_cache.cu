@@ -148,8 +148,13 @@ void enqueue_launch(int i, const Chain& chain, int blocks, int loads, DeviceBuff
   launch_kernel(true, kernel_for(chain.shape, i % chain.rotation), dim3(blocks), dim3(kThreads), 0, stream, p);
 }
 
-// Runs the chain once from zero and checks it, then times it in a graph; returns the median.
-double measure(BenchTable& table, const Chain& chain, int blocks, int loads, const DeviceBuffer<uint4>& weights) {
+struct Measured {
+  double median_us, min_us;
+  std::string check;  // "ok", or how many values were stale
+};
+
+// Runs the chain once from zero and checks it, then times it in a graph.
+Measured measure(const Chain& chain, int blocks, int loads, const DeviceBuffer<uint4>& weights) {
   DeviceBuffer<float> values[2] = {DeviceBuffer<float>(blocks), DeviceBuffer<float>(blocks)};
   DeviceBuffer<float> sink(1);
   CUDA_CHECK(cudaMemset(values[0].data(), 0, blocks * sizeof(float)));
@@ -160,12 +165,18 @@ double measure(BenchTable& table, const Chain& chain, int blocks, int loads, con
 
   const BenchTiming t = time_gpu_graph(
       [&](int i, cudaStream_t s) { enqueue_launch(i, chain, blocks, loads, values, weights, sink, s); }, kChain, 15);
+  return {t.median_ms * 1e3, t.min_ms * 1e3, stale == 0 ? "ok" : std::to_string(stale) + " stale"};
+}
+
+// One row of the first table; returns the median.
+double measure_row(BenchTable& table, const Chain& chain, int blocks, int loads, const DeviceBuffer<uint4>& weights) {
+  const Measured m = measure(chain, blocks, loads, weights);
   const bool straight = straight_of(chain.shape);
   const int fmas = fmas_of(chain.shape);
   table.add_row({straight ? "straight" : "looped", std::to_string(chain.rotation), std::to_string(fmas),
                  straight ? std::to_string(fmas * 16 / 1024) : "loop", std::to_string(blocks), std::to_string(loads),
-                 fmt(t.median_ms * 1e3, 2), fmt(t.min_ms * 1e3, 2), stale == 0 ? "ok" : std::to_string(stale) + " stale"});
-  return t.median_ms * 1e3;
+                 fmt(m.median_us, 2), fmt(m.min_us, 2), m.check});
+  return m.median_us;
 }
 
 }  // namespace
@@ -192,8 +203,8 @@ int main() {
   for (int blocks : {sms, 3 * sms}) {
     for (int loads : {0, kMaxLoads}) {
       for (int shape = 0; shape < kShapes; ++shape) {
-        const double warm = measure(table, Chain{shape, 1}, blocks, loads, weights);
-        const double cold = measure(table, Chain{shape, kSalts}, blocks, loads, weights);
+        const double warm = measure_row(table, Chain{shape, 1}, blocks, loads, weights);
+        const double cold = measure_row(table, Chain{shape, kSalts}, blocks, loads, weights);
         char line[160];
         std::snprintf(line, sizeof(line), "%d blocks, %2d loads, %s %4d FMAs: cold code costs %.2f us a launch",
                       blocks, loads, straight_of(shape) ? "straight" : "looped  ", fmas_of(shape), cold - warm);
@@ -203,5 +214,23 @@ int main() {
   }
   table.print();
   for (const std::string& line : costs) std::printf("%s\n", line.c_str());
+
+  // How much code an SM keeps warm: N straight kernels in rotation, one block per SM, no
+  // loads. The time a launch jumps where N kernels' code no longer fits. (Code per
+  // kernel: the FMAs' 16 bytes each plus ~4.5 KB around them, sm_90; approximate.)
+  BenchTable capacity("instruction_cache_capacity",
+                      {"code", "kernels in rotation", "their code, KB (approx.)", "us / launch (median)",
+                       "vs one kernel", "check"});
+  for (int shape : {0, 1}) {
+    double one = 0;
+    for (int rotation : {1, 2, 3, 4, 5, 6, 8}) {
+      const Measured m = measure(Chain{shape, rotation}, sms, 0, weights);
+      if (rotation == 1) one = m.median_us;
+      const double kb = rotation * (fmas_of(shape) * 16 + 4.5 * 1024) / 1024;
+      capacity.add_row({"straight, " + std::to_string(fmas_of(shape)) + " FMAs", std::to_string(rotation),
+                        fmt(kb, 0), fmt(m.median_us, 2), "+" + fmt(m.median_us - one, 2) + " us", m.check});
+    }
+  }
+  capacity.print();
   return 0;
 }
