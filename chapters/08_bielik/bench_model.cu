@@ -44,6 +44,7 @@ struct Args {
   std::string model = "models/bielik-shaped-random";
   std::string out = "build/bench/model.json";
   int decode_tokens = 256;
+  int prompt_tokens = 16;  ///< --decode-only: the prompt before the decoded tokens
   int context = 0;
   bool ttft_only = false;    ///< load, compare TTFT with v6 and v5 prefill attention, stop
   bool timeline = false;     ///< load, print the decode GEMVs' timeline (one step), stop
@@ -59,7 +60,6 @@ struct Args {
   bool down_global_input = CudaModelOptions{}.down_input_from_global;
   bool o_global_input = CudaModelOptions{}.o_input_from_global;
   bool rope_after_wait = CudaModelOptions{}.qkv_rope_inputs_after_wait;
-  bool rope_step_row = CudaModelOptions{}.qkv_rope_step_row;
   int small_blocks = CudaModelOptions{}.small_gemv_blocks_per_sm;
   int large_blocks = CudaModelOptions{}.large_gemv_blocks_per_sm;
 };
@@ -82,6 +82,9 @@ Args parse(int argc, char** argv) {
       a.context = std::stoi(value());
     } else if (flag == "--decode-only") {
       a.decode_only = true;
+    } else if (flag == "--prompt-tokens") {
+      a.prompt_tokens = std::stoi(value());
+      if (a.prompt_tokens < 1) throw std::invalid_argument("--prompt-tokens must be >= 1");
     } else if (flag == "--ttft-only") {
       a.ttft_only = true;
     } else if (flag == "--timeline") {
@@ -108,8 +111,6 @@ Args parse(int argc, char** argv) {
       a.o_global_input = true;
     } else if (flag == "--rope-after-wait") {
       a.rope_after_wait = true;
-    } else if (flag == "--no-rope-step-row") {
-      a.rope_step_row = false;
     } else if (flag == "--gate-up-shared") {
       a.gate_up_shared = true;
     } else if (flag == "--no-gate-up-shared") {
@@ -136,11 +137,11 @@ Args parse(int argc, char** argv) {
     } else {
       throw std::invalid_argument("unknown argument " + flag +
                                   " (usage: bench_model [--model DIR] [--out FILE] [--decode-tokens N] [--context N]"
-                                  " [--decode-only] [--ttft-only] [--timeline] [--prefill-attention v5|v6]"
+                                  " [--decode-only [--prompt-tokens N]] [--ttft-only] [--timeline] [--prefill-attention v5|v6]"
                                   " [--attention cluster_o|cluster|split_combine|merge_in_o]"
                                   " [--replicas N] [--splits N] [--qkv-early] [--gate-up-after-o] [--down-shared]"
                                   " [--down-global-input|--down-staged-input] [--o-global-input]"
-                                  " [--rope-after-wait] [--no-rope-step-row]"
+                                  " [--rope-after-wait]"
                                   " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N])");
     }
   }
@@ -346,7 +347,6 @@ int main(int argc, char** argv) {
     options.down_input_from_global = args.down_global_input;
     options.o_input_from_global = args.o_global_input;
     options.qkv_rope_inputs_after_wait = args.rope_after_wait;
-    options.qkv_rope_step_row = args.rope_step_row;
     options.small_gemv_blocks_per_sm = args.small_blocks;
     options.large_gemv_blocks_per_sm = args.large_blocks;
     options.prefill_attention_clusters = args.prefill_attention_clusters;
@@ -362,8 +362,10 @@ int main(int argc, char** argv) {
                 model->uses_pdl() ? "on" : "off");
     size_t peak_used = used_device_bytes();
     if (args.decode_only) {  // scripts/timeline_decode_step.sh: just the decode graph, replayed
-      const int tokens = std::min(args.decode_tokens, model->context_size() - 16);
-      std::printf("decode only: %d tokens, %.0f tokens/s\n", tokens, decode_tokens_per_s(*model, tokens, 1, false));
+      const int prompt = std::min(args.prompt_tokens, model->context_size() - 1);
+      const int tokens = std::min(args.decode_tokens, model->context_size() - prompt);
+      std::printf("decode only: %d tokens after a %d-token prompt, %.0f tokens/s\n", tokens, prompt,
+                  decode_tokens_per_s(*model, tokens, 1, false, prompt));
       return 0;
     }
 
@@ -530,7 +532,6 @@ int main(int argc, char** argv) {
       bool down_global_input = CudaModelOptions{}.down_input_from_global;
       bool o_global_input = CudaModelOptions{}.o_input_from_global;
       bool rope_after_wait = CudaModelOptions{}.qkv_rope_inputs_after_wait;
-      bool rope_step_row = CudaModelOptions{}.qkv_rope_step_row;
       double tok_s = 0;
     };
     using Path = DecodeAttentionPath;
@@ -549,8 +550,6 @@ int main(int argc, char** argv) {
          false, false, true, true},
         {"QKV loads RoPE's position and cos / sin after its wait", true, true, Path::kCluster, 0, 0, 4, false, false,
          false, true, false, true},
-        {"QKV looks cos / sin up in the table at the position it loaded (no step row)", true, true, Path::kCluster,
-         0, 0, 4, false, false, false, true, false, false, false},
         {"attention v5, clusters of 16", true, true, Path::kCluster, 16, 0},
         {"no evict-first hint", true, false, Path::kCluster, 0, 0},
         {"attention + O in one kernel (decode_attention_o): clusters of 8 x 4 replicas per kv head", true, true,
@@ -582,7 +581,6 @@ int main(int argc, char** argv) {
       o.down_input_from_global = v.down_global_input;
       o.o_input_from_global = v.o_global_input;
       o.qkv_rope_inputs_after_wait = v.rope_after_wait;
-      o.qkv_rope_step_row = v.rope_step_row;
       CudaModel m(args.model, o);
       v.tok_s = decode_tokens_per_s(m, tokens, 3, false);
       const double long_rate = long_fits ? decode_tokens_per_s(m, long_tokens, 3, false, long_prompt) : 0.0;

@@ -149,25 +149,14 @@ __device__ __forceinline__ int weight_row(const DecodeGemvParams& p, int unit, i
 /// What an output's epilogue reads from global memory besides the accumulator: the
 /// bias, the residual (kResidualAdd), the position and its cos / sin (kRopeAppend).
 /// Loading them is split from using them so that a kernel can issue these loads early
-/// (before its PDL wait, or decode_step_streamed.cu before it waits for the stage's
-/// weights) instead of stalling on their latency at the end of the row.
-///
-/// They are kept AS LOADED (bf16 bits, the raw position) and converted or checked only
-/// where the epilogue uses them. A conversion next to its load makes the warp wait there
-/// for the load to return; issued before the PDL wait, that held the storing lane of
-/// every warp (thread 0 among them) short of griddepcontrol.wait until its loads were
-/// back, behind the warp's first batch of weights, and the block's staging waited for it.
+/// (decode_step_streamed.cu does, before it waits for the stage's weights) instead of
+/// stalling on their latency at the end of the row.
 struct EpilogueInputs {
-  __nv_bfloat16 bias[2] = {__nv_bfloat16(0.0f), __nv_bfloat16(0.0f)};
-  __nv_bfloat16 residual = __nv_bfloat16(0.0f);  ///< y[n], plus the O partials when there are some
-  float cos = 0.0f, sin = 0.0f;                  ///< NaN for a position outside the cache or the table
+  float bias[2] = {0.0f, 0.0f};
+  float residual = 0.0f;
+  float cos = 0.0f, sin = 0.0f;
   int pos = 0;
-
-  __device__ float bias_value(int r) const { return __bfloat162float(bias[r]); }
-  /// kRopeAppend: the position lies inside the cache and the table.
-  __device__ bool position_valid(const RopeAppendTarget& t) const {
-    return pos >= 0 && pos < t.max_context && pos < t.max_positions;
-  }
+  bool valid = true;  ///< kRopeAppend: pos is inside the cache and the table
 };
 
 template <GemvOutput Out, bool HasBias>
@@ -175,12 +164,12 @@ __device__ __forceinline__ EpilogueInputs load_epilogue_inputs(const DecodeGemvP
   EpilogueInputs in;
   if constexpr (HasBias) {
 #pragma unroll
-    for (int r = 0; r < rows_per_unit<Out>(); ++r) in.bias[r] = p.bias[weight_row<Out>(p, n, r)];
+    for (int r = 0; r < rows_per_unit<Out>(); ++r) in.bias[r] = __bfloat162float(p.bias[weight_row<Out>(p, n, r)]);
   }
   if constexpr (Out == GemvOutput::kResidualAdd) {
     // Read through L2: in the persistent steps other blocks rewrote y since this SM last
     // read it, and L1 is not coherent.
-    in.residual = __ldcg(static_cast<const __nv_bfloat16*>(p.y) + n);
+    in.residual = __bfloat162float(__ldcg(static_cast<const __nv_bfloat16*>(p.y) + n));
     const ResidualPartials& rp = p.residual_partials;
     if (rp.partials) {  // the O projection not yet in the residual (decode_attention_o)
       float part[kMaxResidualPartials];
@@ -189,20 +178,15 @@ __device__ __forceinline__ EpilogueInputs load_epilogue_inputs(const DecodeGemvP
       float o = 0.0f;
 #pragma unroll
       for (int g = 0; g < kMaxResidualPartials; ++g) o += part[g];  // + 0.0f past count: exact
-      in.residual = __float2bfloat16(__bfloat162float(in.residual) + round_bf16(o));
+      in.residual = round_bf16(in.residual + round_bf16(o));
     }
   } else if constexpr (Out == GemvOutput::kRopeAppend) {
     const RopeAppendTarget& t = p.rope;
     const int half = t.D / 2, j = n % half;
     in.pos = *t.d_length;
-    if (t.step_row) {  // the step's row (NaN where invalid): these loads need no position
-      in.cos = t.step_row[j];
-      in.sin = t.step_row[half + j];
-    } else {  // the table: these loads wait for the position to arrive
-      const bool valid = in.position_valid(t);
-      in.cos = valid ? t.cos[size_t(in.pos) * half + j] : NAN;
-      in.sin = valid ? t.sin[size_t(in.pos) * half + j] : NAN;
-    }
+    in.valid = in.pos >= 0 && in.pos < t.max_context && in.pos < t.max_positions;
+    in.cos = in.valid ? t.cos[size_t(in.pos) * half + j] : NAN;
+    in.sin = in.valid ? t.sin[size_t(in.pos) * half + j] : NAN;
   }
   return in;
 }
@@ -225,7 +209,6 @@ __device__ __forceinline__ void rope_append_pair(const DecodeGemvParams& p, int 
   const RopeAppendTarget& t = p.rope;
   const int half = t.D / 2;
   const int pos = in.pos;
-  const bool valid = in.position_valid(t);
   if (head < t.H + t.Hkv) {
     // HF rotate-half. rope_rotate: explicitly rounded, so that the compiler's FMA
     // contraction cannot differ from decode_rope_append's (the test is bit for bit).
@@ -235,12 +218,12 @@ __device__ __forceinline__ void rope_append_pair(const DecodeGemvParams& p, int 
       __nv_bfloat16* q = static_cast<__nv_bfloat16*>(p.y) + size_t(head) * t.D;
       q[j] = first;
       q[j + half] = second;
-    } else if (valid) {
+    } else if (in.valid) {
       __nv_bfloat16* k = t.k_cache + (size_t(head - t.H) * t.max_context + pos) * t.D;
       k[j] = first;
       k[j + half] = second;
     }
-  } else if (valid) {
+  } else if (in.valid) {
     __nv_bfloat16* v = t.v_cache + (size_t(head - t.H - t.Hkv) * t.max_context + pos) * t.D;
     v[j] = __float2bfloat16(a);
     v[j + half] = __float2bfloat16(c);
@@ -252,20 +235,18 @@ template <GemvOutput Out>
 __device__ __forceinline__ void store_output_loaded(const DecodeGemvParams& p, int n, const float (&acc)[2],
                                                     const EpilogueInputs& in) {
   if constexpr (Out == GemvOutput::kBf16) {
-    static_cast<__nv_bfloat16*>(p.y)[n] = __float2bfloat16(acc[0] + in.bias_value(0));
+    static_cast<__nv_bfloat16*>(p.y)[n] = __float2bfloat16(acc[0] + in.bias[0]);
   } else if constexpr (Out == GemvOutput::kF32) {
-    static_cast<float*>(p.y)[n] = acc[0] + in.bias_value(0);
+    static_cast<float*>(p.y)[n] = acc[0] + in.bias[0];
   } else if constexpr (Out == GemvOutput::kSwiGLU) {
-    const float gate = round_bf16(acc[0] + in.bias_value(0));  // the values an unfused GEMM would store
-    const float up = round_bf16(acc[1] + in.bias_value(1));
+    const float gate = round_bf16(acc[0] + in.bias[0]);  // the values an unfused GEMM would store
+    const float up = round_bf16(acc[1] + in.bias[1]);
     static_cast<__nv_bfloat16*>(p.y)[n] = __float2bfloat16(silu(gate) * up);
   } else if constexpr (Out == GemvOutput::kRopeAppend) {
     const int half = p.rope.D / 2;
-    rope_append_pair(p, n / half, n % half, round_bf16(acc[0] + in.bias_value(0)),
-                     round_bf16(acc[1] + in.bias_value(1)), in);
+    rope_append_pair(p, n / half, n % half, round_bf16(acc[0] + in.bias[0]), round_bf16(acc[1] + in.bias[1]), in);
   } else {  // kResidualAdd: one lane owns y[n], so the read-modify-write needs no atomics
-    static_cast<__nv_bfloat16*>(p.y)[n] =
-        __float2bfloat16(__bfloat162float(in.residual) + round_bf16(acc[0] + in.bias_value(0)));
+    static_cast<__nv_bfloat16*>(p.y)[n] = __float2bfloat16(in.residual + round_bf16(acc[0] + in.bias[0]));
   }
 }
 

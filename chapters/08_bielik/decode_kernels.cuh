@@ -8,7 +8,6 @@
 /// ten kernels a layer, the gaps would cost as much as the bytes. So the step is built
 /// from few kernels that each do more:
 ///
-///   decode_rope_step_row                 cos / sin of the step's position (one row)
 ///   decode_gemv(kRmsNorm, kRopeAppend)  norm of the residual stream + QKV projection,
 ///                                        RoPE on q and k, k and v into the KV cache
 ///   (chapter 07 decode attention)
@@ -94,12 +93,6 @@ struct RopeAppendTarget {
   const float* cos = nullptr;        ///< (max_positions, D/2)
   const float* sin = nullptr;        ///< (max_positions, D/2)
   int H = 0, Hkv = 0, D = 0, max_context = 0, max_positions = 0;
-  /// (D) or null: cos (D/2 values) then sin (D/2) at position *d_length, as
-  /// decode_rope_step_row writes them, by a kernel that COMPLETED before this one was
-  /// launched. With it, cos / sin are loaded with no wait for the position: without it,
-  /// the lane that stores a pair must wait for the position to arrive before it can ask
-  /// for cos / sin, before the PDL wait (the decode timeline showed 1.6 us of that).
-  const float* step_row = nullptr;
 };
 
 /// Where kAttentionMerge finds the attention's split partials: the workspace that
@@ -220,17 +213,6 @@ void decode_gemv_stream(GemvInput input, GemvOutput output, const DecodeGemvPara
 /// @param d_length (1) the number of tokens already in the cache
 void decode_rope_append(__nv_bfloat16* qkv, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache, const int* d_length,
                         const RopeTable& table, int H, int Hkv, int max_context, bool pdl, cudaStream_t stream = 0);
-
-/// The RoPE row of the position *d_length: row[j] = cos, row[D/2 + j] = sin, for
-/// j < D/2, from chapter 04's table; NaN when the position lies outside the cache or the
-/// table (as the table path gives kRopeAppend then). For RopeAppendTarget::step_row.
-/// Launched without PDL, so that it completes before the next kernel in the stream starts:
-/// the decode step runs it first, and every QKV GEMV of the step may then read the row
-/// before its PDL wait.
-/// @param row      (D) written
-/// @param d_length (1) the position: the tokens already in the cache
-void decode_rope_step_row(float* row, const int* d_length, const RopeTable& table, int max_context,
-                          cudaStream_t stream = 0);
 
 /// token[0] = argmax(logits) (lowest index on ties; -1 if a logit is NaN), then, when
 /// d_length is not null, *d_length += 1: the commit of the decode step, on the GPU.

@@ -151,7 +151,6 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     p_v_gathered_ = DeviceBuffer<__nv_bfloat16>(size_t(context) * Hkv_ * D_);
     p_logits_ = DeviceBuffer<__nv_bfloat16>(size_t(std::min(kLogitRows, Tc)) * V_);
     d_token_ = DeviceBuffer<int32_t>(1);
-    d_rope_row_ = DeviceBuffer<float>(size_t(D_));
     d_x_ = DeviceBuffer<__nv_bfloat16>(C_);
     d_qkv_ = DeviceBuffer<__nv_bfloat16>(QKV_);
     d_attn_ = DeviceBuffer<__nv_bfloat16>(size_t(H_) * D_);
@@ -171,7 +170,7 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     for (size_t bytes : {p_tokens_.bytes(), p_x_.bytes(), p_h_.bytes(), p_proj_.bytes(),
                          p_qkv_.bytes(), p_q_.bytes(), p_attn_.bytes(), p_k_.bytes(), p_v_.bytes(),
                          p_gate_up_.bytes(), p_act_.bytes(), p_k_gathered_.bytes(), p_v_gathered_.bytes(),
-                         p_logits_.bytes(), d_token_.bytes(), d_rope_row_.bytes(), d_x_.bytes(), d_qkv_.bytes(), d_attn_.bytes(),
+                         p_logits_.bytes(), d_token_.bytes(), d_x_.bytes(), d_qkv_.bytes(), d_attn_.bytes(),
                          d_act_.bytes(), d_logits_.bytes(), attention_workspace_->partial_acc.bytes(),
                          attention_workspace_->partial_ml.bytes(), rope_.cos.bytes(), rope_.sin.bytes()}) {
       scratch_bytes_ += bytes;
@@ -548,13 +547,6 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   const int context = kv_.max_context();
   int* d_length = kv_.device_length();
 
-  // The RoPE row of this step's position (committed by the previous step, or by the
-  // prefill), by a kernel that completes before the embedding starts (neither is a PDL
-  // launch), so before any QKV GEMV of the step starts: each may read it before its wait.
-  if (options_.qkv_rope_step_row) {
-    decode_rope_step_row(d_rope_row_.data(), d_length, rope_, context, s);
-    done("rope_step_row");
-  }
   embedding_forward(d_x_.data(), embed_, d_token_.data(), 1, C_, V_, nullptr, s);
   done("embedding");
 
@@ -592,7 +584,6 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     qkv.max_blocks_per_sm = options_.small_gemv_blocks_per_sm;
     step_gemv_settings(qkv);
     qkv.epilogue_inputs_settled = !options_.qkv_rope_inputs_after_wait;
-    if (options_.qkv_rope_step_row) qkv.rope.step_row = d_rope_row_.data();
     // The attention reads only what earlier steps committed before its wait.
     qkv.allow_dependents_early = options_.qkv_allows_attention_early;
     qkv.timeline = timeline_slot(4 * l);

@@ -129,11 +129,6 @@ struct CudaModelOptions {
   /// loads then land at the end of the row: 853-864 against 888 tokens/s on the H200.
   /// Off; bench_model measures both.
   bool qkv_rope_inputs_after_wait = false;
-  /// The step first writes cos / sin of its position into one row
-  /// (decode_rope_step_row), a kernel that completes before the step's first GEMV
-  /// starts, and every QKV GEMV loads its cos / sin from that row before its wait, with
-  /// no wait for the position (RopeAppendTarget::step_row). bench_model measures both.
-  bool qkv_rope_step_row = true;
   /// Decode attention splits per kv head (0: a cluster of 8 for kClusterWithO and
   /// kCluster (the largest that fits, if smaller); sized for 512 keys for
   /// the v3 paths; at most 1024, the workspace's size, and for the cluster paths at most
@@ -309,7 +304,6 @@ class CudaModel final : public Backend {
 
   // Decode buffers (one token).
   DeviceBuffer<int32_t> d_token_;       // (1) input token; the argmax overwrites it
-  DeviceBuffer<float> d_rope_row_;      // (D) cos / sin of the step's position (options_.qkv_rope_step_row)
   DeviceBuffer<__nv_bfloat16> d_x_;     // (C) residual stream
   DeviceBuffer<__nv_bfloat16> d_qkv_;   // ((H + 2 Hkv) D)
   DeviceBuffer<__nv_bfloat16> d_attn_;  // (H D)

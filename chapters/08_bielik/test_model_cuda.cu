@@ -362,8 +362,7 @@ TEST_CASE("CUDA model: two-chunk prefill equals one-chunk prefill", "[ch08][gpu]
   }
 }
 
-TEST_CASE("CUDA model: the decode graph equals eager launches, with and without PDL, cache hints, early starts, "
-          "RoPE row",
+TEST_CASE("CUDA model: the decode graph equals eager launches, with and without PDL, cache hints, early starts",
           "[ch08][gpu][model]") {
   const uint64_t seed = fresh_seed();
   INFO("prompt seed " << seed);
@@ -393,16 +392,11 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       options = cuda_options();
       options.qkv_allows_attention_early = true;
       runs.push_back(run(options));
-      // Nor where QKV finds cos / sin: the step's row or the table.
-      options = cuda_options();
-      options.qkv_rope_step_row = false;
-      runs.push_back(run(options));
     }
     // The same kernels in the same order: bit for bit the same logits.
     for (size_t i = 1; i < runs.size(); ++i) {
       INFO(spec.name << " run " << i
-                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early; "
-                        "then cos / sin from the table)");
+                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early)");
       REQUIRE(runs[i] == runs[0]);
     }
     // The unfused path (attention, then the O GEMV): graph or eager, and whether the O
@@ -469,7 +463,7 @@ TEST_CASE("CUDA model: the decode timeline changes no value and stamps every GEM
       using namespace decode;
       for (int e = 1; e < kAttentionTimelineEvents; ++e) {
         const int before = e == kAttentionPartialDone ? int(kAttentionWaitReturned) : e - 1;
-        REQUIRE(a[2 * before] <= a[2 * e]);                                        // first
+        REQUIRE(a[2 * before] <= a[2 * e]);                                             // first
         if (e != kAttentionInputsArrived) REQUIRE(a[2 * (e - 1) + 1] <= a[2 * e + 1]);  // last
       }
       REQUIRE(a[2 * kAttentionWaitReturned + 1] <= a[2 * kAttentionPartialDone + 1]);
@@ -1154,28 +1148,11 @@ TEST_CASE("decode_gemv kRopeAppend equals the QKV GEMV then decode_rope_append, 
       decode_gemv(GemvInput::kRmsNorm, GemvOutput::kBf16, p, false);
       decode_rope_append(as_bf16(qkv), as_bf16(k_ref), as_bf16(v_ref), d_length.data(), table, shape.H, shape.Hkv,
                          shape.max_context, false);
-      // The step's RoPE row: the table's row at pos, NaN outside the cache or the table.
-      DeviceBuffer<float> d_row(size_t(shape.D));
-      d_row.fill_bytes(0xFF);
-      decode_rope_step_row(d_row.data(), d_length.data(), table, shape.max_context);
-      const std::vector<float> row = d_row.to_host(), cos = table.cos.to_host(), sin = table.sin.to_host();
-      const int half = shape.D / 2;
-      for (int j = 0; j < half; ++j) {
-        if (pos < shape.max_context) {
-          REQUIRE(row[j] == cos[size_t(pos) * half + j]);
-          REQUIRE(row[half + j] == sin[size_t(pos) * half + j]);
-        } else {
-          REQUIRE(std::isnan(row[j]));
-          REQUIRE(std::isnan(row[half + j]));
-        }
-      }
-      // Fused, both register kernels; the position read before the PDL wait or after it;
-      // cos / sin from the table or from the step's row.
-      for (int variant = 0; variant < 8; ++variant) {
+      // Fused, both register kernels; the position read before the PDL wait or after it.
+      for (int variant = 0; variant < 4; ++variant) {
         const DecodeGemvKernel kernel =
-            variant % 4 / 2 == 0 ? DecodeGemvKernel::kRegisterLoads : DecodeGemvKernel::kRegisterPipelined;
-        const bool from_row = variant >= 4;
-        INFO("kernel " << variant % 4 / 2 << " position before the wait " << variant % 2 << " step row " << from_row);
+            variant / 2 == 0 ? DecodeGemvKernel::kRegisterLoads : DecodeGemvKernel::kRegisterPipelined;
+        INFO("kernel " << variant / 2 << " position before the wait " << variant % 2);
         DeviceBuffer<uint16_t> q(size_t(shape.H) * shape.D), k(cache_elements), v(cache_elements);
         q.fill_bytes(0xFF);
         k.fill_bytes(0xFF);
@@ -1185,7 +1162,6 @@ TEST_CASE("decode_gemv kRopeAppend equals the QKV GEMV then decode_rope_append, 
         f.N = rows / 2;
         f.rope = RopeAppendTarget{as_bf16(k), as_bf16(v), d_length.data(), table.cos.data(), table.sin.data(),
                                   shape.H, shape.Hkv, shape.D, shape.max_context, table.max_positions};
-        if (from_row) f.rope.step_row = d_row.data();
         f.epilogue_inputs_settled = variant % 2 == 1;
         decode_gemv(GemvInput::kRmsNorm, GemvOutput::kRopeAppend, f, true, 0, kernel);
         CUDA_CHECK(cudaDeviceSynchronize());
@@ -1205,13 +1181,6 @@ TEST_CASE("decode_gemv kRopeAppend equals the QKV GEMV then decode_rope_append, 
   bad.N = 7;
   bad.K = 8;
   REQUIRE_THROWS_AS(decode_gemv(GemvInput::kPlain, GemvOutput::kRopeAppend, bad, false), std::invalid_argument);
-  // The row needs a built table and both pointers.
-  const RopeTable table = rope_table_build(64, 1e6f, 8);
-  DeviceBuffer<int> d_length(std::vector<int>{0});
-  DeviceBuffer<float> d_row(64);
-  REQUIRE_THROWS_AS(decode_rope_step_row(nullptr, d_length.data(), table, 8), std::invalid_argument);
-  REQUIRE_THROWS_AS(decode_rope_step_row(d_row.data(), nullptr, table, 8), std::invalid_argument);
-  REQUIRE_THROWS_AS(decode_rope_step_row(d_row.data(), d_length.data(), RopeTable{}, 8), std::invalid_argument);
 }
 
 TEST_CASE("qkv_rope_append equals split + chapter 04 RoPE + chapter 07 append, bit for bit", "[ch08][gpu][kernels]") {
