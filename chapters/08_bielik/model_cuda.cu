@@ -24,7 +24,8 @@ namespace bielik {
 namespace {
 
 constexpr size_t kTimelineValues = 8;  // DecodeGemvParams::timeline: 4 min / max pairs
-// The attention's (chapter 07 v5, decode_attention_v5_cluster_device_length_timed): 5 pairs.
+// The attention's (chapter 07 v5, decode_attention_v5_cluster_device_length_timed): a pair
+// per decode::AttentionTimelineEvent.
 constexpr size_t kAttentionTimelineValues = 2 * decode::kAttentionTimelineEvents;
 
 // Logits::kAll rows per lm_head GEMM: bounds the (rows, V) bf16 scratch (16 MB for Bielik).
@@ -652,7 +653,8 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
       } else {
         decode_attention_v5_cluster_device_length_timed(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)),
                                                         d_length, 1, context, H_, Hkv_, D_, attention_splits_,
-                                                        attention_workspace_.get(), s, attention_timeline_slot(l));
+                                                        attention_workspace_.get(), s, attention_timeline_slot(l),
+                                                        options_.attention_rehearsal);
       }
       done("attention");
       decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, o, pdl, s);
