@@ -186,12 +186,6 @@ void decode_attention_v5_cluster_device_length(__nv_bfloat16* out, const __nv_bf
                                                const int* d_length, int new_tokens, int max_context, int H, int Hkv,
                                                int D, int num_splits, DecodeAttentionWorkspace* workspace,
                                                cudaStream_t stream = 0);
-/// The same, each block rehearsing its path before its wait (see `rehearse` below).
-void decode_attention_v5_cluster_device_length_rehearsed(__nv_bfloat16* out, const __nv_bfloat16* q,
-                                                         const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
-                                                         const int* d_length, int new_tokens, int max_context, int H,
-                                                         int Hkv, int D, int num_splits,
-                                                         DecodeAttentionWorkspace* workspace, cudaStream_t stream = 0);
 namespace decode {
 /// Where a v5 block records its timeline (decode_attention_v5_cluster_device_length_timed):
 /// min / max pairs of %globaltimer over the blocks, 2 * kAttentionTimelineEvents values.
@@ -215,16 +209,12 @@ enum AttentionTimelineEvent {
 /// min slots preset to ULLONG_MAX and the max slots to 0; nullptr: none. The three events
 /// inside a split are stamped only by blocks whose split holds keys.
 /// Before sm_90 (v3 runs instead) nothing is recorded.
-/// `rehearse`: each block first runs its path once before the PDL wait, on whatever is in
-/// memory, and discards it, so that its code is in the SM's instruction cache when the
-/// wait returns (decode_attention_cluster.cuh says why). The outputs are the same, bit
-/// for bit.
 void decode_attention_v5_cluster_device_length_timed(__nv_bfloat16* out, const __nv_bfloat16* q,
                                                      const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
                                                      const int* d_length, int new_tokens, int max_context, int H,
                                                      int Hkv, int D, int num_splits,
                                                      DecodeAttentionWorkspace* workspace, cudaStream_t stream,
-                                                     unsigned long long* timeline, bool rehearse = false);
+                                                     unsigned long long* timeline);
 
 /// Every GPU version, in order, so tests and the benchmark loop over the same list.
 using DecodeAttentionLauncher = void (*)(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
@@ -258,8 +248,6 @@ inline constexpr DecodeAttentionDeviceLengthVersion kDecodeAttentionDeviceLength
     {"v4_fused_combine_device_length", decode_attention_v4_fused_combine_device_length,
      decode_attention_v4_default_splits},
     {"v5_cluster_device_length", decode_attention_v5_cluster_device_length, decode_attention_v5_default_splits},
-    {"v5_cluster_device_length_rehearsed", decode_attention_v5_cluster_device_length_rehearsed,
-     decode_attention_v5_default_splits},
 };
 
 /// This chapter's default for a host-side length: v2, the fastest measured with its

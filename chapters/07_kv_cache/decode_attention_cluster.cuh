@@ -40,87 +40,63 @@ struct ClusterPartial {
 /// within the kv head's group (no keys at all: zeros). Every thread must call it.
 /// `timeline` (null: none) receives the AttentionTimelineEvent stamps from the wait to the
 /// stores.
-///
-/// `rehearse`: run the whole path once BEFORE the PDL wait, on whatever q and newest keys
-/// are in memory then, and throw the result away. In the decode step this kernel runs
-/// once a layer, on 16 SMs, with one block each, and the GEMVs in between evict its code
-/// from their instruction caches. Fetching ~20 KB of straight-line code from L2 costs
-/// microseconds (chapter 08's bench_instruction_cache: +4.3 us for a 36 KB kernel with one
-/// block per SM). The rehearsal pays that fetch while the block would only be waiting.
-/// Both passes run the SAME instructions (one loop, not unrolled, so one copy of the
-/// code): pass 0 skips the wait, the cluster barriers (its merge reads its own block's
-/// partial) and the stores. Its partial is overwritten by pass 1 before any other block
-/// can read it (that read follows pass 1's cluster barrier).
 template <int D, int G, typename Store>
 __device__ __forceinline__ void cluster_attention(cooperative_groups::cluster_group& cluster,
                                                   ClusterPartial<D, G>& mine, const __nv_bfloat16* q,
                                                   const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
                                                   int kv_head, const int* d_length, int kv_len_arg, int max_context,
-                                                  Store store, unsigned long long* timeline = nullptr,
-                                                  bool rehearse = false) {
+                                                  Store store, unsigned long long* timeline = nullptr) {
   const int split = int(cluster.block_rank()), splits = int(cluster.num_blocks());
   const int committed = d_length ? *d_length : 0;
   const int kv_len = min(committed + kv_len_arg, max_context);
   const int chunk = split_chunk_keys(kv_len, splits, kDecodeV3MinKeysPerSplit);
   const int begin = split * chunk, end = min(kv_len, begin + chunk);
-  // Only the splits that hold keys are merged (the ones after them are empty).
+  if (begin >= end) {
+    WaitForPreviousKernel{timeline}();
+    write_empty_partial<G>(mine.ml);
+  } else {
+    pipelined_split_partial<D, G, kClusterWarps, kClusterUnroll>(mine.acc, mine.ml, q, k_cache, v_cache, kv_head,
+                                                                 max_context, begin, end, committed,
+                                                                 WaitForPreviousKernel{timeline});
+  }
+  timeline_fold(timeline, kAttentionPartialDone);
+  cluster.sync();  // every split's partial is written and visible cluster-wide
+
+  // Only the splits that hold keys are read (the ones after them are empty), and every
+  // one of their loads is issued before any is used. A load from another block's shared
+  // memory crosses the GPC's network; when each split's loads waited for the previous
+  // split's merge (a loop that could `break` before the next load), the merge paid that
+  // trip once per split: ~2 us from the last partial to the stores with 8 splits
+  // (chapter 08's timeline, 2026-12-01). The merge itself runs in rank order, as before.
   const int used = splits_with_keys(kv_len, splits, kDecodeV3MinKeysPerSplit);
   constexpr int kOutputs = G * D;
   const int per_block = (kOutputs + splits - 1) / splits;
-#pragma unroll 1
-  for (int pass = rehearse ? 0 : 1; pass < 2; ++pass) {
-    const bool real = pass == 1;
-    const WaitForPreviousKernel wait{real ? timeline : nullptr, !real};
-    if (begin >= end) {
-      wait();
-      write_empty_partial<G>(mine.ml);
-    } else {
-      // kCoherent: q and the keys through L2 only. The rehearsal reads q and the newest
-      // keys while the previous kernel may still write them; through L1 those stale lines
-      // could still be there for pass 1.
-      pipelined_split_partial<D, G, kClusterWarps, kClusterUnroll, true>(mine.acc, mine.ml, q, k_cache, v_cache,
-                                                                         kv_head, max_context, begin, end, committed,
-                                                                         wait);
-    }
-    if (real) {
-      timeline_fold(timeline, kAttentionPartialDone);
-      cluster.sync();  // every split's partial is written and visible cluster-wide
-    } else {
-      __syncthreads();  // the rehearsal merges from its own partial only
-    }
-
-    // Every one of the merge's loads is issued before any is used. A load from another
-    // block's shared memory crosses the GPC's network; when each split's loads waited for
-    // the previous split's merge (a loop that could `break` before the next load), the
-    // merge paid that trip once per split: ~2 us from the last partial to the stores with
-    // 8 splits (chapter 08's timeline, 2026-12-01). The merge itself runs in rank order.
-    for (int i = int(threadIdx.x); i < per_block && split * per_block + i < kOutputs; i += int(blockDim.x)) {
-      const int output = split * per_block + i;
-      const int h = output / D;
-      float m_r[kClusterMaxSize], l_r[kClusterMaxSize], acc_r[kClusterMaxSize];
+  for (int i = int(threadIdx.x); i < per_block && split * per_block + i < kOutputs; i += int(blockDim.x)) {
+    const int output = split * per_block + i;
+    const int h = output / D;
+    float m_r[kClusterMaxSize], l_r[kClusterMaxSize], acc_r[kClusterMaxSize];
 #pragma unroll
-      for (int r = 0; r < kClusterMaxSize; ++r) {  // the loads: predicated, none waits for another
-        if (r < used) {
-          const ClusterPartial<D, G>* remote = real ? cluster.map_shared_rank(&mine, r) : &mine;
-          m_r[r] = remote->ml[2 * h];
-          l_r[r] = remote->ml[2 * h + 1];
-          acc_r[r] = remote->acc[output];
-        }
+    for (int r = 0; r < kClusterMaxSize; ++r) {  // the loads: predicated, none waits for another
+      if (r < used) {
+        const ClusterPartial<D, G>* remote = cluster.map_shared_rank(&mine, r);
+        m_r[r] = remote->ml[2 * h];
+        l_r[r] = remote->ml[2 * h + 1];
+        acc_r[r] = remote->acc[output];
       }
-      float m = -INFINITY, l = 0.0f, acc = 0.0f;
-#pragma unroll
-      for (int r = 0; r < kClusterMaxSize; ++r) {
-        if (r >= used) break;
-        const float m_new = fmaxf(m, m_r[r]);
-        const float old_weight = exp2f(m - m_new), new_weight = exp2f(m_r[r] - m_new);
-        l = l * old_weight + l_r[r] * new_weight;
-        acc = acc * old_weight + acc_r[r] * new_weight;
-        m = m_new;
-      }
-      if (real) store(output, l > 0.0f ? acc / l : 0.0f);  // l > 0 whenever kv_len >= 1
     }
-    if (real) timeline_fold(timeline, kAttentionStored);
+    float m = -INFINITY, l = 0.0f, acc = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kClusterMaxSize; ++r) {
+      if (r >= used) break;
+      const float m_new = fmaxf(m, m_r[r]);
+      const float old_weight = exp2f(m - m_new), new_weight = exp2f(m_r[r] - m_new);
+      l = l * old_weight + l_r[r] * new_weight;
+      acc = acc * old_weight + acc_r[r] * new_weight;
+      m = m_new;
+    }
+    store(output, l > 0.0f ? acc / l : 0.0f);  // l > 0 whenever kv_len >= 1
   }
+  timeline_fold(timeline, kAttentionStored);
 }
 
 #endif  // sm_90

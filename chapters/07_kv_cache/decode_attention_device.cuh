@@ -270,12 +270,9 @@ __device__ __forceinline__ void write_empty_partial(float* ml_out /* (G, 2) */) 
 /// What a split kernel launched with PDL does there: wait for the kernel before it (the
 /// one that wrote q and the newest keys). v3's and v5's split kernels pass it; v5 with an
 /// optional timeline (null: none).
-/// With `rehearsal` set it does not wait (v5's rehearsal pass, decode_attention_cluster.cuh).
 struct WaitForPreviousKernel {
   unsigned long long* timeline = nullptr;
-  bool rehearsal = false;
   __device__ void operator()() const {
-    if (rehearsal) return;
     pdl_wait();
     timeline_fold(timeline, kAttentionWaitReturned);
   }

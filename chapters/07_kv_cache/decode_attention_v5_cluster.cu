@@ -56,8 +56,7 @@ __global__ void __launch_bounds__(kV5Warps * 32)
                                const __nv_bfloat16* v_cache,  // (Hkv, max_context, D)
                                const int* d_length,  // (1) or nullptr: kv_len = *d_length + kv_len_arg
                                int kv_len_arg, int max_context,
-                               unsigned long long* timeline,  // (2 * kAttentionTimelineEvents) or nullptr
-                               bool rehearse) {
+                               unsigned long long* timeline) {  // (2 * kAttentionTimelineEvents) or nullptr
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   timeline_fold(timeline, decode::kAttentionStart);
   __shared__ decode::ClusterPartial<D, G> partial;  // this block's split, read by the whole cluster
@@ -69,7 +68,7 @@ __global__ void __launch_bounds__(kV5Warps * 32)
   __nv_bfloat16* group_out = out + size_t(kv_head) * G * D;
   decode::cluster_attention<D, G>(cluster, partial, q, k_cache, v_cache, kv_head, d_length, kv_len_arg, max_context,
                                   [&](int output, float value) { group_out[output] = __float2bfloat16(value); },
-                                  timeline, rehearse);
+                                  timeline);
   cluster.sync();  // no block leaves while another may still read its shared memory
   timeline_fold(timeline, decode::kAttentionEnd);
 #else
@@ -78,7 +77,7 @@ __global__ void __launch_bounds__(kV5Warps * 32)
 }
 
 using V5Kernel = void (*)(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
-                          const int*, int, int, unsigned long long*, bool);
+                          const int*, int, int, unsigned long long*);
 
 V5Kernel v5_kernel(int D, int G) {
   return decode::kernel_for_group(G, "decode attention v5", [D](auto group) -> V5Kernel {
@@ -108,14 +107,13 @@ int largest_cluster(V5Kernel kernel, int Hkv) {
 
 void launch_v5(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k_cache,
                const __nv_bfloat16* v_cache, const int* d_length, int kv_len_arg, int max_context, int H, int Hkv,
-               int D, int num_splits, cudaStream_t stream, unsigned long long* timeline = nullptr,
-               bool rehearse = false) {
+               int D, int num_splits, cudaStream_t stream, unsigned long long* timeline = nullptr) {
   V5Kernel kernel = v5_kernel(D, H / Hkv);
   const int cluster = std::clamp(num_splits, 1, largest_cluster(kernel, Hkv));
   // With PDL: the kernel reads the length and the committed keys before its wait.
   const ClusterLaunch launch(dim3(cluster, Hkv), kV5Warps * 32, cluster, 0, stream, true);
   CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, out, q, k_cache, v_cache, d_length, kv_len_arg, max_context,
-                                timeline, rehearse));
+                                timeline));
 }
 
 }  // namespace
@@ -147,21 +145,12 @@ void decode_attention_v5_cluster_device_length(__nv_bfloat16* out, const __nv_bf
                                                   D, num_splits, workspace, stream, nullptr);
 }
 
-void decode_attention_v5_cluster_device_length_rehearsed(__nv_bfloat16* out, const __nv_bfloat16* q,
-                                                         const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
-                                                         const int* d_length, int new_tokens, int max_context, int H,
-                                                         int Hkv, int D, int num_splits,
-                                                         DecodeAttentionWorkspace* workspace, cudaStream_t stream) {
-  decode_attention_v5_cluster_device_length_timed(out, q, k_cache, v_cache, d_length, new_tokens, max_context, H, Hkv,
-                                                  D, num_splits, workspace, stream, nullptr, true);
-}
-
 void decode_attention_v5_cluster_device_length_timed(__nv_bfloat16* out, const __nv_bfloat16* q,
                                                      const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
                                                      const int* d_length, int new_tokens, int max_context, int H,
                                                      int Hkv, int D, int num_splits,
                                                      DecodeAttentionWorkspace* workspace, cudaStream_t stream,
-                                                     unsigned long long* timeline, bool rehearse) {
+                                                     unsigned long long* timeline) {
   if (!device_is_sm90_or_newer()) {
     decode_attention_v3_pipelined_device_length(out, q, k_cache, v_cache, d_length, new_tokens, max_context, H, Hkv,
                                                 D, num_splits, workspace, stream);
@@ -170,8 +159,7 @@ void decode_attention_v5_cluster_device_length_timed(__nv_bfloat16* out, const _
   decode_attention_check_shape(q, k_cache, v_cache, max_context, H, Hkv, D);
   if (!d_length) throw std::invalid_argument("decode attention v5: d_length is null");
   if (num_splits < 1) throw std::invalid_argument("decode attention v5: num_splits must be >= 1");
-  launch_v5(out, q, k_cache, v_cache, d_length, new_tokens, max_context, H, Hkv, D, num_splits, stream, timeline,
-            rehearse);
+  launch_v5(out, q, k_cache, v_cache, d_length, new_tokens, max_context, H, Hkv, D, num_splits, stream, timeline);
 }
 
 }  // namespace bielik

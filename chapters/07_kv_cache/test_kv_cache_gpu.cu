@@ -144,20 +144,16 @@ TEST_CASE("decode over the cache equals the last row of causal attention (golden
         CUDA_CHECK(cudaDeviceSynchronize());
         require_close(name + " " + version.name + " kv_len=" + std::to_string(kv_len), out.to_host(), want);
       }
-      // v5's cluster sizes (its split count), down to a single block per kv head, plain
-      // and rehearsed.
+      // v5's cluster sizes (its split count), down to a single block per kv head.
       for (int cluster : {1, 3, 8, 16}) {
-        for (bool rehearsed : {false, true}) {
-          DeviceBuffer<uint16_t> out(size_t(H) * D);
-          out.fill_bytes(0xFF);
-          (rehearsed ? decode_attention_v5_cluster_device_length_rehearsed : decode_attention_v5_cluster_device_length)(
-              as_bf16(out.data()), as_bf16(q.data()), cache.k(layer), cache.v(layer), cache.device_length(), 0,
-              cache.max_context(), H, Hkv, D, cluster, &workspace, 0);
-          CUDA_CHECK(cudaDeviceSynchronize());
-          require_close(name + " v5 cluster of " + std::to_string(cluster) + (rehearsed ? " rehearsed" : "") +
-                            " kv_len=" + std::to_string(kv_len),
-                        out.to_host(), want);
-        }
+        DeviceBuffer<uint16_t> out(size_t(H) * D);
+        out.fill_bytes(0xFF);
+        decode_attention_v5_cluster_device_length(as_bf16(out.data()), as_bf16(q.data()), cache.k(layer),
+                                                  cache.v(layer), cache.device_length(), 0, cache.max_context(), H,
+                                                  Hkv, D, cluster, &workspace, 0);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        require_close(name + " v5 cluster of " + std::to_string(cluster) + " kv_len=" + std::to_string(kv_len),
+                      out.to_host(), want);
       }
       // The split kernel alone (chapter 08 merges its partials in the O projection): some
       // keys committed, the newest `fresh` ones counted as appended by the kernel before

@@ -60,7 +60,6 @@ struct Args {
   bool down_global_input = CudaModelOptions{}.down_input_from_global;
   bool o_global_input = CudaModelOptions{}.o_input_from_global;
   bool rope_after_wait = CudaModelOptions{}.qkv_rope_inputs_after_wait;
-  bool rehearse = CudaModelOptions{}.attention_rehearsal;
   int small_blocks = CudaModelOptions{}.small_gemv_blocks_per_sm;
   int large_blocks = CudaModelOptions{}.large_gemv_blocks_per_sm;
 };
@@ -112,8 +111,6 @@ Args parse(int argc, char** argv) {
       a.o_global_input = true;
     } else if (flag == "--rope-after-wait") {
       a.rope_after_wait = true;
-    } else if (flag == "--rehearse") {
-      a.rehearse = true;
     } else if (flag == "--gate-up-shared") {
       a.gate_up_shared = true;
     } else if (flag == "--no-gate-up-shared") {
@@ -144,7 +141,7 @@ Args parse(int argc, char** argv) {
                                   " [--attention cluster_o|cluster|split_combine|merge_in_o]"
                                   " [--replicas N] [--splits N] [--qkv-early] [--gate-up-after-o] [--down-shared]"
                                   " [--down-global-input|--down-staged-input] [--o-global-input]"
-                                  " [--rope-after-wait] [--rehearse]"
+                                  " [--rope-after-wait]"
                                   " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N])");
     }
   }
@@ -350,7 +347,6 @@ int main(int argc, char** argv) {
     options.down_input_from_global = args.down_global_input;
     options.o_input_from_global = args.o_global_input;
     options.qkv_rope_inputs_after_wait = args.rope_after_wait;
-    options.attention_rehearsal = args.rehearse;
     options.small_gemv_blocks_per_sm = args.small_blocks;
     options.large_gemv_blocks_per_sm = args.large_blocks;
     options.prefill_attention_clusters = args.prefill_attention_clusters;

@@ -653,8 +653,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
       } else {
         decode_attention_v5_cluster_device_length_timed(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)),
                                                         d_length, 1, context, H_, Hkv_, D_, attention_splits_,
-                                                        attention_workspace_.get(), s, attention_timeline_slot(l),
-                                                        options_.attention_rehearsal);
+                                                        attention_workspace_.get(), s, attention_timeline_slot(l));
       }
       done("attention");
       decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, o, pdl, s);

@@ -129,11 +129,6 @@ struct CudaModelOptions {
   /// loads then land at the end of the row: 853-864 against 888 tokens/s on the H200.
   /// Off; bench_model measures both.
   bool qkv_rope_inputs_after_wait = false;
-  /// kCluster: each attention block runs its path once before its PDL wait and discards
-  /// the result, so that its code is in the instruction cache when the wait returns
-  /// (decode_attention_v5_cluster_device_length_timed's `rehearse`). bench_model measures
-  /// both, with and without qkv_allows_attention_early (which gives the rehearsal time).
-  bool attention_rehearsal = false;
   /// Decode attention splits per kv head (0: a cluster of 8 for kClusterWithO and
   /// kCluster (the largest that fits, if smaller); sized for 512 keys for
   /// the v3 paths; at most 1024, the workspace's size, and for the cluster paths at most

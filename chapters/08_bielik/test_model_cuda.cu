@@ -392,18 +392,11 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       options = cuda_options();
       options.qkv_allows_attention_early = true;
       runs.push_back(run(options));
-      // Nor the attention's rehearsal before its wait (it reads q and the newest keys
-      // while QKV may still write them, and throws that pass away), started early or not.
-      options.attention_rehearsal = true;
-      runs.push_back(run(options));
-      options.qkv_allows_attention_early = false;
-      runs.push_back(run(options));
     }
     // The same kernels in the same order: bit for bit the same logits.
     for (size_t i = 1; i < runs.size(); ++i) {
       INFO(spec.name << " run " << i
-                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early; "
-                        "then rehearsed, started early and not)");
+                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early)");
       REQUIRE(runs[i] == runs[0]);
     }
     // The unfused path (attention, then the O GEMV): graph or eager, and whether the O
