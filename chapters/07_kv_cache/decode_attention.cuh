@@ -186,6 +186,19 @@ void decode_attention_v5_cluster_device_length(__nv_bfloat16* out, const __nv_bf
                                                const int* d_length, int new_tokens, int max_context, int H, int Hkv,
                                                int D, int num_splits, DecodeAttentionWorkspace* workspace,
                                                cudaStream_t stream = 0);
+
+/// v6: v5 with one cluster per query head (H clusters of num_splits blocks), each block
+/// running v5's device code for a single head over the keys of kv head h / (H / Hkv):
+/// every key is read H / Hkv times (from L2 after the first), for a sixth of the serial
+/// work per block at Bielik's G = 6. Same arguments and same outputs as v5's
+/// device-length form; before sm_90 it runs v3. Not yet measured on a GPU (see the file).
+void decode_attention_v6_per_head_device_length(__nv_bfloat16* out, const __nv_bfloat16* q,
+                                                const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
+                                                const int* d_length, int new_tokens, int max_context, int H, int Hkv,
+                                                int D, int num_splits, DecodeAttentionWorkspace* workspace,
+                                                cudaStream_t stream = 0);
+/// The cluster size v6 uses (16 or 8; before sm_90, v3's default splits).
+int decode_attention_v6_default_splits(int kv_len, int H, int Hkv, int D, int max_splits);
 namespace decode {
 /// Where a v5 block records its timeline (decode_attention_v5_cluster_device_length_timed):
 /// min / max pairs of %globaltimer over the blocks, 2 * kAttentionTimelineEvents values.
@@ -248,6 +261,7 @@ inline constexpr DecodeAttentionDeviceLengthVersion kDecodeAttentionDeviceLength
     {"v4_fused_combine_device_length", decode_attention_v4_fused_combine_device_length,
      decode_attention_v4_default_splits},
     {"v5_cluster_device_length", decode_attention_v5_cluster_device_length, decode_attention_v5_default_splits},
+    {"v6_per_head_device_length", decode_attention_v6_per_head_device_length, decode_attention_v6_default_splits},
 };
 
 /// This chapter's default for a host-side length: v2, the fastest measured with its

@@ -127,18 +127,21 @@ Args parse(int argc, char** argv) {
         a.attention = DecodeAttentionPath::kClusterWithO;
       } else if (path == "cluster") {
         a.attention = DecodeAttentionPath::kCluster;
+      } else if (path == "cluster_per_head") {
+        a.attention = DecodeAttentionPath::kClusterPerHead;
       } else if (path == "split_combine") {
         a.attention = DecodeAttentionPath::kSplitCombine;
       } else if (path == "merge_in_o") {
         a.attention = DecodeAttentionPath::kMergeInO;
       } else {
-        throw std::invalid_argument("--attention takes cluster_o, cluster, split_combine or merge_in_o; got " + path);
+        throw std::invalid_argument(
+            "--attention takes cluster_o, cluster, cluster_per_head, split_combine or merge_in_o; got " + path);
       }
     } else {
       throw std::invalid_argument("unknown argument " + flag +
                                   " (usage: bench_model [--model DIR] [--out FILE] [--decode-tokens N] [--context N]"
                                   " [--decode-only [--prompt-tokens N]] [--ttft-only] [--timeline] [--prefill-attention v5|v6]"
-                                  " [--attention cluster_o|cluster|split_combine|merge_in_o]"
+                                  " [--attention cluster_o|cluster|cluster_per_head|split_combine|merge_in_o]"
                                   " [--replicas N] [--splits N] [--qkv-early] [--gate-up-after-o] [--down-shared]"
                                   " [--down-global-input|--down-staged-input] [--o-global-input]"
                                   " [--rope-after-wait]"
@@ -555,6 +558,7 @@ int main(int argc, char** argv) {
         {"attention + O in one kernel (decode_attention_o): clusters of 8 x 4 replicas per kv head", true, true,
          Path::kClusterWithO, 8, 0, 4},
         {"attention + O in one kernel: clusters of 16, 1 replica", true, true, Path::kClusterWithO, 16, 0, 1},
+        {"attention v6: a cluster of 8 per query head (not per kv head)", true, true, Path::kClusterPerHead, 0, 0},
         {"attention v3 split + combine kernels, splits for 512 keys", true, true, Path::kSplitCombine, 0, 0},
         {"v3 splits merged in the O GEMV, splits of >= 16 keys", true, true, Path::kMergeInO, 0, 0},
     };

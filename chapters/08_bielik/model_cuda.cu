@@ -134,6 +134,8 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
                         : options_.attention_splits > 0 ? std::min(options_.attention_splits, 1024)
                         : attention_path_ == DecodeAttentionPath::kCluster
                             ? std::min(8, decode_attention_v5_default_splits(context, H_, Hkv_, D_, 1024))
+                        : attention_path_ == DecodeAttentionPath::kClusterPerHead
+                            ? std::min(8, decode_attention_v6_default_splits(context, H_, Hkv_, D_, 1024))
                             : decode_attention_v3_default_splits(std::min(context, 512), H_, Hkv_, D_, 1024);
 
     const size_t tc = size_t(Tc);
@@ -650,6 +652,10 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
         decode_attention_v3_pipelined_device_length(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)),
                                                     d_length, 1, context, H_, Hkv_, D_, attention_splits_,
                                                     attention_workspace_.get(), s);
+      } else if (attention_path_ == DecodeAttentionPath::kClusterPerHead) {
+        decode_attention_v6_per_head_device_length(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)),
+                                                   d_length, 1, context, H_, Hkv_, D_, attention_splits_,
+                                                   attention_workspace_.get(), s);
       } else {
         decode_attention_v5_cluster_device_length_timed(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)),
                                                         d_length, 1, context, H_, Hkv_, D_, attention_splits_,

@@ -63,6 +63,9 @@ enum class DecodeAttentionPath {
   /// sm_90, or W_o's rows do not fit a cluster's shared memory), the model takes kCluster.
   kClusterWithO,
   kCluster,       ///< v5: splits and merge in one kernel, a thread block cluster per kv head (sm_90+, else v3)
+  /// v6: as v5, but a cluster per QUERY head, each block doing one head's work over its
+  /// kv head's keys (sm_90+, else v3). Not yet measured on a GPU: not the default.
+  kClusterPerHead,
   kSplitCombine,  ///< v3: the split kernel, then the combine kernel
   kMergeInO,      ///< v3's split kernel; the O projection merges the partials (GemvInput::kAttentionMerge)
 };

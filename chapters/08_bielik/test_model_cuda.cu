@@ -290,6 +290,8 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
         {DecodeAttentionPath::kCluster, 0, 0, "v5 cluster"},
         {DecodeAttentionPath::kCluster, 1, 0, "v5 cluster"},
         {DecodeAttentionPath::kCluster, 3, 0, "v5 cluster"},
+        {DecodeAttentionPath::kClusterPerHead, 0, 0, "v6 cluster per query head"},
+        {DecodeAttentionPath::kClusterPerHead, 3, 0, "v6 cluster per query head"},
         {DecodeAttentionPath::kSplitCombine, 0, 0, "v3 split + combine"},
         {DecodeAttentionPath::kSplitCombine, 1, 0, "v3 split + combine"},
         {DecodeAttentionPath::kSplitCombine, 3, 0, "v3 split + combine"},

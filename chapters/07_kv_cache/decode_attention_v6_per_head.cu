@@ -1,0 +1,125 @@
+// v6: v5 with one cluster per QUERY head instead of one per kv head.
+//
+// v5's block holds the G query heads of its kv head in registers and runs every step
+// for all of them: the scores, the online softmax, the merge of its warps. With Bielik's
+// G = 6 that is six times the instructions of one head, done one after the other by a
+// block's 8 warps, and at chat lengths a block has only 16 keys to share between them.
+// So the block is latency-bound, not memory-bound. Chapter 08's timeline (2026-12-01,
+// ~85 keys, clusters of 8) shows v5's splits taking 3-3.5 us from their PDL wait to their
+// partial, about 1 us of it in the softmax update of 16 keys, and running the same code
+// once before the wait (to have it in the instruction cache) did not shorten that.
+//
+// v6 spends memory to cut that path: grid.y runs over the H query heads, and the block
+// for head h reads the keys and values of kv head h / G. Every key is then read G times,
+// from L2 after the first, G x 2 x D x 2 bytes per key (6 x 512 B for Bielik: 43 KB per
+// layer at 85 keys, 3 MB at 1k keys, per read through L2). Each block runs v5's device
+// code with G = 1: a sixth of the work, and a smaller kernel (less code to fetch).
+// The arithmetic per head is v5's, step for step, so the outputs are the same.
+//
+// The grid is H clusters of `splits` blocks (Bielik, clusters of 8: 96 blocks, against
+// v5's 16). NOT YET RUN ON A GPU: written after the 2026-12-01 session's device time was
+// spent; chapter 08 keeps v5 as its default until it is measured.
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+
+#include "cuda_check.cuh"
+#include "decode_attention.cuh"
+#include "decode_attention_cluster.cuh"
+#include "decode_attention_device.cuh"
+#include "pdl.cuh"
+
+#include <cooperative_groups.h>
+
+namespace bielik {
+
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kV6Warps = decode::kClusterWarps;
+constexpr int kV6MaxCluster = decode::kClusterMaxSize;
+
+template <int D>
+__global__ void __launch_bounds__(kV6Warps * 32)
+    decode_attention_v6_kernel(__nv_bfloat16* out,            // (H, D)
+                               const __nv_bfloat16* q,        // (H, D)
+                               const __nv_bfloat16* k_cache,  // (Hkv, max_context, D)
+                               const __nv_bfloat16* v_cache,  // (Hkv, max_context, D)
+                               const int* d_length,  // (1): kv_len = *d_length + kv_len_arg
+                               int kv_len_arg, int max_context,
+                               int group) {  // G = H / Hkv: query heads per kv head
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ decode::ClusterPartial<D, 1> partial;  // this block's split of its head
+  cg::cluster_group cluster = cg::this_cluster();
+  const int head = blockIdx.y, kv_head = head / group;
+  // As v5: the next kernel only preloads weights, so it may be scheduled now.
+  pdl_allow_dependents();
+  // cluster_attention<D, 1> serves "the one query head of kv head k" and reads it at
+  // q + k * D. This block's head is `head`, so it is given q shifted by head - k rows
+  // (never before q: k <= head).
+  const __nv_bfloat16* q_of_head = q + size_t(head - kv_head) * D;
+  __nv_bfloat16* head_out = out + size_t(head) * D;
+  decode::cluster_attention<D, 1>(cluster, partial, q_of_head, k_cache, v_cache, kv_head, d_length, kv_len_arg,
+                                  max_context,
+                                  [&](int output, float value) { head_out[output] = __float2bfloat16(value); });
+  cluster.sync();  // no block leaves while another may still read its shared memory
+#else
+  __trap();  // never launched before sm_90 (the launcher runs v3 there)
+#endif
+}
+
+using V6Kernel = void (*)(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
+                          const int*, int, int, int);
+
+// The largest cluster the GPU schedules for this kernel with H clusters: 16 (a
+// non-portable size) where it can, else 8. Asked once per (kernel, H).
+int largest_cluster(V6Kernel kernel, int H) {
+  static std::map<std::pair<V6Kernel, int>, int> known;
+  auto found = known.find({kernel, H});
+  if (found != known.end()) return found->second;
+  int size = 8;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
+    const ClusterLaunch launch(dim3(kV6MaxCluster, H), kV6Warps * 32, kV6MaxCluster, 0, 0, false);
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config) == cudaSuccess && clusters >= 1) {
+      size = kV6MaxCluster;
+    }
+  }
+  (void)cudaGetLastError();  // a refused attribute or query leaves no sticky error behind
+  known.emplace(std::make_pair(kernel, H), size);
+  return size;
+}
+
+V6Kernel v6_kernel(int D) { return D == 128 ? decode_attention_v6_kernel<128> : decode_attention_v6_kernel<64>; }
+
+}  // namespace
+
+int decode_attention_v6_default_splits(int kv_len, int H, int Hkv, int D, int max_splits) {
+  decode_attention_check_shape(nullptr, nullptr, nullptr, std::max(kv_len, 1), H, Hkv, D);
+  if (!device_is_sm90_or_newer()) return decode_attention_v3_default_splits(kv_len, H, Hkv, D, max_splits);
+  return largest_cluster(v6_kernel(D), H);
+}
+
+void decode_attention_v6_per_head_device_length(__nv_bfloat16* out, const __nv_bfloat16* q,
+                                                const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
+                                                const int* d_length, int new_tokens, int max_context, int H, int Hkv,
+                                                int D, int num_splits, DecodeAttentionWorkspace* workspace,
+                                                cudaStream_t stream) {
+  if (!device_is_sm90_or_newer()) {
+    decode_attention_v3_pipelined_device_length(out, q, k_cache, v_cache, d_length, new_tokens, max_context, H, Hkv,
+                                                D, num_splits, workspace, stream);
+    return;
+  }
+  decode_attention_check_shape(q, k_cache, v_cache, max_context, H, Hkv, D);
+  if (!d_length) throw std::invalid_argument("decode attention v6: d_length is null");
+  if (num_splits < 1) throw std::invalid_argument("decode attention v6: num_splits must be >= 1");
+  const V6Kernel kernel = v6_kernel(D);
+  const int cluster = std::clamp(num_splits, 1, largest_cluster(kernel, H));
+  // With PDL: the kernel reads the length and the committed keys before its wait.
+  const ClusterLaunch launch(dim3(cluster, H), kV6Warps * 32, cluster, 0, stream, true);
+  CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, out, q, k_cache, v_cache, d_length, new_tokens, max_context,
+                                H / Hkv));
+}
+
+}  // namespace bielik
