@@ -12,6 +12,9 @@
 
 #include <cooperative_groups.h>
 
+#include <map>
+#include <utility>
+
 #include "cluster_launch.cuh"  // ClusterLaunch, for the callers
 #include "decode_attention.cuh"  // kDecodeV3MinKeysPerSplit
 #include "decode_attention_device.cuh"
@@ -29,6 +32,29 @@ struct ClusterPartial {
   alignas(16) float acc[G * D];  ///< sum_j p_j v_j of this split's keys, (G, D)
   float ml[G * 2];               ///< (m, l) per query head
 };
+
+/// The largest cluster a decode-attention kernel of kClusterWarps-warp blocks can run
+/// with, in a grid of `cluster_rows` clusters (grid.y): kClusterMaxSize (16, a
+/// non-portable size) if the GPU schedules one such cluster, else the portable 8. Asked
+/// once per (kernel, cluster_rows). Host code: v5 and v6 launch with it.
+template <typename... Params>
+int largest_cluster_size(void (*kernel)(Params...), int cluster_rows) {
+  static std::map<std::pair<const void*, int>, int> known;
+  const std::pair<const void*, int> key{reinterpret_cast<const void*>(kernel), cluster_rows};
+  auto found = known.find(key);
+  if (found != known.end()) return found->second;
+  int size = 8;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
+    const ClusterLaunch launch(dim3(kClusterMaxSize, cluster_rows), kClusterWarps * 32, kClusterMaxSize, 0, 0, false);
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config) == cudaSuccess && clusters >= 1) {
+      size = kClusterMaxSize;
+    }
+  }
+  (void)cudaGetLastError();  // a refused attribute or query leaves no sticky error behind
+  known.emplace(key, size);
+  return size;
+}
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 

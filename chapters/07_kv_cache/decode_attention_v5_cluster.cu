@@ -27,7 +27,6 @@
 // non-portable size (the H200 does), else the portable 8, each of 8 warps (32 keys a round
 // for D = 128). Before sm_90 there are no clusters: the v5 entry points run v3 instead.
 #include <algorithm>
-#include <map>
 #include <stdexcept>
 #include <string>
 
@@ -86,30 +85,11 @@ V5Kernel v5_kernel(int D, int G) {
   });
 }
 
-// The largest cluster this kernel can run with, asked once per kernel: 16 if the GPU
-// schedules a cluster of 16 such blocks (non-portable size), else 8.
-int largest_cluster(V5Kernel kernel, int Hkv) {
-  static std::map<V5Kernel, int> known;
-  auto found = known.find(kernel);
-  if (found != known.end()) return found->second;
-  int size = 8;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
-    const ClusterLaunch launch(dim3(kV5MaxCluster, Hkv), kV5Warps * 32, kV5MaxCluster, 0, 0, false);
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config) == cudaSuccess && clusters >= 1) {
-      size = kV5MaxCluster;
-    }
-  }
-  (void)cudaGetLastError();  // a refused attribute or query leaves no sticky error behind
-  known.emplace(kernel, size);
-  return size;
-}
-
 void launch_v5(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k_cache,
                const __nv_bfloat16* v_cache, const int* d_length, int kv_len_arg, int max_context, int H, int Hkv,
                int D, int num_splits, cudaStream_t stream, unsigned long long* timeline = nullptr) {
   V5Kernel kernel = v5_kernel(D, H / Hkv);
-  const int cluster = std::clamp(num_splits, 1, largest_cluster(kernel, Hkv));
+  const int cluster = std::clamp(num_splits, 1, decode::largest_cluster_size(kernel, Hkv));
   // With PDL: the kernel reads the length and the committed keys before its wait.
   const ClusterLaunch launch(dim3(cluster, Hkv), kV5Warps * 32, cluster, 0, stream, true);
   CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, out, q, k_cache, v_cache, d_length, kv_len_arg, max_context,
@@ -121,7 +101,7 @@ void launch_v5(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* 
 int decode_attention_v5_default_splits(int kv_len, int H, int Hkv, int D, int max_splits) {
   decode_attention_check_shape(nullptr, nullptr, nullptr, std::max(kv_len, 1), H, Hkv, D);
   if (!device_is_sm90_or_newer()) return decode_attention_v3_default_splits(kv_len, H, Hkv, D, max_splits);
-  return largest_cluster(v5_kernel(D, H / Hkv), Hkv);
+  return decode::largest_cluster_size(v5_kernel(D, H / Hkv), Hkv);
 }
 
 void decode_attention_v5_cluster(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k_cache,

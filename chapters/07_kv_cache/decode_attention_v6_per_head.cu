@@ -20,7 +20,6 @@
 // v5's 16). NOT YET RUN ON A GPU: written after the 2026-12-01 session's device time was
 // spent; chapter 08 keeps v5 as its default until it is measured.
 #include <algorithm>
-#include <map>
 #include <stdexcept>
 
 #include "cuda_check.cuh"
@@ -38,7 +37,6 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr int kV6Warps = decode::kClusterWarps;
-constexpr int kV6MaxCluster = decode::kClusterMaxSize;
 
 template <int D>
 __global__ void __launch_bounds__(kV6Warps * 32)
@@ -72,25 +70,6 @@ __global__ void __launch_bounds__(kV6Warps * 32)
 using V6Kernel = void (*)(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
                           const int*, int, int, int);
 
-// The largest cluster the GPU schedules for this kernel with H clusters: 16 (a
-// non-portable size) where it can, else 8. Asked once per (kernel, H).
-int largest_cluster(V6Kernel kernel, int H) {
-  static std::map<std::pair<V6Kernel, int>, int> known;
-  auto found = known.find({kernel, H});
-  if (found != known.end()) return found->second;
-  int size = 8;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
-    const ClusterLaunch launch(dim3(kV6MaxCluster, H), kV6Warps * 32, kV6MaxCluster, 0, 0, false);
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config) == cudaSuccess && clusters >= 1) {
-      size = kV6MaxCluster;
-    }
-  }
-  (void)cudaGetLastError();  // a refused attribute or query leaves no sticky error behind
-  known.emplace(std::make_pair(kernel, H), size);
-  return size;
-}
-
 V6Kernel v6_kernel(int D) { return D == 128 ? decode_attention_v6_kernel<128> : decode_attention_v6_kernel<64>; }
 
 }  // namespace
@@ -98,7 +77,7 @@ V6Kernel v6_kernel(int D) { return D == 128 ? decode_attention_v6_kernel<128> : 
 int decode_attention_v6_default_splits(int kv_len, int H, int Hkv, int D, int max_splits) {
   decode_attention_check_shape(nullptr, nullptr, nullptr, std::max(kv_len, 1), H, Hkv, D);
   if (!device_is_sm90_or_newer()) return decode_attention_v3_default_splits(kv_len, H, Hkv, D, max_splits);
-  return largest_cluster(v6_kernel(D), H);
+  return decode::largest_cluster_size(v6_kernel(D), H);
 }
 
 void decode_attention_v6_per_head_device_length(__nv_bfloat16* out, const __nv_bfloat16* q,
@@ -115,7 +94,7 @@ void decode_attention_v6_per_head_device_length(__nv_bfloat16* out, const __nv_b
   if (!d_length) throw std::invalid_argument("decode attention v6: d_length is null");
   if (num_splits < 1) throw std::invalid_argument("decode attention v6: num_splits must be >= 1");
   const V6Kernel kernel = v6_kernel(D);
-  const int cluster = std::clamp(num_splits, 1, largest_cluster(kernel, H));
+  const int cluster = std::clamp(num_splits, 1, decode::largest_cluster_size(kernel, H));
   // With PDL: the kernel reads the length and the committed keys before its wait.
   const ClusterLaunch launch(dim3(cluster, H), kV6Warps * 32, cluster, 0, stream, true);
   CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, out, q, k_cache, v_cache, d_length, new_tokens, max_context,
