@@ -191,7 +191,8 @@ void decode_attention_v5_cluster_device_length(__nv_bfloat16* out, const __nv_bf
 /// running v5's device code for a single head over the keys of kv head h / (H / Hkv):
 /// every key is read H / Hkv times (from L2 after the first), for a sixth of the serial
 /// work per block at Bielik's G = 6. Same arguments and same outputs as v5's
-/// device-length form; before sm_90 it runs v3. Not yet measured on a GPU (see the file).
+/// device-length form; before sm_90 it runs v3. Chapter 08's decode step uses it (the
+/// fastest measured there and alone, at every length; see the file).
 void decode_attention_v6_per_head_device_length(__nv_bfloat16* out, const __nv_bfloat16* q,
                                                 const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
                                                 const int* d_length, int new_tokens, int max_context, int H, int Hkv,
@@ -200,7 +201,8 @@ void decode_attention_v6_per_head_device_length(__nv_bfloat16* out, const __nv_b
 /// The cluster size v6 uses (16 or 8; before sm_90, v3's default splits).
 int decode_attention_v6_default_splits(int kv_len, int H, int Hkv, int D, int max_splits);
 namespace decode {
-/// Where a v5 block records its timeline (decode_attention_v5_cluster_device_length_timed):
+/// Where a v5 or v6 block records its timeline (decode_attention_v5_cluster_device_length_timed,
+/// decode_attention_v6_per_head_device_length_timed):
 /// min / max pairs of %globaltimer over the blocks, 2 * kAttentionTimelineEvents values.
 enum AttentionTimelineEvent {
   kAttentionStart = 0,          ///< the block starts
@@ -228,6 +230,13 @@ void decode_attention_v5_cluster_device_length_timed(__nv_bfloat16* out, const _
                                                      int Hkv, int D, int num_splits,
                                                      DecodeAttentionWorkspace* workspace, cudaStream_t stream,
                                                      unsigned long long* timeline);
+/// v6 with the same timeline (one block per split and query head records).
+void decode_attention_v6_per_head_device_length_timed(__nv_bfloat16* out, const __nv_bfloat16* q,
+                                                      const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
+                                                      const int* d_length, int new_tokens, int max_context, int H,
+                                                      int Hkv, int D, int num_splits,
+                                                      DecodeAttentionWorkspace* workspace, cudaStream_t stream,
+                                                      unsigned long long* timeline);
 
 /// Every GPU version, in order, so tests and the benchmark loop over the same list.
 using DecodeAttentionLauncher = void (*)(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
@@ -266,7 +275,7 @@ inline constexpr DecodeAttentionDeviceLengthVersion kDecodeAttentionDeviceLength
 
 /// This chapter's default for a host-side length: v2, the fastest measured with its
 /// default splits at 4k and 8k keys (v3 and v5 win at 1k; see the README). Chapter 08's
-/// decode graph calls decode_attention_v5_cluster_device_length (chat lengths, where v5
+/// decode graph calls decode_attention_v6_per_head_device_length (device-side length,
 /// measured fastest in the model's step).
 inline void decode_attention_forward(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k_cache,
                                      const __nv_bfloat16* v_cache, int kv_len, int max_context, int H, int Hkv,

@@ -33,19 +33,19 @@ struct ClusterPartial {
   float ml[G * 2];               ///< (m, l) per query head
 };
 
-/// The largest cluster a decode-attention kernel of kClusterWarps-warp blocks can run
-/// with, in a grid of `cluster_rows` clusters (grid.y): kClusterMaxSize (16, a
-/// non-portable size) if the GPU schedules one such cluster, else the portable 8. Asked
-/// once per (kernel, cluster_rows). Host code: v5 and v6 launch with it.
+/// The largest cluster a decode-attention kernel of `warps`-warp blocks can run with, in
+/// a grid of `cluster_rows` clusters (grid.y): kClusterMaxSize (16, a non-portable size)
+/// if the GPU schedules one such cluster, else the portable 8. Asked once per (kernel,
+/// cluster_rows). Host code: v5 and v6 launch with it.
 template <typename... Params>
-int largest_cluster_size(void (*kernel)(Params...), int cluster_rows) {
+int largest_cluster_size(void (*kernel)(Params...), int cluster_rows, int warps = kClusterWarps) {
   static std::map<std::pair<const void*, int>, int> known;
   const std::pair<const void*, int> key{reinterpret_cast<const void*>(kernel), cluster_rows};
   auto found = known.find(key);
   if (found != known.end()) return found->second;
   int size = 8;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
-    const ClusterLaunch launch(dim3(kClusterMaxSize, cluster_rows), kClusterWarps * 32, kClusterMaxSize, 0, 0, false);
+    const ClusterLaunch launch(dim3(kClusterMaxSize, cluster_rows), warps * 32, kClusterMaxSize, 0, 0, false);
     int clusters = 0;
     if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config) == cudaSuccess && clusters >= 1) {
       size = kClusterMaxSize;
@@ -65,8 +65,8 @@ int largest_cluster_size(void (*kernel)(Params...), int cluster_rows) {
 /// store(output, value) for this block's share of the G x D outputs, output = h * D + d
 /// within the kv head's group (no keys at all: zeros). Every thread must call it.
 /// `timeline` (null: none) receives the AttentionTimelineEvent stamps from the wait to the
-/// stores.
-template <int D, int G, typename Store>
+/// stores. The block has kWarps warps (v5: kClusterWarps; v6, one head a block, fewer).
+template <int D, int G, int kWarps = kClusterWarps, typename Store>
 __device__ __forceinline__ void cluster_attention(cooperative_groups::cluster_group& cluster,
                                                   ClusterPartial<D, G>& mine, const __nv_bfloat16* q,
                                                   const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
@@ -81,9 +81,9 @@ __device__ __forceinline__ void cluster_attention(cooperative_groups::cluster_gr
     WaitForPreviousKernel{timeline}();
     write_empty_partial<G>(mine.ml);
   } else {
-    pipelined_split_partial<D, G, kClusterWarps, kClusterUnroll>(mine.acc, mine.ml, q, k_cache, v_cache, kv_head,
-                                                                 max_context, begin, end, committed,
-                                                                 WaitForPreviousKernel{timeline});
+    pipelined_split_partial<D, G, kWarps, kClusterUnroll>(mine.acc, mine.ml, q, k_cache, v_cache, kv_head,
+                                                          max_context, begin, end, committed,
+                                                          WaitForPreviousKernel{timeline});
   }
   timeline_fold(timeline, kAttentionPartialDone);
   cluster.sync();  // every split's partial is written and visible cluster-wide

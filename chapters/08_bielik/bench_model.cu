@@ -268,7 +268,7 @@ double decode_tokens_per_s(CudaModel& model, int tokens, int repeats, bool sync_
 // when they are past it with the input staged, and when they end, relative to the moment the previous layer's down projection ended
 // (the layer's input is complete). Means over layers 1..L-1 and 5 steps, after a
 // 16-token prompt and 64 warm-up tokens. Then the same for the attention between them
-// (chapter 07's v5: start, wait returned, inputs arrived, states updated, warps merged,
+// (chapter 07's v6 or v5: start, wait returned, inputs arrived, states updated, warps merged,
 // partial done, outputs stored, end).
 void print_decode_timeline(CudaModel& model) {
   const int L = model.config().num_hidden_layers;
@@ -309,7 +309,7 @@ void print_decode_timeline(CudaModel& model) {
   }
   table.print();
   BenchTable attention_table("model_decode_attention_timeline",
-                             {"attention v5 (us after the previous layer's down ended)", "first block", "last block"});
+                             {"attention (us after the previous layer's down ended)", "first block", "last block"});
   const char* events[decode::kAttentionTimelineEvents] = {
       "starts", "its wait returns", "q and its first keys arrived (splits with keys)",
       "its keys are in the softmax states (splits with keys)", "its warps' states merged (splits with keys)",
@@ -539,26 +539,27 @@ int main(int argc, char** argv) {
     };
     using Path = DecodeAttentionPath;
     std::vector<OptionVariant> option_variants = {
-        {"defaults (attention v5: clusters of 8 per kv head; then the O GEMV, which lets gate/up start early; "
-         "evict-first)", true, true, Path::kCluster, 0, 0},
-        {"gate/up starts after O's wait", false, true, Path::kCluster, 0, 0},
-        {"QKV lets the attention start early", true, true, Path::kCluster, 0, 0, 4, true},
-        {"gate/up copies its second row pair into shared memory before its wait", true, true, Path::kCluster, 0, 0,
-         4, false, false, true},
-        {"down copies its second batch of weights into shared memory before its wait", true, true, Path::kCluster, 0,
-         0, 4, false, true, false},
-        {"down stages its input in shared memory (before: every block, after its wait)", true, true, Path::kCluster,
-         0, 0, 4, false, false, false, false},
-        {"O reads its input in place too (not staged by every block)", true, true, Path::kCluster, 0, 0, 4, false,
-         false, false, true, true},
-        {"QKV loads RoPE's position and cos / sin after its wait", true, true, Path::kCluster, 0, 0, 4, false, false,
-         false, true, false, true},
+        {"defaults (attention v6: clusters of 8 per query head; then the O GEMV, which lets gate/up start early; "
+         "evict-first)", true, true, Path::kClusterPerHead, 0, 0},
+        {"gate/up starts after O's wait", false, true, Path::kClusterPerHead, 0, 0},
+        {"QKV lets the attention start early", true, true, Path::kClusterPerHead, 0, 0, 4, true},
+        {"gate/up copies its second row pair into shared memory before its wait", true, true, Path::kClusterPerHead,
+         0, 0, 4, false, false, true},
+        {"down copies its second batch of weights into shared memory before its wait", true, true,
+         Path::kClusterPerHead, 0, 0, 4, false, true, false},
+        {"down stages its input in shared memory (before: every block, after its wait)", true, true,
+         Path::kClusterPerHead, 0, 0, 4, false, false, false, false},
+        {"O reads its input in place too (not staged by every block)", true, true, Path::kClusterPerHead, 0, 0, 4,
+         false, false, false, true, true},
+        {"QKV loads RoPE's position and cos / sin after its wait", true, true, Path::kClusterPerHead, 0, 0, 4, false,
+         false, false, true, false, true},
+        {"attention v6, clusters of 16", true, true, Path::kClusterPerHead, 16, 0},
+        {"no evict-first hint", true, false, Path::kClusterPerHead, 0, 0},
+        {"attention v5: clusters of 8 per kv head", true, true, Path::kCluster, 0, 0},
         {"attention v5, clusters of 16", true, true, Path::kCluster, 16, 0},
-        {"no evict-first hint", true, false, Path::kCluster, 0, 0},
         {"attention + O in one kernel (decode_attention_o): clusters of 8 x 4 replicas per kv head", true, true,
          Path::kClusterWithO, 8, 0, 4},
         {"attention + O in one kernel: clusters of 16, 1 replica", true, true, Path::kClusterWithO, 16, 0, 1},
-        {"attention v6: a cluster of 8 per query head (not per kv head)", true, true, Path::kClusterPerHead, 0, 0},
         {"attention v3 split + combine kernels, splits for 512 keys", true, true, Path::kSplitCombine, 0, 0},
         {"v3 splits merged in the O GEMV, splits of >= 16 keys", true, true, Path::kMergeInO, 0, 0},
     };
@@ -603,7 +604,7 @@ int main(int argc, char** argv) {
                               {"left out of every layer", "tokens/s", "ms/token", "it costs, us a layer",
                                "its weights at copy bandwidth, us a layer"});
     nlohmann::json marginal = nlohmann::json::array();
-    // On the defaults' path (v5, then the O GEMV), where the attention and O are
+    // On the defaults' path (v6, then the O GEMV), where the attention and O are
     // separate kernels that can be left out one at a time.
     const double full_ms = 1000.0 / option_variants[0].tok_s;
     const struct {
@@ -621,7 +622,7 @@ int main(int argc, char** argv) {
       const unsigned skip = k.skip;
       const double rate = variant([&](CudaModelOptions& o) {
         o.decode_skip = skip;
-        o.decode_attention = DecodeAttentionPath::kCluster;
+        o.decode_attention = DecodeAttentionPath::kClusterPerHead;
       });
       const double cost_us = (full_ms - 1000.0 / rate) * 1e3 / L;
       const double bytes_us = k.weight_bytes / (copy_gbs * 1e9) * 1e6;

@@ -24,7 +24,7 @@ namespace bielik {
 namespace {
 
 constexpr size_t kTimelineValues = 8;  // DecodeGemvParams::timeline: 4 min / max pairs
-// The attention's (chapter 07 v5, decode_attention_v5_cluster_device_length_timed): a pair
+// The attention's (chapter 07 v6 or v5, decode_attention_v*_device_length_timed): a pair
 // per decode::AttentionTimelineEvent.
 constexpr size_t kAttentionTimelineValues = 2 * decode::kAttentionTimelineEvents;
 
@@ -115,7 +115,8 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     attention_workspace_ = std::make_unique<DecodeAttentionWorkspace>(H_, D_, 1024);
     attention_min_keys_ = options_.attention_min_keys_per_split > 0 ? options_.attention_min_keys_per_split
                                                                     : kDecodeV3MinKeysPerSplit;
-    // v5's splits are its cluster's blocks. Clusters of 8 (not chapter 07's 16): measured
+    // v5's and v6's splits are their cluster's blocks. Clusters of 8 (not chapter 07's 16),
+    // measured for v5; v6 has a clusters-of-16 row in bench_model's options table. For v5,
     // on the H200 (bench_model, 22:58 and 23:04 UTC runs), 8 won at chat lengths (813 vs
     // 785, 816 vs 790 tokens/s at 16-272 keys) and lost after a 2048-token prompt (672 vs
     // 707).
@@ -567,7 +568,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     p.epilogue_inputs_settled = true;
   };
   // decode_timeline: GEMV k of layer l records into slot 4 l + k (the lm_head: 4 L);
-  // then the attention of layer l (the v5 cluster path only) into attention slot l.
+  // then the attention of layer l (the v6 and v5 cluster paths only) into attention slot l.
   auto timeline_slot = [&](size_t slot) {
     return options_.decode_timeline ? d_timeline_.data() + kTimelineValues * slot : nullptr;
   };
@@ -653,9 +654,10 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
                                                     d_length, 1, context, H_, Hkv_, D_, attention_splits_,
                                                     attention_workspace_.get(), s);
       } else if (attention_path_ == DecodeAttentionPath::kClusterPerHead) {
-        decode_attention_v6_per_head_device_length(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)),
-                                                   d_length, 1, context, H_, Hkv_, D_, attention_splits_,
-                                                   attention_workspace_.get(), s);
+        decode_attention_v6_per_head_device_length_timed(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)),
+                                                         kv_.v(int(l)), d_length, 1, context, H_, Hkv_, D_,
+                                                         attention_splits_, attention_workspace_.get(), s,
+                                                         attention_timeline_slot(l));
       } else {
         decode_attention_v5_cluster_device_length_timed(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)),
                                                         d_length, 1, context, H_, Hkv_, D_, attention_splits_,

@@ -422,55 +422,62 @@ TEST_CASE("CUDA model: the decode timeline changes no value and stamps every GEM
   const TinySpec& spec = kSpecs[0];
   const std::string dir = tiny_checkpoint(spec);
   const std::vector<int32_t> prompt = random_prompt(7, spec.V, seed);
-  CudaModel plain(dir, cuda_options());
-  CudaModelOptions options = cuda_options();
-  options.decode_timeline = true;
-  CudaModel timed(dir, options);
-  REQUIRE(plain.decode_timeline(1).empty());  // off: nothing recorded
-  REQUIRE(timed.prefill(prompt) == plain.prefill(prompt));
-  const int32_t token = prompt.back();
-  const std::vector<unsigned long long> t = timed.decode_timeline(token);  // a greedy step
-  plain.decode_greedy(token);
-  for (int32_t next : random_prompt(3, spec.V, seed + 1)) REQUIRE(timed.decode(next) == plain.decode(next));
-  const int L = timed.config().num_hidden_layers;
-  constexpr int kValues = 8;  // start, wait returned, input staged, end: min / max pairs
-  constexpr int kAttentionValues = 2 * decode::kAttentionTimelineEvents;
-  REQUIRE(t.size() == size_t(kValues) * (4 * L + 1) + size_t(kAttentionValues) * L);
-  for (int launch = 0; launch < 4 * L + 1; ++launch) {
-    const unsigned long long* v = &t[kValues * launch];
-    INFO("launch " << launch << " (4 l + k; 4 L: lm_head)");
-    for (int e = 0; e < kValues; ++e) REQUIRE((v[e] != 0 && v[e] != ~0ull));  // every pair was written
-    for (int e = 0; e < kValues; e += 2) REQUIRE(v[e] <= v[e + 1]);  // first <= last
-    // In each block the events come in order, so the first of each is after the first
-    // of the one before, and the last after the last.
-    for (int e = 2; e < kValues; ++e) REQUIRE(v[e - 2] <= v[e]);
-    // Each GEMV's input is the previous GEMV's (or, for O, the attention's, which waits
-    // for QKV): no wait returns before the previous GEMV's last block has ended.
-    if (launch > 0) REQUIRE(v[2] >= t[kValues * (launch - 1) + 7]);
-  }
-  // Each layer's attention (chapter 07's v5 on sm_90; before it v3 runs and records
-  // nothing): every pair written, its events in order, its wait after QKV's last block
-  // ended, and O's wait after the attention's last block ended.
-  if (device_is_sm90_or_newer()) {
-    for (int l = 0; l < L; ++l) {
-      const unsigned long long* a = &t[kValues * (4 * L + 1) + kAttentionValues * l];
-      INFO("attention of layer " << l);
-      for (int e = 0; e < kAttentionValues; ++e) REQUIRE((a[e] != 0 && a[e] != ~0ull));
-      for (int e = 0; e < kAttentionValues; e += 2) REQUIRE(a[e] <= a[e + 1]);
-      // Each block's events come in order. The events inside a split (inputs arrived,
-      // states updated, warps merged) come only from blocks with keys, so across blocks:
-      // the first "partial done" (an empty split's, right after its wait) follows the
-      // first wait, not the first merge, and the last input arrival need not follow an
-      // empty split's wait.
-      using namespace decode;
-      for (int e = 1; e < kAttentionTimelineEvents; ++e) {
-        const int before = e == kAttentionPartialDone ? int(kAttentionWaitReturned) : e - 1;
-        REQUIRE(a[2 * before] <= a[2 * e]);                                             // first
-        if (e != kAttentionInputsArrived) REQUIRE(a[2 * (e - 1) + 1] <= a[2 * e + 1]);  // last
+  // The default attention (v6, a cluster per query head) and v5 (a cluster per kv head)
+  // record the same events.
+  for (const DecodeAttentionPath path : {DecodeAttentionPath::kClusterPerHead, DecodeAttentionPath::kCluster}) {
+    INFO("attention path " << (path == DecodeAttentionPath::kCluster ? "v5" : "v6"));
+    CudaModelOptions plain_options = cuda_options();
+    plain_options.decode_attention = path;
+    CudaModel plain(dir, plain_options);
+    CudaModelOptions options = plain_options;
+    options.decode_timeline = true;
+    CudaModel timed(dir, options);
+    REQUIRE(plain.decode_timeline(1).empty());  // off: nothing recorded
+    REQUIRE(timed.prefill(prompt) == plain.prefill(prompt));
+    const int32_t token = prompt.back();
+    const std::vector<unsigned long long> t = timed.decode_timeline(token);  // a greedy step
+    plain.decode_greedy(token);
+    for (int32_t next : random_prompt(3, spec.V, seed + 1)) REQUIRE(timed.decode(next) == plain.decode(next));
+    const int L = timed.config().num_hidden_layers;
+    constexpr int kValues = 8;  // start, wait returned, input staged, end: min / max pairs
+    constexpr int kAttentionValues = 2 * decode::kAttentionTimelineEvents;
+    REQUIRE(t.size() == size_t(kValues) * (4 * L + 1) + size_t(kAttentionValues) * L);
+    for (int launch = 0; launch < 4 * L + 1; ++launch) {
+      const unsigned long long* v = &t[kValues * launch];
+      INFO("launch " << launch << " (4 l + k; 4 L: lm_head)");
+      for (int e = 0; e < kValues; ++e) REQUIRE((v[e] != 0 && v[e] != ~0ull));  // every pair was written
+      for (int e = 0; e < kValues; e += 2) REQUIRE(v[e] <= v[e + 1]);  // first <= last
+      // In each block the events come in order, so the first of each is after the first
+      // of the one before, and the last after the last.
+      for (int e = 2; e < kValues; ++e) REQUIRE(v[e - 2] <= v[e]);
+      // Each GEMV's input is the previous GEMV's (or, for O, the attention's, which waits
+      // for QKV): no wait returns before the previous GEMV's last block has ended.
+      if (launch > 0) REQUIRE(v[2] >= t[kValues * (launch - 1) + 7]);
+    }
+    // Each layer's attention (chapter 07's v6 or v5 on sm_90; before it v3 runs and records
+    // nothing): every pair written, its events in order, its wait after QKV's last block
+    // ended, and O's wait after the attention's last block ended.
+    if (device_is_sm90_or_newer()) {
+      for (int l = 0; l < L; ++l) {
+        const unsigned long long* a = &t[kValues * (4 * L + 1) + kAttentionValues * l];
+        INFO("attention of layer " << l);
+        for (int e = 0; e < kAttentionValues; ++e) REQUIRE((a[e] != 0 && a[e] != ~0ull));
+        for (int e = 0; e < kAttentionValues; e += 2) REQUIRE(a[e] <= a[e + 1]);
+        // Each block's events come in order. The events inside a split (inputs arrived,
+        // states updated, warps merged) come only from blocks with keys, so across blocks:
+        // the first "partial done" (an empty split's, right after its wait) follows the
+        // first wait, not the first merge, and the last input arrival need not follow an
+        // empty split's wait.
+        using namespace decode;
+        for (int e = 1; e < kAttentionTimelineEvents; ++e) {
+          const int before = e == kAttentionPartialDone ? int(kAttentionWaitReturned) : e - 1;
+          REQUIRE(a[2 * before] <= a[2 * e]);                                             // first
+          if (e != kAttentionInputsArrived) REQUIRE(a[2 * (e - 1) + 1] <= a[2 * e + 1]);  // last
+        }
+        REQUIRE(a[2 * kAttentionWaitReturned + 1] <= a[2 * kAttentionPartialDone + 1]);
+        REQUIRE(a[2] >= t[kValues * (4 * l) + 7]);                    // after QKV's last block
+        REQUIRE(t[kValues * (4 * l + 1) + 2] >= a[kAttentionValues - 1]);  // before O's wait returns
       }
-      REQUIRE(a[2 * kAttentionWaitReturned + 1] <= a[2 * kAttentionPartialDone + 1]);
-      REQUIRE(a[2] >= t[kValues * (4 * l) + 7]);                    // after QKV's last block
-      REQUIRE(t[kValues * (4 * l + 1) + 2] >= a[kAttentionValues - 1]);  // before O's wait returns
     }
   }
 }
