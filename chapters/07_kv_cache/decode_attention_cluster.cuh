@@ -125,6 +125,82 @@ __device__ __forceinline__ void cluster_attention(cooperative_groups::cluster_gr
   timeline_fold(timeline, kAttentionStored);
 }
 
+/// v6's form for ONE query head (G = 1): the same splits, merged by PUSHING instead of
+/// pulling. cluster_attention above leaves each split's partial in its own block and has
+/// every block read every other block's partial after a cluster barrier: a round trip
+/// over the GPC's network, then a second barrier so no block leaves while others may
+/// still read its shared memory. Chapter 08's timeline (v6, 2026-12-01, ~85 keys) put
+/// 1.1-1.5 us between the last partial and the first store, and 0.4 us more to the end.
+/// Here each block with keys STORES its partial into block 0's `inbox` (remote stores do
+/// not wait for an answer), arrives at the cluster barrier with release semantics and
+/// exits; block 0 waits at the barrier (acquire), merges the partials from its own shared
+/// memory, and hands the D outputs to `store`. Nobody reads a pushing block's shared
+/// memory, so it may leave at once, and its SM is free for the next kernel's blocks.
+///
+/// The barrier is used twice: phase 0 (arrive at the start, wait before the first
+/// remote store) because a block may write another block's shared memory only once that
+/// block is running; phase 1 (arrive after the stores, block 0 waits) to hand the
+/// partials over. An exited thread counts as arrived, so the pushing blocks need not
+/// wait for phase 1. Every thread must call this. Stamps as cluster_attention; a pushing
+/// block stamps kAttentionStored (its share handed on) and returns right after its
+/// phase-1 arrival.
+template <int D, int kWarps, typename Store>
+__device__ __forceinline__ void cluster_attention_push(cooperative_groups::cluster_group& cluster,
+                                                       ClusterPartial<D, 1> (&inbox)[kClusterMaxSize],
+                                                       const __nv_bfloat16* q, const __nv_bfloat16* k_cache,
+                                                       const __nv_bfloat16* v_cache, int kv_head, const int* d_length,
+                                                       int kv_len_arg, int max_context, Store store,
+                                                       unsigned long long* timeline = nullptr) {
+  __cluster_barrier_arrive_relaxed();  // phase 0: this block is running
+  const int split = int(cluster.block_rank()), splits = int(cluster.num_blocks());
+  const int committed = d_length ? *d_length : 0;
+  const int kv_len = min(committed + kv_len_arg, max_context);
+  const int chunk = split_chunk_keys(kv_len, splits, kDecodeV3MinKeysPerSplit);
+  const int begin = split * chunk, end = min(kv_len, begin + chunk);
+  ClusterPartial<D, 1>& mine = inbox[split];  // block 0 writes its slot in place; the others copy theirs over
+  if (begin >= end) {
+    WaitForPreviousKernel{timeline}();
+  } else {
+    pipelined_split_partial<D, 1, kWarps, kClusterUnroll>(mine.acc, mine.ml, q, k_cache, v_cache, kv_head,
+                                                          max_context, begin, end, committed,
+                                                          WaitForPreviousKernel{timeline});
+  }
+  timeline_fold(timeline, kAttentionPartialDone);
+  if (split != 0) {
+    if (begin < end) {
+      __syncthreads();  // the partial, written by every thread of the block, is complete
+      __cluster_barrier_wait();  // phase 0: block 0 is running (long since, in practice)
+      ClusterPartial<D, 1>* slot = cluster.map_shared_rank(&mine, 0);
+      const float4* from = reinterpret_cast<const float4*>(mine.acc);
+      float4* to = reinterpret_cast<float4*>(slot->acc);
+      for (int i = int(threadIdx.x); i < D / 4; i += int(blockDim.x)) to[i] = from[i];
+      if (threadIdx.x < 2) slot->ml[threadIdx.x] = mine.ml[threadIdx.x];
+    } else {
+      __cluster_barrier_wait();  // phase 0 (an empty split: nothing to hand over)
+    }
+    __cluster_barrier_arrive();  // phase 1, release: the stores above are visible to block 0's wait
+    timeline_fold(timeline, kAttentionStored);
+    return;
+  }
+  __cluster_barrier_wait();     // phase 0
+  __cluster_barrier_arrive();   // phase 1 (release: this block's own partial too)
+  __cluster_barrier_wait();     // phase 1, acquire: every split's partial is in `inbox`
+  const int used = splits_with_keys(kv_len, splits, kDecodeV3MinKeysPerSplit);
+  for (int d = int(threadIdx.x); d < D; d += int(blockDim.x)) {
+    float m = -INFINITY, l = 0.0f, acc = 0.0f;
+    for (int r = 0; r < used; ++r) {  // local shared memory: no trip to hide
+      const float m_r = inbox[r].ml[0];
+      const float m_new = fmaxf(m, m_r);
+      const float old_weight = exp2f(m - m_new), new_weight = exp2f(m_r - m_new);
+      l = l * old_weight + inbox[r].ml[1] * new_weight;
+      acc = acc * old_weight + inbox[r].acc[d] * new_weight;
+      m = m_new;
+    }
+    store(d, l > 0.0f ? acc / l : 0.0f);  // l > 0 whenever kv_len >= 1
+  }
+  timeline_fold(timeline, kAttentionStored);
+}
+
 #endif  // sm_90
 
 }  // namespace bielik::decode

@@ -46,6 +46,11 @@ namespace cg = cooperative_groups;
 // in one update and the merge has half the states; long splits take twice the rounds.
 constexpr int kV6Warps = decode::kClusterWarps;
 
+// How the splits' partials meet: pushed into block 0, which merges (true), or pulled by
+// every block from every other after a cluster barrier, as v5 does (false). See
+// decode::cluster_attention_push.
+constexpr bool kV6PushMerge = true;
+
 template <int D>
 __global__ void __launch_bounds__(kV6Warps * 32)
     decode_attention_v6_kernel(__nv_bfloat16* out,            // (H, D)
@@ -58,20 +63,26 @@ __global__ void __launch_bounds__(kV6Warps * 32)
                                unsigned long long* timeline) {  // (2 * kAttentionTimelineEvents) or nullptr
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   timeline_fold(timeline, decode::kAttentionStart);
-  __shared__ decode::ClusterPartial<D, 1> partial;  // this block's split of its head
   cg::cluster_group cluster = cg::this_cluster();
   const int head = blockIdx.y, kv_head = head / group;
   // As v5: the next kernel only preloads weights, so it may be scheduled now.
   pdl_allow_dependents();
-  // cluster_attention<D, 1> serves "the one query head of kv head k" and reads it at
-  // q + k * D. This block's head is `head`, so it is given q shifted by head - k rows
-  // (never before q: k <= head).
+  // The cluster code serves "the one query head of kv head k" and reads it at q + k * D.
+  // This block's head is `head`, so it is given q shifted by head - k rows (never before
+  // q: k <= head).
   const __nv_bfloat16* q_of_head = q + size_t(head - kv_head) * D;
   __nv_bfloat16* head_out = out + size_t(head) * D;
-  decode::cluster_attention<D, 1, kV6Warps>(
-      cluster, partial, q_of_head, k_cache, v_cache, kv_head, d_length, kv_len_arg, max_context,
-      [&](int output, float value) { head_out[output] = __float2bfloat16(value); }, timeline);
-  cluster.sync();  // no block leaves while another may still read its shared memory
+  auto store = [&](int output, float value) { head_out[output] = __float2bfloat16(value); };
+  if constexpr (kV6PushMerge) {
+    __shared__ decode::ClusterPartial<D, 1> inbox[decode::kClusterMaxSize];  // block 0's: every split's partial
+    decode::cluster_attention_push<D, kV6Warps>(cluster, inbox, q_of_head, k_cache, v_cache, kv_head, d_length,
+                                                kv_len_arg, max_context, store, timeline);
+  } else {
+    __shared__ decode::ClusterPartial<D, 1> partial;  // this block's split of its head
+    decode::cluster_attention<D, 1, kV6Warps>(cluster, partial, q_of_head, k_cache, v_cache, kv_head, d_length,
+                                              kv_len_arg, max_context, store, timeline);
+    cluster.sync();  // no block leaves while another may still read its shared memory
+  }
   timeline_fold(timeline, decode::kAttentionEnd);
 #else
   __trap();  // never launched before sm_90 (the launcher runs v3 there)
