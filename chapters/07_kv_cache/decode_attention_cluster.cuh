@@ -187,13 +187,25 @@ __device__ __forceinline__ void cluster_attention_push(cooperative_groups::clust
   __cluster_barrier_wait();     // phase 1, acquire: every split's partial is in `inbox`
   const int used = splits_with_keys(kv_len, splits, kDecodeV3MinKeysPerSplit);
   for (int d = int(threadIdx.x); d < D; d += int(blockDim.x)) {
+    // As cluster_attention's merge: every load first (local shared memory now, but a
+    // chain of dependent loads still costs a trip each), then the merge in rank order.
+    float m_r[kClusterMaxSize], l_r[kClusterMaxSize], acc_r[kClusterMaxSize];
+#pragma unroll
+    for (int r = 0; r < kClusterMaxSize; ++r) {
+      if (r < used) {
+        m_r[r] = inbox[r].ml[0];
+        l_r[r] = inbox[r].ml[1];
+        acc_r[r] = inbox[r].acc[d];
+      }
+    }
     float m = -INFINITY, l = 0.0f, acc = 0.0f;
-    for (int r = 0; r < used; ++r) {  // local shared memory: no trip to hide
-      const float m_r = inbox[r].ml[0];
-      const float m_new = fmaxf(m, m_r);
-      const float old_weight = exp2f(m - m_new), new_weight = exp2f(m_r - m_new);
-      l = l * old_weight + inbox[r].ml[1] * new_weight;
-      acc = acc * old_weight + inbox[r].acc[d] * new_weight;
+#pragma unroll
+    for (int r = 0; r < kClusterMaxSize; ++r) {
+      if (r >= used) break;
+      const float m_new = fmaxf(m, m_r[r]);
+      const float old_weight = exp2f(m - m_new), new_weight = exp2f(m_r[r] - m_new);
+      l = l * old_weight + l_r[r] * new_weight;
+      acc = acc * old_weight + acc_r[r] * new_weight;
       m = m_new;
     }
     store(d, l > 0.0f ? acc / l : 0.0f);  // l > 0 whenever kv_len >= 1
