@@ -54,6 +54,7 @@ struct Args {
   DecodeAttentionPath attention = CudaModelOptions{}.decode_attention;
   int replicas = CudaModelOptions{}.attention_o_replicas;
   int splits = CudaModelOptions{}.attention_splits;
+  int short_max_keys = CudaModelOptions{}.short_attention_max_keys;  ///< --short-max-keys (0: one decode graph)
   bool qkv_early = CudaModelOptions{}.qkv_allows_attention_early;
   bool down_shared = CudaModelOptions{}.down_second_batch_in_shared;
   bool gate_up_shared = CudaModelOptions{}.gate_up_second_batch_in_shared;
@@ -121,6 +122,8 @@ Args parse(int argc, char** argv) {
       a.large_blocks = std::stoi(value());
     } else if (flag == "--splits") {
       a.splits = std::stoi(value());
+    } else if (flag == "--short-max-keys") {
+      a.short_max_keys = std::stoi(value());
     } else if (flag == "--attention") {
       const std::string path = value();
       if (path == "cluster_o") {
@@ -142,7 +145,8 @@ Args parse(int argc, char** argv) {
                                   " (usage: bench_model [--model DIR] [--out FILE] [--decode-tokens N] [--context N]"
                                   " [--decode-only [--prompt-tokens N]] [--ttft-only] [--timeline] [--prefill-attention v5|v6]"
                                   " [--attention cluster_o|cluster|cluster_per_head|split_combine|merge_in_o]"
-                                  " [--replicas N] [--splits N] [--qkv-early] [--gate-up-after-o] [--down-shared]"
+                                  " [--replicas N] [--splits N] [--short-max-keys N] [--qkv-early] [--gate-up-after-o]"
+                                  " [--down-shared]"
                                   " [--down-global-input|--down-staged-input] [--o-global-input]"
                                   " [--rope-after-wait]"
                                   " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N])");
@@ -344,6 +348,7 @@ int main(int argc, char** argv) {
     options.decode_attention = args.attention;
     options.attention_o_replicas = args.replicas;
     options.attention_splits = args.splits;
+    options.short_attention_max_keys = args.short_max_keys;
     options.qkv_allows_attention_early = args.qkv_early;
     options.down_second_batch_in_shared = args.down_shared;
     options.gate_up_second_batch_in_shared = args.gate_up_shared;
@@ -535,12 +540,17 @@ int main(int argc, char** argv) {
       bool down_global_input = CudaModelOptions{}.down_input_from_global;
       bool o_global_input = CudaModelOptions{}.o_input_from_global;
       bool rope_after_wait = CudaModelOptions{}.qkv_rope_inputs_after_wait;
+      int short_max_keys = CudaModelOptions{}.short_attention_max_keys;
       double tok_s = 0;
     };
     using Path = DecodeAttentionPath;
     std::vector<OptionVariant> option_variants = {
-        {"defaults (attention v6: clusters of 8 per query head; then the O GEMV, which lets gate/up start early; "
-         "evict-first)", true, true, Path::kClusterPerHead, 0, 0},
+        {"defaults (attention v6: clusters of 4 per query head up to 384 keys, then 8; then the O GEMV, which "
+         "lets gate/up start early; evict-first)", true, true, Path::kClusterPerHead, 0, 0},
+        {"one decode graph: attention v6 in clusters of 8 at every length", true, true, Path::kClusterPerHead, 0, 0,
+         4, false, CudaModelOptions{}.down_second_batch_in_shared, CudaModelOptions{}.gate_up_second_batch_in_shared,
+         CudaModelOptions{}.down_input_from_global, CudaModelOptions{}.o_input_from_global,
+         CudaModelOptions{}.qkv_rope_inputs_after_wait, 0},
         {"gate/up starts after O's wait", false, true, Path::kClusterPerHead, 0, 0},
         {"QKV lets the attention start early", true, true, Path::kClusterPerHead, 0, 0, 4, true},
         {"gate/up copies its second row pair into shared memory before its wait", true, true, Path::kClusterPerHead,
@@ -586,6 +596,7 @@ int main(int argc, char** argv) {
       o.down_input_from_global = v.down_global_input;
       o.o_input_from_global = v.o_global_input;
       o.qkv_rope_inputs_after_wait = v.rope_after_wait;
+      o.short_attention_max_keys = v.short_max_keys;
       CudaModel m(args.model, o);
       v.tok_s = decode_tokens_per_s(m, tokens, 3, false);
       const double long_rate = long_fits ? decode_tokens_per_s(m, long_tokens, 3, false, long_prompt) : 0.0;

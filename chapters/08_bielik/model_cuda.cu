@@ -81,6 +81,11 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     throw std::invalid_argument("attention_splits must be >= 0 (0: automatic), got " +
                                 std::to_string(options_.attention_splits));
   }
+  if (options_.short_attention_max_keys < 0 || options_.short_attention_splits < 0) {
+    throw std::invalid_argument("short_attention_max_keys and short_attention_splits must be >= 0 (0: off), got " +
+                                std::to_string(options_.short_attention_max_keys) + " and " +
+                                std::to_string(options_.short_attention_splits));
+  }
   if (options_.prefill_chunk < 1) {
     throw std::invalid_argument("prefill_chunk must be >= 1, got " + std::to_string(options_.prefill_chunk));
   }
@@ -138,6 +143,13 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
                         : attention_path_ == DecodeAttentionPath::kClusterPerHead
                             ? std::min(8, decode_attention_v6_default_splits(context, H_, Hkv_, D_, 1024))
                             : decode_attention_v3_default_splits(std::min(context, 512), H_, Hkv_, D_, 1024);
+    // v6 at chat lengths: a second graph with smaller clusters (options' comment).
+    if (attention_path_ == DecodeAttentionPath::kClusterPerHead && options_.attention_splits == 0 &&
+        options_.short_attention_max_keys > 0 && options_.short_attention_splits > 0 &&
+        options_.short_attention_splits < attention_splits_ && !options_.persistent_decode) {
+      short_attention_splits_ = options_.short_attention_splits;
+      short_attention_max_keys_ = options_.short_attention_max_keys;
+    }
 
     const size_t tc = size_t(Tc);
     p_tokens_ = DeviceBuffer<int32_t>(tc);
@@ -190,7 +202,8 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     // attention split kernel's setup) happens outside the capture, and a kernel that
     // cannot launch fails here with its own message. Then forget it.
     CUDA_CHECK(cudaMemsetAsync(d_token_.data(), 0, sizeof(int32_t), stream_));
-    enqueue_decode_step(stream_, use_pdl_, nullptr);
+    enqueue_decode_step(stream_, use_pdl_, nullptr, attention_splits_);
+    if (short_attention_splits_ > 0) enqueue_decode_step(stream_, use_pdl_, nullptr, short_attention_splits_);
     kv_.reset(stream_);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
 
@@ -252,7 +265,7 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
       }
     } else if (options_.use_graph) {
       try {
-        capture_graph(use_pdl_);
+        capture_graphs(use_pdl_);
       } catch (const std::exception& error) {
         if (!use_pdl_) throw;
         // A driver that cannot capture programmatic launches: keep the graph, lose PDL.
@@ -260,45 +273,60 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
                      error.what());
         cudaGetLastError();
         use_pdl_ = false;
-        capture_graph(false);
+        destroy_graphs();
+        capture_graphs(false);
       }
     }
   } catch (...) {
-    if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
-    if (graph_) cudaGraphDestroy(graph_);
+    destroy_graphs();
     cudaStreamDestroy(stream_);
     throw;
   }
 }
 
-void CudaModel::capture_graph(bool pdl) {
+void CudaModel::capture_graphs(bool pdl) {
+  capture_graph(pdl, attention_splits_, graph_, graph_exec_);
+  if (short_attention_splits_ > 0) capture_graph(pdl, short_attention_splits_, short_graph_, short_graph_exec_);
+}
+
+void CudaModel::destroy_graphs() {
+  for (cudaGraphExec_t* exec : {&graph_exec_, &short_graph_exec_}) {
+    if (*exec) cudaGraphExecDestroy(*exec);
+    *exec = nullptr;
+  }
+  for (cudaGraph_t* graph : {&graph_, &short_graph_}) {
+    if (*graph) cudaGraphDestroy(*graph);
+    *graph = nullptr;
+  }
+}
+
+void CudaModel::capture_graph(bool pdl, int attention_splits, cudaGraph_t& graph, cudaGraphExec_t& exec) {
   CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   try {
-    enqueue_decode_step(stream_, pdl, nullptr);
+    enqueue_decode_step(stream_, pdl, nullptr, attention_splits);
   } catch (...) {
     cudaGraph_t broken = nullptr;
     cudaStreamEndCapture(stream_, &broken);
     if (broken) cudaGraphDestroy(broken);
     throw;
   }
-  CUDA_CHECK(cudaStreamEndCapture(stream_, &graph_));
+  CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
   try {
-    CUDA_CHECK(cudaGraphInstantiate(&graph_exec_, graph_, 0));
-    CUDA_CHECK(cudaGraphUpload(graph_exec_, stream_));
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_CHECK(cudaGraphUpload(exec, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
   } catch (...) {
-    if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
-    cudaGraphDestroy(graph_);
-    graph_exec_ = nullptr;
-    graph_ = nullptr;
+    if (exec) cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    exec = nullptr;
+    graph = nullptr;
     throw;
   }
 }
 
 CudaModel::~CudaModel() {
   cudaStreamSynchronize(stream_);
-  if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
-  if (graph_) cudaGraphDestroy(graph_);
+  destroy_graphs();
   cudaStreamDestroy(stream_);
 }
 
@@ -543,7 +571,8 @@ void CudaModel::forward_chunk(const int32_t* tokens, int T, bool all_logits, flo
   CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
-void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::function<void(const char*)>* after) {
+void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::function<void(const char*)>* after,
+                                    int attention_splits) {
   auto done = [&](const char* name) {
     if (after) (*after)(name);
   };
@@ -625,7 +654,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
       attention_o.H = H_;
       attention_o.Hkv = Hkv_;
       attention_o.D = D_;
-      decode_attention_o(attention_o, attention_splits_, pdl, s, options_.attention_o_replicas);
+      decode_attention_o(attention_o, attention_splits, pdl, s, options_.attention_o_replicas);
       done("attention_o");
     } else if (skip & (kSkipAttention | kSkipOProjection)) {
       // Measurement only (decode_skip): the attention and / or the O projection left out.
@@ -634,7 +663,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
       // The split kernel alone; the O projection merges its partials while it stages its
       // input, and adds its output into the residual stream.
       decode_attention_v3_splits_device_length(attention_workspace_.get(), d_qkv_.data(), kv_.k(int(l)),
-                                               kv_.v(int(l)), d_length, 1, context, H_, Hkv_, D_, attention_splits_,
+                                               kv_.v(int(l)), d_length, 1, context, H_, Hkv_, D_, attention_splits,
                                                attention_min_keys_, s);
       done("attention");
       o.x = nullptr;
@@ -643,7 +672,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
                                      d_length,
                                      1,
                                      context,
-                                     attention_splits_,
+                                     attention_splits,
                                      attention_min_keys_,
                                      H_,
                                      D_};
@@ -651,16 +680,16 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     } else {
       if (attention_path_ == DecodeAttentionPath::kSplitCombine) {
         decode_attention_v3_pipelined_device_length(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)),
-                                                    d_length, 1, context, H_, Hkv_, D_, attention_splits_,
+                                                    d_length, 1, context, H_, Hkv_, D_, attention_splits,
                                                     attention_workspace_.get(), s);
       } else if (attention_path_ == DecodeAttentionPath::kClusterPerHead) {
         decode_attention_v6_per_head_device_length_timed(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)),
                                                          kv_.v(int(l)), d_length, 1, context, H_, Hkv_, D_,
-                                                         attention_splits_, attention_workspace_.get(), s,
+                                                         attention_splits, attention_workspace_.get(), s,
                                                          attention_timeline_slot(l));
       } else {
         decode_attention_v5_cluster_device_length_timed(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)),
-                                                        d_length, 1, context, H_, Hkv_, D_, attention_splits_,
+                                                        d_length, 1, context, H_, Hkv_, D_, attention_splits,
                                                         attention_workspace_.get(), s, attention_timeline_slot(l));
       }
       done("attention");
@@ -700,15 +729,16 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   done("argmax");
 }
 
-void CudaModel::run_decode_step() {
+void CudaModel::run_decode_step(int kv_len) {
   if (options_.persistent_decode && options_.persistent_weight_stream) {
     decode_step_streamed(persistent_step_, streamed_layout_, stream_);
   } else if (options_.persistent_decode) {
     decode_step_persistent(persistent_step_, options_.persistent_blocks_per_sm, stream_);
   } else if (graph_exec_) {
-    CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
+    const bool short_step = short_graph_exec_ && kv_len <= short_attention_max_keys_;
+    CUDA_CHECK(cudaGraphLaunch(short_step ? short_graph_exec_ : graph_exec_, stream_));
   } else {
-    enqueue_decode_step(stream_, use_pdl_, nullptr);
+    enqueue_decode_step(stream_, use_pdl_, nullptr, attention_splits_at(kv_len));
   }
 }
 
@@ -717,7 +747,7 @@ std::vector<float> CudaModel::decode(int32_t token) {
   check_fits(1, "prompt");
   h_tokens_.get()[0] = token;
   CUDA_CHECK(cudaMemcpyAsync(d_token_.data(), h_tokens_.get(), sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
-  run_decode_step();
+  run_decode_step(position() + 1);
   CUDA_CHECK(cudaMemcpyAsync(h_logits_.get(), d_logits_.data(), size_t(V_) * sizeof(float), cudaMemcpyDeviceToHost,
                              stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -742,7 +772,7 @@ std::vector<int32_t> CudaModel::generate_greedy(int32_t token, int count) {
   // queued back to back, each followed by a 4-byte copy of its token, and the host waits
   // once at the end. (Stream order: copy i happens before step i+1 overwrites d_token_.)
   for (int i = 0; i < count; ++i) {
-    run_decode_step();
+    run_decode_step(position() + i + 1);
     CUDA_CHECK(cudaMemcpyAsync(host + i, d_token_.data(), sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
   }
   CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -776,7 +806,7 @@ void CudaModel::decode_probed(int32_t token, const std::function<void(const char
   check_fits(1, "prompt");
   h_tokens_.get()[0] = token;
   CUDA_CHECK(cudaMemcpyAsync(d_token_.data(), h_tokens_.get(), sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
-  enqueue_decode_step(stream_, false, &after_kernel);
+  enqueue_decode_step(stream_, false, &after_kernel, attention_splits_at(position() + 1));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
   kv_.commit_host(1);
 }

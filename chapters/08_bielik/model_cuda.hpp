@@ -138,6 +138,15 @@ struct CudaModelOptions {
   /// the v3 paths; at most 1024, the workspace's size, and for the cluster paths at most
   /// the largest cluster, 16; bench_model sweeps it).
   int attention_splits = 0;
+  /// kClusterPerHead with attention_splits 0: steps whose attention reads at most this
+  /// many keys (this token's included) replay a second decode graph, whose attention runs
+  /// in clusters of short_attention_splits instead of 8. Fewer blocks per head, each
+  /// with more keys, free SMs for gate/up's blocks sooner; with many keys the splits are
+  /// too long. bench_model (H200, 2026-12-01), clusters of 4 against 8: 913 / 896 tokens/s
+  /// after a 16-token prompt, 908 / 894 after 128, 862 / 870 after 512, 728 / 782 after
+  /// 2048. 0: one graph. The graph and eager launches choose alike, so they agree bit for bit.
+  int short_attention_max_keys = 384;
+  int short_attention_splits = 4;  ///< clusters of this many blocks up to short_attention_max_keys
   /// kClusterWithO: clusters per kv head, each computing the same attention and
   /// projecting 1 / replicas of the O rows (decode_attention_o; bench_model sweeps it).
   int attention_o_replicas = 4;
@@ -261,9 +270,22 @@ class CudaModel final : public Backend {
                      const std::function<void(const char*)>* after = nullptr);
   // Enqueues one decode step on `stream`: reads d_token_ and the device KV length, writes
   // logits_ and d_token_ (the argmax), advances the device length.
-  void enqueue_decode_step(cudaStream_t stream, bool pdl, const std::function<void(const char*)>* after_kernel);
-  void run_decode_step();  // the graph, or the eager launches
-  void capture_graph(bool pdl);  // the decode step into graph_ / graph_exec_
+  // Its attention runs with `attention_splits` (attention_splits_at(kv length)).
+  void enqueue_decode_step(cudaStream_t stream, bool pdl, const std::function<void(const char*)>* after_kernel,
+                           int attention_splits);
+  // One step whose attention reads kv_len keys (position + 1): the graph for that length,
+  // or the eager launches.
+  void run_decode_step(int kv_len);
+  // The decode step with `attention_splits` into `graph` / `exec`.
+  void capture_graph(bool pdl, int attention_splits, cudaGraph_t& graph, cudaGraphExec_t& exec);
+  void capture_graphs(bool pdl);  // graph_, and short_graph_ when short_attention_splits_ > 0
+  void destroy_graphs();
+  // The attention splits of a step over kv_len keys: short_attention_splits_ up to
+  // short_attention_max_keys_ (when set), else attention_splits_.
+  int attention_splits_at(int kv_len) const {
+    return short_attention_splits_ > 0 && kv_len <= short_attention_max_keys_ ? short_attention_splits_
+                                                                               : attention_splits_;
+  }
 
   ModelConfig config_;
   CudaModelOptions options_;
@@ -290,6 +312,8 @@ class CudaModel final : public Backend {
   PersistentStep persistent_step_;
   StreamedStepLayout streamed_layout_;  ///< persistent_weight_stream: the ring, computed at load
   int attention_splits_ = 1;
+  int short_attention_splits_ = 0;    ///< options_.short_attention_splits where it applies, else 0
+  int short_attention_max_keys_ = 0;  ///< options_.short_attention_max_keys where it applies
   /// The path the decode step takes: options_.decode_attention, or kCluster where the
   /// GPU cannot run kClusterWithO.
   DecodeAttentionPath attention_path_ = DecodeAttentionPath::kClusterPerHead;
@@ -324,6 +348,8 @@ class CudaModel final : public Backend {
 
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t graph_exec_ = nullptr;
+  cudaGraph_t short_graph_ = nullptr;  // short_attention_splits_ > 0: the step for short caches
+  cudaGraphExec_t short_graph_exec_ = nullptr;
 };
 
 /// Why the CUDA backend cannot run a model of this shape, or "" when it can (the

@@ -282,6 +282,7 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
       int splits, min_keys;
       const char* name;
       int replicas = 1;
+      int short_max_keys = CudaModelOptions{}.short_attention_max_keys;  ///< v6's second graph
     };
     const AttentionVariant variants[] = {
         {DecodeAttentionPath::kClusterWithO, 1, 0, "attention + O fused"},
@@ -290,7 +291,9 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
         {DecodeAttentionPath::kCluster, 0, 0, "v5 cluster"},
         {DecodeAttentionPath::kCluster, 1, 0, "v5 cluster"},
         {DecodeAttentionPath::kCluster, 3, 0, "v5 cluster"},
-        {DecodeAttentionPath::kClusterPerHead, 0, 0, "v6 cluster per query head"},
+        {DecodeAttentionPath::kClusterPerHead, 0, 0, "v6 cluster per query head (clusters of 4: short)"},
+        {DecodeAttentionPath::kClusterPerHead, 0, 0, "v6, one graph (clusters of 8)", 1, 0},
+        {DecodeAttentionPath::kClusterPerHead, 0, 0, "v6, clusters of 4 up to 10 keys, then 8", 1, 10},
         {DecodeAttentionPath::kClusterPerHead, 3, 0, "v6 cluster per query head"},
         {DecodeAttentionPath::kSplitCombine, 0, 0, "v3 split + combine"},
         {DecodeAttentionPath::kSplitCombine, 1, 0, "v3 split + combine"},
@@ -305,6 +308,7 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
       options.attention_min_keys_per_split = a.min_keys;
       options.decode_attention = a.path;
       options.attention_o_replicas = a.replicas;
+      options.short_attention_max_keys = a.short_max_keys;
       CudaModel split_model(dir, options);
       const std::string label = std::string(spec.name) + " " + a.name + ", " + std::to_string(a.splits) +
                                 " splits (0: default) of >= " + std::to_string(a.min_keys) + " keys";
@@ -413,6 +417,14 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
     INFO(spec.name << " unfused path: gate/up after O's wait, then eager launches");
     REQUIRE(run(unfused_late) == unfused_graph);
     REQUIRE(run(unfused_eager) == unfused_graph);
+    // v6's two graphs, switching over at 14 keys (the steps read 12..20): eager launches
+    // choose the same clusters step by step, so they agree bit for bit.
+    CudaModelOptions switching = cuda_options();
+    switching.short_attention_max_keys = 14;
+    CudaModelOptions switching_eager = cuda_options(0, 1024, false, true);
+    switching_eager.short_attention_max_keys = 14;
+    INFO(spec.name << " v6 with a second graph up to 14 keys: graph, then eager launches");
+    REQUIRE(run(switching) == run(switching_eager));
   }
 }
 
@@ -575,8 +587,11 @@ TEST_CASE("CUDA model: context overflow throws before touching the cache", "[ch0
   REQUIRE_THROWS_AS(cuda.prefill({}), std::invalid_argument);
   REQUIRE(cuda.position() == 0);
   REQUIRE(cuda.prefill(prompt) == expected);  // reset() really forgets, deterministically
-  // A context larger than the model's positions is refused.
+  // A context larger than the model's positions is refused, and so are negative options.
   REQUIRE_THROWS_AS(CudaModel(dir, cuda_options(spec.max_pos + 1)), std::invalid_argument);
+  CudaModelOptions negative = cuda_options();
+  negative.short_attention_max_keys = -1;
+  REQUIRE_THROWS_AS(CudaModel(dir, negative), std::invalid_argument);
 }
 
 TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][kernels]") {
