@@ -12,16 +12,21 @@
 // v6 spends memory to cut that path: grid.y runs over the H query heads, and the block
 // for head h reads the keys and values of kv head h / G. Every key is then read G times,
 // from L2 after the first, G x 2 x D x 2 bytes per key (6 x 512 B for Bielik: 43 KB per
-// layer at 85 keys, 3 MB at 1k keys, per read through L2). Each block runs v5's device
+// layer at 85 keys, 3 MB at 1k keys, per read through L2). Each block runs v5's split
 // code with G = 1: a sixth of the work, and a smaller kernel (less code to fetch).
-// The arithmetic per head is v5's, step for step, so the outputs are the same.
+//
+// The splits then meet differently: each pushes its partial into block 0's shared
+// memory and leaves, and block 0 alone merges (decode::cluster_attention_push), instead
+// of every block pulling every partial and the cluster meeting twice. The arithmetic is
+// v5's, step for step and in the same order, so the outputs are the same.
 //
 // The grid is H clusters of `splits` blocks (Bielik, clusters of 8: 96 blocks, against
 // v5's 16). Measured on the H200 (2026-12-01, bench_kv_cache, one layer alone at 1k / 4k
-// / 8k keys): 8.3 / 12.4 / 17.4 us against v5's 10.5 / 17.1 / 25.5. The extra reads of
+// / 8k keys): 8.1 / 12.0 / 17.0 us against v5's 10.4 / 16.9 / 25.4. The extra reads of
 // the same keys come from L2 and cost less than the serial work they split up. Chapter
-// 08's decode step uses v6 (908 against 891 tokens/s; 802 against 715 after a 2048-token
-// prompt).
+// 08's decode step uses v6: 908 against 891 tokens/s, 802 against 715 after a 2048-token
+// prompt (pulled merge); the push added 0.3% (905-906 against 902-903), within noise,
+// and freed 0.2 us of the attention's end on its timeline.
 #include <algorithm>
 #include <stdexcept>
 
