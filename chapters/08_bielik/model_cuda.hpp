@@ -118,8 +118,10 @@ struct CudaModelOptions {
   /// its lanes need it, instead of every block staging all of it in shared memory after
   /// the wait (DecodeGemvParams::input_from_global). On the H200 (2026-12-01): 864-865
   /// against 851 tokens/s in two A/B pairs, and down alone in a graph 7.95 against 8.20
-  /// us (82.1% against 79.6% of copy bandwidth). bench_model measures both.
-  bool down_input_from_global = true;
+  /// us (82.1% against 79.6% of copy bandwidth). With the attention in v6 the order
+  /// turned (2026-12-01, three interleaved A/B pairs): staged 931-932 against 913-914
+  /// tokens/s, and 812 against 785 after a 2048-token prompt. Off; bench_model measures both.
+  bool down_input_from_global = false;
   /// The same for the O projection (its input: the attention output, 1536 values), when
   /// the attention is its own kernel (kCluster, kSplitCombine). Faster alone (1.93
   /// against 2.42 us in a graph) but slower in the step (845-862 against 866-888
