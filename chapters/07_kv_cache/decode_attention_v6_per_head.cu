@@ -48,12 +48,17 @@ namespace cg = cooperative_groups;
 // D = 128, two rounds in flight: 32 key slots, while a split at chat lengths holds 16
 // keys (kDecodeV3MinKeysPerSplit). So each group updates its state with one key, and
 // the merge of the warps' states then waits on all 8. With 4, each group takes two keys
-// in one update and the merge has half the states; long splits take twice the rounds.
+// in one update and the merge has half the states, but long splits take twice the
+// rounds. Measured in chapter 08's step (H200, 2026-12-01): 4 warps 893 against 900
+// tokens/s, and 711 against 794 after a 2048-token prompt. So 8.
 constexpr int kV6Warps = decode::kClusterWarps;
 
 // How the splits' partials meet: pushed into block 0, which merges (true), or pulled by
 // every block from every other after a cluster barrier, as v5 does (false). See
-// decode::cluster_attention_push.
+// decode::cluster_attention_push. Measured on the H200 (2026-12-01): level in chapter
+// 08's decode step (905-906 against 902-903 tokens/s), but 12-16% slower in
+// bench_kv_cache's chain of 32 attention launches (462.8 against 405.6 us at 8k keys);
+// the README's exercise 7 asks why. The model's final measurements ran the pushed form.
 constexpr bool kV6PushMerge = true;
 
 template <int D>
