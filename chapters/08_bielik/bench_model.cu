@@ -544,13 +544,15 @@ int main(int argc, char** argv) {
       double tok_s = 0;
     };
     using Path = DecodeAttentionPath;
+    auto one_graph = [](OptionVariant v) {  // v6 without the second decode graph
+      v.short_max_keys = 0;
+      return v;
+    };
     std::vector<OptionVariant> option_variants = {
         {"defaults (attention v6: clusters of 4 per query head up to 384 keys, then 8; then the O GEMV, which "
          "lets gate/up start early; evict-first)", true, true, Path::kClusterPerHead, 0, 0},
-        {"one decode graph: attention v6 in clusters of 8 at every length", true, true, Path::kClusterPerHead, 0, 0,
-         4, false, CudaModelOptions{}.down_second_batch_in_shared, CudaModelOptions{}.gate_up_second_batch_in_shared,
-         CudaModelOptions{}.down_input_from_global, CudaModelOptions{}.o_input_from_global,
-         CudaModelOptions{}.qkv_rope_inputs_after_wait, 0},
+        one_graph({"one decode graph: attention v6 in clusters of 8 at every length", true, true,
+                   Path::kClusterPerHead, 0, 0}),
         {"gate/up starts after O's wait", false, true, Path::kClusterPerHead, 0, 0},
         {"QKV lets the attention start early", true, true, Path::kClusterPerHead, 0, 0, 4, true},
         {"gate/up copies its second row pair into shared memory before its wait", true, true, Path::kClusterPerHead,
