@@ -56,7 +56,7 @@ constexpr int kV6Warps = decode::kClusterWarps;
 // How the splits' partials meet: pushed into block 0, which merges (true), or pulled by
 // every block from every other after a cluster barrier, as v5 does (false). See
 // decode::cluster_attention_push. Measured on the H200 (2026-12-01): level in chapter
-// 08's decode step (905-906 against 902-903 tokens/s), but 12-16% slower in
+// 08's decode step (905-906 against 902-903 tokens/s), but 13-16% slower in
 // bench_kv_cache's chain of 32 attention launches (462.8 against 405.6 us at 8k keys);
 // the README's exercise 7 asks why. The model's final measurements ran the pushed form.
 constexpr bool kV6PushMerge = true;
