@@ -58,6 +58,26 @@ int largest_cluster_size(void (*kernel)(Params...), int cluster_rows, int warps 
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
+/// The end of both cluster merges (cluster_attention's pull, cluster_attention_push):
+/// one output's partial states of splits 0 .. used - 1, already loaded (every load
+/// issued before this runs), merged in rank order and normalized; l > 0 whenever the
+/// splits hold a key, so no keys at all give 0.
+__device__ __forceinline__ float merge_loaded_partials(const float (&m_r)[kClusterMaxSize],
+                                                       const float (&l_r)[kClusterMaxSize],
+                                                       const float (&acc_r)[kClusterMaxSize], int used) {
+  float m = -INFINITY, l = 0.0f, acc = 0.0f;
+#pragma unroll
+  for (int r = 0; r < kClusterMaxSize; ++r) {
+    if (r >= used) break;
+    const float m_new = fmaxf(m, m_r[r]);
+    const float old_weight = exp2f(m - m_new), new_weight = exp2f(m_r[r] - m_new);
+    l = l * old_weight + l_r[r] * new_weight;
+    acc = acc * old_weight + acc_r[r] * new_weight;
+    m = m_new;
+  }
+  return l > 0.0f ? acc / l : 0.0f;
+}
+
 /// The attention of kv head `kv_head` for its G query heads, by the calling cluster (one
 /// block per split). kv_len = *d_length + kv_len_arg (d_length may be null: 0 committed),
 /// capped at max_context. The length and the committed keys are read before the PDL wait
@@ -110,17 +130,7 @@ __device__ __forceinline__ void cluster_attention(cooperative_groups::cluster_gr
         acc_r[r] = remote->acc[output];
       }
     }
-    float m = -INFINITY, l = 0.0f, acc = 0.0f;
-#pragma unroll
-    for (int r = 0; r < kClusterMaxSize; ++r) {
-      if (r >= used) break;
-      const float m_new = fmaxf(m, m_r[r]);
-      const float old_weight = exp2f(m - m_new), new_weight = exp2f(m_r[r] - m_new);
-      l = l * old_weight + l_r[r] * new_weight;
-      acc = acc * old_weight + acc_r[r] * new_weight;
-      m = m_new;
-    }
-    store(output, l > 0.0f ? acc / l : 0.0f);  // l > 0 whenever kv_len >= 1
+    store(output, merge_loaded_partials(m_r, l_r, acc_r, used));
   }
   timeline_fold(timeline, kAttentionStored);
 }
@@ -198,17 +208,7 @@ __device__ __forceinline__ void cluster_attention_push(cooperative_groups::clust
         acc_r[r] = inbox[r].acc[d];
       }
     }
-    float m = -INFINITY, l = 0.0f, acc = 0.0f;
-#pragma unroll
-    for (int r = 0; r < kClusterMaxSize; ++r) {
-      if (r >= used) break;
-      const float m_new = fmaxf(m, m_r[r]);
-      const float old_weight = exp2f(m - m_new), new_weight = exp2f(m_r[r] - m_new);
-      l = l * old_weight + l_r[r] * new_weight;
-      acc = acc * old_weight + acc_r[r] * new_weight;
-      m = m_new;
-    }
-    store(d, l > 0.0f ? acc / l : 0.0f);  // l > 0 whenever kv_len >= 1
+    store(d, merge_loaded_partials(m_r, l_r, acc_r, used));
   }
   timeline_fold(timeline, kAttentionStored);
 }

@@ -735,8 +735,8 @@ void CudaModel::run_decode_step(int kv_len) {
   } else if (options_.persistent_decode) {
     decode_step_persistent(persistent_step_, options_.persistent_blocks_per_sm, stream_);
   } else if (graph_exec_) {
-    const bool short_step = short_graph_exec_ && kv_len <= short_attention_max_keys_;
-    CUDA_CHECK(cudaGraphLaunch(short_step ? short_graph_exec_ : graph_exec_, stream_));
+    // Both graphs exist whenever short_attention_splits_ is set (capture_graphs).
+    CUDA_CHECK(cudaGraphLaunch(short_attention_step(kv_len) ? short_graph_exec_ : graph_exec_, stream_));
   } else {
     enqueue_decode_step(stream_, use_pdl_, nullptr, attention_splits_at(kv_len));
   }

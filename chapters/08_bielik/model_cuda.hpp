@@ -282,11 +282,13 @@ class CudaModel final : public Backend {
   void capture_graph(bool pdl, int attention_splits, cudaGraph_t& graph, cudaGraphExec_t& exec);
   void capture_graphs(bool pdl);  // graph_, and short_graph_ when short_attention_splits_ > 0
   void destroy_graphs();
-  // The attention splits of a step over kv_len keys: short_attention_splits_ up to
-  // short_attention_max_keys_ (when set), else attention_splits_.
+  // Whether a step over kv_len keys takes the short attention (short_attention_splits_,
+  // short_graph_): set, and at most short_attention_max_keys_ keys.
+  bool short_attention_step(int kv_len) const {
+    return short_attention_splits_ > 0 && kv_len <= short_attention_max_keys_;
+  }
   int attention_splits_at(int kv_len) const {
-    return short_attention_splits_ > 0 && kv_len <= short_attention_max_keys_ ? short_attention_splits_
-                                                                               : attention_splits_;
+    return short_attention_step(kv_len) ? short_attention_splits_ : attention_splits_;
   }
 
   ModelConfig config_;
