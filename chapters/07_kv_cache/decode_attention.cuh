@@ -200,6 +200,26 @@ void decode_attention_v6_per_head_device_length(__nv_bfloat16* out, const __nv_b
                                                 cudaStream_t stream = 0);
 /// The cluster size v6 uses (16 or 8; before sm_90, v3's default splits).
 int decode_attention_v6_default_splits(int kv_len, int H, int Hkv, int D, int max_splits);
+
+/// How v6's splits hand their partial states over (see decode_attention_v6_per_head.cu):
+enum class V6Handover {
+  kPull,          ///< v5's way: a cluster barrier, every block reads every partial, a second barrier
+  kPushBarrier,   ///< each split stores its partial into block 0, then the cluster barrier
+  kPushMbarrier,  ///< each split stores with st.async, counted on an mbarrier of block 0
+};
+inline constexpr V6Handover kV6DefaultHandover = V6Handover::kPushMbarrier;
+/// v6 with its other two hand-overs (the same outputs, bit for bit), for the tests and
+/// the benchmark.
+void decode_attention_v6_push_barrier_device_length(__nv_bfloat16* out, const __nv_bfloat16* q,
+                                                    const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
+                                                    const int* d_length, int new_tokens, int max_context, int H,
+                                                    int Hkv, int D, int num_splits,
+                                                    DecodeAttentionWorkspace* workspace, cudaStream_t stream = 0);
+void decode_attention_v6_pull_device_length(__nv_bfloat16* out, const __nv_bfloat16* q,
+                                            const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
+                                            const int* d_length, int new_tokens, int max_context, int H, int Hkv,
+                                            int D, int num_splits, DecodeAttentionWorkspace* workspace,
+                                            cudaStream_t stream = 0);
 namespace decode {
 /// Where a v5 or v6 block records its timeline (decode_attention_v5_cluster_device_length_timed,
 /// decode_attention_v6_per_head_device_length_timed):
@@ -230,13 +250,15 @@ void decode_attention_v5_cluster_device_length_timed(__nv_bfloat16* out, const _
                                                      int Hkv, int D, int num_splits,
                                                      DecodeAttentionWorkspace* workspace, cudaStream_t stream,
                                                      unsigned long long* timeline);
-/// v6 with the same timeline (one block per split and query head records).
+/// v6 with the same timeline (one block per split and query head records), and any of
+/// its hand-overs.
 void decode_attention_v6_per_head_device_length_timed(__nv_bfloat16* out, const __nv_bfloat16* q,
                                                       const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
                                                       const int* d_length, int new_tokens, int max_context, int H,
                                                       int Hkv, int D, int num_splits,
                                                       DecodeAttentionWorkspace* workspace, cudaStream_t stream,
-                                                      unsigned long long* timeline);
+                                                      unsigned long long* timeline,
+                                                      V6Handover handover = kV6DefaultHandover);
 
 /// Every GPU version, in order, so tests and the benchmark loop over the same list.
 using DecodeAttentionLauncher = void (*)(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
@@ -271,6 +293,9 @@ inline constexpr DecodeAttentionDeviceLengthVersion kDecodeAttentionDeviceLength
      decode_attention_v4_default_splits},
     {"v5_cluster_device_length", decode_attention_v5_cluster_device_length, decode_attention_v5_default_splits},
     {"v6_per_head_device_length", decode_attention_v6_per_head_device_length, decode_attention_v6_default_splits},
+    {"v6_push_barrier_device_length", decode_attention_v6_push_barrier_device_length,
+     decode_attention_v6_default_splits},
+    {"v6_pull_device_length", decode_attention_v6_pull_device_length, decode_attention_v6_default_splits},
 };
 
 /// This chapter's default for a host-side length: v2, the fastest measured with its

@@ -12,6 +12,8 @@
 
 #include <cooperative_groups.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <map>
 #include <utility>
 
@@ -135,6 +137,79 @@ __device__ __forceinline__ void cluster_attention(cooperative_groups::cluster_gr
   timeline_fold(timeline, kAttentionStored);
 }
 
+/// How a pushing split tells block 0 that its partial has landed (cluster_attention_push).
+enum class PushSignal {
+  /// Plain remote stores, then the cluster barrier's phase 1: every thread of every block
+  /// arrives (release) and block 0 waits (acquire) for all of them.
+  kClusterBarrier,
+  /// `st.async` stores that count their own bytes on an mbarrier in block 0's shared
+  /// memory (mbarrier::complete_tx): one trip carries the data and the signal, no thread
+  /// arrives anywhere, and block 0 waits on that mbarrier alone.
+  kMbarrierBytes,
+};
+
+/// The few PTX instructions PushSignal::kMbarrierBytes needs (sm_90).
+namespace cluster_ptx {
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+/// The shared::cluster address of `local` (this block's variable) in block `rank`.
+__device__ __forceinline__ uint32_t remote_address(const void* local, int rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(shared_address(local)), "r"(rank));
+  return remote;
+}
+
+/// An mbarrier expecting one arrival, made visible to the other blocks of the cluster
+/// (they will count bytes on it) before this thread's cluster-barrier arrival.
+__device__ __forceinline__ void init_inbox_barrier(uint64_t* barrier) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(barrier)) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+/// The one arrival, which also adds `bytes` to the bytes the phase waits for.
+__device__ __forceinline__ void arrive_expect_bytes(uint64_t* barrier, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(barrier)), "r"(bytes)
+               : "memory");
+}
+
+/// Spins until phase 0 of the barrier has completed, with acquire semantics at cluster
+/// scope: the bytes other blocks stored with st.async are visible after it.
+__device__ __forceinline__ void wait_phase_0_cluster(uint64_t* barrier) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "INBOX_WAIT:\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], 0;\n"
+      "@!done bra INBOX_WAIT;\n"
+      "}\n" ::"r"(shared_address(barrier))
+      : "memory");
+}
+
+/// 16 bytes into another block's shared memory, counted on that block's mbarrier.
+__device__ __forceinline__ void store_async_counted(uint32_t remote, float4 value, uint32_t remote_barrier) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(
+                   remote),
+               "r"(__float_as_uint(value.x)), "r"(__float_as_uint(value.y)), "r"(__float_as_uint(value.z)),
+               "r"(__float_as_uint(value.w)), "r"(remote_barrier)
+               : "memory");
+}
+
+/// 8 bytes, the same way.
+__device__ __forceinline__ void store_async_counted(uint32_t remote, float2 value, uint32_t remote_barrier) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];" ::"r"(remote),
+               "r"(__float_as_uint(value.x)), "r"(__float_as_uint(value.y)), "r"(remote_barrier)
+               : "memory");
+}
+
+}  // namespace cluster_ptx
+
+/// The bytes one pushing split hands to block 0 with PushSignal::kMbarrierBytes.
+template <int D>
+constexpr uint32_t kPushedPartialBytes = D * sizeof(float) + 2 * sizeof(float);
+
 /// v6's form for ONE query head (G = 1): the same splits, merged by PUSHING instead of
 /// pulling. cluster_attention above leaves each split's partial in its own block and has
 /// every block read every other block's partial after a cluster barrier: a round trip
@@ -142,27 +217,37 @@ __device__ __forceinline__ void cluster_attention(cooperative_groups::cluster_gr
 /// still read its shared memory. Chapter 08's timeline (v6, 2026-12-01, ~85 keys) put
 /// 1.1-1.5 us between the last partial and the first store, and 0.4 us more to the end.
 /// Here each block with keys STORES its partial into block 0's `inbox` (remote stores do
-/// not wait for an answer), arrives at the cluster barrier with release semantics and
-/// exits; block 0 waits at the barrier (acquire), merges the partials from its own shared
+/// not wait for an answer) and exits; block 0 merges the partials from its own shared
 /// memory, and hands the D outputs to `store`. Nobody reads a pushing block's shared
 /// memory, so it may leave at once, and its SM is free for the next kernel's blocks.
 ///
-/// The barrier is used twice: phase 0 (arrive at the start, wait before the first
-/// remote store) because a block may write another block's shared memory only once that
-/// block is running; phase 1 (arrive after the stores, block 0 waits) to hand the
-/// partials over. An exited thread counts as arrived, so the pushing blocks need not
-/// wait for phase 1. Every thread must call this. Stamps as cluster_attention; a pushing
-/// block stamps kAttentionStored (its share handed on) and returns right after its
-/// phase-1 arrival.
-template <int D, int kWarps, typename Store>
+/// The cluster barrier's phase 0 (arrive at the start, wait before the first remote
+/// store) is needed either way: a block may write another block's shared memory only
+/// once that block is running (and, for kMbarrierBytes, once block 0 has initialized the
+/// mbarrier the stores count on). How block 0 learns that the partials are in depends on
+/// kSignal:
+/// * kClusterBarrier: phase 1 of the cluster barrier. Each pushing block arrives after
+///   its stores with release semantics, block 0 waits (acquire). An exited thread counts
+///   as arrived, so the pushing blocks need not wait for phase 1.
+/// * kMbarrierBytes: the stores are `st.async`, each counting its bytes on `inbox_full`
+///   (an mbarrier in block 0's shared memory). Block 0 arrives once, saying how many
+///   bytes to expect ((splits with keys - 1) x kPushedPartialBytes), and waits on it.
+///   No release fence in the pushing blocks, no barrier of every thread.
+/// The merge is the same either way, so are the outputs, bit for bit. Every thread must
+/// call this. Stamps as cluster_attention; a pushing block stamps kAttentionStored (its
+/// share handed on) and returns.
+template <int D, int kWarps, PushSignal kSignal, typename Store>
 __device__ __forceinline__ void cluster_attention_push(cooperative_groups::cluster_group& cluster,
                                                        ClusterPartial<D, 1> (&inbox)[kClusterMaxSize],
-                                                       const __nv_bfloat16* q, const __nv_bfloat16* k_cache,
-                                                       const __nv_bfloat16* v_cache, int kv_head, const int* d_length,
-                                                       int kv_len_arg, int max_context, Store store,
+                                                       uint64_t* inbox_full, const __nv_bfloat16* q,
+                                                       const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
+                                                       int kv_head, const int* d_length, int kv_len_arg,
+                                                       int max_context, Store store,
                                                        unsigned long long* timeline = nullptr) {
-  __cluster_barrier_arrive_relaxed();  // phase 0: this block is running
+  constexpr bool kCounted = kSignal == PushSignal::kMbarrierBytes;
   const int split = int(cluster.block_rank()), splits = int(cluster.num_blocks());
+  if (kCounted && split == 0 && threadIdx.x == 0) cluster_ptx::init_inbox_barrier(inbox_full);
+  __cluster_barrier_arrive_relaxed();  // phase 0: this block is running (block 0: its mbarrier is set up)
   const int committed = d_length ? *d_length : 0;
   const int kv_len = min(committed + kv_len_arg, max_context);
   const int chunk = split_chunk_keys(kv_len, splits, kDecodeV3MinKeysPerSplit);
@@ -176,26 +261,47 @@ __device__ __forceinline__ void cluster_attention_push(cooperative_groups::clust
                                                           WaitForPreviousKernel{timeline});
   }
   timeline_fold(timeline, kAttentionPartialDone);
+  const int used = splits_with_keys(kv_len, splits, kDecodeV3MinKeysPerSplit);
   if (split != 0) {
     if (begin < end) {
       __syncthreads();  // the partial, written by every thread of the block, is complete
       __cluster_barrier_wait();  // phase 0: block 0 is running (long since, in practice)
-      ClusterPartial<D, 1>* slot = cluster.map_shared_rank(&mine, 0);
       const float4* from = reinterpret_cast<const float4*>(mine.acc);
-      float4* to = reinterpret_cast<float4*>(slot->acc);
-      for (int i = int(threadIdx.x); i < D / 4; i += int(blockDim.x)) to[i] = from[i];
-      if (threadIdx.x < 2) slot->ml[threadIdx.x] = mine.ml[threadIdx.x];
-    } else {
+      if constexpr (kCounted) {
+        const uint32_t slot = cluster_ptx::remote_address(&mine, 0);
+        const uint32_t barrier = cluster_ptx::remote_address(inbox_full, 0);
+        for (int i = int(threadIdx.x); i < D / 4; i += int(blockDim.x)) {
+          cluster_ptx::store_async_counted(slot + uint32_t(i * sizeof(float4)), from[i], barrier);
+        }
+        if (threadIdx.x == blockDim.x - 1) {  // a thread with no acc to store
+          using Partial = ClusterPartial<D, 1>;
+          cluster_ptx::store_async_counted(slot + uint32_t(offsetof(Partial, ml)),
+                                           make_float2(mine.ml[0], mine.ml[1]), barrier);
+        }
+      } else {
+        ClusterPartial<D, 1>* slot = cluster.map_shared_rank(&mine, 0);
+        float4* to = reinterpret_cast<float4*>(slot->acc);
+        for (int i = int(threadIdx.x); i < D / 4; i += int(blockDim.x)) to[i] = from[i];
+        if (threadIdx.x < 2) slot->ml[threadIdx.x] = mine.ml[threadIdx.x];
+      }
+    } else if constexpr (!kCounted) {
       __cluster_barrier_wait();  // phase 0 (an empty split: nothing to hand over)
     }
-    __cluster_barrier_arrive();  // phase 1, release: the stores above are visible to block 0's wait
+    if constexpr (!kCounted) __cluster_barrier_arrive();  // phase 1, release: the stores above reach block 0's wait
     timeline_fold(timeline, kAttentionStored);
     return;
   }
-  __cluster_barrier_wait();     // phase 0
-  __cluster_barrier_arrive();   // phase 1 (release: this block's own partial too)
-  __cluster_barrier_wait();     // phase 1, acquire: every split's partial is in `inbox`
-  const int used = splits_with_keys(kv_len, splits, kDecodeV3MinKeysPerSplit);
+  if constexpr (kCounted) {
+    if (threadIdx.x == 0) {  // splits 1 .. used - 1 push (the splits that hold keys come first)
+      cluster_ptx::arrive_expect_bytes(inbox_full, uint32_t(max(used - 1, 0)) * kPushedPartialBytes<D>);
+    }
+    __syncthreads();  // this block's own partial (inbox[0], every thread's writes) is complete
+    cluster_ptx::wait_phase_0_cluster(inbox_full);  // acquire: every other split's partial is in `inbox`
+  } else {
+    __cluster_barrier_wait();     // phase 0
+    __cluster_barrier_arrive();   // phase 1 (release: this block's own partial too)
+    __cluster_barrier_wait();     // phase 1, acquire: every split's partial is in `inbox`
+  }
   for (int d = int(threadIdx.x); d < D; d += int(blockDim.x)) {
     // As cluster_attention's merge: every load first (local shared memory now, but a
     // chain of dependent loads still costs a trip each), then the merge in rank order.

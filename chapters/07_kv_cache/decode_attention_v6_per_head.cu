@@ -53,15 +53,20 @@ namespace cg = cooperative_groups;
 // tokens/s, and 711 against 794 after a 2048-token prompt. So 8.
 constexpr int kV6Warps = decode::kClusterWarps;
 
-// How the splits' partials meet: pushed into block 0, which merges (true), or pulled by
-// every block from every other after a cluster barrier, as v5 does (false). See
-// decode::cluster_attention_push. Measured on the H200 (2026-12-01): level in chapter
-// 08's decode step (905-906 against 902-903 tokens/s), but 13-16% slower in
-// bench_kv_cache's chain of 32 attention launches (462.8 against 405.6 us at 8k keys);
-// the README's exercise 7 asks why. The model's final measurements ran the pushed form.
-constexpr bool kV6PushMerge = true;
-
-template <int D>
+// How the splits' partials meet (V6Handover, decode_attention.cuh): pulled by every block
+// from every other after a cluster barrier, as v5 does; or pushed into block 0, which
+// merges, signalled by the cluster barrier or by an mbarrier counting the pushed bytes
+// (decode::cluster_attention_push). Measured on the H200 (2026-12-01 21:56 UTC):
+// * chapter 08's decode step: mbarrier 938 / 938, barrier 927 / 927, pull 898 / 899
+//   tokens/s (two rounds); 813 against 806 after a 2048-token prompt. On its timeline the
+//   last partial -> block 0's stores went from 1.37 to 0.82 us, and O passed its wait
+//   0.54 us sooner.
+// * bench_kv_cache, one layer alone at 1k / 4k / 8k keys: mbarrier 7.8 / 11.7 / 16.6 us,
+//   barrier 8.3 / 12.0 / 16.9, pull 8.6 / 12.6 / 17.5. In its chain of 32 launches the
+//   pull still wins from 4k keys (271.8 against 281.6 us at 4k, 415.0 against 446.8 at
+//   8k; at 1k the mbarrier, 150.5 against 161.7): the README's exercise 7 asks why.
+// The default (kV6DefaultHandover) is the mbarrier.
+template <int D, V6Handover kHandover>
 __global__ void __launch_bounds__(kV6Warps * 32)
     decode_attention_v6_kernel(__nv_bfloat16* out,            // (H, D)
                                const __nv_bfloat16* q,        // (H, D)
@@ -83,10 +88,14 @@ __global__ void __launch_bounds__(kV6Warps * 32)
   const __nv_bfloat16* q_of_head = q + size_t(head - kv_head) * D;
   __nv_bfloat16* head_out = out + size_t(head) * D;
   auto store = [&](int output, float value) { head_out[output] = __float2bfloat16(value); };
-  if constexpr (kV6PushMerge) {
+  if constexpr (kHandover != V6Handover::kPull) {
+    constexpr decode::PushSignal kSignal = kHandover == V6Handover::kPushMbarrier
+                                               ? decode::PushSignal::kMbarrierBytes
+                                               : decode::PushSignal::kClusterBarrier;
     __shared__ decode::ClusterPartial<D, 1> inbox[decode::kClusterMaxSize];  // block 0's: every split's partial
-    decode::cluster_attention_push<D, kV6Warps>(cluster, inbox, q_of_head, k_cache, v_cache, kv_head, d_length,
-                                                kv_len_arg, max_context, store, timeline);
+    __shared__ uint64_t inbox_full;  // block 0's, with kMbarrierBytes: counts the pushed bytes in
+    decode::cluster_attention_push<D, kV6Warps, kSignal>(cluster, inbox, &inbox_full, q_of_head, k_cache, v_cache,
+                                                         kv_head, d_length, kv_len_arg, max_context, store, timeline);
   } else {
     __shared__ decode::ClusterPartial<D, 1> partial;  // this block's split of its head
     decode::cluster_attention<D, 1, kV6Warps>(cluster, partial, q_of_head, k_cache, v_cache, kv_head, d_length,
@@ -102,7 +111,19 @@ __global__ void __launch_bounds__(kV6Warps * 32)
 using V6Kernel = void (*)(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
                           const int*, int, int, int, unsigned long long*);
 
-V6Kernel v6_kernel(int D) { return D == 128 ? decode_attention_v6_kernel<128> : decode_attention_v6_kernel<64>; }
+template <V6Handover kHandover>
+V6Kernel v6_kernel_with(int D) {
+  return D == 128 ? decode_attention_v6_kernel<128, kHandover> : decode_attention_v6_kernel<64, kHandover>;
+}
+
+V6Kernel v6_kernel(int D, V6Handover handover = kV6DefaultHandover) {
+  switch (handover) {
+    case V6Handover::kPull: return v6_kernel_with<V6Handover::kPull>(D);
+    case V6Handover::kPushBarrier: return v6_kernel_with<V6Handover::kPushBarrier>(D);
+    case V6Handover::kPushMbarrier: break;
+  }
+  return v6_kernel_with<V6Handover::kPushMbarrier>(D);
+}
 
 }  // namespace
 
@@ -121,12 +142,31 @@ void decode_attention_v6_per_head_device_length(__nv_bfloat16* out, const __nv_b
                                                    Hkv, D, num_splits, workspace, stream, nullptr);
 }
 
+void decode_attention_v6_push_barrier_device_length(__nv_bfloat16* out, const __nv_bfloat16* q,
+                                                    const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
+                                                    const int* d_length, int new_tokens, int max_context, int H,
+                                                    int Hkv, int D, int num_splits,
+                                                    DecodeAttentionWorkspace* workspace, cudaStream_t stream) {
+  decode_attention_v6_per_head_device_length_timed(out, q, k_cache, v_cache, d_length, new_tokens, max_context, H,
+                                                   Hkv, D, num_splits, workspace, stream, nullptr,
+                                                   V6Handover::kPushBarrier);
+}
+
+void decode_attention_v6_pull_device_length(__nv_bfloat16* out, const __nv_bfloat16* q,
+                                            const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
+                                            const int* d_length, int new_tokens, int max_context, int H, int Hkv,
+                                            int D, int num_splits, DecodeAttentionWorkspace* workspace,
+                                            cudaStream_t stream) {
+  decode_attention_v6_per_head_device_length_timed(out, q, k_cache, v_cache, d_length, new_tokens, max_context, H,
+                                                   Hkv, D, num_splits, workspace, stream, nullptr, V6Handover::kPull);
+}
+
 void decode_attention_v6_per_head_device_length_timed(__nv_bfloat16* out, const __nv_bfloat16* q,
                                                       const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
                                                       const int* d_length, int new_tokens, int max_context, int H,
                                                       int Hkv, int D, int num_splits,
                                                       DecodeAttentionWorkspace* workspace, cudaStream_t stream,
-                                                      unsigned long long* timeline) {
+                                                      unsigned long long* timeline, V6Handover handover) {
   if (!device_is_sm90_or_newer()) {
     decode_attention_v3_pipelined_device_length(out, q, k_cache, v_cache, d_length, new_tokens, max_context, H, Hkv,
                                                 D, num_splits, workspace, stream);
@@ -135,7 +175,7 @@ void decode_attention_v6_per_head_device_length_timed(__nv_bfloat16* out, const 
   decode_attention_check_shape(q, k_cache, v_cache, max_context, H, Hkv, D);
   if (!d_length) throw std::invalid_argument("decode attention v6: d_length is null");
   if (num_splits < 1) throw std::invalid_argument("decode attention v6: num_splits must be >= 1");
-  const V6Kernel kernel = v6_kernel(D);
+  const V6Kernel kernel = v6_kernel(D, handover);
   const int cluster = std::clamp(num_splits, 1, decode::largest_cluster_size(kernel, H, kV6Warps));
   // With PDL: the kernel reads the length and the committed keys before its wait.
   const ClusterLaunch launch(dim3(cluster, H), kV6Warps * 32, cluster, 0, stream, true);

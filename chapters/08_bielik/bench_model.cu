@@ -55,6 +55,8 @@ struct Args {
   int replicas = CudaModelOptions{}.attention_o_replicas;
   int splits = CudaModelOptions{}.attention_splits;
   int short_max_keys = CudaModelOptions{}.short_attention_max_keys;  ///< --short-max-keys (0: one decode graph)
+  int short_splits = CudaModelOptions{}.short_attention_splits;      ///< --short-splits: that graph's cluster size
+  V6Handover v6_handover = CudaModelOptions{}.v6_handover;           ///< --v6-handover pull|barrier|mbarrier
   bool qkv_early = CudaModelOptions{}.qkv_allows_attention_early;
   bool down_shared = CudaModelOptions{}.down_second_batch_in_shared;
   bool gate_up_shared = CudaModelOptions{}.gate_up_second_batch_in_shared;
@@ -124,6 +126,19 @@ Args parse(int argc, char** argv) {
       a.splits = std::stoi(value());
     } else if (flag == "--short-max-keys") {
       a.short_max_keys = std::stoi(value());
+    } else if (flag == "--short-splits") {
+      a.short_splits = std::stoi(value());
+    } else if (flag == "--v6-handover") {
+      const std::string form = value();
+      if (form == "pull") {
+        a.v6_handover = V6Handover::kPull;
+      } else if (form == "barrier") {
+        a.v6_handover = V6Handover::kPushBarrier;
+      } else if (form == "mbarrier") {
+        a.v6_handover = V6Handover::kPushMbarrier;
+      } else {
+        throw std::invalid_argument("--v6-handover takes pull, barrier or mbarrier; got " + form);
+      }
     } else if (flag == "--attention") {
       const std::string path = value();
       if (path == "cluster_o") {
@@ -145,7 +160,8 @@ Args parse(int argc, char** argv) {
                                   " (usage: bench_model [--model DIR] [--out FILE] [--decode-tokens N] [--context N]"
                                   " [--decode-only [--prompt-tokens N]] [--ttft-only] [--timeline] [--prefill-attention v5|v6]"
                                   " [--attention cluster_o|cluster|cluster_per_head|split_combine|merge_in_o]"
-                                  " [--replicas N] [--splits N] [--short-max-keys N] [--qkv-early] [--gate-up-after-o]"
+                                  " [--replicas N] [--splits N] [--short-max-keys N] [--short-splits N]"
+                                  " [--v6-handover pull|barrier|mbarrier] [--qkv-early] [--gate-up-after-o]"
                                   " [--down-shared]"
                                   " [--down-global-input|--down-staged-input] [--o-global-input]"
                                   " [--rope-after-wait]"
@@ -349,6 +365,8 @@ int main(int argc, char** argv) {
     options.attention_o_replicas = args.replicas;
     options.attention_splits = args.splits;
     options.short_attention_max_keys = args.short_max_keys;
+    options.short_attention_splits = args.short_splits;
+    options.v6_handover = args.v6_handover;
     options.qkv_allows_attention_early = args.qkv_early;
     options.down_second_batch_in_shared = args.down_shared;
     options.gate_up_second_batch_in_shared = args.gate_up_shared;

@@ -686,7 +686,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
         decode_attention_v6_per_head_device_length_timed(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)),
                                                          kv_.v(int(l)), d_length, 1, context, H_, Hkv_, D_,
                                                          attention_splits, attention_workspace_.get(), s,
-                                                         attention_timeline_slot(l));
+                                                         attention_timeline_slot(l), options_.v6_handover);
       } else {
         decode_attention_v5_cluster_device_length_timed(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)),
                                                         d_length, 1, context, H_, Hkv_, D_, attention_splits,

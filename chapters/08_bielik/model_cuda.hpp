@@ -149,6 +149,9 @@ struct CudaModelOptions {
   /// 2048. 0: one graph. The graph and eager launches choose alike, so they agree bit for bit.
   int short_attention_max_keys = 384;
   int short_attention_splits = 4;  ///< clusters of this many blocks up to short_attention_max_keys
+  /// kClusterPerHead: how v6's splits hand their partials over (chapter 07's V6Handover;
+  /// bench_model --v6-handover measures each).
+  V6Handover v6_handover = kV6DefaultHandover;
   /// kClusterWithO: clusters per kv head, each computing the same attention and
   /// projecting 1 / replicas of the O rows (decode_attention_o; bench_model sweeps it).
   int attention_o_replicas = 4;

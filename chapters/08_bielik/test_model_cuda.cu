@@ -283,6 +283,7 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
       const char* name;
       int replicas = 1;
       int short_max_keys = CudaModelOptions{}.short_attention_max_keys;  ///< v6's second graph
+      V6Handover handover = kV6DefaultHandover;
     };
     const AttentionVariant variants[] = {
         {DecodeAttentionPath::kClusterWithO, 1, 0, "attention + O fused"},
@@ -295,6 +296,9 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
         {DecodeAttentionPath::kClusterPerHead, 0, 0, "v6, one graph (clusters of 8)", 1, 0},
         {DecodeAttentionPath::kClusterPerHead, 0, 0, "v6, clusters of 4 up to 10 keys, then 8", 1, 10},
         {DecodeAttentionPath::kClusterPerHead, 3, 0, "v6 cluster per query head"},
+        {DecodeAttentionPath::kClusterPerHead, 0, 0, "v6, pushed, cluster barrier", 1, 10, V6Handover::kPushBarrier},
+        {DecodeAttentionPath::kClusterPerHead, 5, 0, "v6, pushed, mbarrier", 1, 0, V6Handover::kPushMbarrier},
+        {DecodeAttentionPath::kClusterPerHead, 0, 0, "v6, pulled", 1, 10, V6Handover::kPull},
         {DecodeAttentionPath::kSplitCombine, 0, 0, "v3 split + combine"},
         {DecodeAttentionPath::kSplitCombine, 1, 0, "v3 split + combine"},
         {DecodeAttentionPath::kSplitCombine, 3, 0, "v3 split + combine"},
@@ -309,6 +313,7 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
       options.decode_attention = a.path;
       options.attention_o_replicas = a.replicas;
       options.short_attention_max_keys = a.short_max_keys;
+      options.v6_handover = a.handover;
       CudaModel split_model(dir, options);
       const std::string label = std::string(spec.name) + " " + a.name + ", " + std::to_string(a.splits) +
                                 " splits (0: default) of >= " + std::to_string(a.min_keys) + " keys";
