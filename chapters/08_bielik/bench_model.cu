@@ -56,6 +56,8 @@ struct Args {
   int splits = CudaModelOptions{}.attention_splits;
   int short_max_keys = CudaModelOptions{}.short_attention_max_keys;  ///< --short-max-keys (0: one decode graph)
   int short_splits = CudaModelOptions{}.short_attention_splits;      ///< --short-splits: that graph's cluster size
+  int long_min_keys = CudaModelOptions{}.long_attention_min_keys;    ///< --long-min-keys (0: no third graph)
+  int long_splits = CudaModelOptions{}.long_attention_splits;        ///< --long-splits: that graph's cluster size
   V6Handover v6_handover = CudaModelOptions{}.v6_handover;           ///< --v6-handover pull|barrier|mbarrier
   bool qkv_early = CudaModelOptions{}.qkv_allows_attention_early;
   bool down_shared = CudaModelOptions{}.down_second_batch_in_shared;
@@ -128,6 +130,10 @@ Args parse(int argc, char** argv) {
       a.short_max_keys = std::stoi(value());
     } else if (flag == "--short-splits") {
       a.short_splits = std::stoi(value());
+    } else if (flag == "--long-min-keys") {
+      a.long_min_keys = std::stoi(value());
+    } else if (flag == "--long-splits") {
+      a.long_splits = std::stoi(value());
     } else if (flag == "--v6-handover") {
       const std::string form = value();
       if (form == "pull") {
@@ -160,7 +166,8 @@ Args parse(int argc, char** argv) {
                                   " (usage: bench_model [--model DIR] [--out FILE] [--decode-tokens N] [--context N]"
                                   " [--decode-only [--prompt-tokens N]] [--ttft-only] [--timeline] [--prefill-attention v5|v6]"
                                   " [--attention cluster_o|cluster|cluster_per_head|split_combine|merge_in_o]"
-                                  " [--replicas N] [--splits N] [--short-max-keys N] [--short-splits N]"
+                                  " [--replicas N] [--splits N] [--short-max-keys N] [--short-splits N] [--long-min-keys N]"
+                                  " [--long-splits N]"
                                   " [--v6-handover pull|barrier|mbarrier] [--qkv-early] [--gate-up-after-o]"
                                   " [--down-shared]"
                                   " [--down-global-input|--down-staged-input] [--o-global-input]"
@@ -366,6 +373,8 @@ int main(int argc, char** argv) {
     options.attention_splits = args.splits;
     options.short_attention_max_keys = args.short_max_keys;
     options.short_attention_splits = args.short_splits;
+    options.long_attention_min_keys = args.long_min_keys;
+    options.long_attention_splits = args.long_splits;
     options.v6_handover = args.v6_handover;
     options.qkv_allows_attention_early = args.qkv_early;
     options.down_second_batch_in_shared = args.down_shared;
@@ -559,18 +568,39 @@ int main(int argc, char** argv) {
       bool o_global_input = CudaModelOptions{}.o_input_from_global;
       bool rope_after_wait = CudaModelOptions{}.qkv_rope_inputs_after_wait;
       int short_max_keys = CudaModelOptions{}.short_attention_max_keys;
+      int long_min_keys = CudaModelOptions{}.long_attention_min_keys;
+      V6Handover handover = CudaModelOptions{}.v6_handover;
       double tok_s = 0;
     };
     using Path = DecodeAttentionPath;
-    auto one_graph = [](OptionVariant v) {  // v6 without the second decode graph
+    auto one_graph = [](OptionVariant v) {  // v6 without the short and long decode graphs
       v.short_max_keys = 0;
+      v.long_min_keys = 0;
+      return v;
+    };
+    auto no_long_graph = [](OptionVariant v) {
+      v.long_min_keys = 0;
+      return v;
+    };
+    auto handover = [](OptionVariant v, V6Handover form) {
+      v.handover = form;
       return v;
     };
     std::vector<OptionVariant> option_variants = {
-        {"defaults (attention v6: clusters of 4 per query head up to 384 keys, then 8; then the O GEMV, which "
-         "lets gate/up start early; evict-first)", true, true, Path::kClusterPerHead, 0, 0},
+        {"defaults (attention v6: clusters of 4 per query head up to 384 keys, 8 up to 1023, then 16; partials "
+         "pushed with st.async onto block 0's mbarrier; then the O GEMV, which lets gate/up start early; "
+         "evict-first)",
+         true, true, Path::kClusterPerHead, 0, 0},
         one_graph({"one decode graph: attention v6 in clusters of 8 at every length", true, true,
                    Path::kClusterPerHead, 0, 0}),
+        no_long_graph({"no third graph: attention v6 in clusters of 8 from 385 keys on", true, true,
+                       Path::kClusterPerHead, 0, 0}),
+        handover({"v6 pushes its partials with plain stores, then the cluster barrier", true, true,
+                  Path::kClusterPerHead, 0, 0},
+                 V6Handover::kPushBarrier),
+        handover({"v6 pulls the partials (v5's hand-over: two cluster barriers)", true, true, Path::kClusterPerHead,
+                  0, 0},
+                 V6Handover::kPull),
         {"gate/up starts after O's wait", false, true, Path::kClusterPerHead, 0, 0},
         {"QKV lets the attention start early", true, true, Path::kClusterPerHead, 0, 0, 4, true},
         {"gate/up copies its second row pair into shared memory before its wait", true, true, Path::kClusterPerHead,
@@ -617,6 +647,8 @@ int main(int argc, char** argv) {
       o.o_input_from_global = v.o_global_input;
       o.qkv_rope_inputs_after_wait = v.rope_after_wait;
       o.short_attention_max_keys = v.short_max_keys;
+      o.long_attention_min_keys = v.long_min_keys;
+      o.v6_handover = v.handover;
       CudaModel m(args.model, o);
       v.tok_s = decode_tokens_per_s(m, tokens, 3, false);
       const double long_rate = long_fits ? decode_tokens_per_s(m, long_tokens, 3, false, long_prompt) : 0.0;

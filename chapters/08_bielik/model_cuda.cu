@@ -86,6 +86,11 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
                                 std::to_string(options_.short_attention_max_keys) + " and " +
                                 std::to_string(options_.short_attention_splits));
   }
+  if (options_.long_attention_min_keys < 0 || options_.long_attention_splits < 0) {
+    throw std::invalid_argument("long_attention_min_keys and long_attention_splits must be >= 0 (0: off), got " +
+                                std::to_string(options_.long_attention_min_keys) + " and " +
+                                std::to_string(options_.long_attention_splits));
+  }
   if (options_.prefill_chunk < 1) {
     throw std::invalid_argument("prefill_chunk must be >= 1, got " + std::to_string(options_.prefill_chunk));
   }
@@ -150,6 +155,18 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
       short_attention_splits_ = options_.short_attention_splits;
       short_attention_max_keys_ = options_.short_attention_max_keys;
     }
+    // ... and at long lengths a third graph with larger clusters, where the GPU runs them
+    // and the cache can hold that many keys.
+    if (attention_path_ == DecodeAttentionPath::kClusterPerHead && options_.attention_splits == 0 &&
+        options_.long_attention_min_keys > 0 && options_.long_attention_min_keys <= context &&
+        options_.long_attention_min_keys > short_attention_max_keys_ && !options_.persistent_decode) {
+      const int largest = decode_attention_v6_default_splits(context, H_, Hkv_, D_, 1024);
+      const int splits = std::min(options_.long_attention_splits, largest);
+      if (splits > attention_splits_) {
+        long_attention_splits_ = splits;
+        long_attention_min_keys_ = options_.long_attention_min_keys;
+      }
+    }
 
     const size_t tc = size_t(Tc);
     p_tokens_ = DeviceBuffer<int32_t>(tc);
@@ -204,6 +221,7 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     CUDA_CHECK(cudaMemsetAsync(d_token_.data(), 0, sizeof(int32_t), stream_));
     enqueue_decode_step(stream_, use_pdl_, nullptr, attention_splits_);
     if (short_attention_splits_ > 0) enqueue_decode_step(stream_, use_pdl_, nullptr, short_attention_splits_);
+    if (long_attention_splits_ > 0) enqueue_decode_step(stream_, use_pdl_, nullptr, long_attention_splits_);
     kv_.reset(stream_);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
 
@@ -287,14 +305,15 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
 void CudaModel::capture_graphs(bool pdl) {
   capture_graph(pdl, attention_splits_, graph_, graph_exec_);
   if (short_attention_splits_ > 0) capture_graph(pdl, short_attention_splits_, short_graph_, short_graph_exec_);
+  if (long_attention_splits_ > 0) capture_graph(pdl, long_attention_splits_, long_graph_, long_graph_exec_);
 }
 
 void CudaModel::destroy_graphs() {
-  for (cudaGraphExec_t* exec : {&graph_exec_, &short_graph_exec_}) {
+  for (cudaGraphExec_t* exec : {&graph_exec_, &short_graph_exec_, &long_graph_exec_}) {
     if (*exec) cudaGraphExecDestroy(*exec);
     *exec = nullptr;
   }
-  for (cudaGraph_t* graph : {&graph_, &short_graph_}) {
+  for (cudaGraph_t* graph : {&graph_, &short_graph_, &long_graph_}) {
     if (*graph) cudaGraphDestroy(*graph);
     *graph = nullptr;
   }
@@ -735,8 +754,8 @@ void CudaModel::run_decode_step(int kv_len) {
   } else if (options_.persistent_decode) {
     decode_step_persistent(persistent_step_, options_.persistent_blocks_per_sm, stream_);
   } else if (graph_exec_) {
-    // Both graphs exist whenever short_attention_splits_ is set (capture_graphs).
-    CUDA_CHECK(cudaGraphLaunch(short_attention_step(kv_len) ? short_graph_exec_ : graph_exec_, stream_));
+    // The short and long graphs exist whenever their splits are set (capture_graphs).
+    CUDA_CHECK(cudaGraphLaunch(graph_exec_at(kv_len), stream_));
   } else {
     enqueue_decode_step(stream_, use_pdl_, nullptr, attention_splits_at(kv_len));
   }

@@ -149,6 +149,13 @@ struct CudaModelOptions {
   /// 2048. 0: one graph. The graph and eager launches choose alike, so they agree bit for bit.
   int short_attention_max_keys = 384;
   int short_attention_splits = 4;  ///< clusters of this many blocks up to short_attention_max_keys
+  /// kClusterPerHead with attention_splits 0: steps whose attention reads at least this
+  /// many keys replay a third decode graph, whose attention runs in clusters of
+  /// long_attention_splits (clamped to the largest cluster the GPU runs: 16 on the H200,
+  /// a non-portable size; nothing changes where that is 8). Long splits then spread over
+  /// more SMs. 0: no third graph.
+  int long_attention_min_keys = 1024;
+  int long_attention_splits = 16;  ///< clusters of this many blocks from long_attention_min_keys on
   /// kClusterPerHead: how v6's splits hand their partials over (chapter 07's V6Handover;
   /// bench_model --v6-handover measures each).
   V6Handover v6_handover = kV6DefaultHandover;
@@ -283,15 +290,26 @@ class CudaModel final : public Backend {
   void run_decode_step(int kv_len);
   // The decode step with `attention_splits` into `graph` / `exec`.
   void capture_graph(bool pdl, int attention_splits, cudaGraph_t& graph, cudaGraphExec_t& exec);
-  void capture_graphs(bool pdl);  // graph_, and short_graph_ when short_attention_splits_ > 0
+  void capture_graphs(bool pdl);  // graph_, short_graph_ and long_graph_ when their splits are set
   void destroy_graphs();
   // Whether a step over kv_len keys takes the short attention (short_attention_splits_,
-  // short_graph_): set, and at most short_attention_max_keys_ keys.
+  // short_graph_): set, and at most short_attention_max_keys_ keys; or the long one
+  // (long_attention_splits_, long_graph_): set, and at least long_attention_min_keys_.
   bool short_attention_step(int kv_len) const {
     return short_attention_splits_ > 0 && kv_len <= short_attention_max_keys_;
   }
+  bool long_attention_step(int kv_len) const {
+    return long_attention_splits_ > 0 && kv_len >= long_attention_min_keys_;
+  }
   int attention_splits_at(int kv_len) const {
-    return short_attention_step(kv_len) ? short_attention_splits_ : attention_splits_;
+    return short_attention_step(kv_len)  ? short_attention_splits_
+           : long_attention_step(kv_len) ? long_attention_splits_
+                                         : attention_splits_;
+  }
+  cudaGraphExec_t graph_exec_at(int kv_len) const {
+    return short_attention_step(kv_len)  ? short_graph_exec_
+           : long_attention_step(kv_len) ? long_graph_exec_
+                                         : graph_exec_;
   }
 
   ModelConfig config_;
@@ -321,6 +339,8 @@ class CudaModel final : public Backend {
   int attention_splits_ = 1;
   int short_attention_splits_ = 0;    ///< options_.short_attention_splits where it applies, else 0
   int short_attention_max_keys_ = 0;  ///< options_.short_attention_max_keys where it applies
+  int long_attention_splits_ = 0;     ///< options_.long_attention_splits (clamped) where it applies, else 0
+  int long_attention_min_keys_ = 0;   ///< options_.long_attention_min_keys where it applies
   /// The path the decode step takes: options_.decode_attention, or kCluster where the
   /// GPU cannot run kClusterWithO.
   DecodeAttentionPath attention_path_ = DecodeAttentionPath::kClusterPerHead;
@@ -357,6 +377,8 @@ class CudaModel final : public Backend {
   cudaGraphExec_t graph_exec_ = nullptr;
   cudaGraph_t short_graph_ = nullptr;  // short_attention_splits_ > 0: the step for short caches
   cudaGraphExec_t short_graph_exec_ = nullptr;
+  cudaGraph_t long_graph_ = nullptr;  // long_attention_splits_ > 0: the step for long caches
+  cudaGraphExec_t long_graph_exec_ = nullptr;
 };
 
 /// Why the CUDA backend cannot run a model of this shape, or "" when it can (the

@@ -284,6 +284,7 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
       int replicas = 1;
       int short_max_keys = CudaModelOptions{}.short_attention_max_keys;  ///< v6's second graph
       V6Handover handover = kV6DefaultHandover;
+      int long_min_keys = CudaModelOptions{}.long_attention_min_keys;  ///< v6's third graph
     };
     const AttentionVariant variants[] = {
         {DecodeAttentionPath::kClusterWithO, 1, 0, "attention + O fused"},
@@ -299,6 +300,8 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
         {DecodeAttentionPath::kClusterPerHead, 0, 0, "v6, pushed, cluster barrier", 1, 10, V6Handover::kPushBarrier},
         {DecodeAttentionPath::kClusterPerHead, 5, 0, "v6, pushed, mbarrier", 1, 0, V6Handover::kPushMbarrier},
         {DecodeAttentionPath::kClusterPerHead, 0, 0, "v6, pulled", 1, 10, V6Handover::kPull},
+        {DecodeAttentionPath::kClusterPerHead, 0, 0, "v6, clusters of 4 up to 5 keys, 8 up to 8, then 16", 1, 5,
+         kV6DefaultHandover, 9},
         {DecodeAttentionPath::kSplitCombine, 0, 0, "v3 split + combine"},
         {DecodeAttentionPath::kSplitCombine, 1, 0, "v3 split + combine"},
         {DecodeAttentionPath::kSplitCombine, 3, 0, "v3 split + combine"},
@@ -314,6 +317,7 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
       options.attention_o_replicas = a.replicas;
       options.short_attention_max_keys = a.short_max_keys;
       options.v6_handover = a.handover;
+      options.long_attention_min_keys = a.long_min_keys;
       CudaModel split_model(dir, options);
       const std::string label = std::string(spec.name) + " " + a.name + ", " + std::to_string(a.splits) +
                                 " splits (0: default) of >= " + std::to_string(a.min_keys) + " keys";
@@ -429,6 +433,13 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
     CudaModelOptions switching_eager = cuda_options(0, 1024, false, true);
     switching_eager.short_attention_max_keys = 14;
     INFO(spec.name << " v6 with a second graph up to 14 keys: graph, then eager launches");
+    REQUIRE(run(switching) == run(switching_eager));
+    // All three graphs: clusters of 4 up to 13 keys, 8 for 14 and 15, 16 from 16 keys on.
+    for (CudaModelOptions* options : {&switching, &switching_eager}) {
+      options->short_attention_max_keys = 13;
+      options->long_attention_min_keys = 16;
+    }
+    INFO(spec.name << " v6 with three graphs (up to 13 keys, 14-15, from 16): graph, then eager launches");
     REQUIRE(run(switching) == run(switching_eager));
   }
 }
@@ -596,6 +607,9 @@ TEST_CASE("CUDA model: context overflow throws before touching the cache", "[ch0
   REQUIRE_THROWS_AS(CudaModel(dir, cuda_options(spec.max_pos + 1)), std::invalid_argument);
   CudaModelOptions negative = cuda_options();
   negative.short_attention_max_keys = -1;
+  REQUIRE_THROWS_AS(CudaModel(dir, negative), std::invalid_argument);
+  negative = cuda_options();
+  negative.long_attention_splits = -1;
   REQUIRE_THROWS_AS(CudaModel(dir, negative), std::invalid_argument);
 }
 
