@@ -587,13 +587,13 @@ int main(int argc, char** argv) {
       return v;
     };
     std::vector<OptionVariant> option_variants = {
-        {"defaults (attention v6: clusters of 4 per query head up to 384 keys, 8 up to 1023, then 16; partials "
+        {"defaults (attention v6: clusters of 4 per query head up to 256 keys, 8 up to 1023, then 16; partials "
          "pushed with st.async onto block 0's mbarrier; then the O GEMV, which lets gate/up start early; "
          "evict-first)",
          true, true, Path::kClusterPerHead, 0, 0},
         one_graph({"one decode graph: attention v6 in clusters of 8 at every length", true, true,
                    Path::kClusterPerHead, 0, 0}),
-        no_long_graph({"no third graph: attention v6 in clusters of 8 from 385 keys on", true, true,
+        no_long_graph({"no third graph: attention v6 in clusters of 8 from 257 keys on", true, true,
                        Path::kClusterPerHead, 0, 0}),
         handover({"v6 pushes its partials with plain stores, then the cluster barrier", true, true,
                   Path::kClusterPerHead, 0, 0},

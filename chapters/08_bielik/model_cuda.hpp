@@ -144,16 +144,20 @@ struct CudaModelOptions {
   /// many keys (this token's included) replay a second decode graph, whose attention runs
   /// in clusters of short_attention_splits instead of 8. Fewer blocks per head, each
   /// with more keys, free SMs for gate/up's blocks sooner; with many keys the splits are
-  /// too long. bench_model (H200, 2026-12-01), clusters of 4 against 8: 913 / 896 tokens/s
-  /// after a 16-token prompt, 908 / 894 after 128, 862 / 870 after 512, 728 / 782 after
-  /// 2048. 0: one graph. The graph and eager launches choose alike, so they agree bit for bit.
-  int short_attention_max_keys = 384;
+  /// too long. bench_model (H200, 2026-12-01, the mbarrier hand-over), 256 tokens decoded
+  /// with clusters of 4 up to 384 keys against 8 everywhere: 937 / 930 tokens/s after a
+  /// 64-token prompt, 930 / 926 after 128, 908 / 922 after 192, 908 / 919 after 256; so
+  /// the switch sits at 256 keys. 0: one graph. The graph and eager launches choose
+  /// alike, so they agree bit for bit.
+  int short_attention_max_keys = 256;
   int short_attention_splits = 4;  ///< clusters of this many blocks up to short_attention_max_keys
   /// kClusterPerHead with attention_splits 0: steps whose attention reads at least this
   /// many keys replay a third decode graph, whose attention runs in clusters of
   /// long_attention_splits (clamped to the largest cluster the GPU runs: 16 on the H200,
   /// a non-portable size; nothing changes where that is 8). Long splits then spread over
-  /// more SMs. 0: no third graph.
+  /// more SMs. bench_model (H200, 2026-12-01), clusters of 8 against 16 everywhere: 898 /
+  /// 894 tokens/s after a 512-token prompt, 881 / 885 after 768, 866 / 868 after 1024,
+  /// 840 / 853 after 1536, 816 / 839 after 2048. 0: no third graph.
   int long_attention_min_keys = 1024;
   int long_attention_splits = 16;  ///< clusters of this many blocks from long_attention_min_keys on
   /// kClusterPerHead: how v6's splits hand their partials over (chapter 07's V6Handover;
