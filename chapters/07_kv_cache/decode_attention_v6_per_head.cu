@@ -17,16 +17,17 @@
 //
 // The splits then meet differently: each pushes its partial into block 0's shared
 // memory and leaves, and block 0 alone merges (decode::cluster_attention_push), instead
-// of every block pulling every partial and the cluster meeting twice. The arithmetic is
-// v5's, step for step and in the same order, so the outputs are the same.
+// of every block pulling every partial and the cluster meeting twice. By default the
+// pushes are st.async stores that count their bytes on an mbarrier in block 0, so block
+// 0 waits for the data itself rather than for a barrier of every thread. The arithmetic
+// is v5's, step for step and in the same order, so the outputs are the same.
 //
 // The grid is H clusters of `splits` blocks (Bielik, clusters of 8: 96 blocks, against
 // v5's 16). Measured on the H200 (2026-12-01, bench_kv_cache, one layer alone at 1k / 4k
 // / 8k keys): 8.1 / 12.0 / 17.0 us against v5's 10.4 / 16.9 / 25.4. The extra reads of
 // the same keys come from L2 and cost less than the serial work they split up. Chapter
 // 08's decode step uses v6: 908 against 891 tokens/s, 802 against 715 after a 2048-token
-// prompt (pulled merge); the push added 0.3% (905-906 against 902-903), within noise,
-// and freed 0.2 us of the attention's end on its timeline.
+// prompt (pulled merge, twelfth session); with the mbarrier push, 938 (below).
 #include <algorithm>
 #include <stdexcept>
 
