@@ -251,14 +251,16 @@ void decode_attention_v5_cluster_device_length_timed(__nv_bfloat16* out, const _
                                                      DecodeAttentionWorkspace* workspace, cudaStream_t stream,
                                                      unsigned long long* timeline);
 /// v6 with the same timeline (one block per split and query head records), and any of
-/// its hand-overs.
+/// its hand-overs. allow_dependents_after_inputs (the push hand-overs only): the next
+/// kernel may be scheduled once every block's q and first keys have arrived, not at once.
 void decode_attention_v6_per_head_device_length_timed(__nv_bfloat16* out, const __nv_bfloat16* q,
                                                       const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
                                                       const int* d_length, int new_tokens, int max_context, int H,
                                                       int Hkv, int D, int num_splits,
                                                       DecodeAttentionWorkspace* workspace, cudaStream_t stream,
                                                       unsigned long long* timeline,
-                                                      V6Handover handover = kV6DefaultHandover);
+                                                      V6Handover handover = kV6DefaultHandover,
+                                                      bool allow_dependents_after_inputs = false);
 
 /// Every GPU version, in order, so tests and the benchmark loop over the same list.
 using DecodeAttentionLauncher = void (*)(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,

@@ -270,13 +270,24 @@ __device__ __forceinline__ void write_empty_partial(float* ml_out /* (G, 2) */) 
 /// What a split kernel launched with PDL does there: wait for the kernel before it (the
 /// one that wrote q and the newest keys). v3's and v5's split kernels pass it; v5 with an
 /// optional timeline (null: none).
+/// With allow_dependents_after_inputs (v6's option) the kernel lets the next one be
+/// scheduled only once q and its first keys have arrived (every thread, each once its own
+/// loads are in), instead of at its start: the next kernel's weight loads then no longer
+/// queue in front of these L2 reads.
 struct WaitForPreviousKernel {
   unsigned long long* timeline = nullptr;
+  bool allow_dependents_after_inputs = false;
   __device__ void operator()() const {
     pdl_wait();
     timeline_fold(timeline, kAttentionWaitReturned);
   }
-  __device__ void mark(int event, float value) const { timeline_fold_when_ready(timeline, event, value); }
+  __device__ void mark(int event, float value) const {
+    if (allow_dependents_after_inputs && event == kAttentionInputsArrived) {
+      // A branch on the loaded value: the trigger cannot issue before the loads are in.
+      if (__float_as_uint(value) != 0x7fc0beefu) pdl_allow_dependents();
+    }
+    timeline_fold_when_ready(timeline, event, value);
+  }
 };
 
 /// v3's split body (also v4's): one block's keys [begin, end) of kv head `kv_head`

@@ -76,13 +76,15 @@ __global__ void __launch_bounds__(kV6Warps * 32)
                                const int* d_length,  // (1): kv_len = *d_length + kv_len_arg
                                int kv_len_arg, int max_context,
                                int group,  // G = H / Hkv: query heads per kv head
-                               unsigned long long* timeline) {  // (2 * kAttentionTimelineEvents) or nullptr
+                               unsigned long long* timeline,  // (2 * kAttentionTimelineEvents) or nullptr
+                               bool allow_dependents_after_inputs) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   timeline_fold(timeline, decode::kAttentionStart);
   cg::cluster_group cluster = cg::this_cluster();
   const int head = blockIdx.y, kv_head = head / group;
-  // As v5: the next kernel only preloads weights, so it may be scheduled now.
-  pdl_allow_dependents();
+  // As v5: the next kernel only preloads weights, so it may be scheduled now (or, with
+  // the push and allow_dependents_after_inputs, once this block's inputs are in).
+  if (!allow_dependents_after_inputs || kHandover == V6Handover::kPull) pdl_allow_dependents();
   // The cluster code serves "the one query head of kv head k" and reads it at q + k * D.
   // This block's head is `head`, so it is given q shifted by head - k rows (never before
   // q: k <= head).
@@ -96,7 +98,8 @@ __global__ void __launch_bounds__(kV6Warps * 32)
     __shared__ decode::ClusterPartial<D, 1> inbox[decode::kClusterMaxSize];  // block 0's: every split's partial
     __shared__ uint64_t inbox_full;  // block 0's, with kMbarrierBytes: counts the pushed bytes in
     decode::cluster_attention_push<D, kV6Warps, kSignal>(cluster, inbox, &inbox_full, q_of_head, k_cache, v_cache,
-                                                         kv_head, d_length, kv_len_arg, max_context, store, timeline);
+                                                         kv_head, d_length, kv_len_arg, max_context, store, timeline,
+                                                         allow_dependents_after_inputs);
   } else {
     __shared__ decode::ClusterPartial<D, 1> partial;  // this block's split of its head
     decode::cluster_attention<D, 1, kV6Warps>(cluster, partial, q_of_head, k_cache, v_cache, kv_head, d_length,
@@ -110,7 +113,7 @@ __global__ void __launch_bounds__(kV6Warps * 32)
 }
 
 using V6Kernel = void (*)(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
-                          const int*, int, int, int, unsigned long long*);
+                          const int*, int, int, int, unsigned long long*, bool);
 
 template <V6Handover kHandover>
 V6Kernel v6_kernel_with(int D) {
@@ -167,7 +170,8 @@ void decode_attention_v6_per_head_device_length_timed(__nv_bfloat16* out, const 
                                                       const int* d_length, int new_tokens, int max_context, int H,
                                                       int Hkv, int D, int num_splits,
                                                       DecodeAttentionWorkspace* workspace, cudaStream_t stream,
-                                                      unsigned long long* timeline, V6Handover handover) {
+                                                      unsigned long long* timeline, V6Handover handover,
+                                                      bool allow_dependents_after_inputs) {
   if (!device_is_sm90_or_newer()) {
     decode_attention_v3_pipelined_device_length(out, q, k_cache, v_cache, d_length, new_tokens, max_context, H, Hkv,
                                                 D, num_splits, workspace, stream);
@@ -181,7 +185,7 @@ void decode_attention_v6_per_head_device_length_timed(__nv_bfloat16* out, const 
   // With PDL: the kernel reads the length and the committed keys before its wait.
   const ClusterLaunch launch(dim3(cluster, H), kV6Warps * 32, cluster, 0, stream, true);
   CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, out, q, k_cache, v_cache, d_length, new_tokens, max_context,
-                                H / Hkv, timeline));
+                                H / Hkv, timeline, allow_dependents_after_inputs));
 }
 
 }  // namespace bielik

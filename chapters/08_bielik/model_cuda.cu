@@ -705,7 +705,8 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
         decode_attention_v6_per_head_device_length_timed(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)),
                                                          kv_.v(int(l)), d_length, 1, context, H_, Hkv_, D_,
                                                          attention_splits, attention_workspace_.get(), s,
-                                                         attention_timeline_slot(l), options_.v6_handover);
+                                                         attention_timeline_slot(l), options_.v6_handover,
+                                                         options_.attention_allows_o_after_inputs);
       } else {
         decode_attention_v5_cluster_device_length_timed(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)),
                                                         d_length, 1, context, H_, Hkv_, D_, attention_splits,

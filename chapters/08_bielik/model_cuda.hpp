@@ -163,6 +163,11 @@ struct CudaModelOptions {
   /// kClusterPerHead: how v6's splits hand their partials over (chapter 07's V6Handover;
   /// bench_model --v6-handover measures each).
   V6Handover v6_handover = kV6DefaultHandover;
+  /// kClusterPerHead, pushed hand-overs: the attention lets O be scheduled only once each
+  /// of its blocks has q and its first keys, not at its start, so that O's and gate/up's
+  /// first weight loads do not queue in front of those L2 reads (bench_model
+  /// --o-after-attention-inputs).
+  bool attention_allows_o_after_inputs = false;
   /// kClusterWithO: clusters per kv head, each computing the same attention and
   /// projecting 1 / replicas of the O rows (decode_attention_o; bench_model sweeps it).
   int attention_o_replicas = 4;

@@ -285,6 +285,7 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
       int short_max_keys = CudaModelOptions{}.short_attention_max_keys;  ///< v6's second graph
       V6Handover handover = kV6DefaultHandover;
       int long_min_keys = CudaModelOptions{}.long_attention_min_keys;  ///< v6's third graph
+      bool o_after_inputs = false;  ///< attention_allows_o_after_inputs
     };
     const AttentionVariant variants[] = {
         {DecodeAttentionPath::kClusterWithO, 1, 0, "attention + O fused"},
@@ -302,6 +303,10 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
         {DecodeAttentionPath::kClusterPerHead, 0, 0, "v6, pulled", 1, 10, V6Handover::kPull},
         {DecodeAttentionPath::kClusterPerHead, 0, 0, "v6, clusters of 4 up to 5 keys, 8 up to 8, then 16", 1, 5,
          kV6DefaultHandover, 9},
+        {DecodeAttentionPath::kClusterPerHead, 0, 0, "v6, O scheduled after the attention's inputs", 1, 10,
+         kV6DefaultHandover, CudaModelOptions{}.long_attention_min_keys, true},
+        {DecodeAttentionPath::kClusterPerHead, 3, 0, "v6, barrier push, O after the inputs", 1, 0,
+         V6Handover::kPushBarrier, 0, true},
         {DecodeAttentionPath::kSplitCombine, 0, 0, "v3 split + combine"},
         {DecodeAttentionPath::kSplitCombine, 1, 0, "v3 split + combine"},
         {DecodeAttentionPath::kSplitCombine, 3, 0, "v3 split + combine"},
@@ -318,6 +323,7 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
       options.short_attention_max_keys = a.short_max_keys;
       options.v6_handover = a.handover;
       options.long_attention_min_keys = a.long_min_keys;
+      options.attention_allows_o_after_inputs = a.o_after_inputs;
       CudaModel split_model(dir, options);
       const std::string label = std::string(spec.name) + " " + a.name + ", " + std::to_string(a.splits) +
                                 " splits (0: default) of >= " + std::to_string(a.min_keys) + " keys";
@@ -407,11 +413,14 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       options = cuda_options();
       options.qkv_allows_attention_early = true;
       runs.push_back(run(options));
+      options = cuda_options();
+      options.attention_allows_o_after_inputs = true;
+      runs.push_back(run(options));
     }
     // The same kernels in the same order: bit for bit the same logits.
     for (size_t i = 1; i < runs.size(); ++i) {
       INFO(spec.name << " run " << i
-                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early)");
+                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early; then O after the attention's inputs)");
       REQUIRE(runs[i] == runs[0]);
     }
     // The unfused path (attention, then the O GEMV): graph or eager, and whether the O
