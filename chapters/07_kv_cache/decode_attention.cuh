@@ -208,18 +208,6 @@ enum class V6Handover {
   kPushMbarrier,  ///< each split stores with st.async, counted on an mbarrier of block 0
 };
 inline constexpr V6Handover kV6DefaultHandover = V6Handover::kPushMbarrier;
-/// v6 with its other two hand-overs (the same outputs, bit for bit), for the tests and
-/// the benchmark.
-void decode_attention_v6_push_barrier_device_length(__nv_bfloat16* out, const __nv_bfloat16* q,
-                                                    const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
-                                                    const int* d_length, int new_tokens, int max_context, int H,
-                                                    int Hkv, int D, int num_splits,
-                                                    DecodeAttentionWorkspace* workspace, cudaStream_t stream = 0);
-void decode_attention_v6_pull_device_length(__nv_bfloat16* out, const __nv_bfloat16* q,
-                                            const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
-                                            const int* d_length, int new_tokens, int max_context, int H, int Hkv,
-                                            int D, int num_splits, DecodeAttentionWorkspace* workspace,
-                                            cudaStream_t stream = 0);
 namespace decode {
 /// Where a v5 or v6 block records its timeline (decode_attention_v5_cluster_device_length_timed,
 /// decode_attention_v6_per_head_device_length_timed):
@@ -261,6 +249,16 @@ void decode_attention_v6_per_head_device_length_timed(__nv_bfloat16* out, const 
                                                       unsigned long long* timeline,
                                                       V6Handover handover = kV6DefaultHandover,
                                                       bool allow_dependents_after_inputs = false);
+/// v6 with one of its hand-overs (the same outputs, bit for bit, whichever), in the
+/// device-length launcher's signature, for the tests and the benchmark.
+template <V6Handover kHandover>
+void decode_attention_v6_device_length_with(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k_cache,
+                                            const __nv_bfloat16* v_cache, const int* d_length, int new_tokens,
+                                            int max_context, int H, int Hkv, int D, int num_splits,
+                                            DecodeAttentionWorkspace* workspace, cudaStream_t stream = 0) {
+  decode_attention_v6_per_head_device_length_timed(out, q, k_cache, v_cache, d_length, new_tokens, max_context, H,
+                                                   Hkv, D, num_splits, workspace, stream, nullptr, kHandover);
+}
 
 /// Every GPU version, in order, so tests and the benchmark loop over the same list.
 using DecodeAttentionLauncher = void (*)(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
@@ -295,9 +293,10 @@ inline constexpr DecodeAttentionDeviceLengthVersion kDecodeAttentionDeviceLength
      decode_attention_v4_default_splits},
     {"v5_cluster_device_length", decode_attention_v5_cluster_device_length, decode_attention_v5_default_splits},
     {"v6_per_head_device_length", decode_attention_v6_per_head_device_length, decode_attention_v6_default_splits},
-    {"v6_push_barrier_device_length", decode_attention_v6_push_barrier_device_length,
+    {"v6_push_barrier_device_length", decode_attention_v6_device_length_with<V6Handover::kPushBarrier>,
      decode_attention_v6_default_splits},
-    {"v6_pull_device_length", decode_attention_v6_pull_device_length, decode_attention_v6_default_splits},
+    {"v6_pull_device_length", decode_attention_v6_device_length_with<V6Handover::kPull>,
+     decode_attention_v6_default_splits},
 };
 
 /// This chapter's default for a host-side length: v2, the fastest measured with its

@@ -146,25 +146,6 @@ void decode_attention_v6_per_head_device_length(__nv_bfloat16* out, const __nv_b
                                                    Hkv, D, num_splits, workspace, stream, nullptr);
 }
 
-void decode_attention_v6_push_barrier_device_length(__nv_bfloat16* out, const __nv_bfloat16* q,
-                                                    const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
-                                                    const int* d_length, int new_tokens, int max_context, int H,
-                                                    int Hkv, int D, int num_splits,
-                                                    DecodeAttentionWorkspace* workspace, cudaStream_t stream) {
-  decode_attention_v6_per_head_device_length_timed(out, q, k_cache, v_cache, d_length, new_tokens, max_context, H,
-                                                   Hkv, D, num_splits, workspace, stream, nullptr,
-                                                   V6Handover::kPushBarrier);
-}
-
-void decode_attention_v6_pull_device_length(__nv_bfloat16* out, const __nv_bfloat16* q,
-                                            const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
-                                            const int* d_length, int new_tokens, int max_context, int H, int Hkv,
-                                            int D, int num_splits, DecodeAttentionWorkspace* workspace,
-                                            cudaStream_t stream) {
-  decode_attention_v6_per_head_device_length_timed(out, q, k_cache, v_cache, d_length, new_tokens, max_context, H,
-                                                   Hkv, D, num_splits, workspace, stream, nullptr, V6Handover::kPull);
-}
-
 void decode_attention_v6_per_head_device_length_timed(__nv_bfloat16* out, const __nv_bfloat16* q,
                                                       const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
                                                       const int* d_length, int new_tokens, int max_context, int H,
