@@ -28,16 +28,18 @@ __device__ __forceinline__ void timeline_fold(unsigned long long* timeline, int 
   atomicMax(timeline + 2 * event + 1, now);
 }
 
-/// The same, stamped only once `value` has arrived in thread 0's registers: the timer is
-/// read under a condition on the value, and a warp cannot evaluate that before a load it
-/// depends on has landed. (A plain stamp after a load is taken when the load is issued,
-/// not when its data is back.) The condition never holds for a value computed on the
-/// GPU: it compares with a NaN bit pattern that arithmetic does not produce (a NaN
-/// result is always 0x7fffffff), so the stamp is always taken. Pass a value computed
-/// from the loads (an add, say), not a loaded value itself.
+/// Always true, but a warp cannot evaluate it before `value` is in its registers: code
+/// under the condition runs only once the loads `value` depends on have landed. (Code
+/// after a load runs when the load is issued, not when its data is back.) The
+/// condition compares with a NaN bit pattern that arithmetic does not produce (a NaN
+/// result is always 0x7fffffff). Pass a value computed from the loads (an add, say), not
+/// a loaded value itself.
+__device__ __forceinline__ bool value_has_arrived(float value) { return __float_as_uint(value) != 0x7fc0beefu; }
+
+/// timeline_fold, stamped only once `value` has arrived in thread 0's registers.
 __device__ __forceinline__ void timeline_fold_when_ready(unsigned long long* timeline, int event, float value) {
   if (timeline == nullptr || threadIdx.x != 0) return;
-  if (__float_as_uint(value) == 0x7fc0beefu) return;
+  if (!value_has_arrived(value)) return;
   const unsigned long long now = globaltimer_ns();
   atomicMin(timeline + 2 * event, now);
   atomicMax(timeline + 2 * event + 1, now);

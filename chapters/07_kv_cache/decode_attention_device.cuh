@@ -283,8 +283,7 @@ struct WaitForPreviousKernel {
   }
   __device__ void mark(int event, float value) const {
     if (allow_dependents_after_inputs && event == kAttentionInputsArrived) {
-      // A branch on the loaded value: the trigger cannot issue before the loads are in.
-      if (__float_as_uint(value) != 0x7fc0beefu) pdl_allow_dependents();
+      if (value_has_arrived(value)) pdl_allow_dependents();  // not before the loads are in
     }
     timeline_fold_when_ready(timeline, event, value);
   }
