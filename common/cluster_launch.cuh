@@ -8,7 +8,7 @@
 
 #include <cuda_runtime.h>
 
-#include "pdl.cuh"  // device_supports_pdl
+#include "pdl.cuh"  // device_supports_pdl, add_carveout_attribute
 
 namespace bielik {
 
@@ -17,7 +17,7 @@ namespace bielik {
 /// with cudaLaunchKernelEx(&launch.config, kernel, args...). Not copyable: config points
 /// at the attributes inside.
 struct ClusterLaunch {
-  cudaLaunchAttribute attributes[2] = {};
+  cudaLaunchAttribute attributes[3] = {};
   cudaLaunchConfig_t config = {};
 
   ClusterLaunch(dim3 grid, dim3 block, dim3 cluster, size_t shared_bytes, cudaStream_t stream, bool pdl) {
@@ -42,6 +42,7 @@ struct ClusterLaunch {
       programmatic.id = cudaLaunchAttributeProgrammaticStreamSerialization;
       programmatic.val.programmaticStreamSerializationAllowed = 1;
     }
+    add_carveout_attribute(attributes, config.numAttrs);  // launch_shared_carveout()
   }
   ClusterLaunch(const ClusterLaunch&) = delete;
   ClusterLaunch& operator=(const ClusterLaunch&) = delete;

@@ -45,8 +45,44 @@ inline bool device_is_sm90_or_newer() {
 /// True when the current GPU can use programmatic dependent launch.
 inline bool device_supports_pdl() { return device_is_sm90_or_newer(); }
 
+/// The shared-memory carveout that launch_kernel and ClusterLaunch ask for on this
+/// thread: the percent (0-100) of an SM's unified L1 / shared memory to configure as
+/// shared memory, or -1 for no request (the driver picks per kernel, from its needs).
+/// Why a caller may want one value for a whole chain of kernels: an SM holds blocks of
+/// two kernels side by side only while both fit its current split, and the split can
+/// change only on an idle SM. Chapter 08's decode step measures it
+/// (CudaModelOptions::decode_shared_carveout). Set it with ScopedLaunchCarveout.
+inline int& launch_shared_carveout() {
+  static thread_local int percent = -1;
+  return percent;
+}
+
+/// Sets launch_shared_carveout() for the launches of one scope, and restores it after.
+class ScopedLaunchCarveout {
+ public:
+  explicit ScopedLaunchCarveout(int percent) : previous_(launch_shared_carveout()) {
+    launch_shared_carveout() = percent;
+  }
+  ~ScopedLaunchCarveout() { launch_shared_carveout() = previous_; }
+  ScopedLaunchCarveout(const ScopedLaunchCarveout&) = delete;
+  ScopedLaunchCarveout& operator=(const ScopedLaunchCarveout&) = delete;
+
+ private:
+  int previous_;
+};
+
+/// Appends the carveout attribute to `attributes` (numAttrs of them used) when
+/// launch_shared_carveout() asks for one.
+inline void add_carveout_attribute(cudaLaunchAttribute* attributes, unsigned& num_attrs) {
+  const int percent = launch_shared_carveout();
+  if (percent < 0) return;
+  cudaLaunchAttribute& carveout = attributes[num_attrs++];
+  carveout.id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+  carveout.val.sharedMemCarveout = unsigned(percent);
+}
+
 /// Launches `kernel` through cudaLaunchKernelEx, with the PDL attribute when `pdl` is
-/// set and the device has it.
+/// set and the device has it, and the carveout launch_shared_carveout() asks for.
 template <typename... Params, typename... Args>
 inline void launch_kernel(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
                           cudaStream_t stream, Args... args) {
@@ -55,11 +91,15 @@ inline void launch_kernel(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 b
   config.blockDim = block;
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
-  cudaLaunchAttribute attribute = {};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = pdl && device_supports_pdl() ? 1 : 0;
+  cudaLaunchAttribute attributes[2] = {};
+  config.attrs = attributes;
+  config.numAttrs = 0;
+  if (pdl && device_supports_pdl()) {
+    cudaLaunchAttribute& programmatic = attributes[config.numAttrs++];
+    programmatic.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    programmatic.val.programmaticStreamSerializationAllowed = 1;
+  }
+  add_carveout_attribute(attributes, config.numAttrs);
   CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
 }
 

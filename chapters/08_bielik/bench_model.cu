@@ -60,6 +60,8 @@ struct Args {
   int long_splits = CudaModelOptions{}.long_attention_splits;        ///< --long-splits: that graph's cluster size
   V6Handover v6_handover = CudaModelOptions{}.v6_handover;           ///< --v6-handover pull|barrier|mbarrier
   bool o_after_attention_inputs = CudaModelOptions{}.attention_allows_o_after_inputs;
+  bool o_after_attention_inputs_long = CudaModelOptions{}.attention_allows_o_after_inputs_in_long_graph;
+  int carveout = CudaModelOptions{}.decode_shared_carveout;  ///< --carveout PERCENT (-1: none)
   bool qkv_early = CudaModelOptions{}.qkv_allows_attention_early;
   bool down_shared = CudaModelOptions{}.down_second_batch_in_shared;
   bool gate_up_shared = CudaModelOptions{}.gate_up_second_batch_in_shared;
@@ -133,6 +135,10 @@ Args parse(int argc, char** argv) {
       a.short_splits = std::stoi(value());
     } else if (flag == "--o-after-attention-inputs") {
       a.o_after_attention_inputs = true;
+    } else if (flag == "--o-after-attention-inputs-long") {
+      a.o_after_attention_inputs_long = true;
+    } else if (flag == "--carveout") {
+      a.carveout = std::stoi(value());
     } else if (flag == "--long-min-keys") {
       a.long_min_keys = std::stoi(value());
     } else if (flag == "--long-splits") {
@@ -171,7 +177,8 @@ Args parse(int argc, char** argv) {
                                   " [--attention cluster_o|cluster|cluster_per_head|split_combine|merge_in_o]"
                                   " [--replicas N] [--splits N] [--short-max-keys N] [--short-splits N] [--long-min-keys N]"
                                   " [--long-splits N]"
-                                  " [--v6-handover pull|barrier|mbarrier] [--o-after-attention-inputs] [--qkv-early] [--gate-up-after-o]"
+                                  " [--v6-handover pull|barrier|mbarrier] [--o-after-attention-inputs] [--o-after-attention-inputs-long]"
+                                  " [--carveout PERCENT] [--qkv-early] [--gate-up-after-o]"
                                   " [--down-shared]"
                                   " [--down-global-input|--down-staged-input] [--o-global-input]"
                                   " [--rope-after-wait]"
@@ -380,6 +387,8 @@ int main(int argc, char** argv) {
     options.long_attention_splits = args.long_splits;
     options.v6_handover = args.v6_handover;
     options.attention_allows_o_after_inputs = args.o_after_attention_inputs;
+    options.attention_allows_o_after_inputs_in_long_graph = args.o_after_attention_inputs_long;
+    options.decode_shared_carveout = args.carveout;
     options.qkv_allows_attention_early = args.qkv_early;
     options.down_second_batch_in_shared = args.down_shared;
     options.gate_up_second_batch_in_shared = args.gate_up_shared;

@@ -91,6 +91,10 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
                                 std::to_string(options_.long_attention_min_keys) + " and " +
                                 std::to_string(options_.long_attention_splits));
   }
+  if (options_.decode_shared_carveout < -1 || options_.decode_shared_carveout > 100) {
+    throw std::invalid_argument("decode_shared_carveout must be a percent from 0 to 100, or -1 (none), got " +
+                                std::to_string(options_.decode_shared_carveout));
+  }
   if (options_.prefill_chunk < 1) {
     throw std::invalid_argument("prefill_chunk must be >= 1, got " + std::to_string(options_.prefill_chunk));
   }
@@ -595,6 +599,12 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   auto done = [&](const char* name) {
     if (after) (*after)(name);
   };
+  // Every launch below (and so every node of a captured graph) asks for the same split.
+  ScopedLaunchCarveout carveout(options_.decode_shared_carveout);
+  // The long graph's attention may hold O back until its inputs have arrived.
+  const bool long_graph = long_attention_splits_ > 0 && attention_splits == long_attention_splits_;
+  const bool attention_o_after_inputs = options_.attention_allows_o_after_inputs ||
+                                        (long_graph && options_.attention_allows_o_after_inputs_in_long_graph);
   const float eps = config_.rms_norm_eps;
   const int context = kv_.max_context();
   int* d_length = kv_.device_length();
@@ -706,7 +716,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
                                                          kv_.v(int(l)), d_length, 1, context, H_, Hkv_, D_,
                                                          attention_splits, attention_workspace_.get(), s,
                                                          attention_timeline_slot(l), options_.v6_handover,
-                                                         options_.attention_allows_o_after_inputs);
+                                                         attention_o_after_inputs);
       } else {
         decode_attention_v5_cluster_device_length_timed(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)),
                                                         d_length, 1, context, H_, Hkv_, D_, attention_splits,

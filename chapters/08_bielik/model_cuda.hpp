@@ -168,6 +168,17 @@ struct CudaModelOptions {
   /// first weight loads do not queue in front of those L2 reads (bench_model
   /// --o-after-attention-inputs).
   bool attention_allows_o_after_inputs = false;
+  /// The same, in the third (long) decode graph only: there the attention is longer and
+  /// gained from it, at chat lengths gate/up's early loads are worth more (chapter 08's
+  /// exercise 12; bench_model --o-after-attention-inputs-long).
+  bool attention_allows_o_after_inputs_in_long_graph = false;
+  /// The shared-memory carveout every decode kernel's launch asks for, in percent of an
+  /// SM's unified L1 / shared memory (cudaLaunchAttributePreferredSharedMemoryCarveout),
+  /// or -1 for none: the driver then picks a split per kernel from its own needs. An SM
+  /// holds blocks of two kernels side by side only while both fit its current split, and
+  /// it changes the split only when idle; one split for the whole step lets PDL place the
+  /// next kernel's blocks beside the running ones. -1 to 100; bench_model --carveout.
+  int decode_shared_carveout = -1;
   /// kClusterWithO: clusters per kv head, each computing the same attention and
   /// projecting 1 / replicas of the O rows (decode_attention_o; bench_model sweeps it).
   int attention_o_replicas = 4;

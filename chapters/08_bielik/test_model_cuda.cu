@@ -192,14 +192,17 @@ TEST_CASE("CUDA model: a head_dim the attention kernels lack is refused at load"
 
 TEST_CASE("CUDA model: out-of-range attention options are refused at load, naming the option", "[ch08][gpu][model]") {
   const std::string dir = tiny_checkpoint(kSpecs[0]);
-  for (int which = 0; which < 3; ++which) {
+  for (int which = 0; which < 5; ++which) {
     CudaModelOptions options = cuda_options();
     int* option[] = {&options.attention_splits, &options.attention_min_keys_per_split,
-                     &options.attention_o_replicas};
-    *option[which] = which == 2 ? 0 : -1;  // replicas: at least one
+                     &options.attention_o_replicas, &options.decode_shared_carveout,
+                     &options.decode_shared_carveout};
+    const int bad_value[] = {-1, -1, 0, -2, 101};  // replicas: at least one; carveout: -1 or a percent
+    *option[which] = bad_value[which];
     const std::string name = which == 0   ? "attention_splits"
                              : which == 1 ? "attention_min_keys_per_split"
-                                          : "attention_o_replicas";
+                             : which == 2 ? "attention_o_replicas"
+                                          : "decode_shared_carveout";
     bool refused = false;
     try {
       CudaModel model(dir, options);
@@ -416,11 +419,17 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       options = cuda_options();
       options.attention_allows_o_after_inputs = true;
       runs.push_back(run(options));
+      // Nor does the shared-memory split the launches ask for, in a graph or eagerly.
+      for (int percent : {0, 100}) {
+        options = cuda_options(0, 1024, percent == 0, true);
+        options.decode_shared_carveout = percent;
+        runs.push_back(run(options));
+      }
     }
     // The same kernels in the same order: bit for bit the same logits.
     for (size_t i = 1; i < runs.size(); ++i) {
       INFO(spec.name << " run " << i
-                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early; then O after the attention's inputs)");
+                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early; then O after the attention's inputs; then carveouts 0 (graph) and 100 (eager))");
       REQUIRE(runs[i] == runs[0]);
     }
     // The unfused path (attention, then the O GEMV): graph or eager, and whether the O
@@ -449,7 +458,15 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       options->long_attention_min_keys = 16;
     }
     INFO(spec.name << " v6 with three graphs (up to 13 keys, 14-15, from 16): graph, then eager launches");
-    REQUIRE(run(switching) == run(switching_eager));
+    const std::vector<float> three_graphs = run(switching);
+    REQUIRE(run(switching_eager) == three_graphs);
+    // O scheduled after the attention's inputs in the long graph only: the same values.
+    for (CudaModelOptions* options : {&switching, &switching_eager}) {
+      options->attention_allows_o_after_inputs_in_long_graph = true;
+    }
+    INFO(spec.name << " the same, O after the attention's inputs from 16 keys on: graph, then eager launches");
+    REQUIRE(run(switching) == three_graphs);
+    REQUIRE(run(switching_eager) == three_graphs);
   }
 }
 
