@@ -241,6 +241,10 @@ void decode_attention_v5_cluster_device_length_timed(__nv_bfloat16* out, const _
 /// v6 with the same timeline (one block per split and query head records), and any of
 /// its hand-overs. allow_dependents_after_inputs (the push hand-overs only): the next
 /// kernel may be scheduled once every block's q and first keys have arrived, not at once.
+/// inputs_signal (the push hand-overs only; two zeroed words, one pair per layer): once
+/// every block has its inputs, the count is reset and the tag set to *d_length + 1, a hint
+/// for the kernels after it (decode::WaitForPreviousKernel, chapter 08's
+/// DecodeGemvParams::hold). Never read by the attention itself.
 void decode_attention_v6_per_head_device_length_timed(__nv_bfloat16* out, const __nv_bfloat16* q,
                                                       const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
                                                       const int* d_length, int new_tokens, int max_context, int H,
@@ -248,7 +252,8 @@ void decode_attention_v6_per_head_device_length_timed(__nv_bfloat16* out, const 
                                                       DecodeAttentionWorkspace* workspace, cudaStream_t stream,
                                                       unsigned long long* timeline,
                                                       V6Handover handover = kV6DefaultHandover,
-                                                      bool allow_dependents_after_inputs = false);
+                                                      bool allow_dependents_after_inputs = false,
+                                                      unsigned* inputs_signal = nullptr);
 /// v6 with one of its hand-overs (the same outputs, bit for bit, whichever), in the
 /// device-length launcher's signature, for the tests and the benchmark.
 template <V6Handover kHandover>

@@ -236,7 +236,9 @@ constexpr uint32_t kPushedPartialBytes = D * sizeof(float) + 2 * sizeof(float);
 /// The merge is the same either way, so are the outputs, bit for bit. Every thread must
 /// call this. Stamps as cluster_attention; a pushing block stamps kAttentionStored (its
 /// share handed on) and returns. With allow_dependents_after_inputs the caller has not
-/// let the next kernel start: each block does so once its q and first keys are in.
+/// let the next kernel start: each block does so once its q and first keys are in. With
+/// inputs_signal the grid says when all its blocks have their inputs
+/// (WaitForPreviousKernel).
 template <int D, int kWarps, PushSignal kSignal, typename Store>
 __device__ __forceinline__ void cluster_attention_push(cooperative_groups::cluster_group& cluster,
                                                        ClusterPartial<D, 1> (&inbox)[kClusterMaxSize],
@@ -245,7 +247,8 @@ __device__ __forceinline__ void cluster_attention_push(cooperative_groups::clust
                                                        int kv_head, const int* d_length, int kv_len_arg,
                                                        int max_context, Store store,
                                                        unsigned long long* timeline = nullptr,
-                                                       bool allow_dependents_after_inputs = false) {
+                                                       bool allow_dependents_after_inputs = false,
+                                                       unsigned* inputs_signal = nullptr) {
   constexpr bool kCounted = kSignal == PushSignal::kMbarrierBytes;
   const int split = int(cluster.block_rank()), splits = int(cluster.num_blocks());
   if (kCounted && split == 0 && threadIdx.x == 0) cluster_ptx::init_inbox_barrier(inbox_full);
@@ -255,13 +258,14 @@ __device__ __forceinline__ void cluster_attention_push(cooperative_groups::clust
   const int chunk = split_chunk_keys(kv_len, splits, kDecodeV3MinKeysPerSplit);
   const int begin = split * chunk, end = min(kv_len, begin + chunk);
   ClusterPartial<D, 1>& mine = inbox[split];  // block 0 writes its slot in place; the others copy theirs over
+  const WaitForPreviousKernel wait{timeline, allow_dependents_after_inputs, inputs_signal, committed};
   if (begin >= end) {
     if (allow_dependents_after_inputs) pdl_allow_dependents();  // no inputs to wait for
-    WaitForPreviousKernel{timeline}();
+    wait();
+    wait.signal_inputs_arrived(0.0f);  // nothing to load: counted at once
   } else {
     pipelined_split_partial<D, 1, kWarps, kClusterUnroll>(mine.acc, mine.ml, q, k_cache, v_cache, kv_head,
-                                                          max_context, begin, end, committed,
-                                                          WaitForPreviousKernel{timeline, allow_dependents_after_inputs});
+                                                          max_context, begin, end, committed, wait);
   }
   timeline_fold(timeline, kAttentionPartialDone);
   const int used = splits_with_keys(kv_len, splits, kDecodeV3MinKeysPerSplit);

@@ -274,18 +274,41 @@ __device__ __forceinline__ void write_empty_partial(float* ml_out /* (G, 2) */) 
 /// scheduled only once q and its first keys have arrived (every thread, each once its own
 /// loads are in), instead of at its start: the next kernel's weight loads then no longer
 /// queue in front of these L2 reads.
+///
+/// With inputs_signal (v6's pushed hand-overs, chapter 08's decode step) the grid also
+/// tells the kernels after it when all its blocks have their inputs: two words, a count
+/// and a tag. Thread 0 of each block adds 1 to the count once its own inputs are in (a
+/// block without keys: once its wait returned); the grid's last block resets the count
+/// and writes the tag, committed + 1, the step's own value. A kernel that holds its weight
+/// loads until then (chapter 08's DecodeGemvParams::hold) compares the tag with the
+/// length it reads itself. A hint for the memory system's queues only: nothing reads data
+/// on the strength of it.
 struct WaitForPreviousKernel {
   unsigned long long* timeline = nullptr;
   bool allow_dependents_after_inputs = false;
+  unsigned* inputs_signal = nullptr;  ///< (2): the count, the tag; or nullptr
+  int committed = 0;                  ///< the step's committed length (the tag is committed + 1)
   __device__ void operator()() const {
     pdl_wait();
     timeline_fold(timeline, kAttentionWaitReturned);
   }
   __device__ void mark(int event, float value) const {
-    if (allow_dependents_after_inputs && event == kAttentionInputsArrived) {
-      if (value_has_arrived(value)) pdl_allow_dependents();  // not before the loads are in
+    if (event == kAttentionInputsArrived) {
+      if (allow_dependents_after_inputs && value_has_arrived(value)) pdl_allow_dependents();  // not before the loads are in
+      signal_inputs_arrived(value);
     }
     timeline_fold_when_ready(timeline, event, value);
+  }
+  /// Counts this block in once thread 0 holds `value` (see inputs_signal).
+  __device__ void signal_inputs_arrived(float value) const {
+    if (inputs_signal == nullptr || threadIdx.x != 0) return;
+    unsigned zero;  // 0, but only once value is in the register: the add waits for the loads
+    asm volatile("and.b32 %0, %1, 0;" : "=r"(zero) : "r"(__float_as_uint(value)));
+    const unsigned blocks = gridDim.x * gridDim.y * gridDim.z;
+    if (atomicAdd(inputs_signal, 1u + zero) == blocks - 1) {  // every block of the grid has counted
+      atomicExch(inputs_signal, 0u);                          // for the next step's launch
+      atomicExch(inputs_signal + 1, unsigned(committed) + 1u);
+    }
   }
 };
 

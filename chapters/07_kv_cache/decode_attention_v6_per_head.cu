@@ -77,7 +77,8 @@ __global__ void __launch_bounds__(kV6Warps * 32)
                                int kv_len_arg, int max_context,
                                int group,  // G = H / Hkv: query heads per kv head
                                unsigned long long* timeline,  // (2 * kAttentionTimelineEvents) or nullptr
-                               bool allow_dependents_after_inputs) {
+                               bool allow_dependents_after_inputs,
+                               unsigned* inputs_signal) {  // (2): count, tag (pushed hand-overs), or nullptr
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   timeline_fold(timeline, decode::kAttentionStart);
   cg::cluster_group cluster = cg::this_cluster();
@@ -99,7 +100,7 @@ __global__ void __launch_bounds__(kV6Warps * 32)
     __shared__ uint64_t inbox_full;  // block 0's, with kMbarrierBytes: counts the pushed bytes in
     decode::cluster_attention_push<D, kV6Warps, kSignal>(cluster, inbox, &inbox_full, q_of_head, k_cache, v_cache,
                                                          kv_head, d_length, kv_len_arg, max_context, store, timeline,
-                                                         allow_dependents_after_inputs);
+                                                         allow_dependents_after_inputs, inputs_signal);
   } else {
     __shared__ decode::ClusterPartial<D, 1> partial;  // this block's split of its head
     decode::cluster_attention<D, 1, kV6Warps>(cluster, partial, q_of_head, k_cache, v_cache, kv_head, d_length,
@@ -113,7 +114,7 @@ __global__ void __launch_bounds__(kV6Warps * 32)
 }
 
 using V6Kernel = void (*)(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
-                          const int*, int, int, int, unsigned long long*, bool);
+                          const int*, int, int, int, unsigned long long*, bool, unsigned*);
 
 template <V6Handover kHandover>
 V6Kernel v6_kernel_with(int D) {
@@ -152,7 +153,7 @@ void decode_attention_v6_per_head_device_length_timed(__nv_bfloat16* out, const 
                                                       int Hkv, int D, int num_splits,
                                                       DecodeAttentionWorkspace* workspace, cudaStream_t stream,
                                                       unsigned long long* timeline, V6Handover handover,
-                                                      bool allow_dependents_after_inputs) {
+                                                      bool allow_dependents_after_inputs, unsigned* inputs_signal) {
   if (!device_is_sm90_or_newer()) {
     decode_attention_v3_pipelined_device_length(out, q, k_cache, v_cache, d_length, new_tokens, max_context, H, Hkv,
                                                 D, num_splits, workspace, stream);
@@ -161,12 +162,15 @@ void decode_attention_v6_per_head_device_length_timed(__nv_bfloat16* out, const 
   decode_attention_check_shape(q, k_cache, v_cache, max_context, H, Hkv, D);
   if (!d_length) throw std::invalid_argument("decode attention v6: d_length is null");
   if (num_splits < 1) throw std::invalid_argument("decode attention v6: num_splits must be >= 1");
+  if (inputs_signal && handover == V6Handover::kPull) {
+    throw std::invalid_argument("decode attention v6: the pulled hand-over does not signal its inputs' arrival");
+  }
   const V6Kernel kernel = v6_kernel(D, handover);
   const int cluster = std::clamp(num_splits, 1, decode::largest_cluster_size(kernel, H, kV6Warps));
   // With PDL: the kernel reads the length and the committed keys before its wait.
   const ClusterLaunch launch(dim3(cluster, H), kV6Warps * 32, cluster, 0, stream, true);
   CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, out, q, k_cache, v_cache, d_length, new_tokens, max_context,
-                                H / Hkv, timeline, allow_dependents_after_inputs));
+                                H / Hkv, timeline, allow_dependents_after_inputs, inputs_signal));
 }
 
 }  // namespace bielik

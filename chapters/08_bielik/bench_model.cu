@@ -62,6 +62,8 @@ struct Args {
   bool o_after_attention_inputs = CudaModelOptions{}.attention_allows_o_after_inputs;
   bool o_after_attention_inputs_long = CudaModelOptions{}.attention_allows_o_after_inputs_in_long_graph;
   int carveout = CudaModelOptions{}.decode_shared_carveout;  ///< --carveout PERCENT (-1: none)
+  bool hold_o = CudaModelOptions{}.o_holds_for_attention_inputs;     ///< --hold-o
+  int hold_gate_up = CudaModelOptions{}.gate_up_hold_blocks;         ///< --hold-gate-up N
   bool qkv_early = CudaModelOptions{}.qkv_allows_attention_early;
   bool down_shared = CudaModelOptions{}.down_second_batch_in_shared;
   bool gate_up_shared = CudaModelOptions{}.gate_up_second_batch_in_shared;
@@ -139,6 +141,10 @@ Args parse(int argc, char** argv) {
       a.o_after_attention_inputs_long = true;
     } else if (flag == "--carveout") {
       a.carveout = std::stoi(value());
+    } else if (flag == "--hold-o") {
+      a.hold_o = true;
+    } else if (flag == "--hold-gate-up") {
+      a.hold_gate_up = std::stoi(value());
     } else if (flag == "--long-min-keys") {
       a.long_min_keys = std::stoi(value());
     } else if (flag == "--long-splits") {
@@ -178,7 +184,7 @@ Args parse(int argc, char** argv) {
                                   " [--replicas N] [--splits N] [--short-max-keys N] [--short-splits N] [--long-min-keys N]"
                                   " [--long-splits N]"
                                   " [--v6-handover pull|barrier|mbarrier] [--o-after-attention-inputs] [--o-after-attention-inputs-long]"
-                                  " [--carveout PERCENT] [--qkv-early] [--gate-up-after-o]"
+                                  " [--carveout PERCENT] [--hold-o] [--hold-gate-up BLOCKS] [--qkv-early] [--gate-up-after-o]"
                                   " [--down-shared]"
                                   " [--down-global-input|--down-staged-input] [--o-global-input]"
                                   " [--rope-after-wait]"
@@ -389,6 +395,8 @@ int main(int argc, char** argv) {
     options.attention_allows_o_after_inputs = args.o_after_attention_inputs;
     options.attention_allows_o_after_inputs_in_long_graph = args.o_after_attention_inputs_long;
     options.decode_shared_carveout = args.carveout;
+    options.o_holds_for_attention_inputs = args.hold_o;
+    options.gate_up_hold_blocks = args.hold_gate_up;
     options.qkv_allows_attention_early = args.qkv_early;
     options.down_second_batch_in_shared = args.down_shared;
     options.gate_up_second_batch_in_shared = args.gate_up_shared;

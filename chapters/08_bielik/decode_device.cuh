@@ -444,6 +444,23 @@ __device__ __forceinline__ void block_argmax_commit(int32_t* token, const float*
   }
 }
 
+/// DecodeGemvParams::hold: thread 0 polls the tag (relaxed loads, a pause between them)
+/// until it is the step's or the time is up; the block waits for thread 0.
+__device__ __forceinline__ void hold_for_signal(const HoldForSignal& hold) {
+  if (hold.tag == nullptr || int(blockIdx.x) >= hold.blocks) return;
+  if (threadIdx.x == 0) {
+    const unsigned expected = unsigned(*hold.d_length) + 1u;
+    const unsigned long long give_up = globaltimer_ns() + kHoldTimeoutNs;
+    for (;;) {
+      unsigned seen;
+      asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(hold.tag) : "memory");
+      if (seen == expected || globaltimer_ns() >= give_up) break;
+      __nanosleep(64);
+    }
+  }
+  __syncthreads();
+}
+
 /// The norm weight's first chunks, loaded before the PDL wait (no kernel writes them).
 template <GemvInput In>
 __device__ __forceinline__ void load_norm_weight(const DecodeGemvParams& p, uint4 (&norm_held)[kNormHeld]) {

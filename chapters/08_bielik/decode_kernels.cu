@@ -69,6 +69,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   const int base_first = part * 32 + lane, stride = 32 * split;
   timeline_mark(p.timeline, kTimelineStart);
   if (p.allow_dependents_early) pdl_allow_dependents();
+  hold_for_signal(p.hold);  // (off unless asked for) until the kernel before has its inputs
 
   // 1. Weights first (the first batch of the first row, the norm weight): no kernel
   //    writes them, so they are loaded while the previous kernel may still run.

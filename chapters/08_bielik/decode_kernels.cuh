@@ -112,6 +112,20 @@ struct AttentionMergeSource {
   int H = 0, D = 0;
 };
 
+/// DecodeGemvParams::hold: the block holds its first weight loads until a kernel still
+/// running says so (chapter 07's v6 attention with an inputs signal: every block has its
+/// q and newest keys), so that they do not queue in front of that kernel's L2 reads.
+/// Thread 0 polls *tag until it equals *d_length + 1 (the step's own tag), for at most
+/// kHoldTimeoutNs; the block then goes on either way. Only a hint: the data the kernel
+/// reads are still ordered by its PDL wait alone, so a missed or stale tag costs time,
+/// never a wrong value.
+struct HoldForSignal {
+  const unsigned* tag = nullptr;   ///< (1) or nullptr: no hold
+  const int* d_length = nullptr;   ///< (1) the committed length this step's tag is made from
+  int blocks = 0;                  ///< blocks 0 .. blocks - 1 hold (the first to be resident); the rest do not
+};
+constexpr unsigned long long kHoldTimeoutNs = 3000;
+
 /// Arguments of one decode GEMV.
 struct DecodeGemvParams {
   void* y;                           ///< (N) bf16, or float for kF32; in/out for kResidualAdd
@@ -167,6 +181,8 @@ struct DecodeGemvParams {
   /// last block start, when their PDL wait returns, when they are past it with the input
   /// staged, and when they end (thread 0 of each block). nullptr: off.
   unsigned long long* timeline = nullptr;
+  /// Register kernels: hold the first weight loads until a signal (HoldForSignal).
+  HoldForSignal hold;
 };
 
 /// y = f(x W^T + b) for one token. One warp per output row (a few consecutive rows per

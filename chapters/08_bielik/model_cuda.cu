@@ -2,6 +2,7 @@
 #include "model_cuda.hpp"
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -94,6 +95,9 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
   if (options_.decode_shared_carveout < -1 || options_.decode_shared_carveout > 100) {
     throw std::invalid_argument("decode_shared_carveout must be a percent from 0 to 100, or -1 (none), got " +
                                 std::to_string(options_.decode_shared_carveout));
+  }
+  if (options_.gate_up_hold_blocks < 0) {
+    throw std::invalid_argument("gate_up_hold_blocks must be >= 0, got " + std::to_string(options_.gate_up_hold_blocks));
   }
   if (options_.prefill_chunk < 1) {
     throw std::invalid_argument("prefill_chunk must be >= 1, got " + std::to_string(options_.prefill_chunk));
@@ -193,6 +197,8 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     d_attn_ = DeviceBuffer<__nv_bfloat16>(size_t(H_) * D_);
     d_act_ = DeviceBuffer<__nv_bfloat16>(F_);
     d_o_partials_ = DeviceBuffer<float>(size_t(Hkv_) * C_);
+    d_attention_signals_ = DeviceBuffer<unsigned>(2 * layers_.size());
+    d_attention_signals_.fill_bytes(0);  // count 0, tag 0: no step's (tags start at 1)
     if (options_.decode_timeline) {
       d_timeline_ = DeviceBuffer<unsigned long long>(kTimelineValues * (4 * layers_.size() + 1) +
                                                      kAttentionTimelineValues * layers_.size());
@@ -608,6 +614,16 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   const float eps = config_.rms_norm_eps;
   const int context = kv_.max_context();
   int* d_length = kv_.device_length();
+  // O and gate/up may hold their first weight loads until v6's blocks have their inputs:
+  // only v6 with a pushed hand-over signals.
+  const bool attention_signals = attention_path_ == DecodeAttentionPath::kClusterPerHead &&
+                                 options_.v6_handover != V6Handover::kPull &&
+                                 (options_.o_holds_for_attention_inputs || options_.gate_up_hold_blocks > 0);
+  auto attention_signal = [&](size_t layer) { return d_attention_signals_.data() + 2 * layer; };
+  auto hold_for_attention = [&](size_t layer, int blocks) {
+    return attention_signals && blocks > 0 ? HoldForSignal{attention_signal(layer) + 1, d_length, blocks}
+                                           : HoldForSignal{};
+  };
 
   embedding_forward(d_x_.data(), embed_, d_token_.data(), 1, C_, V_, nullptr, s);
   done("embedding");
@@ -716,13 +732,15 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
                                                          kv_.v(int(l)), d_length, 1, context, H_, Hkv_, D_,
                                                          attention_splits, attention_workspace_.get(), s,
                                                          attention_timeline_slot(l), options_.v6_handover,
-                                                         attention_o_after_inputs);
+                                                         attention_o_after_inputs,
+                                                         attention_signals ? attention_signal(l) : nullptr);
       } else {
         decode_attention_v5_cluster_device_length_timed(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)),
                                                         d_length, 1, context, H_, Hkv_, D_, attention_splits,
                                                         attention_workspace_.get(), s, attention_timeline_slot(l));
       }
       done("attention");
+      if (options_.o_holds_for_attention_inputs) o.hold = hold_for_attention(l, INT_MAX);
       decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, o, pdl, s);
     }
     if (!fused_o) done("o_proj");
@@ -730,6 +748,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     gate_up.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
     gate_up.second_batch_in_shared = options_.gate_up_second_batch_in_shared;
     gate_up.timeline = timeline_slot(4 * l + 2);
+    gate_up.hold = hold_for_attention(l, options_.gate_up_hold_blocks);
     step_gemv_settings(gate_up);
     if (fused_o) gate_up.residual_partials = ResidualPartials{d_o_partials_.data(), Hkv_};
     const GemvInput gate_up_input = fused_o ? GemvInput::kRmsNormAddPartials : GemvInput::kRmsNorm;

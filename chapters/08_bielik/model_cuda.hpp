@@ -179,6 +179,13 @@ struct CudaModelOptions {
   /// it changes the split only when idle; one split for the whole step lets PDL place the
   /// next kernel's blocks beside the running ones. -1 to 100; bench_model --carveout.
   int decode_shared_carveout = -1;
+  /// kClusterPerHead with a pushed hand-over: the O projection's blocks, and the first
+  /// gate_up_hold_blocks of gate/up's, hold their first weight loads until every block of
+  /// the attention has its q and newest keys (chapter 07's inputs signal, DecodeGemvParams::
+  /// hold; at most kHoldTimeoutNs). Those loads are L2 hits that otherwise queue behind
+  /// the weights. bench_model --hold-o, --hold-gate-up N.
+  bool o_holds_for_attention_inputs = false;
+  int gate_up_hold_blocks = 0;
   /// kClusterWithO: clusters per kv head, each computing the same attention and
   /// projecting 1 / replicas of the O rows (decode_attention_o; bench_model sweeps it).
   int attention_o_replicas = 4;
@@ -384,6 +391,7 @@ class CudaModel final : public Backend {
   DeviceBuffer<__nv_bfloat16> d_attn_;  // (H D)
   DeviceBuffer<__nv_bfloat16> d_act_;   // (F)
   DeviceBuffer<float> d_o_partials_;    // (Hkv, C) kClusterWithO: the O projection by kv group
+  DeviceBuffer<unsigned> d_attention_signals_;  // (L, 2) v6's inputs signal per layer (count, tag), zeroed
   DeviceBuffer<float> d_logits_;        // (V) fp32, also the prefill's last-row logits
 
   // Pinned host memory for the copies back (async, no staging).

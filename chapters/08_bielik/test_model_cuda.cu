@@ -192,16 +192,17 @@ TEST_CASE("CUDA model: a head_dim the attention kernels lack is refused at load"
 
 TEST_CASE("CUDA model: out-of-range attention options are refused at load, naming the option", "[ch08][gpu][model]") {
   const std::string dir = tiny_checkpoint(kSpecs[0]);
-  for (int which = 0; which < 5; ++which) {
+  for (int which = 0; which < 6; ++which) {
     CudaModelOptions options = cuda_options();
-    int* option[] = {&options.attention_splits, &options.attention_min_keys_per_split,
-                     &options.attention_o_replicas, &options.decode_shared_carveout,
-                     &options.decode_shared_carveout};
-    const int bad_value[] = {-1, -1, 0, -2, 101};  // replicas: at least one; carveout: -1 or a percent
+    int* option[] = {&options.attention_splits,       &options.attention_min_keys_per_split,
+                     &options.attention_o_replicas,   &options.decode_shared_carveout,
+                     &options.decode_shared_carveout, &options.gate_up_hold_blocks};
+    const int bad_value[] = {-1, -1, 0, -2, 101, -1};  // replicas: at least one; carveout: -1 or a percent
     *option[which] = bad_value[which];
     const std::string name = which == 0   ? "attention_splits"
                              : which == 1 ? "attention_min_keys_per_split"
                              : which == 2 ? "attention_o_replicas"
+                             : which == 5 ? "gate_up_hold_blocks"
                                           : "decode_shared_carveout";
     bool refused = false;
     try {
@@ -425,11 +426,20 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
         options.decode_shared_carveout = percent;
         runs.push_back(run(options));
       }
+      // Nor do O's and gate/up's weight loads held until the attention's inputs are in
+      // (every block, then only gate/up's first two), in a graph.
+      options = cuda_options();
+      options.o_holds_for_attention_inputs = true;
+      options.gate_up_hold_blocks = 1 << 20;
+      runs.push_back(run(options));
+      options.o_holds_for_attention_inputs = false;
+      options.gate_up_hold_blocks = 2;
+      runs.push_back(run(options));
     }
     // The same kernels in the same order: bit for bit the same logits.
     for (size_t i = 1; i < runs.size(); ++i) {
       INFO(spec.name << " run " << i
-                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early; then O after the attention's inputs; then carveouts 0 (graph) and 100 (eager))");
+                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early; then O after the attention's inputs; then carveouts 0 (graph) and 100 (eager); then O and gate/up held, then 2 gate/up blocks held)");
       REQUIRE(runs[i] == runs[0]);
     }
     // The unfused path (attention, then the O GEMV): graph or eager, and whether the O
