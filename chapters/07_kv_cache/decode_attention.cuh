@@ -244,7 +244,8 @@ void decode_attention_v5_cluster_device_length_timed(__nv_bfloat16* out, const _
 /// inputs_signal (the push hand-overs only; two zeroed words, one pair per layer): once
 /// every block has its inputs, the count is reset and the tag set to *d_length + 1, a hint
 /// for the kernels after it (decode::WaitForPreviousKernel, chapter 08's
-/// DecodeGemvParams::hold). Never read by the attention itself.
+/// DecodeGemvParams::hold). Never read by the attention itself. signal_at_end: each block
+/// counts itself in at its end instead (its partial handed on, or the outputs stored).
 void decode_attention_v6_per_head_device_length_timed(__nv_bfloat16* out, const __nv_bfloat16* q,
                                                       const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
                                                       const int* d_length, int new_tokens, int max_context, int H,
@@ -253,7 +254,8 @@ void decode_attention_v6_per_head_device_length_timed(__nv_bfloat16* out, const 
                                                       unsigned long long* timeline,
                                                       V6Handover handover = kV6DefaultHandover,
                                                       bool allow_dependents_after_inputs = false,
-                                                      unsigned* inputs_signal = nullptr);
+                                                      unsigned* inputs_signal = nullptr,
+                                                      bool signal_at_end = false);
 /// v6 with one of its hand-overs (the same outputs, bit for bit, whichever), in the
 /// device-length launcher's signature, for the tests and the benchmark.
 template <V6Handover kHandover>

@@ -267,6 +267,20 @@ __device__ __forceinline__ void write_empty_partial(float* ml_out /* (G, 2) */) 
   }
 }
 
+/// A grid's progress signal (two words: a count, a tag; WaitForPreviousKernel's
+/// inputs_signal): thread 0 of each block adds 1 to the count once it holds `value`; the
+/// grid's last block resets the count and writes the tag, committed + 1. signal null: no-op.
+__device__ __forceinline__ void count_block_in(unsigned* signal, int committed, float value = 0.0f) {
+  if (signal == nullptr || threadIdx.x != 0) return;
+  unsigned zero;  // 0, but only once value is in the register: the add waits for the loads
+  asm volatile("and.b32 %0, %1, 0;" : "=r"(zero) : "r"(__float_as_uint(value)));
+  const unsigned blocks = gridDim.x * gridDim.y * gridDim.z;
+  if (atomicAdd(signal, 1u + zero) == blocks - 1) {  // every block of the grid has counted
+    atomicExch(signal, 0u);                          // for the next step's launch
+    atomicExch(signal + 1, unsigned(committed) + 1u);
+  }
+}
+
 /// What a split kernel launched with PDL does there: wait for the kernel before it (the
 /// one that wrote q and the newest keys). v3's and v5's split kernels pass it; v5 with an
 /// optional timeline (null: none).
@@ -300,16 +314,7 @@ struct WaitForPreviousKernel {
     timeline_fold_when_ready(timeline, event, value);
   }
   /// Counts this block in once thread 0 holds `value` (see inputs_signal).
-  __device__ void signal_inputs_arrived(float value) const {
-    if (inputs_signal == nullptr || threadIdx.x != 0) return;
-    unsigned zero;  // 0, but only once value is in the register: the add waits for the loads
-    asm volatile("and.b32 %0, %1, 0;" : "=r"(zero) : "r"(__float_as_uint(value)));
-    const unsigned blocks = gridDim.x * gridDim.y * gridDim.z;
-    if (atomicAdd(inputs_signal, 1u + zero) == blocks - 1) {  // every block of the grid has counted
-      atomicExch(inputs_signal, 0u);                          // for the next step's launch
-      atomicExch(inputs_signal + 1, unsigned(committed) + 1u);
-    }
-  }
+  __device__ void signal_inputs_arrived(float value) const { count_block_in(inputs_signal, committed, value); }
 };
 
 /// v3's split body (also v4's): one block's keys [begin, end) of kv head `kv_head`

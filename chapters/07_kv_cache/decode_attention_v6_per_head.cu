@@ -78,7 +78,8 @@ __global__ void __launch_bounds__(kV6Warps * 32)
                                int group,  // G = H / Hkv: query heads per kv head
                                unsigned long long* timeline,  // (2 * kAttentionTimelineEvents) or nullptr
                                bool allow_dependents_after_inputs,
-                               unsigned* inputs_signal) {  // (2): count, tag (pushed hand-overs), or nullptr
+                               unsigned* inputs_signal,  // (2): count, tag (pushed hand-overs), or nullptr
+                               bool signal_at_end) {     // inputs_signal counts blocks at their end instead
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   timeline_fold(timeline, decode::kAttentionStart);
   cg::cluster_group cluster = cg::this_cluster();
@@ -100,12 +101,17 @@ __global__ void __launch_bounds__(kV6Warps * 32)
     __shared__ uint64_t inbox_full;  // block 0's, with kMbarrierBytes: counts the pushed bytes in
     decode::cluster_attention_push<D, kV6Warps, kSignal>(cluster, inbox, &inbox_full, q_of_head, k_cache, v_cache,
                                                          kv_head, d_length, kv_len_arg, max_context, store, timeline,
-                                                         allow_dependents_after_inputs, inputs_signal);
+                                                         allow_dependents_after_inputs,
+                                                         signal_at_end ? nullptr : inputs_signal);
   } else {
     __shared__ decode::ClusterPartial<D, 1> partial;  // this block's split of its head
     decode::cluster_attention<D, 1, kV6Warps>(cluster, partial, q_of_head, k_cache, v_cache, kv_head, d_length,
                                               kv_len_arg, max_context, store, timeline);
     cluster.sync();  // no block leaves while another may still read its shared memory
+  }
+  if (signal_at_end) {  // this block's share is handed on (pushers) or stored (block 0)
+    const int committed = d_length ? *d_length : 0;
+    decode::count_block_in(inputs_signal, committed);
   }
   timeline_fold(timeline, decode::kAttentionEnd);
 #else
@@ -114,7 +120,7 @@ __global__ void __launch_bounds__(kV6Warps * 32)
 }
 
 using V6Kernel = void (*)(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
-                          const int*, int, int, int, unsigned long long*, bool, unsigned*);
+                          const int*, int, int, int, unsigned long long*, bool, unsigned*, bool);
 
 template <V6Handover kHandover>
 V6Kernel v6_kernel_with(int D) {
@@ -153,7 +159,8 @@ void decode_attention_v6_per_head_device_length_timed(__nv_bfloat16* out, const 
                                                       int Hkv, int D, int num_splits,
                                                       DecodeAttentionWorkspace* workspace, cudaStream_t stream,
                                                       unsigned long long* timeline, V6Handover handover,
-                                                      bool allow_dependents_after_inputs, unsigned* inputs_signal) {
+                                                      bool allow_dependents_after_inputs, unsigned* inputs_signal,
+                                                      bool signal_at_end) {
   if (!device_is_sm90_or_newer()) {
     decode_attention_v3_pipelined_device_length(out, q, k_cache, v_cache, d_length, new_tokens, max_context, H, Hkv,
                                                 D, num_splits, workspace, stream);
@@ -162,15 +169,16 @@ void decode_attention_v6_per_head_device_length_timed(__nv_bfloat16* out, const 
   decode_attention_check_shape(q, k_cache, v_cache, max_context, H, Hkv, D);
   if (!d_length) throw std::invalid_argument("decode attention v6: d_length is null");
   if (num_splits < 1) throw std::invalid_argument("decode attention v6: num_splits must be >= 1");
-  if (inputs_signal && handover == V6Handover::kPull) {
-    throw std::invalid_argument("decode attention v6: the pulled hand-over does not signal its inputs' arrival");
+  if (inputs_signal && handover == V6Handover::kPull && !signal_at_end) {
+    throw std::invalid_argument("decode attention v6: the pulled hand-over signals only at its end (signal_at_end)");
   }
   const V6Kernel kernel = v6_kernel(D, handover);
   const int cluster = std::clamp(num_splits, 1, decode::largest_cluster_size(kernel, H, kV6Warps));
   // With PDL: the kernel reads the length and the committed keys before its wait.
   const ClusterLaunch launch(dim3(cluster, H), kV6Warps * 32, cluster, 0, stream, true);
   CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, out, q, k_cache, v_cache, d_length, new_tokens, max_context,
-                                H / Hkv, timeline, allow_dependents_after_inputs, inputs_signal));
+                                H / Hkv, timeline, allow_dependents_after_inputs, inputs_signal,
+                                inputs_signal != nullptr && signal_at_end));
 }
 
 }  // namespace bielik

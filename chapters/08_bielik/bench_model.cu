@@ -64,6 +64,7 @@ struct Args {
   int carveout = CudaModelOptions{}.decode_shared_carveout;  ///< --carveout PERCENT (-1: none)
   bool hold_o = CudaModelOptions{}.o_holds_for_attention_inputs;     ///< --hold-o
   int hold_gate_up = CudaModelOptions{}.gate_up_hold_blocks;         ///< --hold-gate-up N
+  bool hold_until_end = CudaModelOptions{}.hold_until_attention_end;  ///< --hold-until-attention-end
   bool qkv_early = CudaModelOptions{}.qkv_allows_attention_early;
   bool down_shared = CudaModelOptions{}.down_second_batch_in_shared;
   bool gate_up_shared = CudaModelOptions{}.gate_up_second_batch_in_shared;
@@ -145,6 +146,8 @@ Args parse(int argc, char** argv) {
       a.hold_o = true;
     } else if (flag == "--hold-gate-up") {
       a.hold_gate_up = std::stoi(value());
+    } else if (flag == "--hold-until-attention-end") {
+      a.hold_until_end = true;
     } else if (flag == "--long-min-keys") {
       a.long_min_keys = std::stoi(value());
     } else if (flag == "--long-splits") {
@@ -184,7 +187,7 @@ Args parse(int argc, char** argv) {
                                   " [--replicas N] [--splits N] [--short-max-keys N] [--short-splits N] [--long-min-keys N]"
                                   " [--long-splits N]"
                                   " [--v6-handover pull|barrier|mbarrier] [--o-after-attention-inputs] [--o-after-attention-inputs-long]"
-                                  " [--carveout PERCENT] [--hold-o] [--hold-gate-up BLOCKS] [--qkv-early] [--gate-up-after-o]"
+                                  " [--carveout PERCENT] [--hold-o] [--hold-gate-up BLOCKS] [--hold-until-attention-end] [--qkv-early] [--gate-up-after-o]"
                                   " [--down-shared]"
                                   " [--down-global-input|--down-staged-input] [--o-global-input]"
                                   " [--rope-after-wait]"
@@ -397,6 +400,7 @@ int main(int argc, char** argv) {
     options.decode_shared_carveout = args.carveout;
     options.o_holds_for_attention_inputs = args.hold_o;
     options.gate_up_hold_blocks = args.hold_gate_up;
+    options.hold_until_attention_end = args.hold_until_end;
     options.qkv_allows_attention_early = args.qkv_early;
     options.down_second_batch_in_shared = args.down_shared;
     options.gate_up_second_batch_in_shared = args.gate_up_shared;

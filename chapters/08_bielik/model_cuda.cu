@@ -617,7 +617,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   // O and gate/up may hold their first weight loads until v6's blocks have their inputs:
   // only v6 with a pushed hand-over signals.
   const bool attention_signals = attention_path_ == DecodeAttentionPath::kClusterPerHead &&
-                                 options_.v6_handover != V6Handover::kPull &&
+                                 (options_.v6_handover != V6Handover::kPull || options_.hold_until_attention_end) &&
                                  (options_.o_holds_for_attention_inputs || options_.gate_up_hold_blocks > 0);
   auto attention_signal = [&](size_t layer) { return d_attention_signals_.data() + 2 * layer; };
   auto hold_for_attention = [&](size_t layer, int blocks) {
@@ -733,7 +733,8 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
                                                          attention_splits, attention_workspace_.get(), s,
                                                          attention_timeline_slot(l), options_.v6_handover,
                                                          attention_o_after_inputs,
-                                                         attention_signals ? attention_signal(l) : nullptr);
+                                                         attention_signals ? attention_signal(l) : nullptr,
+                                                         options_.hold_until_attention_end);
       } else {
         decode_attention_v5_cluster_device_length_timed(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)),
                                                         d_length, 1, context, H_, Hkv_, D_, attention_splits,

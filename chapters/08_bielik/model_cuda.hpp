@@ -186,6 +186,9 @@ struct CudaModelOptions {
   /// the weights. bench_model --hold-o, --hold-gate-up N.
   bool o_holds_for_attention_inputs = false;
   int gate_up_hold_blocks = 0;
+  /// With the holds: the attention signals at the end of its blocks instead of once their
+  /// inputs are in (any hand-over). bench_model --hold-until-attention-end.
+  bool hold_until_attention_end = false;
   /// kClusterWithO: clusters per kv head, each computing the same attention and
   /// projecting 1 / replicas of the O rows (decode_attention_o; bench_model sweeps it).
   int attention_o_replicas = 4;

@@ -435,11 +435,15 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       options.o_holds_for_attention_inputs = false;
       options.gate_up_hold_blocks = 2;
       runs.push_back(run(options));
+      options.gate_up_hold_blocks = 1 << 20;  // until the attention's blocks have ended, pulled
+      options.hold_until_attention_end = true;
+      options.v6_handover = V6Handover::kPull;
+      runs.push_back(run(options));
     }
     // The same kernels in the same order: bit for bit the same logits.
     for (size_t i = 1; i < runs.size(); ++i) {
       INFO(spec.name << " run " << i
-                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early; then O after the attention's inputs; then carveouts 0 (graph) and 100 (eager); then O and gate/up held, then 2 gate/up blocks held)");
+                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early; then O after the attention's inputs; then carveouts 0 (graph) and 100 (eager); then O and gate/up held, then 2 gate/up blocks held, then gate/up held to the pulled attention's end)");
       REQUIRE(runs[i] == runs[0]);
     }
     // The unfused path (attention, then the O GEMV): graph or eager, and whether the O
