@@ -65,6 +65,9 @@ struct Args {
   bool hold_o = CudaModelOptions{}.o_holds_for_attention_inputs;     ///< --hold-o
   int hold_gate_up = CudaModelOptions{}.gate_up_hold_blocks;         ///< --hold-gate-up N
   bool hold_until_end = CudaModelOptions{}.hold_until_attention_end;  ///< --hold-until-attention-end
+  int hold_gate_up_from = CudaModelOptions{}.gate_up_hold_first_block;  ///< --hold-gate-up-from N
+  int gate_up_delay = CudaModelOptions{}.gate_up_start_delay_ns;        ///< --gate-up-start-delay NS
+  int down_delay = CudaModelOptions{}.down_start_delay_ns;              ///< --down-start-delay NS
   bool qkv_early = CudaModelOptions{}.qkv_allows_attention_early;
   bool down_shared = CudaModelOptions{}.down_second_batch_in_shared;
   bool gate_up_shared = CudaModelOptions{}.gate_up_second_batch_in_shared;
@@ -140,6 +143,8 @@ Args parse(int argc, char** argv) {
       a.o_after_attention_inputs = true;
     } else if (flag == "--o-after-attention-inputs-long") {
       a.o_after_attention_inputs_long = true;
+    } else if (flag == "--no-o-after-attention-inputs-long") {
+      a.o_after_attention_inputs_long = false;
     } else if (flag == "--carveout") {
       a.carveout = std::stoi(value());
     } else if (flag == "--hold-o") {
@@ -148,6 +153,12 @@ Args parse(int argc, char** argv) {
       a.hold_gate_up = std::stoi(value());
     } else if (flag == "--hold-until-attention-end") {
       a.hold_until_end = true;
+    } else if (flag == "--hold-gate-up-from") {
+      a.hold_gate_up_from = std::stoi(value());
+    } else if (flag == "--gate-up-start-delay") {
+      a.gate_up_delay = std::stoi(value());
+    } else if (flag == "--down-start-delay") {
+      a.down_delay = std::stoi(value());
     } else if (flag == "--long-min-keys") {
       a.long_min_keys = std::stoi(value());
     } else if (flag == "--long-splits") {
@@ -186,8 +197,9 @@ Args parse(int argc, char** argv) {
                                   " [--attention cluster_o|cluster|cluster_per_head|split_combine|merge_in_o]"
                                   " [--replicas N] [--splits N] [--short-max-keys N] [--short-splits N] [--long-min-keys N]"
                                   " [--long-splits N]"
-                                  " [--v6-handover pull|barrier|mbarrier] [--o-after-attention-inputs] [--o-after-attention-inputs-long]"
-                                  " [--carveout PERCENT] [--hold-o] [--hold-gate-up BLOCKS] [--hold-until-attention-end] [--qkv-early] [--gate-up-after-o]"
+                                  " [--v6-handover pull|barrier|mbarrier] [--o-after-attention-inputs] [--[no-]o-after-attention-inputs-long]"
+                                  " [--carveout PERCENT] [--hold-o] [--hold-gate-up BLOCKS] [--hold-until-attention-end] [--hold-gate-up-from N]"
+                                  " [--gate-up-start-delay NS] [--down-start-delay NS] [--qkv-early] [--gate-up-after-o]"
                                   " [--down-shared]"
                                   " [--down-global-input|--down-staged-input] [--o-global-input]"
                                   " [--rope-after-wait]"
@@ -401,6 +413,9 @@ int main(int argc, char** argv) {
     options.o_holds_for_attention_inputs = args.hold_o;
     options.gate_up_hold_blocks = args.hold_gate_up;
     options.hold_until_attention_end = args.hold_until_end;
+    options.gate_up_hold_first_block = args.hold_gate_up_from;
+    options.gate_up_start_delay_ns = args.gate_up_delay;
+    options.down_start_delay_ns = args.down_delay;
     options.qkv_allows_attention_early = args.qkv_early;
     options.down_second_batch_in_shared = args.down_shared;
     options.gate_up_second_batch_in_shared = args.gate_up_shared;

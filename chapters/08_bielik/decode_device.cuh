@@ -447,7 +447,7 @@ __device__ __forceinline__ void block_argmax_commit(int32_t* token, const float*
 /// DecodeGemvParams::hold: thread 0 polls the tag (relaxed loads, a pause between them)
 /// until it is the step's or the time is up; the block waits for thread 0.
 __device__ __forceinline__ void hold_for_signal(const HoldForSignal& hold) {
-  if (hold.tag == nullptr || int(blockIdx.x) >= hold.blocks) return;
+  if (hold.tag == nullptr || int(blockIdx.x) >= hold.blocks || int(blockIdx.x) < hold.first_block) return;
   if (threadIdx.x == 0) {
     const unsigned expected = unsigned(*hold.d_length) + 1u;
     const unsigned long long give_up = globaltimer_ns() + kHoldTimeoutNs;
@@ -457,6 +457,16 @@ __device__ __forceinline__ void hold_for_signal(const HoldForSignal& hold) {
       if (seen == expected || globaltimer_ns() >= give_up) break;
       __nanosleep(64);
     }
+  }
+  __syncthreads();
+}
+
+/// DecodeGemvParams::start_delay_ns: thread 0 waits that long, the block waits for it.
+__device__ __forceinline__ void delay_start(int delay_ns) {
+  if (delay_ns <= 0) return;
+  if (threadIdx.x == 0) {
+    const unsigned long long until = globaltimer_ns() + unsigned(delay_ns);
+    while (globaltimer_ns() < until) __nanosleep(32);
   }
   __syncthreads();
 }

@@ -122,7 +122,8 @@ struct AttentionMergeSource {
 struct HoldForSignal {
   const unsigned* tag = nullptr;   ///< (1) or nullptr: no hold
   const int* d_length = nullptr;   ///< (1) the committed length this step's tag is made from
-  int blocks = 0;                  ///< blocks 0 .. blocks - 1 hold (the first to be resident); the rest do not
+  int blocks = 0;                  ///< blocks first_block .. blocks - 1 hold; the rest do not
+  int first_block = 0;
 };
 constexpr unsigned long long kHoldTimeoutNs = 3000;
 
@@ -183,6 +184,9 @@ struct DecodeGemvParams {
   unsigned long long* timeline = nullptr;
   /// Register kernels: hold the first weight loads until a signal (HoldForSignal).
   HoldForSignal hold;
+  /// Register kernels, measurement: each block waits this long (thread 0 reads
+  /// %globaltimer, the block waits for it) before its first weight loads. 0: no wait.
+  int start_delay_ns = 0;
 };
 
 /// y = f(x W^T + b) for one token. One warp per output row (a few consecutive rows per

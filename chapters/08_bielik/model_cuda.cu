@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
+#include <utility>
 
 #include "attention.cuh"
 #include "cuda_check.cuh"
@@ -96,8 +97,11 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     throw std::invalid_argument("decode_shared_carveout must be a percent from 0 to 100, or -1 (none), got " +
                                 std::to_string(options_.decode_shared_carveout));
   }
-  if (options_.gate_up_hold_blocks < 0) {
-    throw std::invalid_argument("gate_up_hold_blocks must be >= 0, got " + std::to_string(options_.gate_up_hold_blocks));
+  for (const auto& [name, value] : {std::pair<const char*, int>{"gate_up_hold_blocks", options_.gate_up_hold_blocks},
+                                    {"gate_up_hold_first_block", options_.gate_up_hold_first_block},
+                                    {"gate_up_start_delay_ns", options_.gate_up_start_delay_ns},
+                                    {"down_start_delay_ns", options_.down_start_delay_ns}}) {
+    if (value < 0) throw std::invalid_argument(std::string(name) + " must be >= 0, got " + std::to_string(value));
   }
   if (options_.prefill_chunk < 1) {
     throw std::invalid_argument("prefill_chunk must be >= 1, got " + std::to_string(options_.prefill_chunk));
@@ -750,6 +754,8 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     gate_up.second_batch_in_shared = options_.gate_up_second_batch_in_shared;
     gate_up.timeline = timeline_slot(4 * l + 2);
     gate_up.hold = hold_for_attention(l, options_.gate_up_hold_blocks);
+    gate_up.hold.first_block = options_.gate_up_hold_first_block;
+    gate_up.start_delay_ns = options_.gate_up_start_delay_ns;
     step_gemv_settings(gate_up);
     if (fused_o) gate_up.residual_partials = ResidualPartials{d_o_partials_.data(), Hkv_};
     const GemvInput gate_up_input = fused_o ? GemvInput::kRmsNormAddPartials : GemvInput::kRmsNorm;
@@ -760,6 +766,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     down.second_batch_in_shared = options_.down_second_batch_in_shared;
     down.input_from_global = options_.down_input_from_global;
     down.timeline = timeline_slot(4 * l + 3);
+    down.start_delay_ns = options_.down_start_delay_ns;
     step_gemv_settings(down);
     // Its row of h = the residual + the O projection: the partials were written two
     // kernels back, so they are settled before down's wait, as the residual is.

@@ -169,9 +169,13 @@ struct CudaModelOptions {
   /// --o-after-attention-inputs).
   bool attention_allows_o_after_inputs = false;
   /// The same, in the third (long) decode graph only: there the attention is longer and
-  /// gained from it, at chat lengths gate/up's early loads are worth more (chapter 08's
-  /// exercise 12; bench_model --o-after-attention-inputs-long).
-  bool attention_allows_o_after_inputs_in_long_graph = false;
+  /// gains from it, at chat lengths gate/up's early loads are worth more (chapter 08's
+  /// exercise 12). H200, 2026-12-01, the long graph from 1024 keys: 1.2% faster after a
+  /// 2048-token prompt (845 / 845 against 835 / 834 tokens/s), 1.0% after 1536 (863 /
+  /// 862 against 854 / 854), 0.6% slower after 1024 (865 / 866 against 870 / 871); with
+  /// gate/up holding: 851 against 840 after 2048, 867 against 869 after 1024. On.
+  /// bench_model --o-after-attention-inputs-long, --no-o-after-attention-inputs-long.
+  bool attention_allows_o_after_inputs_in_long_graph = true;
   /// The shared-memory carveout every decode kernel's launch asks for, in percent of an
   /// SM's unified L1 / shared memory (cudaLaunchAttributePreferredSharedMemoryCarveout),
   /// or -1 for none: the driver then picks a split per kernel from its own needs. An SM
@@ -182,13 +186,24 @@ struct CudaModelOptions {
   /// kClusterPerHead with a pushed hand-over: the O projection's blocks, and the first
   /// gate_up_hold_blocks of gate/up's, hold their first weight loads until every block of
   /// the attention has its q and newest keys (chapter 07's inputs signal, DecodeGemvParams::
-  /// hold; at most kHoldTimeoutNs). Those loads are L2 hits that otherwise queue behind
-  /// the weights. bench_model --hold-o, --hold-gate-up N.
+  /// hold; at most kHoldTimeoutNs). The idea: the attention's loads are L2 hits that
+  /// otherwise queue behind the weights. Measured (H200, 2026-12-01, three rounds on each
+  /// of two machines): every gate/up block holding, 950 / 950 / 951 against 917 / 918 / 917
+  /// tokens/s, and 943 / 943 / 944 against 912 / 912 / 911; only the first 160, level
+  /// (915-916); the first 260, 921; O holding, level (917) and with gate/up 941. The
+  /// timeline says the gain is not the attention's (its inputs arrive 0.3 us later) but
+  /// gate/up's own: its first block ends 1.2 us sooner (chapter README). So gate/up's
+  /// blocks hold by default, O's do not. bench_model --hold-o, --hold-gate-up N.
   bool o_holds_for_attention_inputs = false;
-  int gate_up_hold_blocks = 0;
+  int gate_up_hold_blocks = 1 << 30;  ///< every block; 0: none
   /// With the holds: the attention signals at the end of its blocks instead of once their
   /// inputs are in (any hand-over). bench_model --hold-until-attention-end.
   bool hold_until_attention_end = false;
+  int gate_up_hold_first_block = 0;  ///< gate/up's blocks below this one do not hold (measurement)
+  /// Measurement: gate/up's and down's blocks wait this long before their first weight
+  /// loads (DecodeGemvParams::start_delay_ns). bench_model --gate-up-start-delay, --down-start-delay.
+  int gate_up_start_delay_ns = 0;
+  int down_start_delay_ns = 0;
   /// kClusterWithO: clusters per kv head, each computing the same attention and
   /// projecting 1 / replicas of the O rows (decode_attention_o; bench_model sweeps it).
   int attention_o_replicas = 4;

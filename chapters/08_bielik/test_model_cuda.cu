@@ -190,20 +190,20 @@ TEST_CASE("CUDA model: a head_dim the attention kernels lack is refused at load"
   REQUIRE(refused);
 }
 
-TEST_CASE("CUDA model: out-of-range attention options are refused at load, naming the option", "[ch08][gpu][model]") {
+TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming the option", "[ch08][gpu][model]") {
   const std::string dir = tiny_checkpoint(kSpecs[0]);
-  for (int which = 0; which < 6; ++which) {
+  for (int which = 0; which < 7; ++which) {
     CudaModelOptions options = cuda_options();
     int* option[] = {&options.attention_splits,       &options.attention_min_keys_per_split,
                      &options.attention_o_replicas,   &options.decode_shared_carveout,
-                     &options.decode_shared_carveout, &options.gate_up_hold_blocks};
-    const int bad_value[] = {-1, -1, 0, -2, 101, -1};  // replicas: at least one; carveout: -1 or a percent
+                     &options.decode_shared_carveout, &options.gate_up_hold_blocks,
+                     &options.down_start_delay_ns};
+    const int bad_value[] = {-1, -1, 0, -2, 101, -1, -5};  // replicas: at least one; carveout: -1 or a percent
     *option[which] = bad_value[which];
-    const std::string name = which == 0   ? "attention_splits"
-                             : which == 1 ? "attention_min_keys_per_split"
-                             : which == 2 ? "attention_o_replicas"
-                             : which == 5 ? "gate_up_hold_blocks"
-                                          : "decode_shared_carveout";
+    const char* names[] = {"attention_splits",       "attention_min_keys_per_split", "attention_o_replicas",
+                           "decode_shared_carveout", "decode_shared_carveout",       "gate_up_hold_blocks",
+                           "down_start_delay_ns"};
+    const std::string name = names[which];
     bool refused = false;
     try {
       CudaModel model(dir, options);
@@ -427,14 +427,21 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
         runs.push_back(run(options));
       }
       // Nor do O's and gate/up's weight loads held until the attention's inputs are in
-      // (every block, then only gate/up's first two), in a graph.
+      // (O's and every gate/up block; only gate/up's blocks 1 and 2; none; none, but
+      // gate/up and down waiting 500 ns at their start), in a graph.
       options = cuda_options();
       options.o_holds_for_attention_inputs = true;
       options.gate_up_hold_blocks = 1 << 20;
       runs.push_back(run(options));
       options.o_holds_for_attention_inputs = false;
-      options.gate_up_hold_blocks = 2;
+      options.gate_up_hold_blocks = 3;
+      options.gate_up_hold_first_block = 1;
       runs.push_back(run(options));
+      options.gate_up_hold_blocks = 0;
+      runs.push_back(run(options));
+      options.gate_up_start_delay_ns = options.down_start_delay_ns = 500;
+      runs.push_back(run(options));
+      options = cuda_options();
       options.gate_up_hold_blocks = 1 << 20;  // until the attention's blocks have ended, pulled
       options.hold_until_attention_end = true;
       options.v6_handover = V6Handover::kPull;
@@ -443,7 +450,7 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
     // The same kernels in the same order: bit for bit the same logits.
     for (size_t i = 1; i < runs.size(); ++i) {
       INFO(spec.name << " run " << i
-                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early; then O after the attention's inputs; then carveouts 0 (graph) and 100 (eager); then O and gate/up held, then 2 gate/up blocks held, then gate/up held to the pulled attention's end)");
+                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early; then O after the attention's inputs; then carveouts 0 (graph) and 100 (eager); then O and gate/up held, gate/up blocks 1-2 held, none held, none held with start delays, then gate/up held to the pulled attention's end)");
       REQUIRE(runs[i] == runs[0]);
     }
     // The unfused path (attention, then the O GEMV): graph or eager, and whether the O
