@@ -610,6 +610,7 @@ int main(int argc, char** argv) {
       int short_max_keys = CudaModelOptions{}.short_attention_max_keys;
       int long_min_keys = CudaModelOptions{}.long_attention_min_keys;
       V6Handover handover = CudaModelOptions{}.v6_handover;
+      std::function<void(CudaModelOptions&)> adjust = nullptr;  ///< anything else, applied last
       double tok_s = 0;
     };
     using Path = DecodeAttentionPath;
@@ -626,11 +627,32 @@ int main(int argc, char** argv) {
       v.handover = form;
       return v;
     };
+    auto adjusted = [](OptionVariant v, std::function<void(CudaModelOptions&)> adjust) {
+      v.adjust = std::move(adjust);
+      return v;
+    };
+    const OptionVariant v6_defaults{"", true, true, Path::kClusterPerHead, 0, 0};
+    auto defaults_but = [&](const char* label, std::function<void(CudaModelOptions&)> adjust) {
+      OptionVariant v = adjusted(v6_defaults, std::move(adjust));
+      v.label = label;
+      return v;
+    };
     std::vector<OptionVariant> option_variants = {
         {"defaults (attention v6: clusters of 4 per query head up to 256 keys, 8 up to 1023, then 16; partials "
-         "pushed with st.async onto block 0's mbarrier; then the O GEMV, which lets gate/up start early; "
+         "pushed with st.async onto block 0's mbarrier, in the long graph O scheduled once their inputs are in; "
+         "then the O GEMV, which lets gate/up start early; gate/up and down pause 300 ns at their start; "
          "evict-first)",
          true, true, Path::kClusterPerHead, 0, 0},
+        defaults_but("gate/up and down start without the pause",
+                     [](CudaModelOptions& o) { o.gate_up_start_delay_ns = o.down_start_delay_ns = 0; }),
+        defaults_but("down starts without the pause", [](CudaModelOptions& o) { o.down_start_delay_ns = 0; }),
+        defaults_but("gate/up holds for the attention's inputs signal instead of its pause",
+                     [](CudaModelOptions& o) {
+                       o.gate_up_start_delay_ns = 0;
+                       o.gate_up_hold_blocks = 1 << 30;
+                     }),
+        defaults_but("long graph: O scheduled at the attention's start",
+                     [](CudaModelOptions& o) { o.attention_allows_o_after_inputs_in_long_graph = false; }),
         one_graph({"one decode graph: attention v6 in clusters of 8 at every length", true, true,
                    Path::kClusterPerHead, 0, 0}),
         no_long_graph({"no third graph: attention v6 in clusters of 8 from 257 keys on", true, true,
@@ -689,6 +711,7 @@ int main(int argc, char** argv) {
       o.short_attention_max_keys = v.short_max_keys;
       o.long_attention_min_keys = v.long_min_keys;
       o.v6_handover = v.handover;
+      if (v.adjust) v.adjust(o);
       CudaModel m(args.model, o);
       v.tok_s = decode_tokens_per_s(m, tokens, 3, false);
       const double long_rate = long_fits ? decode_tokens_per_s(m, long_tokens, 3, false, long_prompt) : 0.0;

@@ -183,27 +183,34 @@ struct CudaModelOptions {
   /// it changes the split only when idle; one split for the whole step lets PDL place the
   /// next kernel's blocks beside the running ones. -1 to 100; bench_model --carveout.
   int decode_shared_carveout = -1;
-  /// kClusterPerHead with a pushed hand-over: the O projection's blocks, and the first
-  /// gate_up_hold_blocks of gate/up's, hold their first weight loads until every block of
-  /// the attention has its q and newest keys (chapter 07's inputs signal, DecodeGemvParams::
-  /// hold; at most kHoldTimeoutNs). The idea: the attention's loads are L2 hits that
-  /// otherwise queue behind the weights. Measured (H200, 2026-12-01, three rounds on each
-  /// of two machines): every gate/up block holding, 950 / 950 / 951 against 917 / 918 / 917
-  /// tokens/s, and 943 / 943 / 944 against 912 / 912 / 911; only the first 160, level
-  /// (915-916); the first 260, 921; O holding, level (917) and with gate/up 941. The
-  /// timeline says the gain is not the attention's (its inputs arrive 0.3 us later) but
-  /// gate/up's own: its first block ends 1.2 us sooner (chapter README). So gate/up's
-  /// blocks hold by default, O's do not. bench_model --hold-o, --hold-gate-up N.
+  /// kClusterPerHead with a pushed hand-over: the O projection's blocks, and gate/up's
+  /// blocks gate_up_hold_first_block .. gate_up_hold_blocks - 1, hold their first weight
+  /// loads until every block of the attention has its q and newest keys (chapter 07's
+  /// inputs signal, DecodeGemvParams::hold; at most kHoldTimeoutNs). The idea: the
+  /// attention's loads are L2 hits that otherwise queue behind the weights. Measured (H200,
+  /// 2026-12-01, three rounds on each of three machines): every gate/up block holding, 950
+  /// / 950 / 951 against 917 / 918 / 917 tokens/s, 943 / 943 / 944 against 912 / 912 / 911,
+  /// 940 x 3 against 912-913; only the first 160, level (915-916); the first 260, 921; all
+  /// but the first 160, 936-937; O holding, level (917), and with gate/up 941. So the gain
+  /// comes from the blocks that start LATE, after the signal: for them the hold is only a
+  /// pause at the start. A plain pause does as well (gate_up_start_delay_ns), so the hold
+  /// is off. bench_model --hold-o, --hold-gate-up N, --hold-gate-up-from N.
   bool o_holds_for_attention_inputs = false;
-  int gate_up_hold_blocks = 1 << 30;  ///< every block; 0: none
+  int gate_up_hold_blocks = 0;  ///< 0: none; a large value: every block
   /// With the holds: the attention signals at the end of its blocks instead of once their
   /// inputs are in (any hand-over). bench_model --hold-until-attention-end.
   bool hold_until_attention_end = false;
   int gate_up_hold_first_block = 0;  ///< gate/up's blocks below this one do not hold (measurement)
-  /// Measurement: gate/up's and down's blocks wait this long before their first weight
-  /// loads (DecodeGemvParams::start_delay_ns). bench_model --gate-up-start-delay, --down-start-delay.
-  int gate_up_start_delay_ns = 0;
-  int down_start_delay_ns = 0;
+  /// Gate/up's and down's blocks pause this long before their first weight loads
+  /// (DecodeGemvParams::start_delay_ns; thread 0 reads %globaltimer, the block waits at a
+  /// barrier). H200, 2026-12-01, three rounds: gate/up pausing 300 ns, 948-949 tokens/s
+  /// against 912-913 without, and 940 with the hold above; 1000 ns, 947-948; down pausing
+  /// 300 ns as well (with gate/up holding), 946 against 940. Why a pause at the start makes
+  /// the big GEMVs faster is not profiled (chapter README: the blocks that start late, as
+  /// the kernel before leaves, are the ones that gain). bench_model --gate-up-start-delay NS,
+  /// --down-start-delay NS.
+  int gate_up_start_delay_ns = 300;
+  int down_start_delay_ns = 300;
   /// kClusterWithO: clusters per kv head, each computing the same attention and
   /// projecting 1 / replicas of the O rows (decode_attention_o; bench_model sweeps it).
   int attention_o_replicas = 4;

@@ -427,8 +427,8 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
         runs.push_back(run(options));
       }
       // Nor do O's and gate/up's weight loads held until the attention's inputs are in
-      // (O's and every gate/up block; only gate/up's blocks 1 and 2; none; none, but
-      // gate/up and down waiting 500 ns at their start), in a graph.
+      // (O's and every gate/up block; only gate/up's blocks 1 and 2), nor the pause at
+      // gate/up's and down's start (none; 500 ns instead of the default), in a graph.
       options = cuda_options();
       options.o_holds_for_attention_inputs = true;
       options.gate_up_hold_blocks = 1 << 20;
@@ -438,6 +438,7 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       options.gate_up_hold_first_block = 1;
       runs.push_back(run(options));
       options.gate_up_hold_blocks = 0;
+      options.gate_up_start_delay_ns = options.down_start_delay_ns = 0;
       runs.push_back(run(options));
       options.gate_up_start_delay_ns = options.down_start_delay_ns = 500;
       runs.push_back(run(options));
@@ -450,7 +451,7 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
     // The same kernels in the same order: bit for bit the same logits.
     for (size_t i = 1; i < runs.size(); ++i) {
       INFO(spec.name << " run " << i
-                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early; then O after the attention's inputs; then carveouts 0 (graph) and 100 (eager); then O and gate/up held, gate/up blocks 1-2 held, none held, none held with start delays, then gate/up held to the pulled attention's end)");
+                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early; then O after the attention's inputs; then carveouts 0 (graph) and 100 (eager); then O and gate/up held, gate/up blocks 1-2 held, no hold and no pause, 500 ns pauses, then gate/up held to the pulled attention's end)");
       REQUIRE(runs[i] == runs[0]);
     }
     // The unfused path (attention, then the O GEMV): graph or eager, and whether the O
