@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   timeline_mark(p.timeline, kTimelineStart);
   if (p.allow_dependents_early) pdl_allow_dependents();
   hold_for_signal(p.hold);  // (off unless asked for) until the kernel before has its inputs
-  delay_start(p.start_delay_ns);  // (measurement, off unless asked for)
+  delay_start(p.start_delay_ns);  // (0 unless asked for; the model's gate/up and down: 300 ns)
 
   // 1. Weights first (the first batch of the first row, the norm weight): no kernel
   //    writes them, so they are loaded while the previous kernel may still run.

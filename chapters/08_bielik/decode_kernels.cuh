@@ -184,8 +184,10 @@ struct DecodeGemvParams {
   unsigned long long* timeline = nullptr;
   /// Register kernels: hold the first weight loads until a signal (HoldForSignal).
   HoldForSignal hold;
-  /// Register kernels, measurement: each block waits this long (thread 0 reads
-  /// %globaltimer, the block waits for it) before its first weight loads. 0: no wait.
+  /// Register kernels: each block pauses this long (thread 0 reads %globaltimer, the
+  /// block waits for it at a barrier) before its first weight loads. 0: no pause. The
+  /// model's gate/up and down pause 300 ns (CudaModelOptions::gate_up_start_delay_ns:
+  /// measured faster, not yet explained).
   int start_delay_ns = 0;
 };
 
