@@ -68,6 +68,9 @@ struct Args {
   int hold_gate_up_from = CudaModelOptions{}.gate_up_hold_first_block;  ///< --hold-gate-up-from N
   int gate_up_delay = CudaModelOptions{}.gate_up_start_delay_ns;        ///< --gate-up-start-delay NS
   int down_delay = CudaModelOptions{}.down_start_delay_ns;              ///< --down-start-delay NS
+  int qkv_delay = CudaModelOptions{}.qkv_start_delay_ns;                ///< --qkv-start-delay NS
+  int o_delay = CudaModelOptions{}.o_start_delay_ns;                    ///< --o-start-delay NS
+  int lm_head_delay = CudaModelOptions{}.lm_head_start_delay_ns;        ///< --lm-head-start-delay NS
   bool qkv_early = CudaModelOptions{}.qkv_allows_attention_early;
   bool down_shared = CudaModelOptions{}.down_second_batch_in_shared;
   bool gate_up_shared = CudaModelOptions{}.gate_up_second_batch_in_shared;
@@ -159,6 +162,12 @@ Args parse(int argc, char** argv) {
       a.gate_up_delay = std::stoi(value());
     } else if (flag == "--down-start-delay") {
       a.down_delay = std::stoi(value());
+    } else if (flag == "--qkv-start-delay") {
+      a.qkv_delay = std::stoi(value());
+    } else if (flag == "--o-start-delay") {
+      a.o_delay = std::stoi(value());
+    } else if (flag == "--lm-head-start-delay") {
+      a.lm_head_delay = std::stoi(value());
     } else if (flag == "--long-min-keys") {
       a.long_min_keys = std::stoi(value());
     } else if (flag == "--long-splits") {
@@ -199,7 +208,8 @@ Args parse(int argc, char** argv) {
                                   " [--long-splits N]"
                                   " [--v6-handover pull|barrier|mbarrier] [--o-after-attention-inputs] [--[no-]o-after-attention-inputs-long]"
                                   " [--carveout PERCENT] [--hold-o] [--hold-gate-up BLOCKS] [--hold-until-attention-end] [--hold-gate-up-from N]"
-                                  " [--gate-up-start-delay NS] [--down-start-delay NS] [--qkv-early] [--gate-up-after-o]"
+                                  " [--gate-up-start-delay NS] [--down-start-delay NS] [--qkv-start-delay NS] [--o-start-delay NS]"
+                                  " [--lm-head-start-delay NS] [--qkv-early] [--gate-up-after-o]"
                                   " [--down-shared]"
                                   " [--down-global-input|--down-staged-input] [--o-global-input]"
                                   " [--rope-after-wait]"
@@ -416,6 +426,9 @@ int main(int argc, char** argv) {
     options.gate_up_hold_first_block = args.hold_gate_up_from;
     options.gate_up_start_delay_ns = args.gate_up_delay;
     options.down_start_delay_ns = args.down_delay;
+    options.qkv_start_delay_ns = args.qkv_delay;
+    options.o_start_delay_ns = args.o_delay;
+    options.lm_head_start_delay_ns = args.lm_head_delay;
     options.qkv_allows_attention_early = args.qkv_early;
     options.down_second_batch_in_shared = args.down_shared;
     options.gate_up_second_batch_in_shared = args.gate_up_shared;

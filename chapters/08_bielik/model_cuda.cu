@@ -100,7 +100,10 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
   for (const auto& [name, value] : {std::pair<const char*, int>{"gate_up_hold_blocks", options_.gate_up_hold_blocks},
                                     {"gate_up_hold_first_block", options_.gate_up_hold_first_block},
                                     {"gate_up_start_delay_ns", options_.gate_up_start_delay_ns},
-                                    {"down_start_delay_ns", options_.down_start_delay_ns}}) {
+                                    {"down_start_delay_ns", options_.down_start_delay_ns},
+                                    {"qkv_start_delay_ns", options_.qkv_start_delay_ns},
+                                    {"o_start_delay_ns", options_.o_start_delay_ns},
+                                    {"lm_head_start_delay_ns", options_.lm_head_start_delay_ns}}) {
     if (value < 0) throw std::invalid_argument(std::string(name) + " must be >= 0, got " + std::to_string(value));
   }
   if (options_.prefill_chunk < 1) {
@@ -669,6 +672,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     // The attention reads only what earlier steps committed before its wait.
     qkv.allow_dependents_early = options_.qkv_allows_attention_early;
     qkv.timeline = timeline_slot(4 * l);
+    qkv.start_delay_ns = options_.qkv_start_delay_ns;
     decode_gemv(GemvInput::kRmsNorm, GemvOutput::kRopeAppend, qkv, pdl, s);
     done("qkv_rope_append");
     const unsigned skip = options_.decode_skip;
@@ -679,6 +683,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     o.allow_dependents_early = options_.o_allows_gate_up_early;
     o.timeline = timeline_slot(4 * l + 1);
     o.input_from_global = options_.o_input_from_global;
+    o.start_delay_ns = options_.o_start_delay_ns;
     step_gemv_settings(o);
     // When QKV lets the attention start early, the attention (which lets O start at
     // once) may run before the previous layer's down projection has finished writing the
@@ -777,6 +782,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   DecodeGemvParams head{d_logits_.data(), d_x_.data(), final_norm_, lm_head_, nullptr, V_, C_, eps};
   head.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
   head.timeline = timeline_slot(4 * layers_.size());
+  head.start_delay_ns = options_.lm_head_start_delay_ns;
   step_gemv_settings(head);
   decode_gemv(GemvInput::kRmsNorm, GemvOutput::kF32, head, pdl, s);
   done("lm_head");

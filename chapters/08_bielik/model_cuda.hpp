@@ -213,6 +213,12 @@ struct CudaModelOptions {
   /// --down-start-delay NS.
   int gate_up_start_delay_ns = 300;
   int down_start_delay_ns = 300;
+  /// The same pause for the small GEMVs and the lm_head (0: none; measurement, chapter
+  /// README exercise 13). bench_model --qkv-start-delay NS, --o-start-delay NS,
+  /// --lm-head-start-delay NS.
+  int qkv_start_delay_ns = 0;
+  int o_start_delay_ns = 0;
+  int lm_head_start_delay_ns = 0;
   /// kClusterWithO: clusters per kv head, each computing the same attention and
   /// projecting 1 / replicas of the O rows (decode_attention_o; bench_model sweeps it).
   int attention_o_replicas = 4;

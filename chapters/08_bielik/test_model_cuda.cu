@@ -192,17 +192,20 @@ TEST_CASE("CUDA model: a head_dim the attention kernels lack is refused at load"
 
 TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming the option", "[ch08][gpu][model]") {
   const std::string dir = tiny_checkpoint(kSpecs[0]);
-  for (int which = 0; which < 7; ++which) {
+  for (int which = 0; which < 10; ++which) {
     CudaModelOptions options = cuda_options();
     int* option[] = {&options.attention_splits,       &options.attention_min_keys_per_split,
                      &options.attention_o_replicas,   &options.decode_shared_carveout,
                      &options.decode_shared_carveout, &options.gate_up_hold_blocks,
-                     &options.down_start_delay_ns};
-    const int bad_value[] = {-1, -1, 0, -2, 101, -1, -5};  // replicas: at least one; carveout: -1 or a percent
+                     &options.down_start_delay_ns,    &options.qkv_start_delay_ns,
+                     &options.o_start_delay_ns,       &options.lm_head_start_delay_ns};
+    // replicas: at least one; carveout: -1 or a percent
+    const int bad_value[] = {-1, -1, 0, -2, 101, -1, -5, -1, -300, -1};
     *option[which] = bad_value[which];
     const char* names[] = {"attention_splits",       "attention_min_keys_per_split", "attention_o_replicas",
                            "decode_shared_carveout", "decode_shared_carveout",       "gate_up_hold_blocks",
-                           "down_start_delay_ns"};
+                           "down_start_delay_ns",    "qkv_start_delay_ns",           "o_start_delay_ns",
+                           "lm_head_start_delay_ns"};
     const std::string name = names[which];
     bool refused = false;
     try {
@@ -428,7 +431,8 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       }
       // Nor do O's and gate/up's weight loads held until the attention's inputs are in
       // (O's and every gate/up block; only gate/up's blocks 1 and 2), nor the pause at
-      // gate/up's and down's start (none; 500 ns instead of the default), in a graph.
+      // gate/up's and down's start (none; 500 ns instead of the default, with QKV, O and
+      // the lm_head pausing 500 ns too), in a graph.
       options = cuda_options();
       options.o_holds_for_attention_inputs = true;
       options.gate_up_hold_blocks = 1 << 20;
@@ -441,6 +445,7 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       options.gate_up_start_delay_ns = options.down_start_delay_ns = 0;
       runs.push_back(run(options));
       options.gate_up_start_delay_ns = options.down_start_delay_ns = 500;
+      options.qkv_start_delay_ns = options.o_start_delay_ns = options.lm_head_start_delay_ns = 500;
       runs.push_back(run(options));
       options = cuda_options();
       options.gate_up_hold_blocks = 1 << 20;  // until the attention's blocks have ended, pulled
