@@ -72,10 +72,7 @@ int main() {
       weights.emplace_back(weight_elements);
       weights.back().fill_bytes(0x3c);  // small finite bf16 values; the time does not depend on them
     }
-    // x has room for 8 copies (the residual-copies rows); copy 0 is the plain x.
-    constexpr int kXCopies = 8;
-    const int copy_stride = (shape.K + 63) / 64 * 64 + 64;
-    DeviceBuffer<__nv_bfloat16> x(size_t(copy_stride) * kXCopies), norm(shape.K), bias(rows);
+    DeviceBuffer<__nv_bfloat16> x(shape.K), norm(shape.K), bias(rows);
     x.fill_bytes(0x3c);
     norm.fill_bytes(0x3f);
     bias.fill_bytes(0);
@@ -83,7 +80,7 @@ int main() {
     // One row: `label`, the chain timed from the host and as a graph, and alone when asked.
     auto add_row = [&](const std::string& label, DecodeGemvKernel kernel, bool evict_first, int split,
                        bool time_alone, bool second_batch_in_shared = false, bool input_from_global = false,
-                       int start_delay_ns = 0, int x_copies = 1) {
+                       int start_delay_ns = 0) {
       auto params = [&](int copy) {
         DecodeGemvParams p{};
         p.y = y.data();
@@ -103,8 +100,6 @@ int main() {
         p.second_batch_in_shared = second_batch_in_shared;
         p.input_from_global = input_from_global;
         p.start_delay_ns = start_delay_ns;
-        p.x_copies = x_copies;
-        p.copy_stride = copy_stride;
         return p;
       };
       std::string alone_us, alone_pct;
@@ -155,11 +150,6 @@ int main() {
         add_row(std::string("register loads, evict-first") + (in_place ? ", input in place" : "") + ", " +
                     std::to_string(pause_ns) + " ns pause at each block's start",
                 kernel, true, 0, pause_ns == 300, false, in_place, pause_ns);
-      }
-      // Blocks that stage x read one of 8 copies (DecodeGemvParams::x_copies): hundreds
-      // of blocks reading the same 3 KB queue at the few L2 slices that hold it.
-      if (!in_place) {
-        add_row("register loads, evict-first, 8 copies of x", kernel, true, 0, false, false, false, 0, kXCopies);
       }
     }
   }

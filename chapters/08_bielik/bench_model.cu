@@ -71,7 +71,6 @@ struct Args {
   int qkv_delay = CudaModelOptions{}.qkv_start_delay_ns;                ///< --qkv-start-delay NS
   int o_delay = CudaModelOptions{}.o_start_delay_ns;                    ///< --o-start-delay NS
   int lm_head_delay = CudaModelOptions{}.lm_head_start_delay_ns;        ///< --lm-head-start-delay NS
-  int residual_copies = CudaModelOptions{}.residual_copies;             ///< --residual-copies N
   bool qkv_early = CudaModelOptions{}.qkv_allows_attention_early;
   bool down_shared = CudaModelOptions{}.down_second_batch_in_shared;
   bool gate_up_shared = CudaModelOptions{}.gate_up_second_batch_in_shared;
@@ -169,8 +168,6 @@ Args parse(int argc, char** argv) {
       a.o_delay = std::stoi(value());
     } else if (flag == "--lm-head-start-delay") {
       a.lm_head_delay = std::stoi(value());
-    } else if (flag == "--residual-copies") {
-      a.residual_copies = std::stoi(value());
     } else if (flag == "--long-min-keys") {
       a.long_min_keys = std::stoi(value());
     } else if (flag == "--long-splits") {
@@ -212,7 +209,7 @@ Args parse(int argc, char** argv) {
                                   " [--v6-handover pull|barrier|mbarrier] [--o-after-attention-inputs] [--[no-]o-after-attention-inputs-long]"
                                   " [--carveout PERCENT] [--hold-o] [--hold-gate-up BLOCKS] [--hold-until-attention-end] [--hold-gate-up-from N]"
                                   " [--gate-up-start-delay NS] [--down-start-delay NS] [--qkv-start-delay NS] [--o-start-delay NS]"
-                                  " [--lm-head-start-delay NS] [--residual-copies N] [--qkv-early] [--gate-up-after-o]"
+                                  " [--lm-head-start-delay NS] [--qkv-early] [--gate-up-after-o]"
                                   " [--down-shared]"
                                   " [--down-global-input|--down-staged-input] [--o-global-input]"
                                   " [--rope-after-wait]"
@@ -432,7 +429,6 @@ int main(int argc, char** argv) {
     options.qkv_start_delay_ns = args.qkv_delay;
     options.o_start_delay_ns = args.o_delay;
     options.lm_head_start_delay_ns = args.lm_head_delay;
-    options.residual_copies = args.residual_copies;
     options.qkv_allows_attention_early = args.qkv_early;
     options.down_second_batch_in_shared = args.down_shared;
     options.gate_up_second_batch_in_shared = args.gate_up_shared;

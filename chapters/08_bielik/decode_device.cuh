@@ -246,8 +246,7 @@ __device__ __forceinline__ void store_output_loaded(const DecodeGemvParams& p, i
     const int half = p.rope.D / 2;
     rope_append_pair(p, n / half, n % half, round_bf16(acc[0] + in.bias[0]), round_bf16(acc[1] + in.bias[1]), in);
   } else {  // kResidualAdd: one lane owns y[n], so the read-modify-write needs no atomics
-    const __nv_bfloat16 value = __float2bfloat16(in.residual + round_bf16(acc[0] + in.bias[0]));
-    for (int copy = 0; copy < p.y_copies; ++copy) static_cast<__nv_bfloat16*>(p.y)[size_t(copy) * p.copy_stride + n] = value;
+    static_cast<__nv_bfloat16*>(p.y)[n] = __float2bfloat16(in.residual + round_bf16(acc[0] + in.bias[0]));
   }
 }
 
@@ -517,8 +516,7 @@ __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_
   }
   pdl_wait();
   timeline_mark(p.timeline, kTimelineWaitReturned);
-  // This block's copy of x (DecodeGemvParams::x_copies; copy 0 unless asked for).
-  const uint4* x_vectors = reinterpret_cast<const uint4*>(p.x + size_t(blockIdx.x % p.x_copies) * p.copy_stride);
+  const uint4* x_vectors = reinterpret_cast<const uint4*>(p.x);
   float sum_squares = 0.0f;
   constexpr bool kNormalized = In == GemvInput::kRmsNorm || In == GemvInput::kRmsNormAddPartials;
   if constexpr (In == GemvInput::kRmsNormAddPartials) {

@@ -384,17 +384,6 @@ void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, 
                                 ", K % 8 == 0, N > 0 and 16-byte aligned x, W (and norm weight); got N=" +
                                 std::to_string(p.N) + " K=" + std::to_string(p.K));
   }
-  if (p.x_copies < 1 || p.y_copies < 1 || (p.y_copies > 1 && output != GemvOutput::kResidualAdd) ||
-      (p.x_copies > 1 && (input == GemvInput::kAttentionMerge || p.input_from_global)) ||
-      ((p.x_copies > 1 || p.y_copies > 1) &&
-       (p.copy_stride % 8 != 0 || p.copy_stride < (p.x_copies > 1 ? p.K : 0) ||
-        p.copy_stride < (p.y_copies > 1 ? p.N : 0)))) {
-    throw std::invalid_argument("decode_gemv: x_copies and y_copies must be >= 1 (y_copies > 1 for kResidualAdd "
-                                "only, x_copies > 1 for a staged input only), and with copies copy_stride a "
-                                "multiple of 8 that holds a vector; got x_copies=" + std::to_string(p.x_copies) +
-                                " y_copies=" + std::to_string(p.y_copies) +
-                                " copy_stride=" + std::to_string(p.copy_stride));
-  }
   if (p.split_warps != 0 && p.split_warps != 1 && p.split_warps != 2 && p.split_warps != 4 && p.split_warps != 8) {
     throw std::invalid_argument("decode_gemv: split_warps must be 0 (automatic), 1, 2, 4 or 8; got " +
                                 std::to_string(p.split_warps));

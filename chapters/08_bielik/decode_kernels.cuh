@@ -189,15 +189,6 @@ struct DecodeGemvParams {
   /// model's gate/up and down pause 300 ns (CudaModelOptions::gate_up_start_delay_ns:
   /// measured faster, not yet explained).
   int start_delay_ns = 0;
-  /// Copies of the residual stream, so that hundreds of blocks staging the same few KB
-  /// do not all queue at the few L2 slices that hold one copy. Staged inputs (kPlain,
-  /// kRmsNorm, kRmsNormAddPartials): block b reads copy b % x_copies, at x + (b %
-  /// x_copies) * copy_stride. kResidualAdd: the output is stored into copies 0 ..
-  /// y_copies - 1 of y (the residual it adds is read from copy 0). 1: one copy, the
-  /// plain form. copy_stride: elements between copies, a multiple of 8.
-  int x_copies = 1;
-  int y_copies = 1;
-  int copy_stride = 0;
 };
 
 /// y = f(x W^T + b) for one token. One warp per output row (a few consecutive rows per

@@ -106,9 +106,6 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
                                     {"lm_head_start_delay_ns", options_.lm_head_start_delay_ns}}) {
     if (value < 0) throw std::invalid_argument(std::string(name) + " must be >= 0, got " + std::to_string(value));
   }
-  if (options_.residual_copies < 1 || options_.residual_copies > 16) {
-    throw std::invalid_argument("residual_copies must be 1 to 16, got " + std::to_string(options_.residual_copies));
-  }
   if (options_.prefill_chunk < 1) {
     throw std::invalid_argument("prefill_chunk must be >= 1, got " + std::to_string(options_.prefill_chunk));
   }
@@ -202,10 +199,7 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     p_v_gathered_ = DeviceBuffer<__nv_bfloat16>(size_t(context) * Hkv_ * D_);
     p_logits_ = DeviceBuffer<__nv_bfloat16>(size_t(std::min(kLogitRows, Tc)) * V_);
     d_token_ = DeviceBuffer<int32_t>(1);
-    // The copies start 128 bytes past a 128-byte boundary from each other, so that the
-    // same element of two copies lies on different L2 lines and (mostly) slices.
-    residual_copy_stride_ = (C_ + 63) / 64 * 64 + 64;
-    d_x_ = DeviceBuffer<__nv_bfloat16>(size_t(residual_copy_stride_) * options_.residual_copies);
+    d_x_ = DeviceBuffer<__nv_bfloat16>(C_);
     d_qkv_ = DeviceBuffer<__nv_bfloat16>(QKV_);
     d_attn_ = DeviceBuffer<__nv_bfloat16>(size_t(H_) * D_);
     d_act_ = DeviceBuffer<__nv_bfloat16>(F_);
@@ -640,18 +634,6 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
 
   embedding_forward(d_x_.data(), embed_, d_token_.data(), 1, C_, V_, nullptr, s);
   done("embedding");
-  // The residual stream's copies (CudaModelOptions::residual_copies): the embedding
-  // writes copy 0 only, so a GEMV reads the copies only once O or down has stored them
-  // all (with decode_skip's measurements, one of them may not run).
-  bool residual_copies_written = false;
-  auto read_residual_copies = [&](DecodeGemvParams& p) {
-    p.x_copies = residual_copies_written ? options_.residual_copies : 1;
-    p.copy_stride = residual_copy_stride_;
-  };
-  auto write_residual_copies = [&](DecodeGemvParams& p) {
-    p.y_copies = options_.residual_copies;
-    p.copy_stride = residual_copy_stride_;
-  };
 
   // Every GEMV of the step: the evict-first hint as configured, and the epilogue's
   // residual / position loaded before the PDL wait. The position was committed by the
@@ -691,7 +673,6 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     qkv.allow_dependents_early = options_.qkv_allows_attention_early;
     qkv.timeline = timeline_slot(4 * l);
     qkv.start_delay_ns = options_.qkv_start_delay_ns;
-    read_residual_copies(qkv);
     decode_gemv(GemvInput::kRmsNorm, GemvOutput::kRopeAppend, qkv, pdl, s);
     done("qkv_rope_append");
     const unsigned skip = options_.decode_skip;
@@ -703,7 +684,6 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     o.timeline = timeline_slot(4 * l + 1);
     o.input_from_global = options_.o_input_from_global;
     o.start_delay_ns = options_.o_start_delay_ns;
-    write_residual_copies(o);
     step_gemv_settings(o);
     // When QKV lets the attention start early, the attention (which lets O start at
     // once) may run before the previous layer's down projection has finished writing the
@@ -774,7 +754,6 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
       decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, o, pdl, s);
     }
     if (!fused_o) done("o_proj");
-    if (!fused_o && !(skip & kSkipOProjection)) residual_copies_written = true;
     DecodeGemvParams gate_up{d_act_.data(), d_x_.data(), L.post_norm, L.w_gate_up, L.b_gate_up, F_, C_, eps};
     gate_up.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
     gate_up.second_batch_in_shared = options_.gate_up_second_batch_in_shared;
@@ -782,7 +761,6 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     gate_up.hold = hold_for_attention(l, options_.gate_up_hold_blocks);
     gate_up.hold.first_block = options_.gate_up_hold_first_block;
     gate_up.start_delay_ns = options_.gate_up_start_delay_ns;
-    read_residual_copies(gate_up);
     step_gemv_settings(gate_up);
     if (fused_o) gate_up.residual_partials = ResidualPartials{d_o_partials_.data(), Hkv_};
     const GemvInput gate_up_input = fused_o ? GemvInput::kRmsNormAddPartials : GemvInput::kRmsNorm;
@@ -794,22 +772,17 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     down.input_from_global = options_.down_input_from_global;
     down.timeline = timeline_slot(4 * l + 3);
     down.start_delay_ns = options_.down_start_delay_ns;
-    write_residual_copies(down);
     step_gemv_settings(down);
     // Its row of h = the residual + the O projection: the partials were written two
     // kernels back, so they are settled before down's wait, as the residual is.
     if (fused_o) down.residual_partials = ResidualPartials{d_o_partials_.data(), Hkv_};
-    if (!(skip & kSkipDown)) {
-      decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, down, pdl, s);
-      residual_copies_written = true;
-    }
+    if (!(skip & kSkipDown)) decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, down, pdl, s);
     done("down");
   }
   DecodeGemvParams head{d_logits_.data(), d_x_.data(), final_norm_, lm_head_, nullptr, V_, C_, eps};
   head.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
   head.timeline = timeline_slot(4 * layers_.size());
   head.start_delay_ns = options_.lm_head_start_delay_ns;
-  read_residual_copies(head);
   step_gemv_settings(head);
   decode_gemv(GemvInput::kRmsNorm, GemvOutput::kF32, head, pdl, s);
   done("lm_head");

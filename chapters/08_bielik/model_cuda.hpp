@@ -219,12 +219,6 @@ struct CudaModelOptions {
   int qkv_start_delay_ns = 0;
   int o_start_delay_ns = 0;
   int lm_head_start_delay_ns = 0;
-  /// Copies of the residual stream in the decode step (DecodeGemvParams::x_copies): O
-  /// and down store their output into every copy, and QKV, gate/up and the lm_head, whose
-  /// hundreds of blocks all stage the same 3 KB, each read the copy of their block index,
-  /// so the reads spread over more L2 slices. 1: one copy. 1 to 16; bench_model
-  /// --residual-copies N.
-  int residual_copies = 1;
   /// kClusterWithO: clusters per kv head, each computing the same attention and
   /// projecting 1 / replicas of the O rows (decode_attention_o; bench_model sweeps it).
   int attention_o_replicas = 4;
@@ -425,8 +419,7 @@ class CudaModel final : public Backend {
 
   // Decode buffers (one token).
   DeviceBuffer<int32_t> d_token_;       // (1) input token; the argmax overwrites it
-  DeviceBuffer<__nv_bfloat16> d_x_;     // (residual_copies, residual_copy_stride_) residual stream
-  int residual_copy_stride_ = 0;        // elements between its copies (>= C, a multiple of 8)
+  DeviceBuffer<__nv_bfloat16> d_x_;     // (C) residual stream
   DeviceBuffer<__nv_bfloat16> d_qkv_;   // ((H + 2 Hkv) D)
   DeviceBuffer<__nv_bfloat16> d_attn_;  // (H D)
   DeviceBuffer<__nv_bfloat16> d_act_;   // (F)

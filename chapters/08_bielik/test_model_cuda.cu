@@ -192,21 +192,20 @@ TEST_CASE("CUDA model: a head_dim the attention kernels lack is refused at load"
 
 TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming the option", "[ch08][gpu][model]") {
   const std::string dir = tiny_checkpoint(kSpecs[0]);
-  for (int which = 0; which < 12; ++which) {
+  for (int which = 0; which < 10; ++which) {
     CudaModelOptions options = cuda_options();
     int* option[] = {&options.attention_splits,       &options.attention_min_keys_per_split,
                      &options.attention_o_replicas,   &options.decode_shared_carveout,
                      &options.decode_shared_carveout, &options.gate_up_hold_blocks,
                      &options.down_start_delay_ns,    &options.qkv_start_delay_ns,
-                     &options.o_start_delay_ns,       &options.lm_head_start_delay_ns,
-                     &options.residual_copies,        &options.residual_copies};
-    // replicas: at least one; carveout: -1 or a percent; residual copies: 1 to 16
-    const int bad_value[] = {-1, -1, 0, -2, 101, -1, -5, -1, -300, -1, 0, 17};
+                     &options.o_start_delay_ns,       &options.lm_head_start_delay_ns};
+    // replicas: at least one; carveout: -1 or a percent
+    const int bad_value[] = {-1, -1, 0, -2, 101, -1, -5, -1, -300, -1};
     *option[which] = bad_value[which];
     const char* names[] = {"attention_splits",       "attention_min_keys_per_split", "attention_o_replicas",
                            "decode_shared_carveout", "decode_shared_carveout",       "gate_up_hold_blocks",
                            "down_start_delay_ns",    "qkv_start_delay_ns",           "o_start_delay_ns",
-                           "lm_head_start_delay_ns", "residual_copies",              "residual_copies"};
+                           "lm_head_start_delay_ns"};
     const std::string name = names[which];
     bool refused = false;
     try {
@@ -447,10 +446,6 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       runs.push_back(run(options));
       options.gate_up_start_delay_ns = options.down_start_delay_ns = 500;
       options.qkv_start_delay_ns = options.o_start_delay_ns = options.lm_head_start_delay_ns = 500;
-      runs.push_back(run(options));
-      // Nor do copies of the residual stream (O and down store 3, the readers pick theirs).
-      options = cuda_options();
-      options.residual_copies = 3;
       runs.push_back(run(options));
       options = cuda_options();
       options.gate_up_hold_blocks = 1 << 20;  // until the attention's blocks have ended, pulled
@@ -791,144 +786,6 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
       REQUIRE(r.passed);
     }
   }
-}
-
-TEST_CASE("decode_gemv with copies of x and y: each block reads a copy, the residual add stores every copy",
-          "[ch08][gpu][kernels]") {
-  const uint64_t seed = fresh_seed();
-  INFO("seed " << seed);
-  struct Case {
-    GemvInput input;
-    GemvOutput output;
-    int N, K;
-    int x_copies, y_copies;
-  };
-  const Case cases[] = {
-      {GemvInput::kRmsNorm, GemvOutput::kSwiGLU, 8960, 1536, 4, 1},      // gate/up
-      {GemvInput::kRmsNorm, GemvOutput::kF32, 32000, 1536, 3, 1},        // lm_head
-      {GemvInput::kPlain, GemvOutput::kResidualAdd, 1536, 1536, 3, 4},   // O
-      {GemvInput::kPlain, GemvOutput::kResidualAdd, 1536, 8960, 1, 5},   // down
-      {GemvInput::kRmsNorm, GemvOutput::kBf16, 1003, 200, 7, 1},         // odd sizes
-      {GemvInput::kPlain, GemvOutput::kResidualAdd, 300, 8968, 2, 3},
-  };
-  uint64_t case_seed = seed;
-  for (const Case& c : cases) {
-    for (const DecodeGemvKernel kernel : {DecodeGemvKernel::kRegisterLoads, DecodeGemvKernel::kRegisterPipelined}) {
-      for (const bool pdl : {false, true}) {
-        INFO("N=" << c.N << " K=" << c.K << " output " << int(c.output) << " copies " << c.x_copies << " / "
-                  << c.y_copies << " pdl " << pdl << " pipelined " << (kernel == DecodeGemvKernel::kRegisterPipelined));
-        const int rows = c.output == GemvOutput::kSwiGLU ? 2 * c.N : c.N;
-        const std::vector<uint16_t> x = random_bf16(c.K, ++case_seed, 2.0f);
-        const std::vector<uint16_t> W = random_bf16(size_t(rows) * c.K, ++case_seed, 1.0f / std::sqrt(float(c.K)));
-        const std::vector<uint16_t> bias = random_bf16(rows, ++case_seed, 0.5f);
-        std::vector<uint16_t> norm = random_bf16(c.K, ++case_seed, 0.2f);
-        for (auto& v : norm) v = float_to_bf16_bits(1.0f + bf16_bits_to_float(v));
-        const std::vector<uint16_t> residual = random_bf16(c.N, ++case_seed, 1.0f);
-
-        std::vector<float> input(c.K);
-        double sum_squares = 0;
-        for (int k = 0; k < c.K; ++k) sum_squares += double(bf16_bits_to_float(x[k])) * bf16_bits_to_float(x[k]);
-        const double inverse_rms = 1.0 / std::sqrt(sum_squares / c.K + 1e-6);
-        for (int k = 0; k < c.K; ++k) {
-          input[k] = c.input == GemvInput::kRmsNorm
-                         ? round_to_bf16(float(bf16_bits_to_float(x[k]) * inverse_rms * bf16_bits_to_float(norm[k])))
-                         : bf16_bits_to_float(x[k]);
-        }
-        auto dot = [&](int row) {
-          double acc = 0;
-          for (int k = 0; k < c.K; ++k) acc += double(bf16_bits_to_float(W[size_t(row) * c.K + k])) * input[k];
-          return acc + bf16_bits_to_float(bias[row]);
-        };
-        std::vector<float> expected(c.N);
-        for (int n = 0; n < c.N; ++n) {
-          if (c.output == GemvOutput::kSwiGLU) {
-            const float g = round_to_bf16(float(dot(n))), u = round_to_bf16(float(dot(c.N + n)));
-            expected[n] = g / (1.0f + std::exp(-g)) * u;
-          } else if (c.output == GemvOutput::kResidualAdd) {
-            expected[n] = bf16_bits_to_float(residual[n]) + round_to_bf16(float(dot(n)));
-          } else {
-            expected[n] = float(dot(n));
-          }
-        }
-
-        // One stride for both, 8 elements past the longer vector: the gaps between the
-        // copies (and the last copy's tail) stay NaN, so a read at a wrong offset shows.
-        const int stride = (std::max(c.N, c.K) + 7) / 8 * 8 + 8;
-        const uint16_t kNaN = 0xFFFF;
-        std::vector<uint16_t> x_copies(size_t(stride) * c.x_copies, kNaN);
-        for (int r = 0; r < c.x_copies; ++r) std::copy(x.begin(), x.end(), x_copies.begin() + size_t(r) * stride);
-        // y's copy 0 holds the residual (the add reads it there); the other copies are NaN.
-        std::vector<uint16_t> y_copies(size_t(stride) * c.y_copies, kNaN);
-        if (c.output == GemvOutput::kResidualAdd) std::copy(residual.begin(), residual.end(), y_copies.begin());
-        DeviceBuffer<uint16_t> d_x(x_copies), d_W(W), d_bias(bias), d_norm(norm), d_y16(y_copies);
-        DeviceBuffer<float> d_y32(size_t(c.N));
-        d_y32.fill_bytes(0xFF);
-        DecodeGemvParams p{};
-        p.y = c.output == GemvOutput::kF32 ? static_cast<void*>(d_y32.data()) : static_cast<void*>(d_y16.data());
-        p.x = reinterpret_cast<const __nv_bfloat16*>(d_x.data());
-        p.norm_weight = reinterpret_cast<const __nv_bfloat16*>(d_norm.data());
-        p.W = reinterpret_cast<const __nv_bfloat16*>(d_W.data());
-        p.bias = reinterpret_cast<const __nv_bfloat16*>(d_bias.data());
-        p.N = c.N;
-        p.K = c.K;
-        p.eps = 1e-6f;
-        p.stream_evict_first = pdl;
-        p.epilogue_inputs_settled = pdl;
-        p.x_copies = c.x_copies;
-        p.y_copies = c.y_copies;
-        p.copy_stride = stride;
-        decode_gemv(c.input, c.output, p, pdl, 0, kernel);
-        CUDA_CHECK(cudaDeviceSynchronize());
-        if (c.output == GemvOutput::kF32) {
-          CompareResult r = compare("decode_gemv f32, x copies", d_y32.to_host(), expected, 1e-3);
-          INFO(r.report);
-          REQUIRE(r.passed);
-          continue;
-        }
-        const std::vector<uint16_t> y = d_y16.to_host();
-        for (int r = 0; r < c.y_copies; ++r) {
-          INFO("y copy " << r);
-          const std::vector<uint16_t> copy(y.begin() + size_t(r) * stride, y.begin() + size_t(r) * stride + c.N);
-          CompareResult result = compare_bf16("decode_gemv bf16, copies", copy, expected, tolerance::kBf16Output);
-          INFO(result.report);
-          REQUIRE(result.passed);
-          if (r > 0) REQUIRE(copy == std::vector<uint16_t>(y.begin(), y.begin() + c.N));  // the same bits
-          for (size_t i = size_t(r) * stride + c.N; i < size_t(r + 1) * stride; ++i) REQUIRE(y[i] == kNaN);
-        }
-      }
-    }
-  }
-  // What it cannot run: no copies, a copied output that does not add, a stride that
-  // does not hold the vector or is not a multiple of 8, copies of an input read in place.
-  DeviceBuffer<uint16_t> x(4096), W(64 * 64), y(4096);
-  DecodeGemvParams p{};
-  p.y = y.data();
-  p.x = reinterpret_cast<const __nv_bfloat16*>(x.data());
-  p.W = reinterpret_cast<const __nv_bfloat16*>(W.data());
-  p.N = 64;
-  p.K = 64;
-  p.copy_stride = 64;
-  auto refused = [&](GemvOutput output, int x_copies, int y_copies, int stride, bool in_place = false) {
-    DecodeGemvParams q = p;
-    q.x_copies = x_copies;
-    q.y_copies = y_copies;
-    q.copy_stride = stride;
-    q.input_from_global = in_place;
-    try {
-      decode_gemv(GemvInput::kPlain, output, q, false);
-    } catch (const std::invalid_argument& e) {
-      return std::string(e.what()).find("copies") != std::string::npos;
-    }
-    return false;
-  };
-  REQUIRE(refused(GemvOutput::kBf16, 0, 1, 64));
-  REQUIRE(refused(GemvOutput::kResidualAdd, 1, 0, 64));
-  REQUIRE(refused(GemvOutput::kBf16, 1, 2, 64));
-  REQUIRE(refused(GemvOutput::kResidualAdd, 2, 1, 56));
-  REQUIRE(refused(GemvOutput::kResidualAdd, 2, 2, 68));
-  REQUIRE(refused(GemvOutput::kResidualAdd, 2, 1, 64, true));
-  REQUIRE_FALSE(refused(GemvOutput::kResidualAdd, 2, 2, 64));
-  CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 TEST_CASE("decode_gemv refuses a split it cannot run", "[ch08][gpu][kernels]") {
