@@ -309,8 +309,16 @@ __device__ __forceinline__ void read_batch_from_shared(uint4 (&w)[kRows][kBatch]
 }
 
 /// DecodeGemvParams::timeline: thread 0 of the block folds %globaltimer into the min /
-/// max pair `event` of the launch's 8 values.
-enum TimelineEvent { kTimelineStart = 0, kTimelineWaitReturned = 1, kTimelineStaged = 2, kTimelineEnd = 3 };
+/// max pair `event` of the launch's 10 values. kTimelineWeightsIn is stamped after the
+/// staging, once thread 0's first batch of weights is in its registers: the later of the
+/// two, so that the stamp changes no load's timing.
+enum TimelineEvent {
+  kTimelineStart = 0,
+  kTimelineWaitReturned = 1,
+  kTimelineStaged = 2,
+  kTimelineWeightsIn = 3,
+  kTimelineEnd = 4
+};
 __device__ __forceinline__ void timeline_mark(unsigned long long* timeline, int event) {
   timeline_fold(timeline, event);
 }

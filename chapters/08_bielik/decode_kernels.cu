@@ -121,6 +121,11 @@ __global__ void __launch_bounds__(kThreads, 3)
   if (!p.allow_dependents_early) pdl_allow_dependents();
   // Otherwise right after the wait: they still arrive during the dot product.
   if (stores && first < p.N && !early) epilogue = load_epilogue_inputs<Out, HasBias>(p, first);
+  // (measurement) thread 0's first batch is in: a sum of two of its words (a value the
+  // loads produce, not a loaded one: see value_has_arrived). Here, where thread 0 is about
+  // to use them anyway, the stamp delays none of its loads or signals.
+  timeline_fold_when_ready(p.timeline, kTimelineWeightsIn,
+                           __uint_as_float(w[0][0].x) + __uint_as_float(w[kRows - 1][kBatch - 1].w));
 
   // 3. The rows: dot products against the staged input, then the epilogue. The trip
   //    count is the same for every warp of the block (the barriers below need that).
