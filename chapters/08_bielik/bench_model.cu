@@ -345,7 +345,7 @@ void print_decode_timeline(CudaModel& model) {
   int32_t token = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
   token = model.generate_greedy(token, 64).back();
   const char* names[4] = {"QKV + RoPE + append", "O + residual", "gate/up + SwiGLU", "down + residual"};
-  constexpr int kValues = 10;  // DecodeGemvParams::timeline
+  constexpr int kValues = 12;  // DecodeGemvParams::timeline
   constexpr int kAttentionValues = 2 * decode::kAttentionTimelineEvents;
   double sums[4][kValues] = {}, attention_sums[kAttentionValues] = {}, period = 0, attention = 0;
   int samples = 0;
@@ -353,7 +353,7 @@ void print_decode_timeline(CudaModel& model) {
     const std::vector<unsigned long long> t = model.decode_timeline(token);
     auto at = [&](int layer, int kernel, int value) { return t[kValues * (4 * layer + kernel) + value]; };
     for (int l = 1; l < L; ++l) {
-      const double origin = double(at(l - 1, 3, 9));  // the previous down's last block ends
+      const double origin = double(at(l - 1, 3, 11));  // the previous down's last block ends
       for (int k = 0; k < 4; ++k) {
         for (int v = 0; v < kValues; ++v) sums[k][v] += (double(at(l, k, v)) - origin) * 1e-3;
       }
@@ -361,8 +361,8 @@ void print_decode_timeline(CudaModel& model) {
         const unsigned long long a = t[kValues * (4 * L + 1) + kAttentionValues * l + v];
         attention_sums[v] += (double(a) - origin) * 1e-3;
       }
-      period += (double(at(l, 3, 9)) - origin) * 1e-3;
-      attention += (double(at(l, 1, 4)) - double(at(l, 0, 9))) * 1e-3;
+      period += (double(at(l, 3, 11)) - origin) * 1e-3;
+      attention += (double(at(l, 1, 4)) - double(at(l, 0, 11))) * 1e-3;
       ++samples;
     }
   }
@@ -370,6 +370,7 @@ void print_decode_timeline(CudaModel& model) {
                                              "last block starts", "first wait returns", "last wait returns",
                                              "first past its wait, input staged", "last past its wait, input staged",
                                              "first with its first weights in too", "last with its first weights in too",
+                                             "first with its first row's dot summed", "last with its first row's dot summed",
                                              "first block ends", "last block ends"});
   for (int k = 0; k < 4; ++k) {
     std::vector<std::string> row{names[k]};

@@ -121,11 +121,18 @@ __global__ void __launch_bounds__(kThreads, 3)
   if (!p.allow_dependents_early) pdl_allow_dependents();
   // Otherwise right after the wait: they still arrive during the dot product.
   if (stores && first < p.N && !early) epilogue = load_epilogue_inputs<Out, HasBias>(p, first);
-  // (measurement) thread 0's first batch is in: a sum of two of its words (a value the
-  // loads produce, not a loaded one: see value_has_arrived). Here, where thread 0 is about
-  // to use them anyway, the stamp delays none of its loads or signals.
-  timeline_fold_when_ready(p.timeline, kTimelineWeightsIn,
-                           __uint_as_float(w[0][0].x) + __uint_as_float(w[kRows - 1][kBatch - 1].w));
+  // (measurement) thread 0's first batch is in: a sum of a word of each of its loads (a
+  // value the loads produce, not a loaded one: see value_has_arrived). Here, where thread
+  // 0 is about to use them anyway, the stamp delays none of its loads or signals.
+  if (p.timeline) {
+    float arrived = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) arrived += __uint_as_float(w[r][u].x);
+    }
+    timeline_fold_when_ready(p.timeline, kTimelineWeightsIn, arrived);
+  }
 
   // 3. The rows: dot products against the staged input, then the epilogue. The trip
   //    count is the same for every warp of the block (the barriers below need that).
@@ -153,6 +160,7 @@ __global__ void __launch_bounds__(kThreads, 3)
       }
     }
     loaded = false;
+    if (i == 0) timeline_fold_when_ready(p.timeline, kTimelineFirstDot, acc[0] + acc[1]);  // (measurement)
     finish_row<Out, HasBias>(p, valid ? row : -1, acc, warp_partial, split, &epilogue);
   }
   timeline_mark(p.timeline, kTimelineEnd);

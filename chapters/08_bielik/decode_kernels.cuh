@@ -177,7 +177,7 @@ struct DecodeGemvParams {
   /// share), right after the PDL wait. Removes the staging and its barrier from the path
   /// between the wait and the first FMA. bench_decode_gemv and bench_model measure it.
   bool input_from_global = false;
-  /// Measurement only (bench_model --timeline), register kernels: 10 values, zeroed min /
+  /// Measurement only (bench_model --timeline), register kernels: 12 values, zeroed min /
   /// max pairs (min slots start at ULLONG_MAX): %globaltimer (ns) when the first and the
   /// last block start, when their PDL wait returns, when they are past it with the input
   /// staged, and when they end (thread 0 of each block). nullptr: off.
