@@ -16,6 +16,7 @@
 
 #include "bench.cuh"
 #include "cuda_check.cuh"
+#include "decode_device.cuh"
 #include "decode_kernels.cuh"
 #include "device_buffer.cuh"
 #include "weight_stream.cuh"
@@ -62,6 +63,14 @@ int main() {
 
   BenchTable table("decode_gemv", {"shape", "kernel", "MB", "alone us", "alone % copy BW", "in stream us",
                                    "in stream % copy BW", "in a graph us", "in a graph GB/s", "in a graph % copy BW"});
+  // The model's form of each GEMV in the graph chain, with its timeline (DecodeGemvParams::
+  // timeline): where a launch's time goes when its code is hot, every launch before it
+  // having been the same kernel. Chapter 08's README compares it with the decode step,
+  // where five kernels take turns on each SM.
+  BenchTable phases("decode_gemv_phases",
+                    {"shape (the model's form, in a graph chain)", "first wait returns -> input staged",
+                     "-> its first weights in too", "-> its first row's dot summed", "-> its block ends",
+                     "first wait returns -> last block ends", "launch (first start -> last end)"});
   constexpr int kCopies = 3, kLaunches = 48;
   for (const Shape& shape : shapes) {
     const int rows = shape.output == GemvOutput::kSwiGLU ? 2 * shape.N : shape.N;
@@ -152,7 +161,69 @@ int main() {
                 kernel, true, 0, pause_ns == 300, false, in_place, pause_ns);
       }
     }
+    // The model's form: evict-first, the epilogue inputs before the wait, down's input
+    // read in place, gate/up and down pausing 300 ns (CudaModelOptions' defaults).
+    {
+      using namespace decode_device;  // TimelineEvent
+      constexpr int kValues = 2 * (kTimelineEnd + 1);  // min / max pairs, TimelineEvent order
+      const bool big = shape.output == GemvOutput::kSwiGLU || (shape.output == GemvOutput::kResidualAdd && shape.K > 2048);
+      DeviceBuffer<unsigned long long> timeline(size_t(kValues) * kLaunches);
+      cudaStream_t stream;
+      CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      cudaGraph_t graph;
+      CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      for (int i = 0; i < kLaunches; ++i) {
+        DecodeGemvParams p{};
+        p.y = y.data();
+        p.x = x.data();
+        p.norm_weight = norm.data();
+        p.W = weights[i % kCopies].data();
+        p.bias = shape.bias ? bias.data() : nullptr;
+        p.N = shape.N;
+        p.K = shape.K;
+        p.eps = 1e-6f;
+        p.stream_evict_first = true;
+        p.epilogue_inputs_settled = true;
+        p.input_from_global = shape.output == GemvOutput::kResidualAdd && shape.K > 2048;
+        p.start_delay_ns = big ? 300 : 0;
+        p.timeline = timeline.data() + size_t(kValues) * i;
+        decode_gemv(shape.input, shape.output, p, true, stream, DecodeGemvKernel::kRegisterLoads);
+      }
+      CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+      cudaGraphExec_t exec;
+      CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      std::vector<unsigned long long> reset(timeline.size());
+      for (size_t i = 0; i < reset.size(); ++i) reset[i] = i % 2 == 0 ? ~0ull : 0ull;
+      std::vector<double> sums(6, 0.0);
+      int samples = 0;
+      for (int replay = 0; replay < 4; ++replay) {  // the first replay warms up
+        CUDA_CHECK(cudaMemcpy(timeline.data(), reset.data(), timeline.bytes(), cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaGraphLaunch(exec, stream));
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        if (replay == 0) continue;
+        const std::vector<unsigned long long> t = timeline.to_host();
+        for (int i = 8; i < kLaunches; ++i) {  // past the chain's start
+          const unsigned long long* v = &t[size_t(kValues) * i];
+          auto first = [&](int event) { return double(v[2 * event]); };
+          auto last = [&](int event) { return double(v[2 * event + 1]); };
+          sums[0] += first(kTimelineStaged) - first(kTimelineWaitReturned);
+          sums[1] += first(kTimelineWeightsIn) - first(kTimelineStaged);
+          sums[2] += first(kTimelineFirstDot) - first(kTimelineWeightsIn);
+          sums[3] += first(kTimelineEnd) - first(kTimelineFirstDot);
+          sums[4] += last(kTimelineEnd) - first(kTimelineWaitReturned);
+          sums[5] += last(kTimelineEnd) - first(kTimelineStart);
+          ++samples;
+        }
+      }
+      std::vector<std::string> row{shape.name};
+      for (double sum : sums) row.push_back(fmt(sum / samples * 1e-3, 2));
+      phases.add_row(row);
+      CUDA_CHECK(cudaGraphExecDestroy(exec));
+      CUDA_CHECK(cudaGraphDestroy(graph));
+      CUDA_CHECK(cudaStreamDestroy(stream));
+    }
   }
   table.print();
+  phases.print();
   return 0;
 }
