@@ -68,7 +68,7 @@ int main() {
   // having been the same kernel. Chapter 08's README compares it with the decode step,
   // where five kernels take turns on each SM.
   BenchTable phases("decode_gemv_phases",
-                    {"shape (the model's form, in a graph chain)", "first wait returns -> input staged",
+                    {"shape (the model's form, down's input in place; in a graph chain)", "first wait returns -> input staged",
                      "-> its first weights in too", "-> its first row's dot summed", "-> its block ends",
                      "first wait returns -> last block ends", "launch (first start -> last end)"});
   constexpr int kCopies = 3, kLaunches = 48;
@@ -149,9 +149,9 @@ int main() {
         add_row("register loads, evict-first, input read in place (not staged)", kernel, true, 0, true, false, true);
       }
       // Each block pausing before its first loads, as the model's gate/up and down do for
-      // 300 ns (DecodeGemvParams::start_delay_ns; 4% faster in the model, not yet
-      // explained). 1 ns is the barrier after the pause alone. Down in the model's form:
-      // its input read in place.
+      // 300 ns (DecodeGemvParams::start_delay_ns; 4% faster in the model). 1 ns is the
+      // barrier after the pause alone. Down with its input read in place: its fastest
+      // form in this chain (the model stages it, which is faster in the step).
       const bool in_place = shape.output == GemvOutput::kResidualAdd && shape.K > 2048;
       const bool big = shape.output == GemvOutput::kSwiGLU || in_place;
       for (int pause_ns : {1, 300, 1000}) {
@@ -161,8 +161,8 @@ int main() {
                 kernel, true, 0, pause_ns == 300, false, in_place, pause_ns);
       }
     }
-    // The model's form: evict-first, the epilogue inputs before the wait, down's input
-    // read in place, gate/up and down pausing 300 ns (CudaModelOptions' defaults).
+    // The model's form (evict-first, the epilogue inputs before the wait, gate/up and
+    // down pausing 300 ns), but down's input read in place as in the pause rows above.
     {
       using namespace decode_device;  // TimelineEvent
       constexpr int kValues = 2 * (kTimelineEnd + 1);  // min / max pairs, TimelineEvent order
