@@ -207,15 +207,17 @@ struct CudaModelOptions {
   /// (DecodeGemvParams::start_delay_ns; thread 0 reads %globaltimer, the block waits at a
   /// barrier). H200, 2026-12-01, three rounds: gate/up pausing 300 ns, 948-949 tokens/s
   /// against 912-913 without, and 940 with the hold above; 1000 ns, 947-948; down pausing
-  /// 300 ns as well (with gate/up holding), 946 against 940. Why a pause at the start makes
-  /// the big GEMVs faster is not profiled (chapter README: the blocks that start late, as
-  /// the kernel before leaves, are the ones that gain). bench_model --gate-up-start-delay NS,
-  /// --down-start-delay NS.
+  /// 300 ns as well (with gate/up holding), 946 against 940. Both pausing, swept on
+  /// 2026-12-02: 0 / 1 / 100 / 300 / 600 ns gave 917 / 933 / 945 / 959 / 968 on one machine,
+  /// 300 / 600 / 1000 / 2000 ns 951 / 950 / 935 / 878 on another, so 300. The timeline puts
+  /// the gain in gate/up's input staging after its wait (chapter README, fifteenth
+  /// session). bench_model --gate-up-start-delay NS, --down-start-delay NS.
   int gate_up_start_delay_ns = 300;
   int down_start_delay_ns = 300;
-  /// The same pause for the small GEMVs and the lm_head (0: none; measurement, chapter
-  /// README exercise 13). bench_model --qkv-start-delay NS, --o-start-delay NS,
-  /// --lm-head-start-delay NS.
+  /// The same pause for the small GEMVs and the lm_head (0: none). Measured level
+  /// (2026-12-02, against 959 / 960 tokens/s): QKV 300 ns 961 / 960, O 300 ns 957 / 957,
+  /// lm_head 300 ns 959 / 960, all three 960 / 960. bench_model --qkv-start-delay NS,
+  /// --o-start-delay NS, --lm-head-start-delay NS.
   int qkv_start_delay_ns = 0;
   int o_start_delay_ns = 0;
   int lm_head_start_delay_ns = 0;
