@@ -180,7 +180,9 @@ struct DecodeGemvParams {
   /// Measurement only (bench_model --timeline), register kernels: 12 values, zeroed min /
   /// max pairs (min slots start at ULLONG_MAX): %globaltimer (ns) when the first and the
   /// last block start, when their PDL wait returns, when they are past it with the input
-  /// staged, and when they end (thread 0 of each block). nullptr: off.
+  /// staged, when their first weights are in too, when their first row's dot is summed,
+  /// and when they end (thread 0 of each block; decode_device.cuh's TimelineEvent).
+  /// nullptr: off.
   unsigned long long* timeline = nullptr;
   /// Register kernels: hold the first weight loads until a signal (HoldForSignal).
   HoldForSignal hold;
