@@ -86,30 +86,35 @@ int main() {
     norm.fill_bytes(0x3f);
     bias.fill_bytes(0);
     DeviceBuffer<float> y(size_t(shape.N));  // big enough for bf16 or f32 outputs
+    // The arguments of one launch on weight copy `copy`.
+    auto gemv_params = [&](int copy, bool evict_first, int split, bool second_batch_in_shared,
+                           bool input_from_global, int start_delay_ns) {
+      DecodeGemvParams p{};
+      p.y = y.data();
+      p.x = x.data();
+      p.norm_weight = norm.data();
+      p.W = weights[copy].data();
+      p.bias = shape.bias ? bias.data() : nullptr;
+      p.N = shape.N;
+      p.K = shape.K;
+      p.eps = 1e-6f;
+      p.stream_evict_first = evict_first;
+      // The model's form also loads the residual before the PDL wait. Here every launch
+      // of the chain adds into the same y, so that read may see an older value: only
+      // the time is measured, never the values.
+      p.epilogue_inputs_settled = evict_first;
+      p.split_warps = split;
+      p.second_batch_in_shared = second_batch_in_shared;
+      p.input_from_global = input_from_global;
+      p.start_delay_ns = start_delay_ns;
+      return p;
+    };
     // One row: `label`, the chain timed from the host and as a graph, and alone when asked.
     auto add_row = [&](const std::string& label, DecodeGemvKernel kernel, bool evict_first, int split,
                        bool time_alone, bool second_batch_in_shared = false, bool input_from_global = false,
                        int start_delay_ns = 0) {
       auto params = [&](int copy) {
-        DecodeGemvParams p{};
-        p.y = y.data();
-        p.x = x.data();
-        p.norm_weight = norm.data();
-        p.W = weights[copy].data();
-        p.bias = shape.bias ? bias.data() : nullptr;
-        p.N = shape.N;
-        p.K = shape.K;
-        p.eps = 1e-6f;
-        p.stream_evict_first = evict_first;
-        // The model's form also loads the residual before the PDL wait. Here every launch
-        // of the chain adds into the same y, so that read may see an older value: only
-        // the time is measured, never the values.
-        p.epilogue_inputs_settled = evict_first;
-        p.split_warps = split;
-        p.second_batch_in_shared = second_batch_in_shared;
-        p.input_from_global = input_from_global;
-        p.start_delay_ns = start_delay_ns;
-        return p;
+        return gemv_params(copy, evict_first, split, second_batch_in_shared, input_from_global, start_delay_ns);
       };
       std::string alone_us, alone_pct;
       if (time_alone) {
@@ -173,19 +178,8 @@ int main() {
       cudaGraph_t graph;
       CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
       for (int i = 0; i < kLaunches; ++i) {
-        DecodeGemvParams p{};
-        p.y = y.data();
-        p.x = x.data();
-        p.norm_weight = norm.data();
-        p.W = weights[i % kCopies].data();
-        p.bias = shape.bias ? bias.data() : nullptr;
-        p.N = shape.N;
-        p.K = shape.K;
-        p.eps = 1e-6f;
-        p.stream_evict_first = true;
-        p.epilogue_inputs_settled = true;
-        p.input_from_global = shape.output == GemvOutput::kResidualAdd && shape.K > 2048;
-        p.start_delay_ns = big ? 300 : 0;
+        DecodeGemvParams p = gemv_params(i % kCopies, true, 0, false,
+                                         shape.output == GemvOutput::kResidualAdd && shape.K > 2048, big ? 300 : 0);
         p.timeline = timeline.data() + size_t(kValues) * i;
         decode_gemv(shape.input, shape.output, p, true, stream, DecodeGemvKernel::kRegisterLoads);
       }

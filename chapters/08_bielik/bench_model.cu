@@ -642,14 +642,11 @@ int main(int argc, char** argv) {
       v.handover = form;
       return v;
     };
-    auto adjusted = [](OptionVariant v, std::function<void(CudaModelOptions&)> adjust) {
-      v.adjust = std::move(adjust);
-      return v;
-    };
     const OptionVariant v6_defaults{"", true, true, Path::kClusterPerHead, 0, 0};
     auto defaults_but = [&](const char* label, std::function<void(CudaModelOptions&)> adjust) {
-      OptionVariant v = adjusted(v6_defaults, std::move(adjust));
+      OptionVariant v = v6_defaults;
       v.label = label;
+      v.adjust = std::move(adjust);
       return v;
     };
     std::vector<OptionVariant> option_variants = {
