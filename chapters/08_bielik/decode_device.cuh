@@ -362,6 +362,136 @@ __device__ __forceinline__ void accumulate_batch_global_input(float (&acc)[2], c
   }
 }
 
+// ---------------------------------------------------------------------------------------
+// The tensor-core dot (DecodeGemvParams::tensor_core_dot).
+//
+// The FMA dot above spends ~33 instructions on each 16-byte chunk a lane holds: 8 FMAs,
+// 16 shifts and masks that widen the bf16s, the shared-memory load, the bounds check.
+// With 16-24 warps on an SM all reaching their dot products together after the staging
+// barrier, those instructions, not memory, may set how long a row's dot takes (~1600
+// cycles, 0.8 us, from a warp's weights in to its row summed: H200, 2026-12-02). One
+// mma.sync.m16n8k16 takes bf16 pairs as they are and does 2048 multiply-adds, so two of
+// them can replace a chunk's work, if the lanes' chunks can be placed in its fragments.
+// They can, with one observation: the product A B holds, on its diagonal, exactly the
+// dot products we want, if each lane's weights go into A and its x values into B at
+// matching places.
+//
+// The m16n8k16 fragments (PTX ISA, "Matrix fragments for mma.m16n8k16"): lane l is
+// (g, t) = (l / 4, l % 4). Of A (16 x 16, row-major) it holds the bf16 pairs at row g,
+// columns (2t, 2t+1) and (2t+8, 2t+9), and the same two at row g + 8. Of B (16 x 8,
+// column-major) it holds column g at rows (2t, 2t+1) and (2t+8, 2t+9). Of the f32
+// result C (16 x 8) it holds rows g and g + 8 at columns 2t and 2t+1.
+//
+// So row g of A and column g of B come from the same four lanes (g, 0..3), at the same
+// positions k. Put two bf16 pairs of the lane's weights in A's row g and the matching
+// two pairs of x in B's column g: C[g][g] is the sum over lanes (g, t) of their x . w,
+// and the eight diagonal entries together hold the warp's dot product of those values
+// (the other entries mix different lanes' values and are ignored). A's row g + 8 comes
+// from the same lanes too, against the same x: it takes the second weight row of a
+// unit (SwiGLU's up row, RoPE's partner dim), whose sums land at C[g + 8][g], or zeros.
+// A lane's chunk is 8 values, 4 bf16 pairs: two mma per chunk, for one row or two.
+// The products are exact in fp32; the tensor core sums them in fp32 in its own order.
+// ---------------------------------------------------------------------------------------
+
+/// c += A B for the A and B above: row 0's and row 1's weight pairs (row_0_*, row_1_*;
+/// zeros for a unit of one row) at A's rows g and g + 8, the two pairs of x they meet in
+/// B's column g. sm_80+.
+__device__ __forceinline__ void mma_diagonal_dot(float (&c)[4], uint32_t row_0_pair_0, uint32_t row_0_pair_1,
+                                                 uint32_t row_1_pair_0, uint32_t row_1_pair_1, uint32_t x_pair_0,
+                                                 uint32_t x_pair_1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(row_0_pair_0), "r"(row_1_pair_0), "r"(row_0_pair_1), "r"(row_1_pair_1), "r"(x_pair_0), "r"(x_pair_1));
+#else
+  (void)c, (void)row_0_pair_0, (void)row_0_pair_1, (void)row_1_pair_0, (void)row_1_pair_1, (void)x_pair_0,
+      (void)x_pair_1;
+  __trap();  // decode_gemv refuses tensor_core_dot before sm_80
+#endif
+}
+
+/// The tensor-core dot's running sums for the warp's current unit: two C fragments, one
+/// for the first two bf16 pairs of each chunk and one for the last two, so that the mma
+/// form two chains and each waits less on the other's latency.
+struct MmaAccumulators {
+  float c[2][4];
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) c[h][i] = 0.0f;
+    }
+  }
+  /// Adds this lane's share of each row's dot into acc (finish_row then sums the warp):
+  /// C[g][g] (row 0) and C[g + 8][g] (row 1) sit in lane (g, g / 2), at c[g % 2] and
+  /// c[2 + g % 2]; the other lanes add zero.
+  template <int kRows>
+  __device__ __forceinline__ void add_to(float (&acc)[2]) const {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const bool holds_diagonal = t == g / 2;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      acc[r] += holds_diagonal ? c[0][2 * r + g % 2] + c[1][2 * r + g % 2] : 0.0f;
+    }
+  }
+};
+
+/// One 16-byte chunk of each of the unit's rows (w[1] unused for one row) against the
+/// chunk of x they meet: two mma.
+template <int kRows>
+__device__ __forceinline__ void mma_chunk(MmaAccumulators& m, const uint4 (&w)[2], uint4 xv) {
+  const uint4 row_1 = kRows == 2 ? w[1] : make_uint4(0, 0, 0, 0);
+  mma_diagonal_dot(m.c[0], w[0].x, w[0].y, row_1.x, row_1.y, xv.x, xv.y);
+  mma_diagonal_dot(m.c[1], w[0].z, w[0].w, row_1.z, row_1.w, xv.z, xv.w);
+}
+
+/// accumulate_batch with the tensor cores. Every lane of the warp must call it (mma.sync
+/// is a warp instruction): a lane whose chunk lies past the row feeds zeros instead of
+/// skipping, and only a batch entry with no lane in the row (`first_lane_base`: lane 0's
+/// base, the same for the whole warp) is skipped by the warp as a whole.
+template <int kRows, int kBatch>
+__device__ __forceinline__ void accumulate_batch_mma(MmaAccumulators& m, const uint4 (&w)[kRows][kBatch],
+                                                     const uint4* x_shared, int base, int first_lane_base,
+                                                     int stride, int chunks) {
+#pragma unroll
+  for (int u = 0; u < kBatch; ++u) {
+    if (first_lane_base + stride * u >= chunks) continue;  // the same for every lane
+    const int chunk = base + stride * u;
+    const bool in_row = chunk < chunks;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    // Zeros in both operands past the row: a weight slot there may hold old bytes
+    // (copy_batch_to_shared skips it), and 0 * NaN would poison the diagonal.
+    const uint4 xv = in_row ? x_shared[chunk] : zero;
+    uint4 wv[2] = {zero, zero};
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) wv[r] = in_row ? w[r][u] : zero;
+    mma_chunk<kRows>(m, wv, xv);
+  }
+}
+
+/// accumulate_batch_global_input with the tensor cores (x from global memory; load_batch
+/// read zeros past the row, and so does this).
+template <int kRows, int kBatch>
+__device__ __forceinline__ void accumulate_batch_global_input_mma(MmaAccumulators& m,
+                                                                  const uint4 (&w)[kRows][kBatch],
+                                                                  const uint4* x_global, int base, int stride,
+                                                                  int chunks) {
+  uint4 xv[kBatch];
+#pragma unroll
+  for (int u = 0; u < kBatch; ++u) {
+    const int chunk = base + stride * u;
+    xv[u] = chunk < chunks ? __ldca(x_global + chunk) : make_uint4(0, 0, 0, 0);
+  }
+#pragma unroll
+  for (int u = 0; u < kBatch; ++u) {
+    uint4 wv[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) wv[r] = w[r][u];
+    mma_chunk<kRows>(m, wv, xv[u]);
+  }
+}
+
 /// Ends a row (unit): the warp's sum; with split > 1 the `split` warps that shared the
 /// row meet in `warp_partial` ((kWarps, rows) floats; two block barriers, so every warp
 /// of the block must call it the same number of times); lane 0 of the first part runs
