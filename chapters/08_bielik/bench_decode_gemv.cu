@@ -88,7 +88,7 @@ int main() {
     DeviceBuffer<float> y(size_t(shape.N));  // big enough for bf16 or f32 outputs
     // The arguments of one launch on weight copy `copy`.
     auto gemv_params = [&](int copy, bool evict_first, int split, bool second_batch_in_shared,
-                           bool input_from_global, int start_delay_ns, bool tensor_core_dot) {
+                           bool input_from_global, int start_delay_ns) {
       DecodeGemvParams p{};
       p.y = y.data();
       p.x = x.data();
@@ -107,16 +107,14 @@ int main() {
       p.second_batch_in_shared = second_batch_in_shared;
       p.input_from_global = input_from_global;
       p.start_delay_ns = start_delay_ns;
-      p.tensor_core_dot = tensor_core_dot;
       return p;
     };
     // One row: `label`, the chain timed from the host and as a graph, and alone when asked.
     auto add_row = [&](const std::string& label, DecodeGemvKernel kernel, bool evict_first, int split,
                        bool time_alone, bool second_batch_in_shared = false, bool input_from_global = false,
-                       int start_delay_ns = 0, bool tensor_core_dot = false) {
+                       int start_delay_ns = 0) {
       auto params = [&](int copy) {
-        return gemv_params(copy, evict_first, split, second_batch_in_shared, input_from_global, start_delay_ns,
-                           tensor_core_dot);
+        return gemv_params(copy, evict_first, split, second_batch_in_shared, input_from_global, start_delay_ns);
       };
       std::string alone_us, alone_pct;
       if (time_alone) {
@@ -167,19 +165,10 @@ int main() {
                     std::to_string(pause_ns) + " ns pause at each block's start",
                 kernel, true, 0, pause_ns == 300, false, in_place, pause_ns);
       }
-      // The dot products on the tensor cores (DecodeGemvParams::tensor_core_dot), in the
-      // model's form: the pause for gate/up and down, down's input staged and in place.
-      const int model_pause = big ? 300 : 0;
-      add_row(std::string("register loads, evict-first") + (big ? ", 300 ns pause" : "") + ", tensor-core dot",
-              kernel, true, 0, true, false, false, model_pause, true);
-      if (in_place) {
-        add_row("register loads, evict-first, input in place, 300 ns pause, tensor-core dot", kernel, true, 0, false,
-                false, true, model_pause, true);
-      }
     }
     // The model's form (evict-first, the epilogue inputs before the wait, gate/up and
     // down pausing 300 ns), but down's input read in place as in the pause rows above.
-    for (bool tensor_core_dot : {false, true}) {
+    {
       using namespace decode_device;  // TimelineEvent
       constexpr int kValues = 2 * (kTimelineEnd + 1);  // min / max pairs, TimelineEvent order
       const bool big = shape.output == GemvOutput::kSwiGLU || (shape.output == GemvOutput::kResidualAdd && shape.K > 2048);
@@ -190,8 +179,7 @@ int main() {
       CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
       for (int i = 0; i < kLaunches; ++i) {
         DecodeGemvParams p = gemv_params(i % kCopies, true, 0, false,
-                                         shape.output == GemvOutput::kResidualAdd && shape.K > 2048, big ? 300 : 0,
-                                         tensor_core_dot);
+                                         shape.output == GemvOutput::kResidualAdd && shape.K > 2048, big ? 300 : 0);
         p.timeline = timeline.data() + size_t(kValues) * i;
         decode_gemv(shape.input, shape.output, p, true, stream, DecodeGemvKernel::kRegisterLoads);
       }
@@ -221,7 +209,7 @@ int main() {
           ++samples;
         }
       }
-      std::vector<std::string> row{std::string(shape.name) + (tensor_core_dot ? ", tensor-core dot" : "")};
+      std::vector<std::string> row{shape.name};
       for (double sum : sums) row.push_back(fmt(sum / samples * 1e-3, 2));
       phases.add_row(row);
       CUDA_CHECK(cudaGraphExecDestroy(exec));

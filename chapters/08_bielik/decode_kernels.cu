@@ -143,12 +143,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     // Later rows: their epilogue inputs go out now, and arrive while the row's weights do.
     if (i > 0 && stores && valid) epilogue = load_epilogue_inputs<Out, HasBias>(p, row);
     float acc[2] = {0.0f, 0.0f};
-    MmaAccumulators mma;  // p.tensor_core_dot: the row's sums until its end
-    if (p.tensor_core_dot) mma.zero();
-    // The FMA dot lets each lane stop at the row's end; the tensor-core dot keeps the warp
-    // together (mma.sync): it loops while lane 0 (the lowest chunk) is inside the row.
-    const int loop_lane = p.tensor_core_dot ? lane : 0;
-    for (int base = base_first; valid && base - loop_lane < chunks; base += kBatch * stride) {
+    for (int base = base_first; valid && base < chunks; base += kBatch * stride) {
       if constexpr (kSecondBatchShared) {  // the second batch: copied before the wait
         if (!loaded && row == second_row && base == second_base) {
           read_batch_from_shared<kRows, kBatch>(w, second_batch);
@@ -158,21 +153,12 @@ __global__ void __launch_bounds__(kThreads, 3)
       if (!loaded) load_batch<Out, kBatch>(w, p, row, base, stride, policy);
       loaded = false;
       if constexpr (kInputFromGlobal) {
-        const uint4* x_global = reinterpret_cast<const uint4*>(p.x);
-        if (p.tensor_core_dot) {
-          accumulate_batch_global_input_mma<kRows, kBatch>(mma, w, x_global, base, stride, chunks);
-        } else {
-          accumulate_batch_global_input<kRows, kBatch>(acc, w, x_global, base, stride, chunks);
-        }
+        accumulate_batch_global_input<kRows, kBatch>(acc, w, reinterpret_cast<const uint4*>(p.x), base, stride,
+                                                           chunks);
       } else {
-        if (p.tensor_core_dot) {
-          accumulate_batch_mma<kRows, kBatch>(mma, w, x_shared, base, base - lane, stride, chunks);
-        } else {
-          accumulate_batch<kRows, kBatch>(acc, w, x_shared, base, stride, chunks);
-        }
+        accumulate_batch<kRows, kBatch>(acc, w, x_shared, base, stride, chunks);
       }
     }
-    if (p.tensor_core_dot) mma.add_to<kRows>(acc);
     loaded = false;
     if (i == 0) timeline_fold_when_ready(p.timeline, kTimelineFirstDot, acc[0] + acc[1]);  // (measurement)
     finish_row<Out, HasBias>(p, valid ? row : -1, acc, warp_partial, split, &epilogue);
@@ -455,16 +441,6 @@ void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, 
       throw std::invalid_argument("decode_gemv: residual partials need kRmsNormAddPartials or kResidualAdd, a register "
                                   "kernel, 1 <= count <= " + std::to_string(kMaxResidualPartials) +
                                   " and 16-byte aligned partials; got count=" + std::to_string(rp.count));
-    }
-  }
-  if (p.tensor_core_dot) {
-    static const bool have_bf16_mma = [] {
-      int device = 0, major = 0;
-      return cudaGetDevice(&device) == cudaSuccess &&
-             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 8;
-    }();
-    if (kernel == DecodeGemvKernel::kRegisterPipelined || kernel == DecodeGemvKernel::kBulkStream || !have_bf16_mma) {
-      throw std::invalid_argument("decode_gemv: the tensor-core dot needs the register-loads kernel (or kAuto) and sm_80 or newer");
     }
   }
   static const bool have_bulk_copy = weight_stream_supported();

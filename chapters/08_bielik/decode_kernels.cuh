@@ -177,12 +177,6 @@ struct DecodeGemvParams {
   /// share), right after the PDL wait. Removes the staging and its barrier from the path
   /// between the wait and the first FMA. bench_decode_gemv and bench_model measure it.
   bool input_from_global = false;
-  /// kRegisterLoads (and kAuto) only, sm_80+ (decode_gemv refuses it otherwise): the dot
-  /// products on the tensor cores, one mma.sync per half of each lane's 16-byte chunk,
-  /// instead of 8 FMAs and 16 bf16 widenings (decode_device.cuh explains the layout).
-  /// The sums come out in another order: not bit for bit the FMA dot's values, within
-  /// the tests' bf16 tolerance of the reference.
-  bool tensor_core_dot = false;
   /// Measurement only (bench_model --timeline), register kernels: 12 values, zeroed min /
   /// max pairs (min slots start at ULLONG_MAX): %globaltimer (ns) when the first and the
   /// last block start, when their PDL wait returns, when they are past it with the input

@@ -98,11 +98,6 @@ struct CudaModelOptions {
   /// stream_evict_first): the 3 GB a step streams then stop pushing the KV cache, the
   /// biases and the norm weights out of L2. bench_model measures both.
   bool gemv_evict_first = true;
-  /// Every decode GEMV computes its dot products on the tensor cores (DecodeGemvParams::
-  /// tensor_core_dot): two mma.sync per 16-byte chunk instead of ~33 FMA-pipe and
-  /// integer instructions, whose issue, not memory, sets how long a row's dot takes
-  /// (sixteenth session). sm_80+. bench_model --tensor-core-dot / --fma-dot.
-  bool gemv_tensor_core_dot = false;
   /// The O projection lets gate/up start as soon as it starts itself (DecodeGemvParams::
   /// allow_dependents_early): gate/up's weights then stream during the attention, which
   /// otherwise leaves HBM idle. bench_model measures both.

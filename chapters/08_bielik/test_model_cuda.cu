@@ -321,13 +321,6 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
         {DecodeAttentionPath::kMergeInO, 3, 1, "merge in O"},
         {DecodeAttentionPath::kMergeInO, 7, 8, "merge in O"},
     };
-    auto require_decode_close = [&](const CudaModelOptions& options, const std::string& label) {
-      CudaModel model(dir, options);
-      for (size_t t = 0; t < prompt.size(); ++t) {
-        require_rows_close(label + ", decode step " + std::to_string(t), model.decode(prompt[t]),
-                           row_of(expected, spec.V, t), spec.V, kModelTolerance);
-      }
-    };
     for (const AttentionVariant& a : variants) {
       CudaModelOptions options = cuda_options();
       options.attention_splits = a.splits;
@@ -338,19 +331,13 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
       options.v6_handover = a.handover;
       options.long_attention_min_keys = a.long_min_keys;
       options.attention_allows_o_after_inputs = a.o_after_inputs;
-      require_decode_close(options, std::string(spec.name) + " " + a.name + ", " + std::to_string(a.splits) +
-                                        " splits (0: default) of >= " + std::to_string(a.min_keys) + " keys");
-    }
-    // The GEMVs' dot products on the tensor cores (another summation order), with and
-    // without, whichever is the default, in every GEMV form the paths use: the plain O
-    // (v6, v5), the merged attention in O, the O partials added in gate/up and down.
-    for (DecodeAttentionPath path : {DecodeAttentionPath::kClusterPerHead, DecodeAttentionPath::kCluster,
-                                     DecodeAttentionPath::kMergeInO, DecodeAttentionPath::kClusterWithO}) {
-      CudaModelOptions options = cuda_options();
-      options.decode_attention = path;
-      options.gemv_tensor_core_dot = !options.gemv_tensor_core_dot;
-      require_decode_close(options, std::string(spec.name) + " path " + std::to_string(int(path)) +
-                                        (options.gemv_tensor_core_dot ? ", tensor-core dot" : ", FMA dot"));
+      CudaModel split_model(dir, options);
+      const std::string label = std::string(spec.name) + " " + a.name + ", " + std::to_string(a.splits) +
+                                " splits (0: default) of >= " + std::to_string(a.min_keys) + " keys";
+      for (size_t t = 0; t < prompt.size(); ++t) {
+        require_rows_close(label + ", decode step " + std::to_string(t), split_model.decode(prompt[t]),
+                           row_of(expected, spec.V, t), spec.V, kModelTolerance);
+      }
     }
   }
 }
@@ -471,24 +458,6 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       INFO(spec.name << " run " << i
                      << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early; then O after the attention's inputs; then carveouts 0 (graph) and 100 (eager); then O and gate/up held, gate/up blocks 1-2 held, no hold and no pause, 500 ns pauses, then gate/up held to the pulled attention's end)");
       REQUIRE(runs[i] == runs[0]);
-    }
-    // The dot products on the other unit (tensor cores or FMAs, whichever is not the
-    // default): other values, but the graph and eager launches agree bit for bit, with
-    // and without PDL and the pauses, and with down's input read in place.
-    {
-      CudaModelOptions other_dot = cuda_options();
-      other_dot.gemv_tensor_core_dot = !other_dot.gemv_tensor_core_dot;
-      const std::vector<float> other_graph = run(other_dot);
-      CudaModelOptions other_eager = cuda_options(0, 1024, false, false);
-      other_eager.gemv_tensor_core_dot = other_dot.gemv_tensor_core_dot;
-      other_eager.gate_up_start_delay_ns = other_eager.down_start_delay_ns = 0;
-      INFO(spec.name << " the other dot (tensor cores " << other_dot.gemv_tensor_core_dot
-                     << "): graph, then eager launches without PDL or pauses");
-      REQUIRE(run(other_eager) == other_graph);
-      other_dot.down_input_from_global = !other_dot.down_input_from_global;
-      other_eager.down_input_from_global = other_dot.down_input_from_global;
-      INFO(spec.name << " the same with down's input " << (other_dot.down_input_from_global ? "in place" : "staged"));
-      REQUIRE(run(other_dot) == run(other_eager));
     }
     // The unfused path (attention, then the O GEMV): graph or eager, and whether the O
     // GEMV lets gate/up start early, change no value either.
@@ -729,16 +698,8 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
     // the input read in place (down's form takes it), each with PDL and the automatic
     // split, and without PDL and a split of 1 (down: more chunks per lane than two
     // batches hold).
-    // Then, with the dot products on the tensor cores, the register kernel without and
-    // with PDL, and the same four register options.
     const int plain_variants = 2 * int(kernels.size());
-    const int fma_variants = plain_variants + 4;
-    for (int index = 0; index < fma_variants + 6; ++index) {
-      const bool tensor_core_dot = index >= fma_variants;
-      const int tensor_core_index = index - fma_variants;  // 0, 1: plain; 2-5: the options
-      const int variant = !tensor_core_dot         ? index
-                          : tensor_core_index < 2 ? tensor_core_index
-                                                   : plain_variants + tensor_core_index - 2;
+    for (int variant = 0; variant < plain_variants + 4; ++variant) {
       const bool second_batch_in_shared = variant == plain_variants || variant == plain_variants + 1;
       const bool input_from_global = variant >= plain_variants + 2;
       const bool register_option = second_batch_in_shared || input_from_global;
@@ -749,7 +710,7 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
                     : kernel == DecodeGemvKernel::kRegisterLoads ? "register loads"
                                                                  : "register pipelined")
                 << " second batch in shared " << second_batch_in_shared << " input read in place "
-                << input_from_global << " tensor-core dot " << tensor_core_dot);
+                << input_from_global);
       const int rows = c.output == GemvOutput::kSwiGLU ? 2 * c.N : c.N;
       const std::vector<uint16_t> x = random_bf16(c.K, ++case_seed, 2.0f);
       const std::vector<uint16_t> W = random_bf16(size_t(rows) * c.K, ++case_seed, 1.0f / std::sqrt(float(c.K)));
@@ -812,7 +773,6 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
       // automatic choice, 1 or 2 for these shapes, runs without PDL): 8 where K is not a
       // multiple of 64 (lanes past the row's end), else 4.
       if (kernel != DecodeGemvKernel::kBulkStream && pdl) p.split_warps = c.K % 64 != 0 ? 8 : 4;
-      p.tensor_core_dot = tensor_core_dot;
       if (register_option) {
         p.second_batch_in_shared = second_batch_in_shared;
         p.input_from_global = input_from_global;
@@ -829,7 +789,7 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
   }
 }
 
-TEST_CASE("decode_gemv refuses a split or a dot it cannot run", "[ch08][gpu][kernels]") {
+TEST_CASE("decode_gemv refuses a split it cannot run", "[ch08][gpu][kernels]") {
   DeviceBuffer<uint16_t> x(64), W(64 * 64), y(64);
   DecodeGemvParams p{};
   p.y = y.data();
@@ -840,12 +800,6 @@ TEST_CASE("decode_gemv refuses a split or a dot it cannot run", "[ch08][gpu][ker
   for (int split : {-1, 3, 16}) {
     p.split_warps = split;
     REQUIRE_THROWS_AS(decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false), std::invalid_argument);
-  }
-  // The tensor-core dot exists in the register-loads kernel only.
-  p.split_warps = 0;
-  p.tensor_core_dot = true;
-  for (DecodeGemvKernel kernel : {DecodeGemvKernel::kRegisterPipelined, DecodeGemvKernel::kBulkStream}) {
-    REQUIRE_THROWS_AS(decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false, 0, kernel), std::invalid_argument);
   }
 }
 
