@@ -72,6 +72,7 @@ struct Args {
   int o_delay = CudaModelOptions{}.o_start_delay_ns;                    ///< --o-start-delay NS
   int lm_head_delay = CudaModelOptions{}.lm_head_start_delay_ns;        ///< --lm-head-start-delay NS
   bool qkv_early = CudaModelOptions{}.qkv_allows_attention_early;
+  bool widen_input = CudaModelOptions{}.gemv_widen_input;  ///< --widen-input / --no-widen-input
   bool down_shared = CudaModelOptions{}.down_second_batch_in_shared;
   bool gate_up_shared = CudaModelOptions{}.gate_up_second_batch_in_shared;
   bool down_global_input = CudaModelOptions{}.down_input_from_global;
@@ -168,6 +169,10 @@ Args parse(int argc, char** argv) {
       a.o_delay = std::stoi(value());
     } else if (flag == "--lm-head-start-delay") {
       a.lm_head_delay = std::stoi(value());
+    } else if (flag == "--widen-input") {
+      a.widen_input = true;
+    } else if (flag == "--no-widen-input") {
+      a.widen_input = false;
     } else if (flag == "--long-min-keys") {
       a.long_min_keys = std::stoi(value());
     } else if (flag == "--long-splits") {
@@ -209,7 +214,7 @@ Args parse(int argc, char** argv) {
                                   " [--v6-handover pull|barrier|mbarrier] [--o-after-attention-inputs] [--[no-]o-after-attention-inputs-long]"
                                   " [--carveout PERCENT] [--hold-o] [--hold-gate-up BLOCKS] [--hold-until-attention-end] [--hold-gate-up-from N]"
                                   " [--gate-up-start-delay NS] [--down-start-delay NS] [--qkv-start-delay NS] [--o-start-delay NS]"
-                                  " [--lm-head-start-delay NS] [--qkv-early] [--gate-up-after-o]"
+                                  " [--lm-head-start-delay NS] [--[no-]widen-input] [--qkv-early] [--gate-up-after-o]"
                                   " [--down-shared]"
                                   " [--down-global-input|--down-staged-input] [--o-global-input]"
                                   " [--rope-after-wait]"
@@ -432,6 +437,7 @@ int main(int argc, char** argv) {
     options.o_start_delay_ns = args.o_delay;
     options.lm_head_start_delay_ns = args.lm_head_delay;
     options.qkv_allows_attention_early = args.qkv_early;
+    options.gemv_widen_input = args.widen_input;
     options.down_second_batch_in_shared = args.down_shared;
     options.gate_up_second_batch_in_shared = args.gate_up_shared;
     options.down_input_from_global = args.down_global_input;
@@ -658,6 +664,9 @@ int main(int argc, char** argv) {
         defaults_but("gate/up and down start without the pause",
                      [](CudaModelOptions& o) { o.gate_up_start_delay_ns = o.down_start_delay_ns = 0; }),
         defaults_but("down starts without the pause", [](CudaModelOptions& o) { o.down_start_delay_ns = 0; }),
+        defaults_but(CudaModelOptions{}.gemv_widen_input ? "QKV, O, gate/up and lm_head widen x in every warp"
+                                                          : "QKV, O, gate/up and lm_head stage x widened to fp32",
+                     [](CudaModelOptions& o) { o.gemv_widen_input = !o.gemv_widen_input; }),
         defaults_but("gate/up holds for the attention's inputs signal instead of its pause",
                      [](CudaModelOptions& o) {
                        o.gate_up_start_delay_ns = 0;

@@ -341,6 +341,39 @@ __device__ __forceinline__ void accumulate_batch(float (&acc)[2], const uint4 (&
   }
 }
 
+/// accumulate_batch against the input widened to fp32 in shared memory (stage_input's
+/// x_widened): the same products summed in the same order, so the same values bit for
+/// bit, without the 8 shifts and masks per chunk that widen x's bf16s in every warp
+/// (the block widens each value once, while staging it). Those instructions matter: with
+/// 8-24 warps on an SM reaching their dot products together, O's first row took ~1000
+/// cycles from its weights in to its dot summed with x's reads and widening left out, and
+/// ~1650 with them (H200, 2026-12-02; chapter README, sixteenth session). Each chunk now
+/// costs two 16-byte shared-memory reads instead of one; the two planes keep each read
+/// contiguous across the warp (16 bytes a lane, no bank conflict). Not for down: its
+/// staging of 8960 values, widened too, took 0.57 us longer than the dot saved.
+template <int kRows, int kBatch>
+__device__ __forceinline__ void accumulate_batch_widened(float (&acc)[2], const uint4 (&w)[kRows][kBatch],
+                                                         const float4* x_widened, int base, int stride,
+                                                         int chunks) {
+#pragma unroll
+  for (int u = 0; u < kBatch; ++u) {
+    const int chunk = base + stride * u;
+    if (chunk < chunks) {
+      const float4 first = x_widened[chunk], last = x_widened[chunks + chunk];
+      const float xs[8] = {first.x, first.y, first.z, first.w, last.x, last.y, last.z, last.w};
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const uint32_t ws[4] = {w[r][u].x, w[r][u].y, w[r][u].z, w[r][u].w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {  // dot_8's order
+          acc[r] = fmaf(low_bf16(ws[i]), xs[2 * i], acc[r]);
+          acc[r] = fmaf(high_bf16(ws[i]), xs[2 * i + 1], acc[r]);
+        }
+      }
+    }
+  }
+}
+
 /// accumulate_batch with the input read from global memory instead of shared memory
 /// (DecodeGemvParams::input_from_global): the kBatch x chunks are loaded first, all in
 /// flight together, then used. Cached in L1 (ld.global.ca): the block's other warps read
@@ -500,11 +533,22 @@ __device__ __forceinline__ void load_norm_weight(const DecodeGemvParams& p, uint
 /// block must call it (no early exit before: the next kernel's wait relies on ours).
 /// kCoherent: read x through L2 only (x was written earlier in the same kernel by other
 /// blocks: chapter 08's persistent decode step; L1 may hold an old copy).
+///
+/// x_widened (decode_gemv_kernel's): the same values also written as fp32 in two planes
+/// of K/8 float4 each, the first four and the last four values of each chunk (see
+/// accumulate_batch_widened), by the thread that stages the chunk; nullptr: none.
 template <GemvInput In, bool kCoherent = false>
 __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_shared, float* scratch,
-                                            const uint4 (&norm_held)[kNormHeld]) {
+                                            const uint4 (&norm_held)[kNormHeld], float4* x_widened = nullptr) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int chunks = p.K / 8;
+  auto store_widened = [&](int c, uint4 packed) {
+    if (x_widened == nullptr) return;
+    float f[8];
+    unpack_8(f, packed);
+    x_widened[c] = make_float4(f[0], f[1], f[2], f[3]);
+    x_widened[chunks + c] = make_float4(f[4], f[5], f[6], f[7]);
+  };
   if constexpr (In == GemvInput::kAttentionMerge) {
     // The attention's combine, done here instead of in a kernel of its own: one launch
     // (and one drain) fewer per layer. The length first, before the wait: an earlier step
@@ -520,6 +564,7 @@ __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_
       decode::merge_split_partials_8(merged, a.partial_acc, a.partial_ml, splits, a.H, a.D, c / vectors_per_head,
                                      (c % vectors_per_head) * 8);
       x_shared[c] = pack_8(merged);  // rounded to bf16, as the combine kernel stores it
+      store_widened(c, x_shared[c]);
     }
     __syncthreads();
     return;
@@ -585,7 +630,10 @@ __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_
 #pragma unroll
       for (int u = 0; u < kStageLoads; ++u) {
         const int c = c0 + u * kThreads;
-        if (c < chunks) x_shared[c] = v[u];
+        if (c < chunks) {
+          x_shared[c] = v[u];
+          if constexpr (!kNormalized) store_widened(c, v[u]);
+        }
         if constexpr (In == GemvInput::kRmsNorm) {
           float f[8];
           unpack_8(f, v[u]);  // zeros past the end
@@ -610,7 +658,9 @@ __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_
       unpack_8(g, weight);
 #pragma unroll
       for (int e = 0; e < 8; ++e) f[e] = f[e] * inverse_rms * g[e];
-      x_shared[c] = pack_8(f);  // rounded to bf16 once, as chapter 02's norm stores it
+      const uint4 packed = pack_8(f);  // rounded to bf16 once, as chapter 02's norm stores it
+      x_shared[c] = packed;
+      store_widened(c, packed);
     };
 #pragma unroll
     for (int j = 0; j < kNormHeld; ++j) {

@@ -51,15 +51,20 @@ __host__ __device__ constexpr int shared_batch_vectors() {
 //
 // kInputFromGlobal (DecodeGemvParams::input_from_global, kPlain inputs): no staging; the
 // lanes load x's chunks from global memory with their weight chunks' partners.
+//
+// kWidenInput (DecodeGemvParams::widen_input): the staging also writes the input as fp32
+// (stage_input's x_widened), and the dot products read that (accumulate_batch_widened).
 template <GemvInput In, GemvOutput Out, bool HasBias, int kBatch, bool kSecondBatchShared = false,
-          bool kInputFromGlobal = false>
+          bool kInputFromGlobal = false, bool kWidenInput = false>
 __global__ void __launch_bounds__(kThreads, 3)
     decode_gemv_kernel(DecodeGemvParams p, int rows_per_warp, int split) {
   static_assert(!kInputFromGlobal || (In == GemvInput::kPlain && !kSecondBatchShared),
                 "only a plain input can be read in place");
+  static_assert(!kWidenInput || (!kInputFromGlobal && !kSecondBatchShared), "the widened input is staged");
   constexpr int kRows = rows_per_unit<Out>();
   // (K/8) the input, normalized for kRmsNorm; with kSecondBatchShared then (kWarps,
-  // shared_batch_vectors) the copied weights
+  // shared_batch_vectors) the copied weights; with kWidenInput then (2, K/8) float4 the
+  // input widened to fp32
   extern __shared__ uint4 x_shared[];
   __shared__ float warp_partial[kWarps][kRows];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -80,6 +85,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   // The second batch: (first, its second batch) or (first + 1, its first). The same for
   // every lane of the warp (lanes whose chunks lie past the row copy nothing).
   uint4* second_batch = x_shared + chunks + warp * shared_batch_vectors<Out, kBatch>();
+  float4* x_widened = kWidenInput ? reinterpret_cast<float4*>(x_shared + chunks) : nullptr;
   const bool rows_take_two_batches = chunks > kBatch * stride;
   const int second_row = rows_take_two_batches ? first : first + 1;
   const int second_base = rows_take_two_batches ? base_first + kBatch * stride : base_first;
@@ -115,7 +121,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     pdl_wait();
     timeline_mark(p.timeline, kTimelineWaitReturned);
   } else {
-    stage_input<In>(p, x_shared, &warp_partial[0][0], norm_held);
+    stage_input<In>(p, x_shared, &warp_partial[0][0], norm_held, x_widened);
   }
   timeline_mark(p.timeline, kTimelineStaged);
   if (!p.allow_dependents_early) pdl_allow_dependents();
@@ -156,7 +162,11 @@ __global__ void __launch_bounds__(kThreads, 3)
         accumulate_batch_global_input<kRows, kBatch>(acc, w, reinterpret_cast<const uint4*>(p.x), base, stride,
                                                            chunks);
       } else {
-        accumulate_batch<kRows, kBatch>(acc, w, x_shared, base, stride, chunks);
+        if constexpr (kWidenInput) {
+          accumulate_batch_widened<kRows, kBatch>(acc, w, x_widened, base, stride, chunks);
+        } else {
+          accumulate_batch<kRows, kBatch>(acc, w, x_shared, base, stride, chunks);
+        }
       }
     }
     loaded = false;
@@ -239,26 +249,31 @@ int occupancy_at(Kernel kernel, int K, size_t shared_bytes) {
 }
 
 template <GemvInput In, GemvOutput Out, bool HasBias, int kBatch, bool kSecondBatchShared = false,
-          bool kInputFromGlobal = false>
+          bool kInputFromGlobal = false, bool kWidenInput = false>
 void launch_gemv(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaStream_t stream) {
-  auto register_kernel = decode_gemv_kernel<In, Out, HasBias, kBatch, kSecondBatchShared, kInputFromGlobal>;
+  auto register_kernel =
+      decode_gemv_kernel<In, Out, HasBias, kBatch, kSecondBatchShared, kInputFromGlobal, kWidenInput>;
   auto kernel = pipelined ? decode_gemv_pipelined_kernel<In, Out, HasBias, kBatch> : register_kernel;
   constexpr size_t kSecondBatchBytes =
       kSecondBatchShared ? size_t(kWarps) * shared_batch_vectors<Out, kBatch>() * sizeof(uint4) : 0;
   const size_t input_bytes = kInputFromGlobal && !pipelined ? 0 : size_t(p.K) * sizeof(__nv_bfloat16);
-  const size_t shared_bytes = input_bytes + (pipelined ? 0 : kSecondBatchBytes);
-  // With the copied batch a block may need more than the 48 KB default (allowed once),
-  // and what fits an SM depends on K.
-  static const bool allowed = !kSecondBatchShared || [&] {
-    CUDA_CHECK(cudaFuncSetAttribute(register_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    int(kMaxK * sizeof(__nv_bfloat16) + kSecondBatchBytes)));
+  // kWidenInput: the input widened to fp32 too, 4 more bytes a value.
+  const size_t widened_bytes = kWidenInput && !pipelined ? size_t(p.K) * sizeof(float) : 0;
+  const size_t shared_bytes = input_bytes + (pipelined ? 0 : kSecondBatchBytes) + widened_bytes;
+  // With the copied batch or the widened input a block may need more than the 48 KB
+  // default (allowed once), and what fits an SM depends on K.
+  constexpr bool kSharedGrows = kSecondBatchShared || kWidenInput;
+  static const bool allowed = !kSharedGrows || [&] {
+    CUDA_CHECK(cudaFuncSetAttribute(
+        register_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        int(kMaxK * (sizeof(__nv_bfloat16) + (kWidenInput ? sizeof(float) : 0)) + kSecondBatchBytes)));
     return true;
   }();
   (void)allowed;
   // One wave: as many blocks as fit on the GPU at once.
   static const int blocks_per_sm_of[2] = {occupancy(register_kernel),
                                           occupancy(decode_gemv_pipelined_kernel<In, Out, HasBias, kBatch>)};
-  const int occupancy_blocks = kSecondBatchShared && !pipelined ? occupancy_at(register_kernel, p.K, shared_bytes)
+  const int occupancy_blocks = kSharedGrows && !pipelined ? occupancy_at(register_kernel, p.K, shared_bytes)
                                                                  : blocks_per_sm_of[pipelined ? 1 : 0];
   const int blocks_per_sm =
       p.max_blocks_per_sm > 0 ? std::min(occupancy_blocks, p.max_blocks_per_sm) : occupancy_blocks;
@@ -295,6 +310,13 @@ void launch_gemv_bias(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaS
           return;
         }
       }
+      // QKV's and gate/up's forms may widen their input (DecodeGemvParams::widen_input).
+      if constexpr (In == GemvInput::kRmsNorm) {
+        if (p.widen_input && !pipelined) {
+          launch_gemv<In, Out, kBias, 6, false, false, true>(p, pipelined, pdl, stream);
+          return;
+        }
+      }
       launch_gemv<In, Out, kBias, 6>(p, pipelined, pdl, stream);
     } else if (long_row) {
       // The down projection's form may copy its second batch into shared memory.
@@ -314,6 +336,14 @@ void launch_gemv_bias(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaS
       if constexpr (Out == GemvOutput::kResidualAdd && In == GemvInput::kPlain) {
         if (p.input_from_global && !pipelined) {
           launch_gemv<In, Out, kBias, 8, false, true>(p, pipelined, pdl, stream);
+          return;
+        }
+      }
+      // O's and the lm_head's forms may widen their input (DecodeGemvParams::widen_input).
+      if constexpr ((Out == GemvOutput::kResidualAdd && In == GemvInput::kPlain) ||
+                    (Out == GemvOutput::kF32 && In == GemvInput::kRmsNorm)) {
+        if (p.widen_input && !pipelined) {
+          launch_gemv<In, Out, kBias, 8, false, false, true>(p, pipelined, pdl, stream);
           return;
         }
       }

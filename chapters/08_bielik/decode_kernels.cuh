@@ -177,6 +177,14 @@ struct DecodeGemvParams {
   /// share), right after the PDL wait. Removes the staging and its barrier from the path
   /// between the wait and the first FMA. bench_decode_gemv and bench_model measure it.
   bool input_from_global = false;
+  /// kRegisterLoads, the forms of QKV and gate/up (kRmsNorm in, row pairs of K <= 1536,
+  /// unless their second batch goes to shared memory), of O (kPlain -> kResidualAdd,
+  /// K <= 2048, unless read in place) and of the lm_head (kRmsNorm -> kF32, K <= 2048);
+  /// ignored by the others: the staging also writes the input widened to fp32 (4 more
+  /// bytes of shared memory a value), and the dot products read that instead of widening
+  /// x's bf16s in every warp. The same products in the same order: the same values, bit
+  /// for bit. bench_model measures it.
+  bool widen_input = false;
   /// Measurement only (bench_model --timeline), register kernels: 12 values, zeroed min /
   /// max pairs (min slots start at ULLONG_MAX): %globaltimer (ns) when the first and the
   /// last block start, when their PDL wait returns, when they are past it with the input

@@ -646,6 +646,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   // their own wait. (qkv_allows_attention_early breaks the first promise: see O below.)
   auto step_gemv_settings = [&](DecodeGemvParams& p) {
     p.stream_evict_first = options_.gemv_evict_first;
+    p.widen_input = options_.gemv_widen_input;
     p.epilogue_inputs_settled = true;
   };
   // decode_timeline: GEMV k of layer l records into slot 4 l + k (the lm_head: 4 L);

@@ -98,6 +98,10 @@ struct CudaModelOptions {
   /// stream_evict_first): the 3 GB a step streams then stop pushing the KV cache, the
   /// biases and the norm weights out of L2. bench_model measures both.
   bool gemv_evict_first = true;
+  /// QKV, O, gate/up and the lm_head stage their input in shared memory widened to fp32
+  /// as well (DecodeGemvParams::widen_input): their dot products then skip the widening
+  /// of x in every warp. The same values bit for bit. bench_model --widen-input.
+  bool gemv_widen_input = false;
   /// The O projection lets gate/up start as soon as it starts itself (DecodeGemvParams::
   /// allow_dependents_early): gate/up's weights then stream during the attention, which
   /// otherwise leaves HBM idle. bench_model measures both.

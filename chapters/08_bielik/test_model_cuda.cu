@@ -420,6 +420,11 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       options = cuda_options();
       options.qkv_allows_attention_early = true;
       runs.push_back(run(options));
+      // Nor does the input widened to fp32 in shared memory, or not: the same products
+      // in the same order.
+      options = cuda_options();
+      options.gemv_widen_input = !options.gemv_widen_input;
+      runs.push_back(run(options));
       options = cuda_options();
       options.attention_allows_o_after_inputs = true;
       runs.push_back(run(options));
@@ -456,7 +461,7 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
     // The same kernels in the same order: bit for bit the same logits.
     for (size_t i = 1; i < runs.size(); ++i) {
       INFO(spec.name << " run " << i
-                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early; then O after the attention's inputs; then carveouts 0 (graph) and 100 (eager); then O and gate/up held, gate/up blocks 1-2 held, no hold and no pause, 500 ns pauses, then gate/up held to the pulled attention's end)");
+                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early; then the input widened or not; then O after the attention's inputs; then carveouts 0 (graph) and 100 (eager); then O and gate/up held, gate/up blocks 1-2 held, no hold and no pause, 500 ns pauses, then gate/up held to the pulled attention's end)");
       REQUIRE(runs[i] == runs[0]);
     }
     // The unfused path (attention, then the O GEMV): graph or eager, and whether the O
@@ -698,8 +703,12 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
     // the input read in place (down's form takes it), each with PDL and the automatic
     // split, and without PDL and a split of 1 (down: more chunks per lane than two
     // batches hold).
+    // Last, the register kernel without and with PDL again, with the input widened
+    // (QKV's, gate/up's, O's and the lm_head's forms take it, the others ignore it).
     const int plain_variants = 2 * int(kernels.size());
-    for (int variant = 0; variant < plain_variants + 4; ++variant) {
+    for (int index = 0; index < plain_variants + 6; ++index) {
+      const bool widen_input = index >= plain_variants + 4;
+      const int variant = widen_input ? index - plain_variants - 4 : index;  // widened: as variants 0 and 1
       const bool second_batch_in_shared = variant == plain_variants || variant == plain_variants + 1;
       const bool input_from_global = variant >= plain_variants + 2;
       const bool register_option = second_batch_in_shared || input_from_global;
@@ -710,7 +719,7 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
                     : kernel == DecodeGemvKernel::kRegisterLoads ? "register loads"
                                                                  : "register pipelined")
                 << " second batch in shared " << second_batch_in_shared << " input read in place "
-                << input_from_global);
+                << input_from_global << " input widened " << widen_input);
       const int rows = c.output == GemvOutput::kSwiGLU ? 2 * c.N : c.N;
       const std::vector<uint16_t> x = random_bf16(c.K, ++case_seed, 2.0f);
       const std::vector<uint16_t> W = random_bf16(size_t(rows) * c.K, ++case_seed, 1.0f / std::sqrt(float(c.K)));
@@ -773,6 +782,7 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
       // automatic choice, 1 or 2 for these shapes, runs without PDL): 8 where K is not a
       // multiple of 64 (lanes past the row's end), else 4.
       if (kernel != DecodeGemvKernel::kBulkStream && pdl) p.split_warps = c.K % 64 != 0 ? 8 : 4;
+      p.widen_input = widen_input;
       if (register_option) {
         p.second_batch_in_shared = second_batch_in_shared;
         p.input_from_global = input_from_global;
