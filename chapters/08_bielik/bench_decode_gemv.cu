@@ -88,7 +88,7 @@ int main() {
     DeviceBuffer<float> y(size_t(shape.N));  // big enough for bf16 or f32 outputs
     // The arguments of one launch on weight copy `copy`.
     auto gemv_params = [&](int copy, bool evict_first, int split, bool second_batch_in_shared,
-                           bool input_from_global, int start_delay_ns) {
+                           bool input_from_global, int start_delay_ns, bool widen_input = false) {
       DecodeGemvParams p{};
       p.y = y.data();
       p.x = x.data();
@@ -107,14 +107,16 @@ int main() {
       p.second_batch_in_shared = second_batch_in_shared;
       p.input_from_global = input_from_global;
       p.start_delay_ns = start_delay_ns;
+      p.widen_input = widen_input;
       return p;
     };
     // One row: `label`, the chain timed from the host and as a graph, and alone when asked.
     auto add_row = [&](const std::string& label, DecodeGemvKernel kernel, bool evict_first, int split,
                        bool time_alone, bool second_batch_in_shared = false, bool input_from_global = false,
-                       int start_delay_ns = 0) {
+                       int start_delay_ns = 0, bool widen_input = false) {
       auto params = [&](int copy) {
-        return gemv_params(copy, evict_first, split, second_batch_in_shared, input_from_global, start_delay_ns);
+        return gemv_params(copy, evict_first, split, second_batch_in_shared, input_from_global, start_delay_ns,
+                           widen_input);
       };
       std::string alone_us, alone_pct;
       if (time_alone) {
@@ -165,9 +167,16 @@ int main() {
                     std::to_string(pause_ns) + " ns pause at each block's start",
                 kernel, true, 0, pause_ns == 300, false, in_place, pause_ns);
       }
+      // The input staged widened to fp32 as well (DecodeGemvParams::widen_input; the
+      // model's QKV, O, gate/up and lm_head; down's form ignores it).
+      if (!in_place) {
+        add_row(std::string("register loads, evict-first") + (big ? ", 300 ns pause" : "") + ", input widened",
+                kernel, true, 0, true, false, false, big ? 300 : 0, true);
+      }
     }
     // The model's form (evict-first, the epilogue inputs before the wait, gate/up and
-    // down pausing 300 ns), but down's input read in place as in the pause rows above.
+    // down pausing 300 ns, the input widened where the form takes it), but down's input
+    // read in place as in the pause rows above.
     {
       using namespace decode_device;  // TimelineEvent
       constexpr int kValues = 2 * (kTimelineEnd + 1);  // min / max pairs, TimelineEvent order
@@ -179,7 +188,8 @@ int main() {
       CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
       for (int i = 0; i < kLaunches; ++i) {
         DecodeGemvParams p = gemv_params(i % kCopies, true, 0, false,
-                                         shape.output == GemvOutput::kResidualAdd && shape.K > 2048, big ? 300 : 0);
+                                         shape.output == GemvOutput::kResidualAdd && shape.K > 2048, big ? 300 : 0,
+                                         true);  // widened, as CudaModelOptions::gemv_widen_input
         p.timeline = timeline.data() + size_t(kValues) * i;
         decode_gemv(shape.input, shape.output, p, true, stream, DecodeGemvKernel::kRegisterLoads);
       }
