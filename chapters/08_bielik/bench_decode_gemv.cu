@@ -19,6 +19,7 @@
 #include "decode_device.cuh"
 #include "decode_kernels.cuh"
 #include "device_buffer.cuh"
+#include "model_cuda.hpp"  // CudaModelOptions: the model's defaults
 #include "weight_stream.cuh"
 
 using namespace bielik;
@@ -189,7 +190,7 @@ int main() {
       for (int i = 0; i < kLaunches; ++i) {
         DecodeGemvParams p = gemv_params(i % kCopies, true, 0, false,
                                          shape.output == GemvOutput::kResidualAdd && shape.K > 2048, big ? 300 : 0,
-                                         true);  // widened, as CudaModelOptions::gemv_widen_input
+                                         CudaModelOptions{}.gemv_widen_input);
         p.timeline = timeline.data() + size_t(kValues) * i;
         decode_gemv(shape.input, shape.output, p, true, stream, DecodeGemvKernel::kRegisterLoads);
       }
