@@ -274,38 +274,6 @@ __device__ __forceinline__ void load_batch(uint4 (&w)[rows_per_unit<Out>()][kBat
   }
 }
 
-/// Asks L2 to fetch `bytes` (a multiple of 16) from 16-byte-aligned global memory at `p`,
-/// without waiting and without a register or shared memory to receive it (sm_90+; a
-/// no-op before). Only a hint: nothing is ordered by it.
-__device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#else
-  (void)p, (void)bytes;
-#endif
-}
-
-/// DecodeGemvParams::prefetch_ahead_blocks: the first batch of every row a later block's
-/// warp `warp_unit` starts with (chunks 0 .. kBatch * stride - 1 of the unit's rows: all
-/// the parts of a split row together), for the blocks blockIdx.x + ahead * j. Called by
-/// one lane of each unit.
-template <GemvOutput Out, int kBatch>
-__device__ __forceinline__ void prefetch_later_first_batches(const DecodeGemvParams& p, int units_per_block,
-                                                             int warp_unit, int rows_per_warp, int stride) {
-  const int chunks = p.K / 8;
-  const uint32_t bytes = uint32_t(min(chunks, kBatch * stride)) * 16u;
-  for (int j = 1; j <= p.prefetch_ahead_count; ++j) {
-    const long long block = blockIdx.x + (long long)p.prefetch_ahead_blocks * j;
-    if (block >= gridDim.x) break;
-    const long long unit = (block * units_per_block + warp_unit) * rows_per_warp;
-    if (unit >= p.N) break;
-#pragma unroll
-    for (int r = 0; r < rows_per_unit<Out>(); ++r) {
-      prefetch_l2_bulk(p.W + size_t(weight_row<Out>(p, int(unit), r)) * p.K, bytes);
-    }
-  }
-}
-
 /// load_batch's shared-memory form, for a batch the warp reads later: the same chunks
 /// copied by cp.async into `slots` ((kRows, kBatch, 32) uint4, this warp's; lane l's
 /// chunks at index l), one group committed. Chunks past the row are not copied (the
