@@ -26,6 +26,16 @@
 //
 // Each mode is first run once on a stream and checked (every value must equal the chain
 // length: a stale read would leave it short), then timed in a graph of kChain launches.
+//
+// A second table asks whether a boundary waits for memory traffic that is still queued
+// when it happens (chapter 08's README, seventeenth session): each launch of the PDL-wait
+// chain also asks L2 for `prefetch` MB of another buffer (cp.async.bulk.prefetch.L2, the
+// bulk-copy engine's form, or prefetch.global.L2 line by line: no register or shared
+// memory receives the bytes, nothing waits for them), either at the end of
+// its blocks, after their store (the finishing kernel's traffic at the boundary), or at
+// their start, before the wait (the next kernel's early traffic during the boundary). If
+// the boundary ignores queued traffic, a launch takes max(empty boundary, MB / bandwidth);
+// if it waits for it, about their sum.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -67,7 +77,33 @@ struct ChainParams {
   const unsigned* wait_counter; // the previous launch's counter (kPdlCounter*), or null
   unsigned* signal_counter;     // this launch's counter (kPdlCounter*)
   float* sink;                  // written only if the weights sum to NaN: keeps the loads alive
+  const char* prefetch;         // (prefetch_bytes) this launch's bytes to ask L2 for, or null
+  unsigned prefetch_bytes;      // a multiple of 16 * 32 * gridDim.x
+  bool prefetch_at_start;       // before the dependency (else after the block's store)
+  bool prefetch_lines;          // prefetch.global.L2 per 128-byte line (else one bulk request per 16 KB)
 };
+
+// Every lane of warp 0 asks L2 for its share of the block's share of p.prefetch, in
+// bulk requests of at most 16 KB (sm_90+; nothing before), or line by line.
+__device__ __forceinline__ void prefetch_share(const ChainParams& p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (p.prefetch == nullptr || threadIdx.x >= 32) return;
+  const unsigned per_lane = p.prefetch_bytes / (gridDim.x * 32u);
+  const char* start = p.prefetch + (size_t(blockIdx.x) * 32 + threadIdx.x) * per_lane;
+  if (p.prefetch_lines) {
+    for (unsigned done = 0; done < per_lane; done += 128u) {
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(start + done) : "memory");
+    }
+    return;
+  }
+  for (unsigned done = 0; done < per_lane; done += 16384u) {
+    const unsigned bytes = min(16384u, per_lane - done);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(start + done), "r"(bytes) : "memory");
+  }
+#else
+  (void)p;
+#endif
+}
 
 __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
   unsigned v;
@@ -95,6 +131,7 @@ __global__ void __launch_bounds__(kThreads, 3) chain_step_kernel(ChainParams p) 
   constexpr bool kLateTrigger =
       kDependency == Dependency::kPdlWaitLateTrigger || kDependency == Dependency::kPdlCounterLateTrigger;
   if (!kLateTrigger) pdl_allow_dependents();
+  if (p.prefetch_at_start) prefetch_share(p);
 
   // Independent work first: loads that need nothing from the previous launch.
   uint4 held[kMaxLoads];
@@ -124,6 +161,7 @@ __global__ void __launch_bounds__(kThreads, 3) chain_step_kernel(ChainParams p) 
 #pragma unroll
   for (int u = 0; u < kMaxLoads; ++u) bits ^= held[u].x ^ held[u].y ^ held[u].z ^ held[u].w;
   if (bits == 0x7fc00001u) *p.sink = 1.0f;  // never true for the zeroed weights
+  if (!p.prefetch_at_start) prefetch_share(p);
 
   if constexpr (kCounter) {
     __syncthreads();  // the block's stores are issued before thread 0 signals
@@ -148,7 +186,9 @@ const char* name_of(Dependency d) {
 
 template <Dependency kDependency>
 void enqueue_step(int i, int blocks, int loads, DeviceBuffer<float>* values, const DeviceBuffer<uint4>& weights,
-                  DeviceBuffer<unsigned>& counters, DeviceBuffer<float>& sink, cudaStream_t stream) {
+                  DeviceBuffer<unsigned>& counters, DeviceBuffer<float>& sink, cudaStream_t stream,
+                  const DeviceBuffer<uint4>* prefetched = nullptr, unsigned prefetch_bytes = 0,
+                  bool prefetch_at_start = false, bool prefetch_lines = false) {
   constexpr bool kCounter = uses_counter(kDependency);
   if (kCounter && i == 0) CUDA_CHECK(cudaMemsetAsync(counters.data(), 0, counters.size() * sizeof(unsigned), stream));
   const size_t per_launch = size_t(blocks) * kThreads * size_t(loads);
@@ -161,6 +201,14 @@ void enqueue_step(int i, int blocks, int loads, DeviceBuffer<float>* values, con
   p.wait_counter = kCounter && i > 0 ? counters.data() + (i - 1) : nullptr;
   p.signal_counter = counters.data() + i;
   p.sink = sink.data();
+  p.prefetch = nullptr;
+  p.prefetch_bytes = prefetch_bytes;
+  p.prefetch_at_start = prefetch_at_start;
+  p.prefetch_lines = prefetch_lines;
+  if (prefetched != nullptr && prefetch_bytes > 0) {  // rotate over more than L2 holds
+    const size_t slots = prefetched->size() * sizeof(uint4) / prefetch_bytes;
+    p.prefetch = reinterpret_cast<const char*>(prefetched->data()) + (i % slots) * size_t(prefetch_bytes);
+  }
   const bool pdl = kDependency != Dependency::kStreamOrder;
   launch_kernel(pdl, chain_step_kernel<kDependency>, dim3(blocks), dim3(kThreads), 0, stream, p);
 }
@@ -192,6 +240,28 @@ void measure(BenchTable& table, int blocks, int loads, const DeviceBuffer<uint4>
                  wrong == 0 ? "ok" : std::to_string(wrong) + " stale"});
 }
 
+// The boundary with L2 prefetches queued (see the file comment): the PDL-wait chain of
+// empty launches, each also prefetching `mb` MB.
+void measure_queued(BenchTable& table, int blocks, double mb, bool at_start, bool lines,
+                    const DeviceBuffer<uint4>& weights,
+                    const DeviceBuffer<uint4>& prefetched, double copy_gbs) {
+  DeviceBuffer<float> values[2] = {DeviceBuffer<float>(blocks), DeviceBuffer<float>(blocks)};
+  DeviceBuffer<unsigned> counters(kChain);
+  DeviceBuffer<float> sink(1);
+  const unsigned granule = 16u * 32u * unsigned(blocks);
+  const unsigned bytes = unsigned(mb * 1e6 / granule) * granule;
+  const BenchTiming t = time_gpu_graph(
+      [&](int i, cudaStream_t s) {
+        enqueue_step<Dependency::kPdlWait>(i, blocks, 0, values, weights, counters, sink, s, &prefetched, bytes,
+                                           at_start, lines);
+      },
+      kChain, 15);
+  const double alone_us = bytes / (copy_gbs * 1e9) * 1e6;
+  table.add_row({std::to_string(blocks), bytes == 0 ? "" : (lines ? "per line" : "bulk"), fmt(bytes / 1e6, 1),
+                 bytes == 0 ? "" : (at_start ? "start" : "end"),
+                 fmt(t.median_ms * 1e3, 2), fmt(alone_us, 2)});
+}
+
 }  // namespace
 
 int main() {
@@ -221,5 +291,24 @@ int main() {
     }
   }
   table.print();
+
+  if (device_supports_pdl()) {  // cp.async.bulk.prefetch.L2 is sm_90, as PDL
+    DeviceBuffer<uint4> prefetched((size_t(512) << 20) / sizeof(uint4));
+    CUDA_CHECK(cudaMemset(prefetched.data(), 0, prefetched.size() * sizeof(uint4)));
+    BenchTable queued("kernel_boundary_queued_traffic",
+                      {"blocks", "prefetch", "MB prefetched a launch", "asked for at", "us / launch (median)",
+                       "the MB alone at copy BW (us)"});
+    for (int blocks : {132, 396}) {
+      measure_queued(queued, blocks, 0, false, false, weights, prefetched, copy_gbs);
+      for (bool lines : {false, true}) {
+        for (bool at_start : {false, true}) {
+          for (double mb : {0.5, 1.0, 2.0, 4.0, 8.0, 16.0}) {
+            measure_queued(queued, blocks, mb, at_start, lines, weights, prefetched, copy_gbs);
+          }
+        }
+      }
+    }
+    queued.print();
+  }
   return 0;
 }
