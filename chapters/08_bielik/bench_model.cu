@@ -71,10 +71,6 @@ struct Args {
   int qkv_delay = CudaModelOptions{}.qkv_start_delay_ns;                ///< --qkv-start-delay NS
   int o_delay = CudaModelOptions{}.o_start_delay_ns;                    ///< --o-start-delay NS
   int lm_head_delay = CudaModelOptions{}.lm_head_start_delay_ns;        ///< --lm-head-start-delay NS
-  int gate_up_prefetch = CudaModelOptions{}.gate_up_prefetch_ahead_blocks;  ///< --gate-up-prefetch A[xC]
-  int gate_up_prefetch_count = CudaModelOptions{}.gate_up_prefetch_ahead_count;
-  int down_prefetch = CudaModelOptions{}.down_prefetch_ahead_blocks;  ///< --down-prefetch A[xC]
-  int down_prefetch_count = CudaModelOptions{}.down_prefetch_ahead_count;
   bool qkv_early = CudaModelOptions{}.qkv_allows_attention_early;
   bool widen_input = CudaModelOptions{}.gemv_widen_input;  ///< --widen-input / --no-widen-input
   bool down_shared = CudaModelOptions{}.down_second_batch_in_shared;
@@ -173,14 +169,6 @@ Args parse(int argc, char** argv) {
       a.o_delay = std::stoi(value());
     } else if (flag == "--lm-head-start-delay") {
       a.lm_head_delay = std::stoi(value());
-    } else if (flag == "--gate-up-prefetch" || flag == "--down-prefetch") {
-      // A or AxC: blocks ahead, and how many such blocks each block prefetches for
-      const std::string spec = value();
-      const size_t x = spec.find('x');
-      const int ahead = std::stoi(spec.substr(0, x));
-      const int count = x == std::string::npos ? 1 : std::stoi(spec.substr(x + 1));
-      (flag == "--gate-up-prefetch" ? a.gate_up_prefetch : a.down_prefetch) = ahead;
-      (flag == "--gate-up-prefetch" ? a.gate_up_prefetch_count : a.down_prefetch_count) = count;
     } else if (flag == "--widen-input") {
       a.widen_input = true;
     } else if (flag == "--no-widen-input") {
@@ -226,8 +214,7 @@ Args parse(int argc, char** argv) {
                                   " [--v6-handover pull|barrier|mbarrier] [--o-after-attention-inputs] [--[no-]o-after-attention-inputs-long]"
                                   " [--carveout PERCENT] [--hold-o] [--hold-gate-up BLOCKS] [--hold-until-attention-end] [--hold-gate-up-from N]"
                                   " [--gate-up-start-delay NS] [--down-start-delay NS] [--qkv-start-delay NS] [--o-start-delay NS]"
-                                  " [--lm-head-start-delay NS] [--gate-up-prefetch A[xC]] [--down-prefetch A[xC]] "
-                                  "[--[no-]widen-input] [--qkv-early] [--gate-up-after-o]"
+                                  " [--lm-head-start-delay NS] [--[no-]widen-input] [--qkv-early] [--gate-up-after-o]"
                                   " [--down-shared]"
                                   " [--down-global-input|--down-staged-input] [--o-global-input]"
                                   " [--rope-after-wait]"
@@ -449,10 +436,6 @@ int main(int argc, char** argv) {
     options.qkv_start_delay_ns = args.qkv_delay;
     options.o_start_delay_ns = args.o_delay;
     options.lm_head_start_delay_ns = args.lm_head_delay;
-    options.gate_up_prefetch_ahead_blocks = args.gate_up_prefetch;
-    options.gate_up_prefetch_ahead_count = args.gate_up_prefetch_count;
-    options.down_prefetch_ahead_blocks = args.down_prefetch;
-    options.down_prefetch_ahead_count = args.down_prefetch_count;
     options.qkv_allows_attention_early = args.qkv_early;
     options.gemv_widen_input = args.widen_input;
     options.down_second_batch_in_shared = args.down_shared;

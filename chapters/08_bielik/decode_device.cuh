@@ -274,40 +274,6 @@ __device__ __forceinline__ void load_batch(uint4 (&w)[rows_per_unit<Out>()][kBat
   }
 }
 
-/// Asks L2 to fetch the 128-byte line at `p` (prefetch.global.L2): no register or shared
-/// memory receives it, nothing waits for it. The bulk form (cp.async.bulk.prefetch.L2)
-/// costs the issuing kernel's boundary ~1 us whatever its size (bench_kernel_boundary).
-__device__ __forceinline__ void prefetch_l2_line(const void* p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p) : "memory");
-#else
-  (void)p;
-#endif
-}
-
-/// DecodeGemvParams::prefetch_ahead_blocks: the first batch of every row a later block's
-/// warp `warp_unit` starts with (chunks 0 .. kBatch * stride - 1 of the unit's rows: all
-/// the parts of a split row together), for the blocks blockIdx.x + ahead * j, line by
-/// line: lane `lane` of part `part` asks for lines part * 32 + lane, + stride, ...
-template <GemvOutput Out, int kBatch>
-__device__ __forceinline__ void prefetch_later_first_batches(const DecodeGemvParams& p, int units_per_block,
-                                                             int warp_unit, int rows_per_warp, int part, int stride) {
-  const int chunks = p.K / 8;
-  const int lines = (min(chunks, kBatch * stride) * 16 + 127) / 128;
-  const int lane = threadIdx.x % 32;
-  for (int j = 1; j <= p.prefetch_ahead_count; ++j) {
-    const long long block = blockIdx.x + (long long)p.prefetch_ahead_blocks * j;
-    if (block >= gridDim.x) break;
-    const long long unit = (block * units_per_block + warp_unit) * rows_per_warp;
-    if (unit >= p.N) break;
-#pragma unroll
-    for (int r = 0; r < rows_per_unit<Out>(); ++r) {
-      const char* row = reinterpret_cast<const char*>(p.W + size_t(weight_row<Out>(p, int(unit), r)) * p.K);
-      for (int line = part * 32 + lane; line < lines; line += stride) prefetch_l2_line(row + size_t(line) * 128);
-    }
-  }
-}
-
 /// load_batch's shared-memory form, for a batch the warp reads later: the same chunks
 /// copied by cp.async into `slots` ((kRows, kBatch, 32) uint4, this warp's; lane l's
 /// chunks at index l), one group committed. Chunks past the row are not copied (the

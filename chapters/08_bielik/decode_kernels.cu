@@ -93,9 +93,6 @@ __global__ void __launch_bounds__(kThreads, 3)
     const bool exists = second_row < p.N && (rows_take_two_batches || rows_per_warp > 1);
     copy_batch_to_shared<Out, kBatch>(second_batch, p, exists ? second_row : -1, second_base, stride, policy);
   }
-  if (p.prefetch_ahead_blocks > 0) {  // (off unless asked for)
-    prefetch_later_first_batches<Out, kBatch>(p, kWarps / split, warp / split, rows_per_warp, part, stride);
-  }
   uint4 norm_held[kNormHeld];
   load_norm_weight<In>(p, norm_held);
   // The first row's epilogue inputs too, by the lane that stores it: the bias, and

@@ -199,15 +199,6 @@ struct DecodeGemvParams {
   /// model's gate/up and down pause 300 ns (CudaModelOptions::gate_up_start_delay_ns:
   /// measured faster, not yet explained).
   int start_delay_ns = 0;
-  /// Register kernels, sm_90+: before its PDL wait, right after its own first loads, each
-  /// block asks L2 (prefetch.global.L2 line by line, no registers, no shared memory) for the
-  /// first batch of weights of blocks blockIdx.x + prefetch_ahead_blocks * j, j = 1 ..
-  /// prefetch_ahead_count. The blocks of a big GEMV that cannot be resident while the
-  /// kernels before it still hold the SMs start only when those leave, and their first
-  /// loads then go to HBM behind everyone else's; blocks that are resident early can ask
-  /// for those bytes while HBM is idle. 0: off. bench_model measures it.
-  int prefetch_ahead_blocks = 0;
-  int prefetch_ahead_count = 1;
 };
 
 /// y = f(x W^T + b) for one token. One warp per output row (a few consecutive rows per

@@ -103,15 +103,8 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
                                     {"down_start_delay_ns", options_.down_start_delay_ns},
                                     {"qkv_start_delay_ns", options_.qkv_start_delay_ns},
                                     {"o_start_delay_ns", options_.o_start_delay_ns},
-                                    {"lm_head_start_delay_ns", options_.lm_head_start_delay_ns},
-                                    {"gate_up_prefetch_ahead_blocks", options_.gate_up_prefetch_ahead_blocks},
-                                    {"down_prefetch_ahead_blocks", options_.down_prefetch_ahead_blocks}}) {
+                                    {"lm_head_start_delay_ns", options_.lm_head_start_delay_ns}}) {
     if (value < 0) throw std::invalid_argument(std::string(name) + " must be >= 0, got " + std::to_string(value));
-  }
-  for (const auto& [name, value] :
-       {std::pair<const char*, int>{"gate_up_prefetch_ahead_count", options_.gate_up_prefetch_ahead_count},
-        {"down_prefetch_ahead_count", options_.down_prefetch_ahead_count}}) {
-    if (value < 1) throw std::invalid_argument(std::string(name) + " must be >= 1, got " + std::to_string(value));
   }
   if (options_.prefill_chunk < 1) {
     throw std::invalid_argument("prefill_chunk must be >= 1, got " + std::to_string(options_.prefill_chunk));
@@ -769,8 +762,6 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     gate_up.hold = hold_for_attention(l, options_.gate_up_hold_blocks);
     gate_up.hold.first_block = options_.gate_up_hold_first_block;
     gate_up.start_delay_ns = options_.gate_up_start_delay_ns;
-    gate_up.prefetch_ahead_blocks = options_.gate_up_prefetch_ahead_blocks;
-    gate_up.prefetch_ahead_count = options_.gate_up_prefetch_ahead_count;
     step_gemv_settings(gate_up);
     if (fused_o) gate_up.residual_partials = ResidualPartials{d_o_partials_.data(), Hkv_};
     const GemvInput gate_up_input = fused_o ? GemvInput::kRmsNormAddPartials : GemvInput::kRmsNorm;
@@ -782,8 +773,6 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     down.input_from_global = options_.down_input_from_global;
     down.timeline = timeline_slot(4 * l + 3);
     down.start_delay_ns = options_.down_start_delay_ns;
-    down.prefetch_ahead_blocks = options_.down_prefetch_ahead_blocks;
-    down.prefetch_ahead_count = options_.down_prefetch_ahead_count;
     step_gemv_settings(down);
     // Its row of h = the residual + the O projection: the partials were written two
     // kernels back, so they are settled before down's wait, as the residual is.

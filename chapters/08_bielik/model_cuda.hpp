@@ -227,15 +227,6 @@ struct CudaModelOptions {
   int qkv_start_delay_ns = 0;
   int o_start_delay_ns = 0;
   int lm_head_start_delay_ns = 0;
-  /// Gate/up's and down's blocks ask L2 for the first weights of the blocks
-  /// *_prefetch_ahead_blocks * j later, j = 1 .. *_prefetch_ahead_count, right after their
-  /// own first loads (DecodeGemvParams::prefetch_ahead_blocks): the late blocks, which
-  /// start only when the kernels before leave the SMs, then find their first batch in L2.
-  /// 0: off. bench_model --gate-up-prefetch A[xC], --down-prefetch A[xC].
-  int gate_up_prefetch_ahead_blocks = 0;
-  int gate_up_prefetch_ahead_count = 1;
-  int down_prefetch_ahead_blocks = 0;
-  int down_prefetch_ahead_count = 1;
   /// kClusterWithO: clusters per kv head, each computing the same attention and
   /// projecting 1 / replicas of the O rows (decode_attention_o; bench_model sweeps it).
   int attention_o_replicas = 4;
