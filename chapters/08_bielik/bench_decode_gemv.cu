@@ -66,7 +66,7 @@ int main() {
                                    "in stream % copy BW", "in a graph us", "in a graph GB/s", "in a graph % copy BW"});
   // The model's form of each GEMV in the graph chain, with its timeline (DecodeGemvParams::
   // timeline): where a launch's time goes when its code is hot, every launch before it
-  // having been the same kernel. Chapter 08's README compares it with the decode step,
+  // having been the same kernel. Chapter 08's DECODE_LOG.md compares it with the decode step,
   // where five kernels take turns on each SM.
   BenchTable phases("decode_gemv_phases",
                     {"shape (the model's form, down's input in place; in a graph chain)", "first wait returns -> input staged",

@@ -27,7 +27,7 @@
 /// and gate/up is scheduled as soon as this kernel starts, so its weights stream during
 /// the attention.
 ///
-/// Measured on the H200 (bench_attention_o, bench_model; chapter README, seventh
+/// Measured on the H200 (bench_attention_o, bench_model; chapter 08's DECODE_LOG.md, seventh
 /// session): the fusion's own mechanics cost ~0.6 us, but W_o's 4.7 MB through the 32
 /// SMs of two clusters of 16 add ~3.4 us (one SM's path from memory is the limit). With
 /// 4 replicas of clusters of 8 (64 blocks, 74 KB of W_o rows each) the pair beats v5 + the

@@ -347,7 +347,7 @@ __device__ __forceinline__ void accumulate_batch(float (&acc)[2], const uint4 (&
 /// (the block widens each value once, while staging it). Those instructions matter: with
 /// 8-24 warps on an SM reaching their dot products together, O's first row took ~1000
 /// cycles from its weights in to its dot summed with x's reads and widening left out, and
-/// ~1650 with them (H200, 2026-12-02; chapter README, sixteenth session). Each chunk now
+/// ~1650 with them (H200, 2026-12-02; DECODE_LOG.md, sixteenth session). Each chunk now
 /// costs two 16-byte shared-memory reads instead of one; the two planes keep each read
 /// contiguous across the warp (16 bytes a lane, no bank conflict). Not for down: its
 /// staging of 8960 values, widened too, took 0.57 us longer than the dot saved.

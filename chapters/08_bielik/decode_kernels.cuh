@@ -223,7 +223,7 @@ struct DecodeGemvParams {
 ///    shared-memory ring (decode_gemv_stream.cu); throws std::invalid_argument before
 ///    sm_90;
 ///  - kAuto: the one the model uses, kRegisterLoads: the fastest of the three measured
-///    back to back on the H200 (bench_decode_gemv; chapter README).
+///    back to back on the H200 (bench_decode_gemv; DECODE_LOG.md).
 enum class DecodeGemvKernel { kAuto, kRegisterLoads, kRegisterPipelined, kBulkStream };
 
 void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& params, bool pdl,

@@ -22,7 +22,7 @@
 /// Measured on the H200 (bench_model, 2026-11-29): 580 tokens/s with one block of 256
 /// threads per SM, 491 with two, against the graph's 759. Correct, but slower: one block
 /// per SM keeps too few loads in flight for the big GEMVs, two spill and make each of
-/// the 193 barriers per token wait for 264 blocks. Off by default (chapter README).
+/// the 193 barriers per token wait for 264 blocks. Off by default (DECODE_LOG.md).
 /// The streamed form (decode_step_streamed.cu) measured 374 tokens/s: its header says
 /// why.
 #pragma once

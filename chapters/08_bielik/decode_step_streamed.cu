@@ -35,7 +35,7 @@
 // barrier that waits for the slowest warp, with thread 0 both the producer and a
 // finisher, so the per-stage critical path is serial. The next form to try is warp
 // specialization: a producer warp, slots released by mbarrier arrivals instead of
-// __syncthreads, the epilogues off the consumers' path (chapter README).
+// __syncthreads, the epilogues off the consumers' path (DECODE_LOG.md).
 //
 // Phases per layer, separated by grid barriers as in decode_step_persistent.cu:
 // norm + QKV + RoPE + append | attention splits | merge | O + residual |

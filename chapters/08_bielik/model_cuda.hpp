@@ -59,7 +59,7 @@ enum class DecodeAttentionPath {
   /// v5's cluster attention with the O projection fused in (decode_attention_o.cuh): no O
   /// kernel; gate/up adds the projection's partials into its input, down into the
   /// residual stream. Measured slower than kCluster on the H200 (774 against 859
-  /// tokens/s; chapter README), so not the default. Where the GPU cannot run it (before
+  /// tokens/s; DECODE_LOG.md), so not the default. Where the GPU cannot run it (before
   /// sm_90, or W_o's rows do not fit a cluster's shared memory), the model takes kCluster.
   kClusterWithO,
   kCluster,       ///< v5: splits and merge in one kernel, a thread block cluster per kv head (sm_90+, else v3)
@@ -216,7 +216,7 @@ struct CudaModelOptions {
   /// 300 ns as well (with gate/up holding), 946 against 940. Both pausing, swept on
   /// 2026-12-02: 0 / 1 / 100 / 300 / 600 ns gave 917 / 933 / 945 / 959 / 968 on one machine,
   /// 300 / 600 / 1000 / 2000 ns 951 / 950 / 935 / 878 on another, so 300. The timeline puts
-  /// the gain in gate/up's input staging after its wait (chapter README, fifteenth
+  /// the gain in gate/up's input staging after its wait (DECODE_LOG.md, fifteenth
   /// session). bench_model --gate-up-start-delay NS, --down-start-delay NS.
   int gate_up_start_delay_ns = 300;
   int down_start_delay_ns = 300;
