@@ -28,14 +28,14 @@
 // length: a stale read would leave it short), then timed in a graph of kChain launches.
 //
 // A second table asks whether a boundary waits for memory traffic that is still queued
-// when it happens (chapter 08's DECODE_LOG.md, seventeenth session): each launch of the PDL-wait
-// chain also asks L2 for `prefetch` MB of another buffer (cp.async.bulk.prefetch.L2, the
-// bulk-copy engine's form, or prefetch.global.L2 line by line: no register or shared
-// memory receives the bytes, nothing waits for them), either at the end of
-// its blocks, after their store (the finishing kernel's traffic at the boundary), or at
-// their start, before the wait (the next kernel's early traffic during the boundary). If
-// the boundary ignores queued traffic, a launch takes max(empty boundary, MB / bandwidth);
-// if it waits for it, about their sum.
+// when it happens (chapter 08's DECODE_LOG.md, seventeenth session): each launch of the
+// PDL-wait chain also asks L2 for `prefetch` MB of another buffer (cp.async.bulk.
+// prefetch.L2, the bulk-copy engine's form, or prefetch.global.L2 line by line: no
+// register or shared memory receives the bytes, nothing waits for them), either at the
+// end of its blocks, after their store (the finishing kernel's traffic at the boundary),
+// or at their start, before the wait (the next kernel's early traffic during the
+// boundary). If the boundary ignores queued traffic, a launch takes max(empty boundary,
+// MB / bandwidth); if it waits for it, about their sum.
 #include <cuda_runtime.h>
 
 #include <cstdio>
