@@ -179,8 +179,7 @@ int main() {
     // down pausing 300 ns, the input widened where the form takes it), but down's input
     // read in place as in the pause rows above.
     {
-      using namespace decode_device;  // TimelineEvent
-      constexpr int kValues = 2 * (kTimelineEnd + 1);  // min / max pairs, TimelineEvent order
+      constexpr int kValues = 2 * kGemvTimelineEvents;  // min / max pairs, GemvTimelineEvent order
       const bool big = shape.output == GemvOutput::kSwiGLU || (shape.output == GemvOutput::kResidualAdd && shape.K > 2048);
       DeviceBuffer<unsigned long long> timeline(size_t(kValues) * kLaunches);
       cudaStream_t stream;

@@ -34,6 +34,7 @@
 
 #include "bench.cuh"
 #include "cuda_check.cuh"
+#include "decode_kernels.cuh"  // GemvTimelineEvent
 #include "model_cuda.hpp"
 
 using namespace bielik;
@@ -337,9 +338,10 @@ double decode_tokens_per_s(CudaModel& model, int tokens, int repeats, bool sync_
 }
 
 // One decode step's GEMVs on a timeline (CudaModelOptions::decode_timeline): for each
-// GEMV of a layer, when its first and last blocks start, when their PDL wait returns,
-// when they are past it with the input staged, and when they end, relative to the moment the previous layer's down projection ended
-// (the layer's input is complete). Means over layers 1..L-1 and 5 steps, after a
+// GEMV of a layer, the first and last block's stamps of each GemvTimelineEvent (start,
+// wait returned, input staged, first weights in, first row's dot summed, end), relative
+// to the moment the previous layer's down projection ended (the layer's input is
+// complete). Means over layers 1..L-1 and 5 steps, after a
 // 16-token prompt and 64 warm-up tokens. Then the same for the attention between them
 // (chapter 07's v6 or v5: start, wait returned, inputs arrived, states updated, warps merged,
 // partial done, outputs stored, end).
@@ -350,7 +352,8 @@ void print_decode_timeline(CudaModel& model) {
   int32_t token = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
   token = model.generate_greedy(token, 64).back();
   const char* names[4] = {"QKV + RoPE + append", "O + residual", "gate/up + SwiGLU", "down + residual"};
-  constexpr int kValues = 12;  // DecodeGemvParams::timeline
+  constexpr int kValues = 2 * kGemvTimelineEvents;  // DecodeGemvParams::timeline
+  constexpr int kFirstStaged = 2 * kTimelineStaged, kLastEnd = 2 * kTimelineEnd + 1;
   constexpr int kAttentionValues = 2 * decode::kAttentionTimelineEvents;
   double sums[4][kValues] = {}, attention_sums[kAttentionValues] = {}, period = 0, attention = 0;
   int samples = 0;
@@ -358,7 +361,7 @@ void print_decode_timeline(CudaModel& model) {
     const std::vector<unsigned long long> t = model.decode_timeline(token);
     auto at = [&](int layer, int kernel, int value) { return t[kValues * (4 * layer + kernel) + value]; };
     for (int l = 1; l < L; ++l) {
-      const double origin = double(at(l - 1, 3, 11));  // the previous down's last block ends
+      const double origin = double(at(l - 1, 3, kLastEnd));  // the previous down's last block ends
       for (int k = 0; k < 4; ++k) {
         for (int v = 0; v < kValues; ++v) sums[k][v] += (double(at(l, k, v)) - origin) * 1e-3;
       }
@@ -366,8 +369,8 @@ void print_decode_timeline(CudaModel& model) {
         const unsigned long long a = t[kValues * (4 * L + 1) + kAttentionValues * l + v];
         attention_sums[v] += (double(a) - origin) * 1e-3;
       }
-      period += (double(at(l, 3, 11)) - origin) * 1e-3;
-      attention += (double(at(l, 1, 4)) - double(at(l, 0, 11))) * 1e-3;
+      period += (double(at(l, 3, kLastEnd)) - origin) * 1e-3;
+      attention += (double(at(l, 1, kFirstStaged)) - double(at(l, 0, kLastEnd))) * 1e-3;
       ++samples;
     }
   }

@@ -309,18 +309,7 @@ __device__ __forceinline__ void read_batch_from_shared(uint4 (&w)[kRows][kBatch]
 }
 
 /// DecodeGemvParams::timeline: thread 0 of the block folds %globaltimer into the min /
-/// max pair `event` of the launch's 12 values. kTimelineWeightsIn is stamped after the
-/// staging, once thread 0's first batch of weights is in its registers: the later of the
-/// two, so that the stamp changes no load's timing. kTimelineFirstDot: thread 0's share
-/// of its first row's dot product is summed.
-enum TimelineEvent {
-  kTimelineStart = 0,
-  kTimelineWaitReturned = 1,
-  kTimelineStaged = 2,
-  kTimelineWeightsIn = 3,
-  kTimelineFirstDot = 4,
-  kTimelineEnd = 5
-};
+/// max pair of `event` (a GemvTimelineEvent, decode_kernels.cuh).
 __device__ __forceinline__ void timeline_mark(unsigned long long* timeline, int event) {
   timeline_fold(timeline, event);
 }

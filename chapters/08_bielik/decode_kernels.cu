@@ -256,17 +256,20 @@ void launch_gemv(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaStream
   auto kernel = pipelined ? decode_gemv_pipelined_kernel<In, Out, HasBias, kBatch> : register_kernel;
   constexpr size_t kSecondBatchBytes =
       kSecondBatchShared ? size_t(kWarps) * shared_batch_vectors<Out, kBatch>() * sizeof(uint4) : 0;
-  const size_t input_bytes = kInputFromGlobal && !pipelined ? 0 : size_t(p.K) * sizeof(__nv_bfloat16);
-  // kWidenInput: the input widened to fp32 too, 4 more bytes a value.
-  const size_t widened_bytes = kWidenInput && !pipelined ? size_t(p.K) * sizeof(float) : 0;
-  const size_t shared_bytes = input_bytes + (pipelined ? 0 : kSecondBatchBytes) + widened_bytes;
+  // The register kernel's shared memory for a K-long input: the input (bf16, and with
+  // kWidenInput fp32 too, 4 more bytes a value) unless it is read in place, then the
+  // copied batches. The pipelined kernel stages the bf16 input only.
+  auto register_shared_bytes = [](int K) {
+    const size_t value_bytes = sizeof(__nv_bfloat16) + (kWidenInput ? sizeof(float) : 0);
+    return (kInputFromGlobal ? 0 : size_t(K) * value_bytes) + kSecondBatchBytes;
+  };
+  const size_t shared_bytes = pipelined ? size_t(p.K) * sizeof(__nv_bfloat16) : register_shared_bytes(p.K);
   // With the copied batch or the widened input a block may need more than the 48 KB
   // default (allowed once), and what fits an SM depends on K.
   constexpr bool kSharedGrows = kSecondBatchShared || kWidenInput;
   static const bool allowed = !kSharedGrows || [&] {
-    CUDA_CHECK(cudaFuncSetAttribute(
-        register_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-        int(kMaxK * (sizeof(__nv_bfloat16) + (kWidenInput ? sizeof(float) : 0)) + kSecondBatchBytes)));
+    CUDA_CHECK(cudaFuncSetAttribute(register_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(register_shared_bytes(kMaxK))));
     return true;
   }();
   (void)allowed;

@@ -127,6 +127,20 @@ struct HoldForSignal {
 };
 constexpr unsigned long long kHoldTimeoutNs = 3000;
 
+/// DecodeGemvParams::timeline: the moments each block stamps (thread 0). The pair of
+/// event e is at 2 e (the first block's, a min) and 2 e + 1 (the last block's, a max).
+enum GemvTimelineEvent {
+  kTimelineStart = 0,         ///< the block starts
+  kTimelineWaitReturned = 1,  ///< its PDL wait returned
+  kTimelineStaged = 2,        ///< past the wait, its input staged
+  /// its first batch of weights is in thread 0's registers too (stamped after the
+  /// staging, so that the stamp changes no load's timing)
+  kTimelineWeightsIn = 3,
+  kTimelineFirstDot = 4,  ///< thread 0's share of its first row's dot product is summed
+  kTimelineEnd = 5,       ///< the block ends
+  kGemvTimelineEvents = 6
+};
+
 /// Arguments of one decode GEMV.
 struct DecodeGemvParams {
   void* y;                           ///< (N) bf16, or float for kF32; in/out for kResidualAdd
@@ -185,12 +199,10 @@ struct DecodeGemvParams {
   /// x's bf16s in every warp. The same products in the same order: the same values, bit
   /// for bit. bench_model measures it.
   bool widen_input = false;
-  /// Measurement only (bench_model --timeline), register kernels: 12 values, zeroed min /
-  /// max pairs (min slots start at ULLONG_MAX): %globaltimer (ns) when the first and the
-  /// last block start, when their PDL wait returns, when they are past it with the input
-  /// staged, when their first weights are in too, when their first row's dot is summed,
-  /// and when they end (thread 0 of each block; decode_device.cuh's TimelineEvent).
-  /// nullptr: off.
+  /// Measurement only (bench_model --timeline), register kernels: 2 *
+  /// kGemvTimelineEvents values, zeroed min / max pairs (min slots start at ULLONG_MAX),
+  /// %globaltimer (ns) over the blocks at each GemvTimelineEvent (thread 0 of each
+  /// block). nullptr: off.
   unsigned long long* timeline = nullptr;
   /// Register kernels: hold the first weight loads until a signal (HoldForSignal).
   HoldForSignal hold;

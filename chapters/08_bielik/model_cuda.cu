@@ -25,7 +25,7 @@ namespace bielik {
 
 namespace {
 
-constexpr size_t kTimelineValues = 12;  // DecodeGemvParams::timeline: 6 min / max pairs
+constexpr size_t kTimelineValues = 2 * kGemvTimelineEvents;  // DecodeGemvParams::timeline: min / max pairs
 // The attention's (chapter 07 v6 or v5, decode_attention_v*_device_length_timed): a pair
 // per decode::AttentionTimelineEvent.
 constexpr size_t kAttentionTimelineValues = 2 * decode::kAttentionTimelineEvents;

@@ -309,8 +309,8 @@ class CudaModel final : public Backend {
 
   /// With decode_timeline: one greedy decode step of `token` (the graph, as every step),
   /// then its GEMVs' timeline: for launch i = 4 l + k (k: 0 QKV, 1 O, 2 gate/up, 3 down;
-  /// i = 4 L: the lm_head) the 12 values of DecodeGemvParams::timeline at 12 i; then,
-  /// at 12 (4 L + 1) + 16 l, layer l's attention's 16 (chapter 07's v6 or v5 timed
+  /// i = 4 L: the lm_head) the G = 2 kGemvTimelineEvents values of DecodeGemvParams::
+  /// timeline at G i; then, at G (4 L + 1) + 16 l, layer l's attention's 16 (chapter 07's v6 or v5 timed
   /// launchers; left at their preset ULLONG_MAX / 0 on the other attention paths). Empty
   /// without the option.
   std::vector<unsigned long long> decode_timeline(int32_t token);
@@ -400,7 +400,7 @@ class CudaModel final : public Backend {
   DeviceBuffer<PersistentLayer> d_persistent_layers_;
   DeviceBuffer<unsigned> d_barrier_;
   DeviceBuffer<unsigned long long> d_phase_clock_;
-  DeviceBuffer<unsigned long long> d_timeline_;  // (4 L + 1, 12) then (L, 16), with options_.decode_timeline
+  DeviceBuffer<unsigned long long> d_timeline_;  // (4 L + 1, 2 kGemvTimelineEvents) then (L, 16), with options_.decode_timeline
   PersistentStep persistent_step_;
   StreamedStepLayout streamed_layout_;  ///< persistent_weight_stream: the ring, computed at load
   int attention_splits_ = 1;

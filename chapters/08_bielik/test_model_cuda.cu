@@ -525,8 +525,8 @@ TEST_CASE("CUDA model: the decode timeline changes no value and stamps every GEM
     plain.decode_greedy(token);
     for (int32_t next : random_prompt(3, spec.V, seed + 1)) REQUIRE(timed.decode(next) == plain.decode(next));
     const int L = timed.config().num_hidden_layers;
-    // start, wait returned, input staged, first weights in, first dot summed, end: min / max pairs
-    constexpr int kValues = 12;
+    constexpr int kValues = 2 * kGemvTimelineEvents;  // min / max pairs, GemvTimelineEvent order
+    constexpr int kLastEnd = 2 * kTimelineEnd + 1;
     constexpr int kAttentionValues = 2 * decode::kAttentionTimelineEvents;
     REQUIRE(t.size() == size_t(kValues) * (4 * L + 1) + size_t(kAttentionValues) * L);
     for (int launch = 0; launch < 4 * L + 1; ++launch) {
@@ -539,7 +539,7 @@ TEST_CASE("CUDA model: the decode timeline changes no value and stamps every GEM
       for (int e = 2; e < kValues; ++e) REQUIRE(v[e - 2] <= v[e]);
       // Each GEMV's input is the previous GEMV's (or, for O, the attention's, which waits
       // for QKV): no wait returns before the previous GEMV's last block has ended.
-      if (launch > 0) REQUIRE(v[2] >= t[kValues * (launch - 1) + 11]);
+      if (launch > 0) REQUIRE(v[2] >= t[kValues * (launch - 1) + kLastEnd]);
     }
     // Each layer's attention (chapter 07's v6 or v5 on sm_90; before it v3 runs and records
     // nothing): every pair written, its events in order, its wait after QKV's last block
@@ -562,7 +562,7 @@ TEST_CASE("CUDA model: the decode timeline changes no value and stamps every GEM
           if (e != kAttentionInputsArrived) REQUIRE(a[2 * (e - 1) + 1] <= a[2 * e + 1]);  // last
         }
         REQUIRE(a[2 * kAttentionWaitReturned + 1] <= a[2 * kAttentionPartialDone + 1]);
-        REQUIRE(a[2] >= t[kValues * (4 * l) + 11]);                   // after QKV's last block
+        REQUIRE(a[2] >= t[kValues * (4 * l) + kLastEnd]);             // after QKV's last block
         REQUIRE(t[kValues * (4 * l + 1) + 2] >= a[kAttentionValues - 1]);  // before O's wait returns
       }
     }
