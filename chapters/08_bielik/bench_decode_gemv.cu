@@ -16,7 +16,6 @@
 
 #include "bench.cuh"
 #include "cuda_check.cuh"
-#include "decode_device.cuh"
 #include "decode_kernels.cuh"
 #include "device_buffer.cuh"
 #include "model_cuda.hpp"  // CudaModelOptions: the model's defaults
@@ -87,6 +86,11 @@ int main() {
     norm.fill_bytes(0x3f);
     bias.fill_bytes(0);
     DeviceBuffer<float> y(size_t(shape.N));  // big enough for bf16 or f32 outputs
+    // Down's form (its rows split over warps) is timed with its input read in place, its
+    // fastest form in this chain (the model stages it, which is faster in the step); the
+    // big GEMVs (gate/up, down) pause 300 ns at each block's start, as in the model.
+    const bool in_place = shape.output == GemvOutput::kResidualAdd && shape.K > 2048;
+    const bool big = shape.output == GemvOutput::kSwiGLU || in_place;
     // The arguments of one launch on weight copy `copy`.
     auto gemv_params = [&](int copy, bool evict_first, int split, bool second_batch_in_shared,
                            bool input_from_global, int start_delay_ns, bool widen_input = false) {
@@ -148,7 +152,7 @@ int main() {
       // Down's rows take two batches, gate/up's warps three row pairs: the second batch
       // copied into shared memory before the wait too (DecodeGemvParams::
       // second_batch_in_shared), alone and in the chain.
-      if ((shape.output == GemvOutput::kResidualAdd && shape.K > 2048) || shape.output == GemvOutput::kSwiGLU) {
+      if (big) {  // gate/up and down: the forms that take it
         add_row("register loads, evict-first, 2nd batch cp.async to shared", kernel, true, 0, true, true);
       }
       // O's and down's input read in place by each lane instead of staged by every block
@@ -158,10 +162,7 @@ int main() {
       }
       // Each block pausing before its first loads, as the model's gate/up and down do for
       // 300 ns (DecodeGemvParams::start_delay_ns; 4% faster in the model). 1 ns is the
-      // barrier after the pause alone. Down with its input read in place: its fastest
-      // form in this chain (the model stages it, which is faster in the step).
-      const bool in_place = shape.output == GemvOutput::kResidualAdd && shape.K > 2048;
-      const bool big = shape.output == GemvOutput::kSwiGLU || in_place;
+      // barrier after the pause alone. Down with its input read in place (above).
       for (int pause_ns : {1, 300, 1000}) {
         if (pause_ns != 300 && !big) continue;
         add_row(std::string("register loads, evict-first") + (in_place ? ", input in place" : "") + ", " +
@@ -180,16 +181,14 @@ int main() {
     // read in place as in the pause rows above.
     {
       constexpr int kValues = 2 * kGemvTimelineEvents;  // min / max pairs, GemvTimelineEvent order
-      const bool big = shape.output == GemvOutput::kSwiGLU || (shape.output == GemvOutput::kResidualAdd && shape.K > 2048);
       DeviceBuffer<unsigned long long> timeline(size_t(kValues) * kLaunches);
       cudaStream_t stream;
       CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
       cudaGraph_t graph;
       CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
       for (int i = 0; i < kLaunches; ++i) {
-        DecodeGemvParams p = gemv_params(i % kCopies, true, 0, false,
-                                         shape.output == GemvOutput::kResidualAdd && shape.K > 2048, big ? 300 : 0,
-                                         CudaModelOptions{}.gemv_widen_input);
+        DecodeGemvParams p =
+            gemv_params(i % kCopies, true, 0, false, in_place, big ? 300 : 0, CudaModelOptions{}.gemv_widen_input);
         p.timeline = timeline.data() + size_t(kValues) * i;
         decode_gemv(shape.input, shape.output, p, true, stream, DecodeGemvKernel::kRegisterLoads);
       }
