@@ -60,6 +60,8 @@ struct Args {
   int long_min_keys = CudaModelOptions{}.long_attention_min_keys;    ///< --long-min-keys (0: no third graph)
   int long_splits = CudaModelOptions{}.long_attention_splits;        ///< --long-splits: that graph's cluster size
   V6Handover v6_handover = CudaModelOptions{}.v6_handover;           ///< --v6-handover pull|barrier|mbarrier
+  bool v6_with_o = CudaModelOptions{}.v6_fuses_o;                    ///< --v6-with-o / --no-v6-with-o
+  bool v6_with_o_late = CudaModelOptions{}.v6_fused_o_late_weights;  ///< --v6-with-o-late-weights
   bool o_after_attention_inputs = CudaModelOptions{}.attention_allows_o_after_inputs;
   bool o_after_attention_inputs_long = CudaModelOptions{}.attention_allows_o_after_inputs_in_long_graph;
   int carveout = CudaModelOptions{}.decode_shared_carveout;  ///< --carveout PERCENT (-1: none)
@@ -178,6 +180,12 @@ Args parse(int argc, char** argv) {
       a.long_min_keys = std::stoi(value());
     } else if (flag == "--long-splits") {
       a.long_splits = std::stoi(value());
+    } else if (flag == "--v6-with-o-late-weights") {
+      a.v6_with_o_late = true;
+    } else if (flag == "--v6-with-o") {
+      a.v6_with_o = true;
+    } else if (flag == "--no-v6-with-o") {
+      a.v6_with_o = false;
     } else if (flag == "--v6-handover") {
       const std::string form = value();
       if (form == "pull") {
@@ -212,7 +220,7 @@ Args parse(int argc, char** argv) {
                                   " [--attention cluster_o|cluster|cluster_per_head|split_combine|merge_in_o]"
                                   " [--replicas N] [--splits N] [--short-max-keys N] [--short-splits N] [--long-min-keys N]"
                                   " [--long-splits N]"
-                                  " [--v6-handover pull|barrier|mbarrier] [--o-after-attention-inputs] [--[no-]o-after-attention-inputs-long]"
+                                  " [--v6-handover pull|barrier|mbarrier] [--[no-]v6-with-o] [--v6-with-o-late-weights] [--o-after-attention-inputs] [--[no-]o-after-attention-inputs-long]"
                                   " [--carveout PERCENT] [--hold-o] [--hold-gate-up BLOCKS] [--hold-until-attention-end] [--hold-gate-up-from N]"
                                   " [--gate-up-start-delay NS] [--down-start-delay NS] [--qkv-start-delay NS] [--o-start-delay NS]"
                                   " [--lm-head-start-delay NS] [--[no-]widen-input] [--qkv-early] [--gate-up-after-o]"
@@ -357,6 +365,7 @@ void print_decode_timeline(CudaModel& model) {
   constexpr int kAttentionValues = 2 * decode::kAttentionTimelineEvents;
   double sums[4][kValues] = {}, attention_sums[kAttentionValues] = {}, period = 0, attention = 0;
   int samples = 0;
+  const bool fused_o = model.v6_fuses_o();  // no O kernel: its row stays empty
   for (int step = 0; step < 5; ++step) {
     const std::vector<unsigned long long> t = model.decode_timeline(token);
     auto at = [&](int layer, int kernel, int value) { return t[kValues * (4 * layer + kernel) + value]; };
@@ -370,7 +379,8 @@ void print_decode_timeline(CudaModel& model) {
         attention_sums[v] += (double(a) - origin) * 1e-3;
       }
       period += (double(at(l, 3, kLastEnd)) - origin) * 1e-3;
-      attention += (double(at(l, 1, kFirstStaged)) - double(at(l, 0, kLastEnd))) * 1e-3;
+      // To O's first block past its wait, or with O inside the attention to gate/up's.
+      attention += (double(at(l, fused_o ? 2 : 1, kFirstStaged)) - double(at(l, 0, kLastEnd))) * 1e-3;
       ++samples;
     }
   }
@@ -381,6 +391,7 @@ void print_decode_timeline(CudaModel& model) {
                                              "first with its first row's dot summed", "last with its first row's dot summed",
                                              "first block ends", "last block ends"});
   for (int k = 0; k < 4; ++k) {
+    if (k == 1 && fused_o) continue;
     std::vector<std::string> row{names[k]};
     for (int v = 0; v < kValues; ++v) row.push_back(fmt(sums[k][v] / samples, 2));
     table.add_row(row);
@@ -397,9 +408,9 @@ void print_decode_timeline(CudaModel& model) {
                              fmt(attention_sums[2 * e + 1] / samples, 2)});
   }
   attention_table.print();
-  std::printf("a layer: %.2f us (mean over layers 1..%d, 5 steps); QKV's last block ends -> O's first passes its "
+  std::printf("a layer: %.2f us (mean over layers 1..%d, 5 steps); QKV's last block ends -> %s first passes its "
               "wait (the attention and two kernel boundaries): %.2f us\n",
-              period / samples, L - 1, attention / samples);
+              period / samples, L - 1, fused_o ? "gate/up's (O inside the attention)" : "O's", attention / samples);
 }
 
 }  // namespace
@@ -427,6 +438,8 @@ int main(int argc, char** argv) {
     options.long_attention_min_keys = args.long_min_keys;
     options.long_attention_splits = args.long_splits;
     options.v6_handover = args.v6_handover;
+    options.v6_fuses_o = args.v6_with_o;
+    options.v6_fused_o_late_weights = args.v6_with_o_late;
     options.attention_allows_o_after_inputs = args.o_after_attention_inputs;
     options.attention_allows_o_after_inputs_in_long_graph = args.o_after_attention_inputs_long;
     options.decode_shared_carveout = args.carveout;
@@ -664,6 +677,15 @@ int main(int argc, char** argv) {
          "then the O GEMV, which lets gate/up start early; gate/up and down pause 300 ns at their start; "
          "evict-first)",
          true, true, Path::kClusterPerHead, 0, 0},
+        // Its best form measured (H200, 2026-12-02): clusters of 16 (W_o's rows over 192
+        // blocks, 24 KB each), gate/up scheduled once the attention's inputs are in.
+        defaults_but("the O projection and residual add inside v6's clusters (decode_attention_o_per_head), clusters "
+                     "of 16, gate/up after the attention's inputs: no O kernel",
+                     [](CudaModelOptions& o) {
+                       o.v6_fuses_o = true;
+                       o.attention_splits = 16;
+                       o.attention_allows_o_after_inputs = true;
+                     }),
         defaults_but("gate/up and down start without the pause",
                      [](CudaModelOptions& o) { o.gate_up_start_delay_ns = o.down_start_delay_ns = 0; }),
         defaults_but("down starts without the pause", [](CudaModelOptions& o) { o.down_start_delay_ns = 0; }),

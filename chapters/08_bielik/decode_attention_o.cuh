@@ -79,4 +79,74 @@ int decode_attention_o_cluster_size(int C, int H, int Hkv, int D, int requested 
 void decode_attention_o(const AttentionOParams& params, int cluster, bool pdl, cudaStream_t stream = 0,
                         int replicas = 1);
 
+/// The per-query-head form (decode_attention_o_per_head.cu): chapter 07's v6 (a cluster of
+/// S blocks per QUERY head, the splits pushing their partials into block 0, which merges)
+/// with the O projection and its residual add inside, so the layer has no O kernel.
+///
+/// Why another form. The form above holds its O projection as Hkv partial sums that the
+/// next two kernels add in; per query head that would be H = 12 partials for every
+/// gate/up block to read. So here the H heads' shares meet inside the kernel: block r of
+/// head h's cluster owns O rows [r R, (r + 1) R) (R = ceil(C / S)), copies their D
+/// columns of head h from W_o into shared memory before its wait (96 KB for Bielik at
+/// S = 4), gets the head's merged output from block 0 (st.async into every block,
+/// counted on an mbarrier there), multiplies, and writes head h's share of its rows to
+/// `partials` (fp32). It then counts itself in on arrivals[r]; the H-th block to arrive
+/// for rows r sums the H shares in head order, adds the bias and adds the result into the
+/// residual stream, rounded as the O GEMV's epilogue rounds (x = bf16(x + bf16(o + b))),
+/// and sets arrivals[r] back to 0 for the next launch.
+///
+/// What it removes: the O kernel, one kernel boundary, and O's 192 blocks, whose SM room
+/// gate/up's blocks then take early (they are scheduled as this kernel starts and load
+/// their first weights during the attention).
+///
+/// Measured on the H200 (2026-12-02, chapter 08's DECODE_LOG.md, eighteenth session): it
+/// is correct (the tests) and slower. Decode 703 tokens/s with clusters of 4 (96 KB of
+/// W_o a block), 868 with clusters of 16 (24 KB), 880 with 16 and gate/up scheduled
+/// after the attention's inputs, against 956 for v6 + the O GEMV in the same calls.
+/// W_o's rows requested before the wait delay the attention's own loads (its wait
+/// returned at 7.2-8.8 us instead of 3.9 with clusters of 4); requested after the
+/// attention they arrive behind gate/up's early weights (848). And the H heads' shares
+/// meet through L2 (fence, count, sum): the kernel ends 4-6 us after its outputs are
+/// merged, where the O GEMV ends 2.5 us after the attention's stores.
+struct AttentionOPerHeadParams {
+  __nv_bfloat16* x = nullptr;            ///< (C) the residual stream, updated in place: x += o + b_o
+  float* partials = nullptr;             ///< (H, C) workspace: head h's share of each O output
+  unsigned* arrivals = nullptr;          ///< (kAttentionOMaxClusterSize) zero before the first launch; left zero
+  const __nv_bfloat16* q = nullptr;      ///< (H, D) this token's rotated queries
+  const __nv_bfloat16* k_cache = nullptr;  ///< (Hkv, max_context, D) one layer
+  const __nv_bfloat16* v_cache = nullptr;  ///< (Hkv, max_context, D) one layer
+  const int* d_length = nullptr;         ///< (1) committed tokens: kv_len = *d_length + new_tokens
+  int new_tokens = 1;
+  int max_context = 0;
+  const __nv_bfloat16* w_o = nullptr;    ///< (C, H D), HuggingFace's o_proj.weight
+  const __nv_bfloat16* b_o = nullptr;    ///< (C) or nullptr
+  int C = 0, H = 0, Hkv = 0, D = 0;
+  /// No kernel that may still run writes x or b_o: every block loads its rows' residual
+  /// and bias before its PDL wait (in the model, x was last written by the previous
+  /// layer's down projection, finished before QKV let this kernel start).
+  bool residual_settled = false;
+  /// Let the next kernel be scheduled once this block's q and first keys are in, instead
+  /// of as it starts (v6's option of the same name).
+  bool allow_dependents_after_inputs = false;
+  /// Request the W_o rows after the attention's partial instead of before the wait, so
+  /// that they do not queue in front of q and the keys.
+  bool w_o_after_attention = false;
+  unsigned long long* timeline = nullptr;  ///< (2 kAttentionTimelineEvents) v6's stamps, or nullptr
+};
+
+/// The largest cluster (attention splits per query head) the per-head form supports.
+constexpr int kAttentionOMaxClusterSize = 16;
+
+/// Whether decode_attention_o_per_head can run clusters of `cluster` blocks for this
+/// shape on this GPU (sm_90, the W_o rows fit a block's shared memory, the GPU schedules
+/// the cluster). Throws std::invalid_argument for a shape the kernel lacks (D = 64 or 128).
+bool decode_attention_o_per_head_runs(int C, int H, int Hkv, int D, int cluster);
+
+/// The attention of one new token over the cache, its O projection and the residual add
+/// (see AttentionOPerHeadParams): x += attention(q, cache) W_o^T + b_o. `cluster`: blocks
+/// per query head (1..16, decode_attention_o_per_head_runs). Throws std::invalid_argument
+/// for a missing pointer or a cluster that cannot run.
+void decode_attention_o_per_head(const AttentionOPerHeadParams& params, int cluster, bool pdl,
+                                 cudaStream_t stream = 0);
+
 }  // namespace bielik

@@ -203,7 +203,15 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     d_qkv_ = DeviceBuffer<__nv_bfloat16>(QKV_);
     d_attn_ = DeviceBuffer<__nv_bfloat16>(size_t(H_) * D_);
     d_act_ = DeviceBuffer<__nv_bfloat16>(F_);
-    d_o_partials_ = DeviceBuffer<float>(size_t(Hkv_) * C_);
+    // v6 with O fused: only where every graph's cluster size runs (W_o's rows fit).
+    v6_fuses_o_ = options_.v6_fuses_o && attention_path_ == DecodeAttentionPath::kClusterPerHead &&
+                  !options_.persistent_decode;
+    for (int splits : {attention_splits_, short_attention_splits_, long_attention_splits_}) {
+      if (v6_fuses_o_ && splits > 0) v6_fuses_o_ = decode_attention_o_per_head_runs(C_, H_, Hkv_, D_, splits);
+    }
+    d_o_partials_ = DeviceBuffer<float>(size_t(v6_fuses_o_ ? H_ : Hkv_) * C_);
+    d_o_arrivals_ = DeviceBuffer<unsigned>(kAttentionOMaxClusterSize);
+    d_o_arrivals_.fill_bytes(0);  // every launch leaves them at 0 again
     d_attention_signals_ = DeviceBuffer<unsigned>(2 * layers_.size());
     d_attention_signals_.fill_bytes(0);  // count 0, tag 0: no step's (tags start at 1)
     if (options_.decode_timeline) {
@@ -623,7 +631,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   int* d_length = kv_.device_length();
   // O and gate/up may hold their first weight loads until v6's blocks have their inputs:
   // only v6 with a pushed hand-over signals.
-  const bool attention_signals = attention_path_ == DecodeAttentionPath::kClusterPerHead &&
+  const bool attention_signals = attention_path_ == DecodeAttentionPath::kClusterPerHead && !v6_fuses_o_ &&
                                  (options_.v6_handover != V6Handover::kPull || options_.hold_until_attention_end) &&
                                  (options_.o_holds_for_attention_inputs || options_.gate_up_hold_blocks > 0);
   auto attention_signal = [&](size_t layer) { return d_attention_signals_.data() + 2 * layer; };
@@ -737,6 +745,31 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
         decode_attention_v3_pipelined_device_length(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)),
                                                     d_length, 1, context, H_, Hkv_, D_, attention_splits,
                                                     attention_workspace_.get(), s);
+      } else if (attention_path_ == DecodeAttentionPath::kClusterPerHead && v6_fuses_o_) {
+        // v6 with the O projection and the residual add inside: no O kernel below.
+        AttentionOPerHeadParams attention_o;
+        attention_o.x = d_x_.data();
+        attention_o.partials = d_o_partials_.data();
+        attention_o.arrivals = d_o_arrivals_.data();
+        attention_o.q = d_qkv_.data();
+        attention_o.k_cache = kv_.k(int(l));
+        attention_o.v_cache = kv_.v(int(l));
+        attention_o.d_length = d_length;
+        attention_o.new_tokens = 1;
+        attention_o.max_context = context;
+        attention_o.w_o = L.w_o;
+        attention_o.b_o = L.b_o;
+        attention_o.C = C_;
+        attention_o.H = H_;
+        attention_o.Hkv = Hkv_;
+        attention_o.D = D_;
+        // The residual was last written by the previous layer's down projection, which
+        // had finished before QKV let this kernel start (unless QKV lets it start early).
+        attention_o.residual_settled = !options_.qkv_allows_attention_early;
+        attention_o.allow_dependents_after_inputs = attention_o_after_inputs;
+        attention_o.w_o_after_attention = options_.v6_fused_o_late_weights;
+        attention_o.timeline = attention_timeline_slot(l);
+        decode_attention_o_per_head(attention_o, attention_splits, pdl, s);
       } else if (attention_path_ == DecodeAttentionPath::kClusterPerHead) {
         decode_attention_v6_per_head_device_length_timed(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)),
                                                          kv_.v(int(l)), d_length, 1, context, H_, Hkv_, D_,
@@ -752,9 +785,9 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
       }
       done("attention");
       if (options_.o_holds_for_attention_inputs) o.hold = hold_for_attention(l, INT_MAX);
-      decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, o, pdl, s);
+      if (!v6_fuses_o_) decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, o, pdl, s);
     }
-    if (!fused_o) done("o_proj");
+    if (!fused_o && !v6_fuses_o_) done("o_proj");
     DecodeGemvParams gate_up{d_act_.data(), d_x_.data(), L.post_norm, L.w_gate_up, L.b_gate_up, F_, C_, eps};
     gate_up.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
     gate_up.second_batch_in_shared = options_.gate_up_second_batch_in_shared;

@@ -169,6 +169,18 @@ struct CudaModelOptions {
   /// kClusterPerHead: how v6's splits hand their partials over (chapter 07's V6Handover;
   /// bench_model --v6-handover measures each).
   V6Handover v6_handover = kV6DefaultHandover;
+  /// kClusterPerHead: the O projection and its residual add inside v6's clusters
+  /// (decode_attention_o_per_head, decode_attention_o.cuh): no O kernel. Where the GPU
+  /// cannot run it for one of the step's cluster sizes, the model keeps the O kernel.
+  /// Measured slower on the H200 (2026-12-02): 703 tokens/s at the default clusters, 880
+  /// at its best (clusters of 16, attention_splits = 16, and
+  /// attention_allows_o_after_inputs) against 956 for the O GEMV. bench_model
+  /// --v6-with-o / --no-v6-with-o.
+  bool v6_fuses_o = false;
+  /// With v6_fuses_o: each block requests its W_o rows after its attention partial, not
+  /// before its wait (AttentionOPerHeadParams::w_o_after_attention). bench_model
+  /// --v6-with-o-late-weights.
+  bool v6_fused_o_late_weights = false;
   /// kClusterPerHead, pushed hand-overs: the attention lets O be scheduled only once each
   /// of its blocks has q and its first keys, not at its start, so that O's and gate/up's
   /// first weight loads do not queue in front of those L2 reads (bench_model
@@ -325,6 +337,9 @@ class CudaModel final : public Backend {
   /// Device bytes of everything else: activations, scratch, logits.
   size_t scratch_bytes() const { return scratch_bytes_; }
   bool uses_pdl() const { return use_pdl_; }
+  /// Whether the decode step runs the O projection inside v6's clusters (options' v6_fuses_o,
+  /// where the GPU can).
+  bool v6_fuses_o() const { return v6_fuses_o_; }
 
  private:
   struct Layer {
@@ -430,7 +445,9 @@ class CudaModel final : public Backend {
   DeviceBuffer<__nv_bfloat16> d_qkv_;   // ((H + 2 Hkv) D)
   DeviceBuffer<__nv_bfloat16> d_attn_;  // (H D)
   DeviceBuffer<__nv_bfloat16> d_act_;   // (F)
-  DeviceBuffer<float> d_o_partials_;    // (Hkv, C) kClusterWithO: the O projection by kv group
+  DeviceBuffer<float> d_o_partials_;    // (Hkv, C) kClusterWithO: the O projection by kv group; (H, C) with v6_fuses_o
+  DeviceBuffer<unsigned> d_o_arrivals_;  // (kAttentionOMaxClusterSize) v6_fuses_o: blocks counted in per row range, zeroed
+  bool v6_fuses_o_ = false;              // options_.v6_fuses_o, where the GPU runs it at every cluster size of the step
   DeviceBuffer<unsigned> d_attention_signals_;  // (L, 2) v6's inputs signal per layer (count, tag), zeroed
   DeviceBuffer<float> d_logits_;        // (V) fp32, also the prefill's last-row logits
 

@@ -293,6 +293,7 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
       V6Handover handover = kV6DefaultHandover;
       int long_min_keys = CudaModelOptions{}.long_attention_min_keys;  ///< v6's third graph
       bool o_after_inputs = false;  ///< attention_allows_o_after_inputs
+      bool fuses_o = false;         ///< v6_fuses_o: O and the residual add inside v6's clusters
     };
     const AttentionVariant variants[] = {
         {DecodeAttentionPath::kClusterWithO, 1, 0, "attention + O fused"},
@@ -314,6 +315,12 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
          kV6DefaultHandover, CudaModelOptions{}.long_attention_min_keys, true},
         {DecodeAttentionPath::kClusterPerHead, 3, 0, "v6, barrier push, O after the inputs", 1, 0,
          V6Handover::kPushBarrier, 0, true},
+        {DecodeAttentionPath::kClusterPerHead, 0, 0, "v6 with O inside, clusters of 4 up to 5 keys, 8 up to 8, then 16",
+         1, 5, kV6DefaultHandover, 9, false, true},
+        {DecodeAttentionPath::kClusterPerHead, 3, 0, "v6 with O inside, clusters of 3", 1, 0, kV6DefaultHandover, 0,
+         false, true},
+        {DecodeAttentionPath::kClusterPerHead, 0, 0, "v6 with O inside, gate/up after the attention's inputs", 1, 10,
+         kV6DefaultHandover, CudaModelOptions{}.long_attention_min_keys, true, true},
         {DecodeAttentionPath::kSplitCombine, 0, 0, "v3 split + combine"},
         {DecodeAttentionPath::kSplitCombine, 1, 0, "v3 split + combine"},
         {DecodeAttentionPath::kSplitCombine, 3, 0, "v3 split + combine"},
@@ -331,9 +338,14 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
       options.v6_handover = a.handover;
       options.long_attention_min_keys = a.long_min_keys;
       options.attention_allows_o_after_inputs = a.o_after_inputs;
+      options.v6_fuses_o = a.fuses_o;
       CudaModel split_model(dir, options);
       const std::string label = std::string(spec.name) + " " + a.name + ", " + std::to_string(a.splits) +
                                 " splits (0: default) of >= " + std::to_string(a.min_keys) + " keys";
+      INFO(label);
+      // The fused O runs wherever v6 does (sm_90: these W_o rows fit any cluster), so
+      // the variant really tests it, not the fallback.
+      REQUIRE(split_model.v6_fuses_o() == (a.fuses_o && device_is_sm90_or_newer()));
       for (size_t t = 0; t < prompt.size(); ++t) {
         require_rows_close(label + ", decode step " + std::to_string(t), split_model.decode(prompt[t]),
                            row_of(expected, spec.V, t), spec.V, kModelTolerance);
@@ -499,6 +511,13 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
     INFO(spec.name << " the same, O after the attention's inputs from 16 keys on: graph, then eager launches");
     REQUIRE(run(switching) == three_graphs);
     REQUIRE(run(switching_eager) == three_graphs);
+    // The O projection inside v6's clusters: its heads' shares summed in a fixed order by
+    // whichever block arrives last, so graph and eager launches agree bit for bit, at
+    // each of the three cluster sizes.
+    for (CudaModelOptions* options : {&switching, &switching_eager}) options->v6_fuses_o = true;
+    INFO(spec.name << " v6 with O inside, three graphs: graph, then eager launches");
+    const std::vector<float> fused_three_graphs = run(switching);
+    REQUIRE(run(switching_eager) == fused_three_graphs);
   }
 }
 
@@ -1085,6 +1104,149 @@ TEST_CASE("decode_attention_o refuses what it cannot run", "[ch08][gpu][kernels]
   REQUIRE(decode_attention_o_cluster_size(1536, 12, 2, 128, 8) == 0);
   REQUIRE_THROWS_AS(decode_attention_o(valid(), 8, false), std::invalid_argument);
   REQUIRE_THROWS_AS(decode_attention_o(valid(), 17, false), std::invalid_argument);
+}
+
+TEST_CASE("decode_attention_o_per_head: attention, O projection and residual add match a CPU reference",
+          "[ch08][gpu][kernels]") {
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  struct Case {
+    int C, H, Hkv, D, committed, cluster;  // kv_len = committed + 1
+    bool bias;
+  };
+  const Case cases[] = {
+      {1536, 12, 2, 128, 39, 4, true},    // Bielik at 40 keys, the short graph's clusters: 384 rows a block
+      {1536, 12, 2, 128, 271, 8, false},  // 272 keys, the middle graph's
+      {1536, 12, 2, 128, 2047, 16, true}, // 2048 keys, the long graph's: 96 rows a block
+      {576, 9, 3, 64, 100, 4, true},      // SmolLM2-135M's attention (G = 3, D = 64): 144 rows a block
+      {200, 4, 2, 64, 6, 3, true},        // odd C: 67 rows a block, the last one 66; 7 keys
+      {20, 4, 2, 64, 33, 16, false},      // 2 rows a block: blocks 10-15 have none
+      {200, 4, 2, 128, 0, 1, true},       // one key, a cluster of one block
+      {192, 6, 1, 128, 33, 5, true},      // G = 6 on one kv head, 39 rows a block, the last one 36
+  };
+  uint64_t case_seed = seed;
+  for (const Case& c : cases) {
+    const int kv_len = c.committed + 1, max_context = kv_len + 9, width = c.H * c.D;
+    INFO("C=" << c.C << " H=" << c.H << " Hkv=" << c.Hkv << " D=" << c.D << " kv_len=" << kv_len << " cluster "
+              << c.cluster << ", bias " << c.bias);
+    if (!device_is_sm90_or_newer()) {
+      REQUIRE_FALSE(decode_attention_o_per_head_runs(c.C, c.H, c.Hkv, c.D, c.cluster));
+      continue;
+    }
+    REQUIRE(decode_attention_o_per_head_runs(c.C, c.H, c.Hkv, c.D, c.cluster));
+    const std::vector<uint16_t> q = random_bf16(size_t(c.H) * c.D, ++case_seed, 1.0f);
+    const std::vector<uint16_t> k = random_bf16(size_t(c.Hkv) * max_context * c.D, ++case_seed, 1.0f);
+    const std::vector<uint16_t> v = random_bf16(size_t(c.Hkv) * max_context * c.D, ++case_seed, 1.0f);
+    // W_o scaled so that the projection is ~1 and the residual ~0.25: a projection
+    // missing, or added twice, is far outside the tolerance.
+    const std::vector<uint16_t> W = random_bf16(size_t(c.C) * width, ++case_seed, 4.0f / std::sqrt(float(width)));
+    const std::vector<uint16_t> bias = random_bf16(c.C, ++case_seed, 0.5f);
+    const std::vector<uint16_t> x0 = random_bf16(c.C, ++case_seed, 0.25f);
+    const std::vector<float> attention = attention_reference(q, k, v, c.H, c.Hkv, c.D, max_context, kv_len);
+    std::vector<double> projection(c.C);  // attention W_o^T + b, in float64
+    for (int n = 0; n < c.C; ++n) {
+      double acc = c.bias ? bf16_bits_to_float(bias[n]) : 0.0;
+      for (int i = 0; i < width; ++i) acc += double(bf16_bits_to_float(W[size_t(n) * width + i])) * attention[i];
+      projection[n] = acc;
+    }
+    DeviceBuffer<uint16_t> d_q(q), d_k(k), d_v(v), d_W(W), d_bias(bias), d_x(x0);
+    DeviceBuffer<int> d_length(std::vector<int>{c.committed});
+    DeviceBuffer<float> d_partials(size_t(c.H) * c.C);
+    DeviceBuffer<unsigned> d_arrivals(kAttentionOMaxClusterSize);
+    d_arrivals.fill_bytes(0);
+    auto bf16 = [](DeviceBuffer<uint16_t>& buffer) { return reinterpret_cast<const __nv_bfloat16*>(buffer.data()); };
+    AttentionOPerHeadParams p;
+    p.x = reinterpret_cast<__nv_bfloat16*>(d_x.data());
+    p.partials = d_partials.data();
+    p.arrivals = d_arrivals.data();
+    p.q = bf16(d_q);
+    p.k_cache = bf16(d_k);
+    p.v_cache = bf16(d_v);
+    p.d_length = d_length.data();
+    p.max_context = max_context;
+    p.w_o = bf16(d_W);
+    p.b_o = c.bias ? bf16(d_bias) : nullptr;
+    p.C = c.C;
+    p.H = c.H;
+    p.Hkv = c.Hkv;
+    p.D = c.D;
+    // Eight launches on the same residual, each adding the projection once more: the
+    // arrival counts must be back at 0 after each. With and without PDL, the residual
+    // read before or after the wait, W_o's rows requested before the wait or after the
+    // attention.
+    std::vector<uint16_t> before = x0;
+    int launch = 0;
+    for (int form = 0; form < 8; ++form) {
+      const bool pdl = form & 1, settled = form & 2, late_weights = form & 4;
+      {
+        INFO("launch " << launch++ << ", pdl " << pdl << ", residual settled " << settled << ", W_o after the attention "
+                       << late_weights);
+        p.residual_settled = settled;
+        p.w_o_after_attention = late_weights;
+        d_partials.fill_bytes(0xFF);  // NaN: every head's share of every row must be written
+        decode_attention_o_per_head(p, c.cluster, pdl);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        // x = bf16(x + bf16(o + b)), as the O GEMV's epilogue rounds, from the x it read.
+        std::vector<double> expected(c.C);
+        for (int n = 0; n < c.C; ++n) {
+          expected[n] = round_to_bf16(bf16_bits_to_float(before[n]) + round_to_bf16(float(projection[n])));
+        }
+        const std::vector<uint16_t> after = d_x.to_host();
+        const CompareResult r = compare_bf16("attention + O + residual", after, expected, tolerance::kBf16Output);
+        INFO(r.report);
+        REQUIRE(r.passed);
+        std::vector<unsigned> arrivals = d_arrivals.to_host();
+        REQUIRE(std::all_of(arrivals.begin(), arrivals.end(), [](unsigned a) { return a == 0; }));
+        before = after;
+      }
+    }
+  }
+}
+
+TEST_CASE("decode_attention_o_per_head refuses what it cannot run", "[ch08][gpu][kernels]") {
+  DeviceBuffer<uint16_t> q(12 * 128), k(2 * 64 * 128), v(2 * 64 * 128), W(1536 * 1536), x(1536);
+  DeviceBuffer<int> length(1);
+  DeviceBuffer<float> partials(12 * 1536);
+  DeviceBuffer<unsigned> arrivals(kAttentionOMaxClusterSize);
+  auto valid = [&] {
+    AttentionOPerHeadParams p;
+    p.x = reinterpret_cast<__nv_bfloat16*>(x.data());
+    p.partials = partials.data();
+    p.arrivals = arrivals.data();
+    p.q = reinterpret_cast<const __nv_bfloat16*>(q.data());
+    p.k_cache = reinterpret_cast<const __nv_bfloat16*>(k.data());
+    p.v_cache = reinterpret_cast<const __nv_bfloat16*>(v.data());
+    p.d_length = length.data();
+    p.max_context = 64;
+    p.w_o = reinterpret_cast<const __nv_bfloat16*>(W.data());
+    p.C = 1536;
+    p.H = 12;
+    p.Hkv = 2;
+    p.D = 128;
+    return p;
+  };
+  AttentionOPerHeadParams p = valid();
+  p.D = 16;  // no kernel for head_dim 16
+  REQUIRE_THROWS_AS(decode_attention_o_per_head(p, 4, false), std::invalid_argument);
+  REQUIRE_THROWS_AS(decode_attention_o_per_head_runs(1536, 12, 2, 16, 4), std::invalid_argument);
+  p = valid();
+  p.H = 13;  // not a multiple of Hkv
+  REQUIRE_THROWS_AS(decode_attention_o_per_head(p, 4, false), std::invalid_argument);
+  p = valid();
+  p.arrivals = nullptr;
+  REQUIRE_THROWS_AS(decode_attention_o_per_head(p, 4, false), std::invalid_argument);
+  p = valid();
+  p.x = nullptr;
+  REQUIRE_THROWS_AS(decode_attention_o_per_head(p, 4, false), std::invalid_argument);
+  p = valid();
+  p.w_o = reinterpret_cast<const __nv_bfloat16*>(W.data()) + 1;  // not 16-byte aligned
+  REQUIRE_THROWS_AS(decode_attention_o_per_head(p, 4, false), std::invalid_argument);
+  // Bielik's 1536 W_o rows in one block would need 393 KB of shared memory, more than
+  // any GPU offers; 17 blocks is over the largest cluster.
+  REQUIRE_FALSE(decode_attention_o_per_head_runs(1536, 12, 2, 128, 1));
+  REQUIRE_THROWS_AS(decode_attention_o_per_head(valid(), 1, false), std::invalid_argument);
+  REQUIRE_FALSE(decode_attention_o_per_head_runs(1536, 12, 2, 128, 17));
+  REQUIRE_THROWS_AS(decode_attention_o_per_head(valid(), 17, false), std::invalid_argument);
 }
 
 TEST_CASE("decode_gemv with the O partials: gate/up adds them into its input, down into its residual",
