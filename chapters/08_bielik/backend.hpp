@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "model_config.hpp"
+#include "sampler.hpp"
 
 namespace bielik {
 
@@ -41,6 +42,13 @@ class Backend {
 
   /// One token at position(): the generation step. Returns (V) logits.
   virtual std::vector<float> decode(int32_t token) = 0;
+
+  /// The generation step with its draw: runs `token` as decode() does and returns the
+  /// next token `sampler` draws from the logits. The default is exactly
+  /// sampler.sample(decode(token)); a backend may sample where its logits are (the CUDA
+  /// backend: on the GPU, sample_kernels.cuh) if it draws the same way, from the same
+  /// sampler's draws.
+  virtual int32_t decode_sample(int32_t token, Sampler& sampler) { return sampler.sample(decode(token)); }
 
   /// Forgets the cache: the next prefill starts at position 0.
   virtual void reset() = 0;

@@ -49,6 +49,7 @@ struct Args {
   int context = 0;
   bool ttft_only = false;    ///< load, compare TTFT with v6 and v5 prefill attention, stop
   bool timeline = false;     ///< load, print the decode GEMVs' timeline (one step), stop
+  bool sampling_only = false;  ///< load, print the sampling table, stop
   bool gate_up_after_o = false;  ///< o_allows_gate_up_early = false
   bool prefill_attention_clusters = true;  ///< --prefill-attention v6 (default) or v5
   bool decode_only = false;  ///< load, decode, print tokens/s, stop (for a profiler's timeline)
@@ -108,6 +109,8 @@ Args parse(int argc, char** argv) {
       if (a.prompt_tokens < 1) throw std::invalid_argument("--prompt-tokens must be >= 1");
     } else if (flag == "--ttft-only") {
       a.ttft_only = true;
+    } else if (flag == "--sampling-only") {
+      a.sampling_only = true;
     } else if (flag == "--timeline") {
       a.timeline = true;
     } else if (flag == "--prefill-attention") {
@@ -216,7 +219,7 @@ Args parse(int argc, char** argv) {
     } else {
       throw std::invalid_argument("unknown argument " + flag +
                                   " (usage: bench_model [--model DIR] [--out FILE] [--decode-tokens N] [--context N]"
-                                  " [--decode-only [--prompt-tokens N]] [--ttft-only] [--timeline] [--prefill-attention v5|v6]"
+                                  " [--decode-only [--prompt-tokens N]] [--ttft-only] [--timeline] [--sampling-only] [--prefill-attention v5|v6]"
                                   " [--attention cluster_o|cluster|cluster_per_head|split_combine|merge_in_o]"
                                   " [--replicas N] [--splits N] [--short-max-keys N] [--short-splits N] [--long-min-keys N]"
                                   " [--long-splits N]"
@@ -343,6 +346,50 @@ double decode_tokens_per_s(CudaModel& model, int tokens, int repeats, bool sync_
     if (r > 0) rates.push_back(tokens / (ms * 1e-3));
   }
   return median(rates);
+}
+
+// Decode tokens/s by how the next token is chosen: the greedy graph path (argmax on the
+// GPU), the chat's path (CudaModel::decode_sample: the draw on the GPU, 12 bytes back),
+// and the same draw made on the host from the copied logits (decode + Sampler), as the
+// chat did before. Medians of 3 runs of `tokens` tokens after a 16-token prompt.
+void print_sampling_table(CudaModel& model, int tokens) {
+  const std::vector<int32_t> prompt = random_prompt(16, model.config().vocab_size, 7);
+  auto rate = [&](const std::function<int32_t(int32_t)>& step) {
+    std::vector<double> rates;
+    for (int r = 0; r < 4; ++r) {  // the first run warms up
+      model.reset();
+      const std::vector<float> logits = model.prefill(prompt);
+      int32_t token = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      const double start = now_ms();
+      for (int i = 0; i < tokens; ++i) token = step(token);
+      if (r > 0) rates.push_back(tokens / ((now_ms() - start) * 1e-3));
+    }
+    return median(rates);
+  };
+  BenchTable table("model_decode_sampling", {"next token chosen by", "tokens/s", "ms/token"});
+  auto row = [&](const std::string& label, double tok_s) {
+    table.add_row({label, fmt(tok_s, 0), fmt(1000.0 / tok_s, 3)});
+  };
+  row("greedy: argmax on the GPU, steps queued back to back (generate_greedy, the benchmark's path)",
+      decode_tokens_per_s(model, tokens, 3, false));
+  row("greedy: argmax on the GPU, one step at a time (decode_greedy)", rate([&](int32_t t) {
+        return model.decode_greedy(t);
+      }));
+  const SamplerOptions chat{0.7f, 40, 0.9f, 1}, unranked{1.0f, 0, 1.0f, 1}, nucleus_only{0.7f, 0, 0.9f, 1};
+  for (const auto& [label, options] :
+       {std::make_pair("temperature 0.7, top-k 40, top-p 0.9 (the chat's defaults)", chat),
+        std::make_pair("temperature 1, no cut", unranked),
+        std::make_pair("top-p 0.9 with no top-k (the GPU sampler does not rank all V: host either way)",
+                       nucleus_only)}) {
+    Sampler on_gpu(options), on_host(options);
+    row(std::string("sampled on the GPU (decode_sample), ") + label, rate([&](int32_t t) {
+          return model.decode_sample(t, on_gpu);
+        }));
+    row(std::string("sampled on the host from the copied logits (decode + Sampler), ") + label,
+        rate([&](int32_t t) { return on_host.sample(model.decode(t)); }));
+  }
+  table.print();
+  std::fflush(stdout);
 }
 
 // One decode step's GEMVs on a timeline (CudaModelOptions::decode_timeline): for each
@@ -481,6 +528,10 @@ int main(int argc, char** argv) {
       return 0;
     }
 
+    if (args.sampling_only) {
+      print_sampling_table(*model, args.decode_tokens);
+      return 0;
+    }
     if (args.timeline) {
       print_decode_timeline(*model);
       return 0;
@@ -834,6 +885,7 @@ int main(int argc, char** argv) {
     prefill_step_table.print();
     std::printf("prefill pass (sum of the table) %.1f us\n", prefill_pass_us);
     decode_table.print();
+    print_sampling_table(*model, args.decode_tokens);
     step_table.print();
     occupancy_table.print();
     std::printf("eager step (sum of the table) %.1f us vs the graph's %.1f us per token\n", eager_step_us,

@@ -104,8 +104,8 @@ TurnStats ChatSession::reply(const std::string& user_text, int max_new_tokens,
   // 3. Generate: sample, stream, feed the token back, until a stop.
   StreamDecoder stream(tokenizer_);
   std::vector<int32_t> reply_ids;
+  int32_t id = sampler_.sample(logits);  // the first token, from the prompt's logits
   for (;;) {
-    const int32_t id = sampler_.sample(logits);
     if (reply_ids.empty()) stats.ttft_seconds = seconds_since(start);
     if (is_stop(id)) {
       stats.stop = StopReason::kEndOfTurn;
@@ -128,7 +128,7 @@ TurnStats ChatSession::reply(const std::string& user_text, int max_new_tokens,
       break;
     }
     const Clock::time_point step = Clock::now();
-    logits = backend_.decode(id);
+    id = backend_.decode_sample(id, sampler_);  // the step and the next draw (on the GPU with CUDA)
     stats.decode_seconds += seconds_since(step);
     ++stats.decode_steps;
   }

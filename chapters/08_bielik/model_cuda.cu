@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <new>
 #include <stdexcept>
 #include <utility>
 
@@ -239,6 +240,10 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     h_logits_.reset(static_cast<float*>(pinned));
     CUDA_CHECK(cudaMallocHost(&pinned, size_t(context) * sizeof(int32_t)));
     h_tokens_.reset(static_cast<int32_t*>(pinned));
+    CUDA_CHECK(cudaMallocHost(&pinned, sizeof(SampleExchange)));
+    h_sample_.reset(new (pinned) SampleExchange());
+    d_sample_uniform_ = DeviceBuffer<double>(1);
+    d_sample_result_ = DeviceBuffer<SampleResult>(1);
 
     // One eager step first: every launcher's one-time host work (occupancy queries, the
     // attention split kernel's setup) happens outside the capture, and a kernel that
@@ -850,6 +855,27 @@ std::vector<float> CudaModel::decode(int32_t token) {
   CUDA_CHECK(cudaStreamSynchronize(stream_));
   kv_.commit_host(1);
   return std::vector<float>(h_logits_.get(), h_logits_.get() + V_);
+}
+
+int32_t CudaModel::decode_sample(int32_t token, Sampler& sampler) {
+  if (!gpu_sampler_supports(sampler.options(), V_)) return Backend::decode_sample(token, sampler);
+  check_token(token);
+  check_fits(1, "prompt");
+  // The draw is made here, before the step, as Sampler::sample makes it before it reads
+  // the logits: the same seed gives the same draws on both paths.
+  SampleExchange* exchange = h_sample_.get();
+  exchange->uniform = sampler.greedy() ? 0.0 : sampler.draw_uniform();
+  h_tokens_.get()[0] = token;
+  CUDA_CHECK(cudaMemcpyAsync(d_token_.data(), h_tokens_.get(), sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  CUDA_CHECK(cudaMemcpyAsync(d_sample_uniform_.data(), &exchange->uniform, sizeof(double), cudaMemcpyHostToDevice,
+                             stream_));
+  run_decode_step(position() + 1);
+  gpu_sample(d_sample_result_.data(), d_logits_.data(), V_, sampler.options(), d_sample_uniform_.data(), stream_);
+  CUDA_CHECK(cudaMemcpyAsync(&exchange->result, d_sample_result_.data(), sizeof(SampleResult), cudaMemcpyDeviceToHost,
+                             stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  kv_.commit_host(1);  // the step ran, as decode() + a throwing sample() would have it
+  return checked_token(exchange->result);
 }
 
 int32_t CudaModel::decode_greedy(int32_t token) {

@@ -50,6 +50,7 @@
 #include "kv_cache.cuh"
 #include "model_config.hpp"
 #include "rope.cuh"
+#include "sample_kernels.cuh"
 
 namespace bielik {
 
@@ -285,6 +286,11 @@ class CudaModel final : public Backend {
 
   std::vector<float> prefill(const std::vector<int32_t>& tokens, Logits which = Logits::kLast) override;
   std::vector<float> decode(int32_t token) override;
+  /// The step and the draw on the GPU (sample_kernels.cuh): 12 bytes come back instead
+  /// of the (V) logits, and the host does no pass over them. Options the GPU sampler does
+  /// not run (top-p with no top-k, or top-k above kGpuSamplerMaxTopK) take the host path,
+  /// Backend::decode_sample.
+  int32_t decode_sample(int32_t token, Sampler& sampler) override;
   void reset() override;
   int position() const override { return kv_.length(); }
   int context_size() const override { return kv_.max_context(); }
@@ -457,6 +463,13 @@ class CudaModel final : public Backend {
   };
   std::unique_ptr<float, PinnedDeleter> h_logits_;      // (V)
   std::unique_ptr<int32_t, PinnedDeleter> h_tokens_;    // (max_context) generated ids
+  struct SampleExchange {
+    double uniform = 0;  // the host's draw, copied to d_sample_uniform_
+    SampleResult result;  // the GPU sampler's answer, copied back
+  };
+  std::unique_ptr<SampleExchange, PinnedDeleter> h_sample_;
+  DeviceBuffer<double> d_sample_uniform_;       // (1) decode_sample's draw
+  DeviceBuffer<SampleResult> d_sample_result_;  // (1) its token
 
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t graph_exec_ = nullptr;

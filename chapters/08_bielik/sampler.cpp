@@ -73,10 +73,18 @@ std::vector<std::pair<int32_t, double>> Sampler::candidates(const float* logits,
   return ranked;
 }
 
+double Sampler::draw_uniform() {
+  // u in [0, 1) from the top 53 bits: exactly representable, the same on every platform.
+  return double(engine_() >> 11) * 0x1.0p-53;
+}
+
 int32_t Sampler::sample(const float* logits, int V) {
   if (greedy()) return argmax(logits, V);
-  // u in [0, 1) from the top 53 bits: exactly representable, the same on every platform.
-  const double u = double(engine_() >> 11) * 0x1.0p-53;
+  return sample_with_uniform(logits, V, draw_uniform());
+}
+
+int32_t Sampler::sample_with_uniform(const float* logits, int V, double u) const {
+  if (greedy()) return argmax(logits, V);
   if ((options_.top_k <= 0 || options_.top_k >= V) && options_.top_p >= 1.0f) {
     // Nothing to cut: draw from the full softmax in id order, no sort of V entries.
     check_logits(logits, V);

@@ -37,6 +37,15 @@ class Sampler {
   int32_t sample(const float* logits, int V);
   int32_t sample(const std::vector<float>& logits) { return sample(logits.data(), int(logits.size())); }
 
+  /// The next uniform draw in [0, 1), from the seeded generator: what sample() draws
+  /// once per non-greedy call. A GPU sampler takes it from here, so that a seed gives the
+  /// same draws on both backends.
+  double draw_uniform();
+
+  /// sample() with the draw `u` given instead of made (greedy ignores it). sample(l, V)
+  /// is sample_with_uniform(l, V, draw_uniform()) for a non-greedy sampler.
+  int32_t sample_with_uniform(const float* logits, int V, double u) const;
+
   /// The distribution step 5 draws from: (token, probability) pairs, most likely first,
   /// probabilities summing to 1. Greedy gives the argmax with probability 1.
   std::vector<std::pair<int32_t, double>> candidates(const float* logits, int V) const;

@@ -1661,3 +1661,143 @@ TEST_CASE("CUDA model: the persistent decode step matches the CPU backend", "[ch
     }
   }
 }
+
+// --- the sampler on the GPU (sample_kernels.cuh) ---
+
+TEST_CASE("gpu_sample draws what the CPU sampler draws from the same logits and the same u", "[ch08][gpu][kernels]") {
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 engine(seed);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  struct LogitSet {
+    const char* name;
+    std::vector<float> logits;
+  };
+  std::vector<LogitSet> sets;
+  {
+    std::vector<float> bielik(32000), ties(1003), smollm(49152), tiny(5);
+    for (float& l : bielik) l = normal(engine);
+    // Logits on a 0.5 grid (many exact ties, the lower id first), some -inf, a -0 and a +0.
+    for (size_t i = 0; i < ties.size(); ++i) ties[i] = i % 97 == 5 ? -INFINITY : std::round(normal(engine) * 2) * 0.5f;
+    ties[11] = -0.0f;
+    ties[12] = 0.0f;
+    for (float& l : smollm) l = normal(engine) * 0.3f;  // a flat distribution: long nuclei
+    tiny = {1.0f, 3.0f, 3.0f, -2.0f, 0.5f};
+    sets = {{"Bielik-sized", bielik}, {"ties on a grid", ties}, {"SmolLM2-sized, flat", smollm}, {"V = 5", tiny}};
+  }
+  const SamplerOptions option_sets[] = {
+      {0.7f, 40, 0.9f, 0},    // the chat's defaults
+      {1.3f, 1000, 0.5f, 0},  {0.8f, 1024, 0.95f, 0}, {1.0f, 2, 1.0f, 0}, {0.9f, 7, 1.0f, 0},
+      {0.5f, 0, 1.0f, 0},     // nothing to cut: the unranked walk
+      {1.0f, 4, 0.3f, 0},     {0.0f, 0, 1.0f, 0},  // greedy by temperature
+      {1.0f, 1, 1.0f, 0},     // greedy by top-k
+  };
+  DeviceBuffer<double> d_u(1);
+  DeviceBuffer<SampleResult> d_result(1);
+  int checked = 0, near_border = 0;
+  for (const LogitSet& set : sets) {
+    const int V = int(set.logits.size());
+    DeviceBuffer<float> d_logits(set.logits);
+    for (const SamplerOptions& options : option_sets) {
+      INFO(set.name << ": temperature " << options.temperature << ", top_k " << options.top_k << ", top_p "
+                    << options.top_p);
+      if (options.top_k >= V) continue;  // (V = 5 with a larger k: the unranked case, covered by k = 0)
+      REQUIRE(gpu_sampler_supports(options, V));
+      const Sampler cpu(options);
+      std::vector<double> draws = {0.0, 1.0 - 0x1.0p-53};  // the ends of [0, 1)
+      for (int d = 0; d < 24; ++d) draws.push_back(double(engine() >> 11) * 0x1.0p-53);
+      for (double u : draws) {
+        INFO("u " << u);
+        CUDA_CHECK(cudaMemcpy(d_u.data(), &u, sizeof(double), cudaMemcpyHostToDevice));
+        d_result.fill_bytes(0xFF);  // token -1: the kernel must write its answer
+        gpu_sample(d_result.data(), d_logits.data(), V, options, d_u.data(), 0);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        const int32_t gpu = checked_token(d_result.to_host()[0]);
+        const int32_t expected = cpu.sample_with_uniform(set.logits.data(), V, u);
+        ++checked;
+        if (gpu != expected) {
+          // Only where u lies on a border between two tokens, within the sums' rounding:
+          // a draw a hair away must then give the GPU's token.
+          const int32_t below = cpu.sample_with_uniform(set.logits.data(), V, std::max(0.0, u - 1e-12));
+          const int32_t above = cpu.sample_with_uniform(set.logits.data(), V, std::min(1.0 - 0x1.0p-53, u + 1e-12));
+          INFO("GPU " << gpu << ", CPU " << expected << " (u - 1e-12: " << below << ", u + 1e-12: " << above << ")");
+          REQUIRE((gpu == below || gpu == above));
+          ++near_border;
+        }
+      }
+    }
+  }
+  std::printf("gpu_sample: %d draws against the CPU sampler, %d on a border within 1e-12\n", checked, near_border);
+  REQUIRE(near_border <= 1);
+}
+
+TEST_CASE("gpu_sample refuses what it does not rank, and reports bad logits as the CPU sampler does",
+          "[ch08][gpu][kernels]") {
+  REQUIRE_FALSE(gpu_sampler_supports({0.7f, 0, 0.9f, 0}, 32000));     // top-p over every token: host
+  REQUIRE_FALSE(gpu_sampler_supports({0.7f, 1025, 1.0f, 0}, 32000));  // above kGpuSamplerMaxTopK
+  REQUIRE(gpu_sampler_supports({0.7f, 32000, 1.0f, 0}, 32000));       // k >= V, p = 1: nothing to cut
+  REQUIRE_FALSE(gpu_sampler_supports({0.7f, 40, 0.9f, 0}, 0));
+  DeviceBuffer<double> d_u(std::vector<double>{0.5});
+  DeviceBuffer<SampleResult> d_result(1);
+  std::vector<float> logits(3001, 0.25f);
+  DeviceBuffer<float> d_logits(logits);
+  REQUIRE_THROWS_AS(gpu_sample(d_result.data(), d_logits.data(), 3001, {0.7f, 0, 0.9f, 0}, d_u.data(), 0),
+                    std::invalid_argument);
+  auto message = [&](const std::vector<float>& values, const SamplerOptions& options) {
+    DeviceBuffer<float> d(values);
+    gpu_sample(d_result.data(), d.data(), int(values.size()), options, d_u.data(), 0);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::string gpu_error, cpu_error;
+    try {
+      checked_token(d_result.to_host()[0]);
+    } catch (const std::invalid_argument& e) {
+      gpu_error = e.what();
+    }
+    try {
+      Sampler(options).sample_with_uniform(values.data(), int(values.size()), 0.5);
+    } catch (const std::invalid_argument& e) {
+      cpu_error = e.what();
+    }
+    INFO("GPU: " << gpu_error << " / CPU: " << cpu_error);
+    REQUIRE_FALSE(gpu_error.empty());
+    REQUIRE(gpu_error == cpu_error);
+  };
+  for (const SamplerOptions& options : {SamplerOptions{0.7f, 40, 0.9f, 0}, SamplerOptions{1.0f, 0, 1.0f, 0},
+                                        SamplerOptions{0.0f, 0, 1.0f, 0}}) {
+    std::vector<float> bad = logits;
+    bad[2500] = NAN;
+    bad[17] = NAN;  // the first one is named
+    message(bad, options);
+    bad = logits;
+    bad[40] = INFINITY;
+    message(bad, options);
+    message(std::vector<float>(777, -INFINITY), options);
+  }
+}
+
+TEST_CASE("CUDA model: decode_sample draws the tokens the host draws from decode's logits", "[ch08][gpu][model]") {
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  for (const TinySpec& spec : kSpecs) {
+    const std::string dir = tiny_checkpoint(spec);
+    const std::vector<int32_t> prompt = random_prompt(9, spec.V, seed);
+    // The chat's defaults; the unranked walk; top-p alone (the host path); greedy.
+    for (const SamplerOptions& options : {SamplerOptions{0.8f, 40, 0.9f, seed}, SamplerOptions{1.0f, 0, 1.0f, seed},
+                                          SamplerOptions{0.7f, 0, 0.9f, seed}, SamplerOptions{0.0f, 0, 1.0f, seed}}) {
+      INFO(spec.name << ": temperature " << options.temperature << ", top_k " << options.top_k << ", top_p "
+                     << options.top_p);
+      CudaModel on_gpu(dir, cuda_options()), on_host(dir, cuda_options());
+      Sampler gpu_sampler(options), host_sampler(options);
+      int32_t gpu_token = gpu_sampler.sample(on_gpu.prefill(prompt));
+      int32_t host_token = host_sampler.sample(on_host.prefill(prompt));
+      REQUIRE(gpu_token == host_token);
+      for (int step = 0; step < 16; ++step) {
+        INFO("step " << step);
+        gpu_token = on_gpu.decode_sample(gpu_token, gpu_sampler);
+        host_token = host_sampler.sample(on_host.decode(host_token));
+        REQUIRE(gpu_token == host_token);
+        REQUIRE(on_gpu.position() == on_host.position());
+      }
+    }
+  }
+}

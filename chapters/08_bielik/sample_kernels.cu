@@ -1,0 +1,405 @@
+// The sampler on the GPU (sample_kernels.cuh says what and why).
+#include <climits>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "cuda_check.cuh"
+#include "sample_kernels.cuh"
+
+namespace bielik {
+
+namespace {
+
+constexpr int kSampleThreads = 1024;
+constexpr int kSampleWarps = kSampleThreads / 32;
+constexpr int kSortSlots = kGpuSamplerMaxTopK;  // the bitonic sort's width, a power of two
+static_assert((kSortSlots & (kSortSlots - 1)) == 0 && kSortSlots <= kSampleThreads, "one slot a thread");
+constexpr unsigned kFullMask = 0xffffffffu;
+// The logits are copied into shared memory by the first pass when they fit this (Bielik's
+// 32000 take 125 KB), so the passes after it read shared memory instead of L2. Measured
+// on the H200 (2026-12-02): the top-k path took ~90 us a token reading L2 in every pass,
+// one dependent load after another.
+constexpr size_t kMaxCachedLogitBytes = size_t(160) << 10;
+
+enum class Mode : int { kGreedy = 0, kUnranked = 1, kTopK = 2 };
+
+// A key whose unsigned order is the float order (NaN excluded beforehand): the sign bit
+// flipped for positives, every bit for negatives. -0 is made +0 first (x + 0.0f), so
+// that the two zeros, equal as logits and as probabilities, are one key.
+__device__ __forceinline__ uint32_t order_key(float v) {
+  const uint32_t bits = __float_as_uint(v + 0.0f);
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+// The exclusive prefix sum over the block's threads in thread order; *total (shared)
+// receives the sum of all. Every thread must call it. warp_sums: (kSampleWarps) shared.
+template <typename T>
+__device__ T block_exclusive_scan(T value, T* warp_sums, T* total) {
+  const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
+  T inclusive = value;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset *= 2) {
+    const T below = __shfl_up_sync(kFullMask, inclusive, offset);
+    if (lane >= offset) inclusive += below;
+  }
+  T exclusive = __shfl_up_sync(kFullMask, inclusive, 1);
+  if (lane == 0) exclusive = T(0);
+  if (lane == 31) warp_sums[warp] = inclusive;
+  __syncthreads();
+  if (warp == 0) {
+    const T mine = warp_sums[lane];
+    T running = mine;
+#pragma unroll
+    for (int offset = 1; offset < 32; offset *= 2) {
+      const T below = __shfl_up_sync(kFullMask, running, offset);
+      if (lane >= offset) running += below;
+    }
+    T before = __shfl_up_sync(kFullMask, running, 1);
+    if (lane == 0) before = T(0);
+    warp_sums[lane] = before;
+    if (lane == 31) *total = running;
+  }
+  __syncthreads();
+  const T result = warp_sums[warp] + exclusive;
+  __syncthreads();  // warp_sums may be reused by the next scan
+  return result;
+}
+
+struct Candidate {
+  double weight;  // exp((logit - max) / temperature); -1 for an unused slot
+  int32_t id;
+};
+
+// Ranked order: more likely first, the lower id first on a tie (Sampler::candidates).
+__device__ __forceinline__ bool ranks_before(const Candidate& a, const Candidate& b) {
+  return a.weight != b.weight ? a.weight > b.weight : a.id < b.id;
+}
+
+__global__ void __launch_bounds__(kSampleThreads)
+    sample_kernel(SampleResult* result,
+                  const float* __restrict__ logits,  // (V)
+                  int V, Mode mode, float temperature, int top_k, float top_p,
+                  const double* uniform,  // (1) u in [0, 1)
+                  bool cache_logits) {    // copy them into the dynamic shared memory (V floats)
+  extern __shared__ float cached[];  // (V) with cache_logits
+  __shared__ int first_bad, any_finite, found;
+  __shared__ float warp_max[kSampleWarps];
+  __shared__ double double_sums[kSampleWarps];
+  __shared__ int int_sums[kSampleWarps];
+  __shared__ double double_total;
+  __shared__ int int_total, int_total_2;
+  const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
+  if (tid == 0) {
+    first_bad = INT_MAX;
+    any_finite = 0;
+    found = INT_MAX;
+  }
+  __syncthreads();
+
+  // 1. The largest logit; the first NaN or +inf, which the CPU sampler refuses.
+  float largest = -INFINITY;
+  int bad = INT_MAX, finite = 0;
+  for (int i = tid; i < V; i += kSampleThreads) {
+    const float l = logits[i];
+    if (cache_logits) cached[i] = l;
+    if (isnan(l) || l == INFINITY) {
+      bad = min(bad, i);
+    } else {
+      largest = fmaxf(largest, l);
+      finite |= l != -INFINITY;
+    }
+  }
+  for (int offset = 16; offset > 0; offset /= 2) largest = fmaxf(largest, __shfl_xor_sync(kFullMask, largest, offset));
+  if (lane == 0) warp_max[warp] = largest;
+  if (bad != INT_MAX) atomicMin(&first_bad, bad);
+  if (finite) atomicOr(&any_finite, 1);
+  __syncthreads();
+  if (first_bad != INT_MAX || !any_finite) {
+    if (tid == 0) {
+      SampleResult r;
+      r.status = int32_t(first_bad != INT_MAX ? GpuSampleStatus::kBadLogit : GpuSampleStatus::kAllInfinite);
+      r.bad_index = first_bad != INT_MAX ? first_bad : -1;
+      r.bad_is_nan = first_bad != INT_MAX && isnan(logits[first_bad]);
+      *result = r;
+    }
+    return;
+  }
+  if (warp == 0) {
+    float m = warp_max[lane];
+    for (int offset = 16; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(kFullMask, m, offset));
+    if (lane == 0) warp_max[0] = m;
+  }
+  __syncthreads();
+  const float max_logit = warp_max[0];
+  auto logit = [&](int i) { return cache_logits ? cached[i] : logits[i]; };  // (after the barrier above)
+
+  if (mode == Mode::kGreedy) {  // the first index of the largest logit, as std::max_element
+    for (int i = tid; i < V; i += kSampleThreads) {
+      if (logit(i) == max_logit) {
+        atomicMin(&found, i);
+        break;
+      }
+    }
+    __syncthreads();
+    if (tid == 0) *result = SampleResult{found, 0, -1, 0};
+    return;
+  }
+
+  const double u = *uniform;
+  const double max_double = double(max_logit);
+  const int chunk = (V + kSampleThreads - 1) / kSampleThreads;  // contiguous ids a thread, for id order
+  const int begin = min(V, tid * chunk), end = min(V, begin + chunk);
+
+  if (mode == Mode::kUnranked) {
+    // 2a. Nothing to cut: the softmax walked in id order. Each thread sums its chunk,
+    //     the block scans the sums, and the thread whose span holds the target walks it.
+    const double temperature_double = double(temperature);
+    auto weight = [&](int i) { return exp((double(logit(i)) - max_double) / temperature_double); };
+    double local = 0;
+    int first_possible = INT_MAX, last_possible = -1;
+    for (int i = begin; i < end; ++i) {
+      const double w = weight(i);
+      local += w;
+      if (w > 0) {
+        first_possible = min(first_possible, i);
+        last_possible = i;
+      }
+    }
+    const double before = block_exclusive_scan(local, double_sums, &double_total);
+    const double target = u * double_total;
+    // The first token whose running sum passes the target: in the one thread whose span
+    // [before, before + local) holds the target, which walks it. Its walk sums in another
+    // order than the scan did, so it may fall short by rounding; then the answer is the
+    // first token with a weight after it, which every later thread offers.
+    if (local > 0 && target < before + local) {
+      if (before <= target) {
+        double cumulative = before;
+        for (int i = begin; i < end; ++i) {
+          cumulative += weight(i);
+          if (target < cumulative) {
+            atomicMin(&found, i);
+            break;
+          }
+        }
+      } else {
+        atomicMin(&found, first_possible);
+      }
+    }
+    // The target in the rounding slack of the sum: the last token with a weight.
+    for (int offset = 16; offset > 0; offset /= 2) {
+      last_possible = max(last_possible, __shfl_xor_sync(kFullMask, last_possible, offset));
+    }
+    if (lane == 0) int_sums[warp] = last_possible;
+    __syncthreads();
+    if (tid == 0) {
+      int last = -1;
+      for (int w = 0; w < kSampleWarps; ++w) last = max(last, int_sums[w]);
+      *result = SampleResult{found != INT_MAX ? found : last, 0, -1, 0};
+    }
+    return;
+  }
+
+  // 2b. Top-k. The k-th largest logit's key by radix select, 8 bits a pass from the top:
+  //     each pass counts, among the keys that match the bits fixed so far, how many fall
+  //     in each of the 256 values of the next 8 bits (a histogram per warp: a warp's
+  //     lanes with the same value add once, through __match_any_sync, and no other warp
+  //     writes its row), then fixes the bits of the bin that holds the k-th.
+  // One shared buffer for the two phases that never overlap (48 KB of static shared
+  // memory is the limit): the histograms, then the ranked candidates.
+  __shared__ __align__(16) unsigned char scratch[kSampleWarps * 256 * sizeof(unsigned)];
+  static_assert(kSortSlots * sizeof(Candidate) <= sizeof(scratch), "the candidates fit the histograms' space");
+  auto histogram = reinterpret_cast<unsigned (*)[256]>(scratch);
+  __shared__ unsigned bins[256];
+  __shared__ uint32_t selected_prefix;
+  __shared__ int selected_remaining;
+  uint32_t prefix = 0, mask = 0;
+  int remaining = top_k;  // the rank of the wanted key among those matching `prefix`
+  const int rounded_V = (V + kSampleThreads - 1) / kSampleThreads * kSampleThreads;  // whole warps iterate
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = tid; i < kSampleWarps * 256; i += kSampleThreads) (&histogram[0][0])[i] = 0;
+    __syncthreads();
+    for (int i = tid; i < rounded_V; i += kSampleThreads) {
+      const uint32_t key = i < V ? order_key(logit(i)) : 0;
+      const bool counted = i < V && (key & mask) == prefix;
+      const unsigned bin = (key >> shift) & 255u;
+      const unsigned counting = __ballot_sync(kFullMask, counted);
+      if (counted) {
+        const unsigned peers = __match_any_sync(counting, bin);
+        if (lane == __ffs(peers) - 1) histogram[warp][bin] += __popc(peers);
+      }
+    }
+    __syncthreads();
+    if (tid < 256) {
+      unsigned sum = 0;
+      for (int w = 0; w < kSampleWarps; ++w) sum += histogram[w][tid];
+      bins[tid] = sum;
+    }
+    __syncthreads();
+    if (warp == 0) {  // the bin that holds the remaining-th largest: lane l sums bins 255 - 8l .. 248 - 8l
+      int counts[8], lane_total = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) lane_total += counts[j] = int(bins[255 - 8 * lane - j]);
+      int through = lane_total;  // keys in this lane's bins and every higher lane's (higher bins)
+#pragma unroll
+      for (int offset = 1; offset < 32; offset *= 2) {
+        const int below = __shfl_up_sync(kFullMask, through, offset);
+        if (lane >= offset) through += below;
+      }
+      int above = through - lane_total;  // keys in higher bins than this lane's
+      if (above < remaining && remaining <= through) {  // exactly one lane
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          if (above + counts[j] >= remaining) {
+            selected_prefix = prefix | (uint32_t(255 - 8 * lane - j) << shift);
+            selected_remaining = remaining - above;
+            break;
+          }
+          above += counts[j];
+        }
+      }
+    }
+    __syncthreads();
+    prefix = selected_prefix;
+    remaining = selected_remaining;
+    mask |= 0xffu << shift;
+  }
+  // `prefix` is now the k-th largest key; `remaining` of the keys equal to it are kept,
+  // the lowest ids (the CPU's tie order), after every key above it.
+
+  // 3. The k tokens gathered in id order: thread t's chunk, the block's scans give each
+  //    thread where its tokens go.
+  Candidate* ranked = reinterpret_cast<Candidate*>(scratch);  // (kSortSlots)
+  int above_here = 0, equal_here = 0;
+  for (int i = begin; i < end; ++i) {
+    const uint32_t key = order_key(logit(i));
+    above_here += key > prefix;
+    equal_here += key == prefix;
+  }
+  int above_slot = block_exclusive_scan(above_here, int_sums, &int_total);
+  int equal_rank = block_exclusive_scan(equal_here, int_sums, &int_total_2);
+  const int above_all = int_total;
+  const double inverse_temperature = 1.0 / double(temperature);
+  auto candidate = [&](int i) {
+    return Candidate{exp((double(logit(i)) - max_double) * inverse_temperature), int32_t(i)};
+  };
+  for (int i = begin; i < end; ++i) {
+    const uint32_t key = order_key(logit(i));
+    if (key > prefix) {
+      ranked[above_slot++] = candidate(i);
+    } else if (key == prefix) {
+      if (equal_rank < remaining) ranked[above_all + equal_rank] = candidate(i);
+      ++equal_rank;
+    }
+  }
+  int sorted = 2;  // the sort's width: the power of two >= k
+  while (sorted < top_k) sorted *= 2;
+  if (tid >= top_k && tid < sorted) ranked[tid] = Candidate{-1.0, INT_MAX};
+  __syncthreads();
+
+  // 4. Ranked by a bitonic sort (most likely first).
+  for (int size = 2; size <= sorted; size *= 2) {
+    for (int stride = size / 2; stride > 0; stride /= 2) {
+      const int partner = tid ^ stride;
+      if (tid < sorted && partner > tid) {
+        const bool first_half_first = (tid & size) == 0;  // this pair's order in the merge
+        const Candidate a = ranked[tid], b = ranked[partner];
+        if (ranks_before(b, a) == first_half_first) {
+          ranked[tid] = b;
+          ranked[partner] = a;
+        }
+      }
+      __syncthreads();
+    }
+  }
+
+  // 5. Normalize, cut the nucleus, renormalize, draw: the CPU's sums, in its order, by
+  //    one thread; the divisions (exact per element) by all.
+  __shared__ int nucleus;
+  if (tid == 0) {
+    double mass = 0;
+    for (int s = 0; s < top_k; ++s) mass += ranked[s].weight;
+    double_total = mass;
+  }
+  __syncthreads();
+  if (tid < top_k) ranked[tid].weight /= double_total;
+  __syncthreads();
+  if (tid == 0) {
+    int kept = top_k;
+    if (top_p < 1.0f) {
+      double cumulative = 0;
+      kept = 0;
+      while (kept < top_k && cumulative < double(top_p)) cumulative += ranked[kept++].weight;
+      double mass = 0;
+      for (int s = 0; s < kept; ++s) mass += ranked[s].weight;
+      double_total = mass;
+    }
+    nucleus = kept;
+  }
+  __syncthreads();
+  if (top_p < 1.0f && tid < nucleus) ranked[tid].weight /= double_total;
+  __syncthreads();
+  if (tid == 0) {
+    int32_t token = ranked[nucleus - 1].id;  // u in the rounding slack of the sum: the last
+    double cumulative = 0;
+    for (int s = 0; s < nucleus; ++s) {
+      cumulative += ranked[s].weight;
+      if (u < cumulative) {
+        token = ranked[s].id;
+        break;
+      }
+    }
+    *result = SampleResult{token, 0, -1, 0};
+  }
+}
+
+Mode mode_for(const SamplerOptions& o, int V) {
+  if (o.temperature <= 0.0f || o.top_k == 1) return Mode::kGreedy;
+  if ((o.top_k <= 0 || o.top_k >= V) && o.top_p >= 1.0f) return Mode::kUnranked;
+  return Mode::kTopK;
+}
+
+}  // namespace
+
+bool gpu_sampler_supports(const SamplerOptions& o, int V) {
+  if (V <= 0) return false;
+  const Mode mode = mode_for(o, V);
+  return mode != Mode::kTopK || (o.top_k >= 2 && o.top_k <= kGpuSamplerMaxTopK && o.top_k < V);
+}
+
+void gpu_sample(SampleResult* result, const float* logits, int V, const SamplerOptions& options,
+                const double* uniform, cudaStream_t stream) {
+  if (V <= 0 || !result || !logits || !uniform) {
+    throw std::invalid_argument("gpu_sample: needs V > 0 and the result, logits and uniform pointers");
+  }
+  if (!gpu_sampler_supports(options, V)) {
+    throw std::invalid_argument("gpu_sample: top_k " + std::to_string(options.top_k) + " with top_p " +
+                                std::to_string(options.top_p) + " ranks more than " +
+                                std::to_string(kGpuSamplerMaxTopK) + " tokens; sample on the host");
+  }
+  // Room for the logits in shared memory, asked for once (above the 48 KB default).
+  static const bool cache_allowed =
+      cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxCachedLogitBytes)) ==
+      cudaSuccess;
+  (void)cudaGetLastError();  // a refusal leaves no sticky error: the kernel then reads L2
+  const bool cache = cache_allowed && size_t(V) * sizeof(float) <= kMaxCachedLogitBytes;
+  sample_kernel<<<1, kSampleThreads, cache ? size_t(V) * sizeof(float) : 0, stream>>>(
+      result, logits, V, mode_for(options, V), options.temperature, options.top_k, options.top_p, uniform, cache);
+  CUDA_CHECK_LAUNCH();
+}
+
+int32_t checked_token(const SampleResult& r) {
+  if (r.status == int32_t(GpuSampleStatus::kBadLogit)) {
+    throw std::invalid_argument("sampler: logit " + std::to_string(r.bad_index) + " is " +
+                                (r.bad_is_nan ? "NaN" : "+inf") + " (broken forward pass?)");
+  }
+  if (r.status == int32_t(GpuSampleStatus::kAllInfinite)) {
+    throw std::invalid_argument("sampler: every logit is -inf");
+  }
+  if (r.status != int32_t(GpuSampleStatus::kOk) || r.token < 0) {
+    throw std::runtime_error("gpu_sample: no token (status " + std::to_string(r.status) + ")");
+  }
+  return r.token;
+}
+
+}  // namespace bielik

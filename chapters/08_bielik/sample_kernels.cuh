@@ -1,0 +1,69 @@
+/// @file sample_kernels.cuh
+/// @brief Chapter 08: the sampler (sampler.hpp) on the GPU, so that a sampled chat
+/// token costs the decode step one small kernel and a 12-byte copy back, not the (V)
+/// logits' copy (128 KB for Bielik) and a host pass over them.
+///
+/// The same steps as Sampler::sample_with_uniform, in the same order, with the draw `u`
+/// made on the host by the same seeded generator (Sampler::draw_uniform): greedy is the
+/// lowest index of the largest logit; with nothing to cut (top_k <= 0 or >= V, top_p = 1)
+/// the draw walks the softmax in id order; with top-k (2..kGpuSamplerMaxTopK) the k most
+/// likely tokens are ranked (probability descending, lower id first on a tie), their
+/// probabilities normalized, top-p cut, renormalized and walked. The probabilities are
+/// doubles from exp() as on the CPU. The ranked lists' sums are made by one thread in
+/// the CPU's order, so they are the CPU's sums up to the last bit of exp(); the
+/// unranked walk sums in 1024 chunks, not one by one, so its running sum differs from
+/// the CPU's by rounding. Either way a token can differ from the CPU's only when u falls
+/// within ~1e-15 of the border between two tokens.
+///
+/// One block of kSampleThreads threads:
+///  1. the largest logit, and the first NaN or +inf (the CPU sampler throws on those);
+///  2. top-k: the k-th largest logit by radix select (four passes over the logits' bits,
+///     8 bits a pass, a histogram per warp in shared memory), then the k tokens gathered
+///     in id order (ties at the threshold: the lowest ids, as the CPU's sort keeps them),
+///     ranked by a bitonic sort in shared memory;
+///  3. the draw.
+/// Top-p with no top-k (or k > kGpuSamplerMaxTopK) would rank all V tokens: that stays
+/// on the host (gpu_sampler_supports says so).
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime.h>
+
+#include "sampler.hpp"
+
+namespace bielik {
+
+/// The largest top_k the GPU sampler ranks in shared memory.
+constexpr int kGpuSamplerMaxTopK = 1024;
+
+/// What the kernel reports (SampleResult::status).
+enum class GpuSampleStatus : int32_t {
+  kOk = 0,
+  kBadLogit = 1,    ///< a NaN or +inf logit; SampleResult::bad_index is the first, bad_is_nan which
+  kAllInfinite = 2  ///< every logit is -inf
+};
+
+/// The kernel's output, copied back to the host in one piece.
+struct SampleResult {
+  int32_t token = -1;
+  int32_t status = 0;  ///< a GpuSampleStatus
+  int32_t bad_index = -1;
+  int32_t bad_is_nan = 0;
+};
+
+/// Whether gpu_sample runs these options for a vocabulary of V (otherwise the caller
+/// samples on the host): greedy, the unranked softmax, or top-k up to
+/// kGpuSamplerMaxTopK with any top-p.
+bool gpu_sampler_supports(const SamplerOptions& options, int V);
+
+/// Samples one token from `logits` (V, device) into `result` (device), with the draw
+/// `*uniform` (device, in [0, 1); ignored when greedy). Throws std::invalid_argument for
+/// options gpu_sampler_supports refuses, or V <= 0.
+void gpu_sample(SampleResult* result, const float* logits, int V, const SamplerOptions& options,
+                const double* uniform, cudaStream_t stream);
+
+/// Throws std::invalid_argument, worded as the CPU sampler's, when a result reports a
+/// bad logit; returns the token otherwise.
+int32_t checked_token(const SampleResult& result);
+
+}  // namespace bielik
