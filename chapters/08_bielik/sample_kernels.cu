@@ -202,9 +202,9 @@ __global__ void __launch_bounds__(kSampleThreads)
 
   // 2b. Top-k. The k-th largest logit's key by radix select, 8 bits a pass from the top:
   //     each pass counts, among the keys that match the bits fixed so far, how many fall
-  //     in each of the 256 values of the next 8 bits (a histogram per warp: a warp's
-  //     lanes with the same value add once, through __match_any_sync, and no other warp
-  //     writes its row), then fixes the bits of the bin that holds the k-th.
+  //     in each of the 256 values of the next 8 bits (a histogram per warp, so that only
+  //     a warp's own lanes contend for a counter), then fixes the bits of the bin that
+  //     holds the k-th.
   // One shared buffer for the two phases that never overlap (48 KB of static shared
   // memory is the limit): the histograms, then the ranked candidates.
   __shared__ __align__(16) unsigned char scratch[kSampleWarps * 256 * sizeof(unsigned)];
@@ -215,19 +215,12 @@ __global__ void __launch_bounds__(kSampleThreads)
   __shared__ int selected_remaining;
   uint32_t prefix = 0, mask = 0;
   int remaining = top_k;  // the rank of the wanted key among those matching `prefix`
-  const int rounded_V = (V + kSampleThreads - 1) / kSampleThreads * kSampleThreads;  // whole warps iterate
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int i = tid; i < kSampleWarps * 256; i += kSampleThreads) (&histogram[0][0])[i] = 0;
     __syncthreads();
-    for (int i = tid; i < rounded_V; i += kSampleThreads) {
-      const uint32_t key = i < V ? order_key(logit(i)) : 0;
-      const bool counted = i < V && (key & mask) == prefix;
-      const unsigned bin = (key >> shift) & 255u;
-      const unsigned counting = __ballot_sync(kFullMask, counted);
-      if (counted) {
-        const unsigned peers = __match_any_sync(counting, bin);
-        if (lane == __ffs(peers) - 1) histogram[warp][bin] += __popc(peers);
-      }
+    for (int i = tid; i < V; i += kSampleThreads) {
+      const uint32_t key = order_key(logit(i));
+      if ((key & mask) == prefix) atomicAdd(&histogram[warp][(key >> shift) & 255u], 1u);
     }
     __syncthreads();
     if (tid < 256) {
