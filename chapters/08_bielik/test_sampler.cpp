@@ -1,8 +1,10 @@
 // Chapter 08: the sampler. Greedy is the argmax; the random paths are checked as
 // distributions: with a fixed seed, 20000 draws land within a few standard deviations
 // (sqrt(p(1-p)/n) <= 0.0036) of the probabilities the test computes itself.
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <random>
 #include <stdexcept>
 #include <vector>
 
@@ -121,6 +123,49 @@ TEST_CASE("top-p removes the tail beyond the nucleus", "[ch08][cpu][sampler]") {
   // A tiny top_p still keeps the single most likely token.
   Sampler narrow(SamplerOptions{1.0f, 0, 0.01f, 7});
   for (int i = 0; i < 100; ++i) REQUIRE(narrow.sample(logits) == 1);
+}
+
+TEST_CASE("top-p over every token finds the nucleus a full sort finds, however long", "[ch08][cpu][sampler]") {
+  // The sampler ranks only as many tokens as the nucleus needs (256, then 4x more);
+  // the reference here sorts all V. A peaked distribution (a nucleus of a few tokens), a
+  // flat one (thousands: the ranking grows 256 -> 1024 -> 4096 -> V) and one with ties.
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 engine(seed);
+  for (const float spread : {5.0f, 0.05f, 0.0f}) {
+    std::normal_distribution<float> normal(0.0f, spread > 0 ? spread : 1.0f);
+    std::vector<float> logits(5003);
+    for (float& l : logits) l = spread > 0 ? normal(engine) : std::round(normal(engine)) * 0.5f;
+    for (const float top_p : {0.9f, 0.3f, 0.999f}) {
+      INFO("spread " << spread << ", top_p " << top_p);
+      const float temperature = 0.8f;
+      Sampler sampler(SamplerOptions{temperature, 0, top_p, 1});
+      const auto nucleus = sampler.candidates(logits.data(), int(logits.size()));
+      // The reference: every token ranked (more likely first, the lower id on a tie).
+      double max_logit = logits[0];
+      for (float l : logits) max_logit = std::max(max_logit, double(l));
+      std::vector<std::pair<int32_t, double>> all(logits.size());
+      double mass = 0;
+      for (size_t i = 0; i < logits.size(); ++i) {
+        all[i] = {int32_t(i), std::exp((double(logits[i]) - max_logit) * (1.0 / double(temperature)))};
+        mass += all[i].second;
+      }
+      std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) {
+        return a.second != b.second ? a.second > b.second : a.first < b.first;
+      });
+      double cumulative = 0;
+      size_t kept = 0;
+      while (kept < all.size() && cumulative < double(top_p)) cumulative += all[kept++].second / mass;
+      double kept_mass = 0;
+      for (size_t i = 0; i < kept; ++i) kept_mass += all[i].second;
+      REQUIRE(nucleus.size() == kept);
+      for (size_t i = 0; i < kept; ++i) {
+        INFO("rank " << i);
+        REQUIRE(nucleus[i].first == all[i].first);
+        REQUIRE(nucleus[i].second == Approx(all[i].second / kept_mass).epsilon(1e-12));
+      }
+    }
+  }
 }
 
 TEST_CASE("top-k and top-p together: top-p measures mass within the top k", "[ch08][cpu][sampler]") {
