@@ -6,7 +6,8 @@
 ///   2. probabilities p = softmax(logits / temperature), in double;
 ///   3. top-k: keep the k most likely tokens (k <= 0: all);
 ///   4. top-p (nucleus): of those, keep the most likely ones until their mass reaches
-///      top_p (always at least one);
+///      top_p (always at least one). With no top-k only as many tokens are ranked as the
+///      nucleus needs (its mass then summed in id order);
 ///   5. renormalize what is left and draw one token with the seeded generator.
 /// A fixed seed gives the same tokens on every machine: the uniform draw is made from
 /// the raw 64-bit output of std::mt19937_64 (whose sequence the standard fixes), not
