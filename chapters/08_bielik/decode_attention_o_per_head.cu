@@ -4,8 +4,9 @@
 //
 // The order of events in block r of head h's cluster:
 //   1. before anything waits: its O rows' D columns of head h requested from W_o (one
-//      bulk copy per row, counted on `rows_arrived`), and, if the residual is settled,
-//      its rows' residual and bias loaded into shared memory;
+//      bulk copy per row, counted on `rows_arrived`; or, with w_o_after_attention, after
+//      step 2), and, if the residual is settled, its rows' residual and bias loaded into
+//      registers (otherwise the last block to arrive loads them in step 4);
 //   2. chapter 07's v6 attention (decode::cluster_attention_push): every split pushes its
 //      partial into block 0, which merges the head's D outputs, rounds them to bf16 as
 //      v6 stores them, and sends them with st.async into every block that owns rows,
