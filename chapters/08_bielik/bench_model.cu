@@ -632,6 +632,7 @@ int main(int argc, char** argv) {
     const double scratch_gb = model->scratch_bytes() / 1e9;
     const double peak_gb = (peak_used - used_before) / 1e9;
     const int model_context = model->context_size();
+    print_sampling_table(*model, args.decode_tokens);  // (printed now: it needs this model)
     model.reset();  // free it before the variants load
 
     // Decode tokens/s of a model loaded with the options changed by `tweak`.
@@ -885,7 +886,6 @@ int main(int argc, char** argv) {
     prefill_step_table.print();
     std::printf("prefill pass (sum of the table) %.1f us\n", prefill_pass_us);
     decode_table.print();
-    print_sampling_table(*model, args.decode_tokens);
     step_table.print();
     occupancy_table.print();
     std::printf("eager step (sum of the table) %.1f us vs the graph's %.1f us per token\n", eager_step_us,
