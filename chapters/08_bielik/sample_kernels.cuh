@@ -13,17 +13,20 @@
 /// the CPU's order, so they are the CPU's sums up to the last bit of exp(); the
 /// unranked walk sums in 1024 chunks, not one by one, so its running sum differs from
 /// the CPU's by rounding. Either way a token can differ from the CPU's only when u falls
-/// within ~1e-15 of the border between two tokens.
+/// within ~1e-15 of the border between two tokens. (One more difference, never drawn:
+/// the top k are chosen by logit, so among tokens whose probability underflows to 0 the
+/// kernel may keep other ones than the CPU's id order would.)
 ///
 /// One block of kSampleThreads threads:
 ///  1. the largest logit, and the first NaN or +inf (the CPU sampler throws on those);
+///     the logits are copied into shared memory on the way when they fit;
 ///  2. top-k: the k-th largest logit by radix select (four passes over the logits' bits,
 ///     8 bits a pass, a histogram per warp in shared memory), then the k tokens gathered
 ///     in id order (ties at the threshold: the lowest ids, as the CPU's sort keeps them),
 ///     ranked by a bitonic sort in shared memory;
 ///  3. the draw.
-/// Top-p with no top-k (or k > kGpuSamplerMaxTopK) would rank all V tokens: that stays
-/// on the host (gpu_sampler_supports says so).
+/// Top-p with no top-k (or k > kGpuSamplerMaxTopK) could need thousands of tokens ranked:
+/// that stays on the host (gpu_sampler_supports says so).
 #pragma once
 
 #include <cstdint>
