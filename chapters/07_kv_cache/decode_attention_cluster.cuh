@@ -47,9 +47,8 @@ int largest_cluster_size(void (*kernel)(Params...), int cluster_rows, int warps 
   if (found != known.end()) return found->second;
   int size = 8;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
-    const ClusterLaunch launch(dim3(kClusterMaxSize, cluster_rows), warps * 32, kClusterMaxSize, 0, 0, false);
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config) == cudaSuccess && clusters >= 1) {
+    if (cluster_fits(kernel, ClusterLaunch(dim3(kClusterMaxSize, cluster_rows), warps * 32, kClusterMaxSize, 0, 0,
+                                           false))) {
       size = kClusterMaxSize;
     }
   }

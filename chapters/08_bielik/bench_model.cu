@@ -35,7 +35,9 @@
 #include "bench.cuh"
 #include "cuda_check.cuh"
 #include "decode_kernels.cuh"  // GemvTimelineEvent
+#include "device_buffer.cuh"
 #include "model_cuda.hpp"
+#include "sample_kernels.cuh"
 
 using namespace bielik;
 
@@ -392,6 +394,58 @@ void print_sampling_table(CudaModel& model, int tokens) {
   std::fflush(stdout);
 }
 
+// The sampler kernel alone (sample_kernels.cu), on V logits drawn from N(0, 3^2) with a
+// handful of clear leaders (as a language model's are), already in L2 as the lm_head
+// leaves them: the time between CUDA events around one launch, and its timeline
+// (SampleTimelineEvent), medians of 50 launches.
+void print_sampler_kernel_table(int V) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> values(static_cast<size_t>(V));
+  for (float& l : values) l = normal(rng);
+  for (int i = 0; i < 8 && i < V; ++i) values[size_t(rng() % unsigned(V))] = 12.0f + float(i);
+  DeviceBuffer<float> logits(values);
+  DeviceBuffer<SampleResult> result(1);
+  DeviceBuffer<double> uniform(std::vector<double>{0.37});
+  DeviceBuffer<unsigned long long> timeline(kSampleTimelineEvents);
+  BenchTable table("model_sampler_kernel",
+                   {"options", "launch, us (events)", "largest found", "k-th found (radix)", "k gathered", "ranked",
+                    "drawn (kernel start -> token)"});
+  const SamplerOptions greedy{0.0f, 0, 1.0f, 1}, unranked{1.0f, 0, 1.0f, 1}, chat{0.7f, 40, 0.9f, 1},
+      wide{0.7f, 1024, 1.0f, 1};
+  const std::vector<std::pair<std::string, SamplerOptions>> cases = {
+      {"greedy (temperature 0)", greedy},
+      {"temperature 1, no cut (the softmax walked)", unranked},
+      {"temperature 0.7, top-k 40, top-p 0.9 (the chat's)", chat},
+      {"temperature 0.7, top-k 1024", wide}};
+  for (const auto& [label, options] : cases) {
+    const SamplerOptions these = options;  // (a lambda below captures it)
+    BenchOptions no_flush;
+    no_flush.flush_l2 = false;
+    no_flush.repeats = 50;
+    const BenchTiming launch = time_gpu(
+        [&] { gpu_sample(result.data(), logits.data(), V, these, uniform.data(), nullptr); }, no_flush);
+    std::vector<std::vector<double>> phases(kSampleTimelineEvents);
+    for (int r = 0; r < 50; ++r) {
+      timeline.fill_bytes(0);
+      gpu_sample(result.data(), logits.data(), V, these, uniform.data(), nullptr, timeline.data());
+      const std::vector<unsigned long long> t = timeline.to_host();
+      for (int e = 1; e < kSampleTimelineEvents; ++e) {
+        if (t[size_t(e)] != 0) phases[size_t(e)].push_back(double(t[size_t(e)] - t[0]) * 1e-3);
+      }
+    }
+    auto at = [&](SampleTimelineEvent e) {
+      const std::vector<double>& v = phases[size_t(e)];
+      return v.empty() ? std::string() : fmt(median(v), 2);
+    };
+    table.add_row({label, fmt(launch.median_ms * 1e3, 2), at(SampleTimelineEvent::kLargestFound),
+                   at(SampleTimelineEvent::kThresholdFound), at(SampleTimelineEvent::kGathered),
+                   at(SampleTimelineEvent::kRanked), at(SampleTimelineEvent::kDrawn)});
+  }
+  table.print();
+  std::fflush(stdout);
+}
+
 // One decode step's GEMVs on a timeline (CudaModelOptions::decode_timeline): for each
 // GEMV of a layer, the first and last block's stamps of each GemvTimelineEvent (start,
 // wait returned, input staged, first weights in, first row's dot summed, end), relative
@@ -529,6 +583,7 @@ int main(int argc, char** argv) {
     }
 
     if (args.sampling_only) {
+      print_sampler_kernel_table(model->config().vocab_size);
       print_sampling_table(*model, args.decode_tokens);
       return 0;
     }
@@ -632,6 +687,7 @@ int main(int argc, char** argv) {
     const double scratch_gb = model->scratch_bytes() / 1e9;
     const double peak_gb = (peak_used - used_before) / 1e9;
     const int model_context = model->context_size();
+    print_sampler_kernel_table(model->config().vocab_size);
     print_sampling_table(*model, args.decode_tokens);  // (printed now: it needs this model)
     model.reset();  // free it before the variants load
 

@@ -108,30 +108,6 @@ size_t dynamic_bytes(int C, int G, int D, int blocks) {
   return (size_t(rows_per_block(C, blocks)) + 1) * G * D * sizeof(__nv_bfloat16);  // the rows + the vector
 }
 
-// Allows the kernel all the shared memory the GPU offers a block (so that any size we
-// launch with is allowed) and the non-portable cluster size 16, once per kernel. Returns
-// the dynamic bytes it may use, 0 when refused.
-size_t prepare(Kernel kernel) {
-  static std::map<Kernel, size_t> known;
-  auto found = known.find(kernel);
-  if (found != known.end()) return found->second;
-  size_t allowed = 0;
-  int device = 0, optin = 0;
-  cudaFuncAttributes attributes = {};
-  if (cudaGetDevice(&device) == cudaSuccess &&
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess &&
-      cudaFuncGetAttributes(&attributes, kernel) == cudaSuccess && size_t(optin) > attributes.sharedSizeBytes) {
-    allowed = size_t(optin) - attributes.sharedSizeBytes;
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(allowed)) != cudaSuccess ||
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
-      allowed = 0;
-    }
-  }
-  (void)cudaGetLastError();  // a refused query leaves no sticky error behind
-  known.emplace(kernel, allowed);
-  return allowed;
-}
-
 // Whether a cluster of `cluster` blocks of this shape fits (shared memory) and can be
 // scheduled on this GPU; asked once per shape.
 bool can_run(int C, int H, int Hkv, int D, int cluster, int replicas) {
@@ -142,12 +118,9 @@ bool can_run(int C, int H, int Hkv, int D, int cluster, int replicas) {
   const auto key = std::make_tuple(kernel, bytes, cluster, Hkv);
   auto found = known.find(key);
   if (found != known.end()) return found->second;
-  bool ok = bytes <= prepare(kernel);
+  bool ok = bytes <= allow_all_shared_memory(kernel);
   if (ok && cluster > 1) {  // (a cluster of 1 is an ordinary launch: the shared memory was the test)
-    const ClusterLaunch launch(dim3(cluster, Hkv, 1), kThreadsPerBlock, cluster, bytes, 0, false);
-    int clusters = 0;
-    ok = cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config) == cudaSuccess && clusters >= 1;
-    (void)cudaGetLastError();
+    ok = cluster_fits(kernel, ClusterLaunch(dim3(cluster, Hkv, 1), kThreadsPerBlock, cluster, bytes, 0, false));
   }
   known.emplace(key, ok);
   return ok;

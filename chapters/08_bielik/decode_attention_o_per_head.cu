@@ -138,21 +138,15 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   } else if (rows > 0) {
     decode::cluster_ptx::wait_phase_0_cluster(&head_arrived);  // acquire: head_out is here
   }
-  if (rows == 0) {  // (a cluster larger than C's rows): nothing to project, but counted in
-    if (threadIdx.x == 0) {
-      const unsigned before = atomicAdd(&p.arrivals[rank], 1u);
-      if (before == unsigned(p.H - 1)) p.arrivals[rank] = 0u;
-    }
-    timeline_fold(p.timeline, decode::kAttentionEnd);
-    return;
-  }
-
   // 3. Head h's share of rows [row_begin, row_begin + rows): kChunks lanes per row, each
   //    a 16-byte chunk of the row and of head_out, then a shuffle sum over the kChunks.
+  //    A block with no rows (a cluster larger than C's rows) expected 0 bytes, so its
+  //    wait returns at once, and it goes through steps 3 and 4 with nothing to do: it is
+  //    still counted in, as every head's block for rows r must be.
   stream_ptx::barrier_wait(&rows_arrived, 0);
   constexpr int kRowsPerPass = kThreadsPerBlock / kChunks;
   const int chunk = int(threadIdx.x) % kChunks;
-  const uint4 x_chunk = reinterpret_cast<const uint4*>(head_out)[chunk];
+  const uint4 x_chunk = rows > 0 ? reinterpret_cast<const uint4*>(head_out)[chunk] : uint4{};  // (no rows: never written)
   for (int pass = 0; pass < rows; pass += kRowsPerPass) {
     const int r = pass + int(threadIdx.x) / kChunks;
     float acc = r < rows ? dot_8(w_rows[size_t(r) * kChunks + chunk], x_chunk, 0.0f) : 0.0f;
@@ -209,30 +203,6 @@ Kernel kernel_for(int D) {
   throw std::invalid_argument("decode_attention_o_per_head: D must be 64 or 128, got " + std::to_string(D));
 }
 
-// Allows the kernel all the shared memory the GPU offers a block, and the non-portable
-// cluster size 16, once per kernel (so that every launch, captured or not, may ask for
-// any size up to that). Returns the dynamic bytes it may use, 0 when refused.
-size_t allow_all_shared_memory(Kernel kernel) {
-  static std::map<Kernel, size_t> known;
-  auto found = known.find(kernel);
-  if (found != known.end()) return found->second;
-  size_t allowed = 0;
-  int device = 0, optin = 0;
-  cudaFuncAttributes attributes = {};
-  if (cudaGetDevice(&device) == cudaSuccess &&
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess &&
-      cudaFuncGetAttributes(&attributes, kernel) == cudaSuccess && size_t(optin) > attributes.sharedSizeBytes) {
-    allowed = size_t(optin) - attributes.sharedSizeBytes;
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(allowed)) != cudaSuccess ||
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
-      allowed = 0;
-    }
-  }
-  (void)cudaGetLastError();
-  known.emplace(kernel, allowed);
-  return allowed;
-}
-
 void check_shape(int C, int H, int Hkv, int D) {
   if (C <= 0 || H <= 0 || Hkv <= 0 || H % Hkv != 0) {
     throw std::invalid_argument("decode_attention_o_per_head: needs C > 0 and H a multiple of Hkv > 0; got C=" +
@@ -256,10 +226,7 @@ bool decode_attention_o_per_head_runs(int C, int H, int Hkv, int D, int cluster)
   const size_t bytes = dynamic_bytes(C, D, cluster);
   bool ok = bytes <= allow_all_shared_memory(kernel);
   if (ok && cluster > 1) {  // (a cluster of 1 is an ordinary launch: the shared memory was the test)
-    const ClusterLaunch launch(dim3(cluster, H), kThreadsPerBlock, cluster, bytes, 0, false);
-    int clusters = 0;
-    ok = cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config) == cudaSuccess && clusters >= 1;
-    (void)cudaGetLastError();  // a refused query leaves no sticky error behind
+    ok = cluster_fits(kernel, ClusterLaunch(dim3(cluster, H), kThreadsPerBlock, cluster, bytes, 0, false));
   }
   known.emplace(key, ok);
   return ok;

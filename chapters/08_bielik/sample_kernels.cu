@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cuda_check.cuh"
+#include "globaltimer.cuh"
 #include "sample_kernels.cuh"
 
 namespace bielik {
@@ -17,12 +18,29 @@ constexpr int kSortSlots = kGpuSamplerMaxTopK;  // the bitonic sort's width, a p
 static_assert((kSortSlots & (kSortSlots - 1)) == 0 && kSortSlots <= kSampleThreads, "one slot a thread");
 constexpr unsigned kFullMask = 0xffffffffu;
 // The logits are copied into shared memory by the first pass when they fit this (Bielik's
-// 32000 take 125 KB), so the passes after it read shared memory instead of L2. Measured
+// 32000 take 129 KB), so the passes after it read shared memory instead of L2. Measured
 // on the H200 (2026-12-02): the top-k path took ~90 us a token reading L2 in every pass,
 // one dependent load after another.
 constexpr size_t kMaxCachedLogitBytes = size_t(160) << 10;
 
+// Where logit i sits in the shared copy: one unused float after every 32. The passes in id
+// order give each thread a run of consecutive ids (Bielik: 32), so without the gap the 32
+// lanes of a warp would read 32 floats apart, all in one of the 32 banks, one lane at a
+// time; with it, lane l's j-th read falls in bank (l + j) % 32. Reads across the threads
+// (i = thread + 1024 n) stay in 32 different banks.
+__host__ __device__ constexpr int padded_index(int i) { return i + i / 32; }
+__host__ __device__ constexpr size_t cached_logit_bytes(int V) { return size_t(padded_index(V)) * sizeof(float); }
+
 enum class Mode : int { kGreedy = 0, kUnranked = 1, kTopK = 2 };
+
+// Logits a thread loads before it uses one (step 1).
+constexpr int kLoadBatch = 16;
+
+// %globaltimer at `event`, by thread 0, after the barrier that ends the step before
+// (every caller stands right after one, or where only thread 0's work remains).
+__device__ __forceinline__ void stamp(unsigned long long* timeline, SampleTimelineEvent event) {
+  if (timeline != nullptr && threadIdx.x == 0) timeline[int(event)] = globaltimer_ns();
+}
 
 // A key whose unsigned order is the float order (NaN excluded beforehand): the sign bit
 // flipped for positives, every bit for negatives. -0 is made +0 first (x + 0.0f), so
@@ -32,36 +50,39 @@ __device__ __forceinline__ uint32_t order_key(float v) {
   return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
 }
 
+// The inclusive prefix sum over a warp's lanes in lane order, and the exclusive one
+// (what the lanes below hold; shuffled, not subtracted, so that doubles are exact).
+// Every lane must call them.
+template <typename T>
+__device__ __forceinline__ T warp_inclusive_scan(T value, int lane) {
+#pragma unroll
+  for (int offset = 1; offset < 32; offset *= 2) {
+    const T below = __shfl_up_sync(kFullMask, value, offset);
+    if (lane >= offset) value += below;
+  }
+  return value;
+}
+template <typename T>
+__device__ __forceinline__ T exclusive_from_inclusive(T inclusive, int lane) {
+  const T below = __shfl_up_sync(kFullMask, inclusive, 1);
+  return lane == 0 ? T(0) : below;
+}
+
 // The exclusive prefix sum over the block's threads in thread order; *total (shared)
 // receives the sum of all. Every thread must call it. warp_sums: (kSampleWarps) shared.
 template <typename T>
 __device__ T block_exclusive_scan(T value, T* warp_sums, T* total) {
   const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
-  T inclusive = value;
-#pragma unroll
-  for (int offset = 1; offset < 32; offset *= 2) {
-    const T below = __shfl_up_sync(kFullMask, inclusive, offset);
-    if (lane >= offset) inclusive += below;
-  }
-  T exclusive = __shfl_up_sync(kFullMask, inclusive, 1);
-  if (lane == 0) exclusive = T(0);
+  const T inclusive = warp_inclusive_scan(value, lane);
   if (lane == 31) warp_sums[warp] = inclusive;
   __syncthreads();
-  if (warp == 0) {
-    const T mine = warp_sums[lane];
-    T running = mine;
-#pragma unroll
-    for (int offset = 1; offset < 32; offset *= 2) {
-      const T below = __shfl_up_sync(kFullMask, running, offset);
-      if (lane >= offset) running += below;
-    }
-    T before = __shfl_up_sync(kFullMask, running, 1);
-    if (lane == 0) before = T(0);
-    warp_sums[lane] = before;
+  if (warp == 0) {  // the warps' totals, scanned the same way by warp 0
+    const T running = warp_inclusive_scan(warp_sums[lane], lane);
+    warp_sums[lane] = exclusive_from_inclusive(running, lane);
     if (lane == 31) *total = running;
   }
   __syncthreads();
-  const T result = warp_sums[warp] + exclusive;
+  const T result = warp_sums[warp] + exclusive_from_inclusive(inclusive, lane);
   __syncthreads();  // warp_sums may be reused by the next scan
   return result;
 }
@@ -81,8 +102,9 @@ __global__ void __launch_bounds__(kSampleThreads)
                   const float* __restrict__ logits,  // (V)
                   int V, Mode mode, float temperature, int top_k, float top_p,
                   const double* uniform,  // (1) u in [0, 1)
-                  bool cache_logits) {    // copy them into the dynamic shared memory (V floats)
-  extern __shared__ float cached[];  // (V) with cache_logits
+                  bool cache_logits,      // copy them into the dynamic shared memory (padded_index)
+                  unsigned long long* timeline) {  // (kSampleTimelineEvents) or nullptr
+  extern __shared__ float cached[];  // (padded_index(V)) with cache_logits
   __shared__ int first_bad, any_finite, found;
   __shared__ float warp_max[kSampleWarps];
   __shared__ double double_sums[kSampleWarps];
@@ -97,17 +119,32 @@ __global__ void __launch_bounds__(kSampleThreads)
   }
   __syncthreads();
 
-  // 1. The largest logit; the first NaN or +inf, which the CPU sampler refuses.
+  stamp(timeline, SampleTimelineEvent::kStart);
+
+  // 1. The largest logit; the first NaN or +inf, which the CPU sampler refuses. Each
+  //    thread asks for kLoadBatch logits before it looks at any: one trip to L2 for them
+  //    all, where a loop of one load at a time waits for each (Bielik: 32 trips a thread).
   float largest = -INFINITY;
   int bad = INT_MAX, finite = 0;
-  for (int i = tid; i < V; i += kSampleThreads) {
-    const float l = logits[i];
-    if (cache_logits) cached[i] = l;
-    if (isnan(l) || l == INFINITY) {
-      bad = min(bad, i);
-    } else {
-      largest = fmaxf(largest, l);
-      finite |= l != -INFINITY;
+  for (int base = 0; base < V; base += kSampleThreads * kLoadBatch) {
+    float batch[kLoadBatch];
+#pragma unroll
+    for (int j = 0; j < kLoadBatch; ++j) {
+      const int i = base + j * kSampleThreads + tid;
+      batch[j] = i < V ? logits[i] : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kLoadBatch; ++j) {
+      const int i = base + j * kSampleThreads + tid;
+      if (i >= V) break;
+      const float l = batch[j];
+      if (cache_logits) cached[padded_index(i)] = l;
+      if (isnan(l) || l == INFINITY) {
+        bad = min(bad, i);
+      } else {
+        largest = fmaxf(largest, l);
+        finite |= l != -INFINITY;
+      }
     }
   }
   for (int offset = 16; offset > 0; offset /= 2) largest = fmaxf(largest, __shfl_xor_sync(kFullMask, largest, offset));
@@ -132,7 +169,8 @@ __global__ void __launch_bounds__(kSampleThreads)
   }
   __syncthreads();
   const float max_logit = warp_max[0];
-  auto logit = [&](int i) { return cache_logits ? cached[i] : logits[i]; };  // (after the barrier above)
+  stamp(timeline, SampleTimelineEvent::kLargestFound);
+  auto logit = [&](int i) { return cache_logits ? cached[padded_index(i)] : logits[i]; };  // (after the barrier above)
 
   if (mode == Mode::kGreedy) {  // the first index of the largest logit, as std::max_element
     for (int i = tid; i < V; i += kSampleThreads) {
@@ -143,6 +181,7 @@ __global__ void __launch_bounds__(kSampleThreads)
     }
     __syncthreads();
     if (tid == 0) *result = SampleResult{found, 0, -1, 0};
+    stamp(timeline, SampleTimelineEvent::kDrawn);
     return;
   }
 
@@ -197,14 +236,17 @@ __global__ void __launch_bounds__(kSampleThreads)
       for (int w = 0; w < kSampleWarps; ++w) last = max(last, int_sums[w]);
       *result = SampleResult{found != INT_MAX ? found : last, 0, -1, 0};
     }
+    stamp(timeline, SampleTimelineEvent::kDrawn);
     return;
   }
 
   // 2b. Top-k. The k-th largest logit's key by radix select, 8 bits a pass from the top:
   //     each pass counts, among the keys that match the bits fixed so far, how many fall
   //     in each of the 256 values of the next 8 bits (a histogram per warp, so that only
-  //     a warp's own lanes contend for a counter), then fixes the bits of the bin that
-  //     holds the k-th.
+  //     a warp's own lanes write it), then fixes the bits of the bin that holds the k-th.
+  //     Logits are alike in their top bits (sign and exponent), so in the first passes
+  //     most lanes of a warp fall in one bin: the lanes that share a bin find each other
+  //     (__match_any_sync) and the lowest of them adds their count, one write a bin.
   // One shared buffer for the two phases that never overlap (48 KB of static shared
   // memory is the limit): the histograms, then the ranked candidates.
   __shared__ __align__(16) unsigned char scratch[kSampleWarps * 256 * sizeof(unsigned)];
@@ -218,9 +260,16 @@ __global__ void __launch_bounds__(kSampleThreads)
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int i = tid; i < kSampleWarps * 256; i += kSampleThreads) (&histogram[0][0])[i] = 0;
     __syncthreads();
-    for (int i = tid; i < V; i += kSampleThreads) {
-      const uint32_t key = order_key(logit(i));
-      if ((key & mask) == prefix) atomicAdd(&histogram[warp][(key >> shift) & 255u], 1u);
+    for (int first = tid - lane; first < V; first += kSampleThreads) {  // the same trips for a warp's lanes
+      const int i = first + lane;
+      unsigned bin = 256;  // not counted: past V, or not matching the bits fixed so far
+      if (i < V) {
+        const uint32_t key = order_key(logit(i));
+        if ((key & mask) == prefix) bin = (key >> shift) & 255u;
+      }
+      const unsigned sharing = __match_any_sync(kFullMask, bin);
+      // Only this warp writes its histogram, one lane a bin per trip: no atomic needed.
+      if (bin < 256 && lane == __ffs(sharing) - 1) histogram[warp][bin] += unsigned(__popc(sharing));
     }
     __syncthreads();
     if (tid < 256) {
@@ -233,12 +282,7 @@ __global__ void __launch_bounds__(kSampleThreads)
       int counts[8], lane_total = 0;
 #pragma unroll
       for (int j = 0; j < 8; ++j) lane_total += counts[j] = int(bins[255 - 8 * lane - j]);
-      int through = lane_total;  // keys in this lane's bins and every higher lane's (higher bins)
-#pragma unroll
-      for (int offset = 1; offset < 32; offset *= 2) {
-        const int below = __shfl_up_sync(kFullMask, through, offset);
-        if (lane >= offset) through += below;
-      }
+      const int through = warp_inclusive_scan(lane_total, lane);  // keys in this lane's bins and every higher lane's
       int above = through - lane_total;  // keys in higher bins than this lane's
       if (above < remaining && remaining <= through) {  // exactly one lane
 #pragma unroll
@@ -259,6 +303,7 @@ __global__ void __launch_bounds__(kSampleThreads)
   }
   // `prefix` is now the k-th largest key; `remaining` of the keys equal to it are kept,
   // the lowest ids (the CPU's tie order), after every key above it.
+  stamp(timeline, SampleTimelineEvent::kThresholdFound);
 
   // 3. The k tokens gathered in id order: thread t's chunk, the block's scans give each
   //    thread where its tokens go.
@@ -289,6 +334,7 @@ __global__ void __launch_bounds__(kSampleThreads)
   while (sorted < top_k) sorted *= 2;
   if (tid >= top_k && tid < sorted) ranked[tid] = Candidate{-1.0, INT_MAX};
   __syncthreads();
+  stamp(timeline, SampleTimelineEvent::kGathered);
 
   // 4. Ranked by a bitonic sort (most likely first).
   for (int size = 2; size <= sorted; size *= 2) {
@@ -305,6 +351,8 @@ __global__ void __launch_bounds__(kSampleThreads)
       __syncthreads();
     }
   }
+
+  stamp(timeline, SampleTimelineEvent::kRanked);
 
   // 5. Normalize, cut the nucleus, renormalize, draw: the CPU's sums, in its order, by
   //    one thread; the divisions (exact per element) by all.
@@ -344,6 +392,7 @@ __global__ void __launch_bounds__(kSampleThreads)
     }
     *result = SampleResult{token, 0, -1, 0};
   }
+  stamp(timeline, SampleTimelineEvent::kDrawn);
 }
 
 Mode mode_for(const SamplerOptions& o, int V) {
@@ -361,7 +410,7 @@ bool gpu_sampler_supports(const SamplerOptions& o, int V) {
 }
 
 void gpu_sample(SampleResult* result, const float* logits, int V, const SamplerOptions& options,
-                const double* uniform, cudaStream_t stream) {
+                const double* uniform, cudaStream_t stream, unsigned long long* timeline) {
   if (V <= 0 || !result || !logits || !uniform) {
     throw std::invalid_argument("gpu_sample: needs V > 0 and the result, logits and uniform pointers");
   }
@@ -375,9 +424,9 @@ void gpu_sample(SampleResult* result, const float* logits, int V, const SamplerO
       cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxCachedLogitBytes)) ==
       cudaSuccess;
   (void)cudaGetLastError();  // a refusal leaves no sticky error: the kernel then reads L2
-  const bool cache = cache_allowed && size_t(V) * sizeof(float) <= kMaxCachedLogitBytes;
-  sample_kernel<<<1, kSampleThreads, cache ? size_t(V) * sizeof(float) : 0, stream>>>(
-      result, logits, V, mode_for(options, V), options.temperature, options.top_k, options.top_p, uniform, cache);
+  const bool cache = cache_allowed && cached_logit_bytes(V) <= kMaxCachedLogitBytes;
+  sample_kernel<<<1, kSampleThreads, cache ? cached_logit_bytes(V) : 0, stream>>>(
+      result, logits, V, mode_for(options, V), options.temperature, options.top_k, options.top_p, uniform, cache, timeline);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -21,7 +21,8 @@
 ///  1. the largest logit, and the first NaN or +inf (the CPU sampler throws on those);
 ///     the logits are copied into shared memory on the way when they fit;
 ///  2. top-k: the k-th largest logit by radix select (four passes over the logits' bits,
-///     8 bits a pass, a histogram per warp in shared memory), then the k tokens gathered
+///     8 bits a pass, a histogram per warp in shared memory, the lanes of a warp that
+///     share a bin counted by one of them), then the k tokens gathered
 ///     in id order (ties at the threshold: the lowest ids, as the CPU's sort keeps them),
 ///     ranked by a bitonic sort in shared memory;
 ///  3. the draw.
@@ -54,6 +55,19 @@ struct SampleResult {
   int32_t bad_is_nan = 0;
 };
 
+/// The points gpu_sample's timeline stamps (%globaltimer, ns), in kernel order. Greedy
+/// and the unranked walk go from kLargestFound straight to kDrawn (the stamps between
+/// stay as they were).
+enum class SampleTimelineEvent : int {
+  kStart = 0,
+  kLargestFound,    ///< step 1 done: the largest logit (and the logits in shared memory)
+  kThresholdFound,  ///< top-k: the k-th largest logit found by the radix select
+  kGathered,        ///< top-k: the k candidates in shared memory, in id order
+  kRanked,          ///< top-k: the bitonic sort done
+  kDrawn            ///< the token written
+};
+constexpr int kSampleTimelineEvents = 6;
+
 /// Whether gpu_sample runs these options for a vocabulary of V (otherwise the caller
 /// samples on the host): greedy, the unranked softmax, or top-k up to
 /// kGpuSamplerMaxTopK with any top-p.
@@ -61,9 +75,10 @@ bool gpu_sampler_supports(const SamplerOptions& options, int V);
 
 /// Samples one token from `logits` (V, device) into `result` (device), with the draw
 /// `*uniform` (device, in [0, 1); ignored when greedy). Throws std::invalid_argument for
-/// options gpu_sampler_supports refuses, or V <= 0.
+/// options gpu_sampler_supports refuses, or V <= 0. Measurement only: `timeline` (device,
+/// kSampleTimelineEvents values) receives the time of each SampleTimelineEvent reached.
 void gpu_sample(SampleResult* result, const float* logits, int V, const SamplerOptions& options,
-                const double* uniform, cudaStream_t stream);
+                const double* uniform, cudaStream_t stream, unsigned long long* timeline = nullptr);
 
 /// Throws std::invalid_argument, worded as the CPU sampler's, when a result reports a
 /// bad logit; returns the token otherwise.

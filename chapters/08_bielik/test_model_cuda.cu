@@ -1729,6 +1729,39 @@ TEST_CASE("gpu_sample draws what the CPU sampler draws from the same logits and 
   }
   std::printf("gpu_sample: %d draws against the CPU sampler, %d on a border within 1e-12\n", checked, near_border);
   REQUIRE(near_border <= 1);
+
+  // The timeline (bench_model's, measurement only) changes no token and stamps the points
+  // each path passes, in order; the ones it skips stay untouched.
+  DeviceBuffer<float> d_bielik(sets[0].logits);
+  DeviceBuffer<unsigned long long> d_timeline(kSampleTimelineEvents);
+  const double u = 0.37;
+  CUDA_CHECK(cudaMemcpy(d_u.data(), &u, sizeof(double), cudaMemcpyHostToDevice));
+  for (const SamplerOptions& options : {option_sets[0], option_sets[5], option_sets[7]}) {
+    const bool top_k = options.top_k > 1;
+    INFO("top_k " << options.top_k << ", temperature " << options.temperature);
+    d_result.fill_bytes(0xFF);
+    gpu_sample(d_result.data(), d_bielik.data(), 32000, options, d_u.data(), 0);
+    const int32_t without = checked_token(d_result.to_host()[0]);
+    d_result.fill_bytes(0xFF);
+    d_timeline.fill_bytes(0);
+    gpu_sample(d_result.data(), d_bielik.data(), 32000, options, d_u.data(), 0, d_timeline.data());
+    REQUIRE(checked_token(d_result.to_host()[0]) == without);
+    const std::vector<unsigned long long> t = d_timeline.to_host();
+    unsigned long long previous = 0;
+    for (int e = 0; e < kSampleTimelineEvents; ++e) {
+      const auto event = SampleTimelineEvent(e);
+      const bool passed = top_k || event == SampleTimelineEvent::kStart || event == SampleTimelineEvent::kLargestFound ||
+                          event == SampleTimelineEvent::kDrawn;
+      INFO("event " << e);
+      if (!passed) {
+        REQUIRE(t[size_t(e)] == 0u);
+        continue;
+      }
+      REQUIRE(t[size_t(e)] > 0u);
+      REQUIRE(t[size_t(e)] >= previous);
+      previous = t[size_t(e)];
+    }
+  }
 }
 
 TEST_CASE("gpu_sample refuses what it does not rank, and reports bad logits as the CPU sampler does",
