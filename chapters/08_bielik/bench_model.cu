@@ -351,7 +351,7 @@ double decode_tokens_per_s(CudaModel& model, int tokens, int repeats, bool sync_
 }
 
 // Decode tokens/s by how the next token is chosen: the greedy graph path (argmax on the
-// GPU), the chat's path (CudaModel::decode_sample: the draw on the GPU, 12 bytes back),
+// GPU), the chat's path (CudaModel::decode_sample: the draw on the GPU, 20 bytes back),
 // and the same draw made on the host from the copied logits (decode + Sampler), as the
 // chat did before. Medians of 3 runs of `tokens` tokens after a 16-token prompt.
 void print_sampling_table(CudaModel& model, int tokens) {

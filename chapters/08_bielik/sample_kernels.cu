@@ -36,6 +36,10 @@ enum class Mode : int { kGreedy = 0, kUnranked = 1, kTopK = 2 };
 // Logits a thread loads before it uses one (step 1).
 constexpr int kLoadBatch = 16;
 
+// Top-k's shortlist: the distances below the largest logit it tries, 0.5 * 2^j.
+constexpr int kDistances = 8;
+__device__ __forceinline__ float shortlist_distance(int j) { return 0.5f * float(1 << j); }
+
 // %globaltimer at `event`, by thread 0, after the barrier that ends the step before
 // (every caller stands right after one, or where only thread 0's work remains).
 __device__ __forceinline__ void stamp(unsigned long long* timeline, SampleTimelineEvent event) {
@@ -240,99 +244,149 @@ __global__ void __launch_bounds__(kSampleThreads)
     return;
   }
 
-  // 2b. Top-k. The k-th largest logit's key by radix select, 8 bits a pass from the top:
-  //     each pass counts, among the keys that match the bits fixed so far, how many fall
-  //     in each of the 256 values of the next 8 bits (a histogram per warp, so that only
-  //     a warp's own lanes write it), then fixes the bits of the bin that holds the k-th.
-  //     Logits are alike in their top bits (sign and exponent), so in the first passes
-  //     most lanes of a warp fall in one bin: the lanes that share a bin find each other
-  //     (__match_any_sync) and the lowest of them adds their count, one write a bin.
-  // One shared buffer for the two phases that never overlap (48 KB of static shared
-  // memory is the limit): the histograms, then the ranked candidates.
+  // 2b. Top-k. Two ways to the k most likely tokens; both leave candidates in `ranked`
+  //     for one bitonic sort (step 4), and the first k after it are the answer.
+  // One shared buffer for the phases that never overlap (48 KB of static shared memory is
+  // the limit): the radix select's histograms, then the candidates.
   __shared__ __align__(16) unsigned char scratch[kSampleWarps * 256 * sizeof(unsigned)];
   static_assert(kSortSlots * sizeof(Candidate) <= sizeof(scratch), "the candidates fit the histograms' space");
-  auto histogram = reinterpret_cast<unsigned (*)[256]>(scratch);
-  __shared__ unsigned bins[256];
-  __shared__ uint32_t selected_prefix;
-  __shared__ int selected_remaining;
-  uint32_t prefix = 0, mask = 0;
-  int remaining = top_k;  // the rank of the wanted key among those matching `prefix`
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int i = tid; i < kSampleWarps * 256; i += kSampleThreads) (&histogram[0][0])[i] = 0;
-    __syncthreads();
-    for (int first = tid - lane; first < V; first += kSampleThreads) {  // the same trips for a warp's lanes
-      const int i = first + lane;
-      unsigned bin = 256;  // not counted: past V, or not matching the bits fixed so far
-      if (i < V) {
-        const uint32_t key = order_key(logit(i));
-        if ((key & mask) == prefix) bin = (key >> shift) & 255u;
-      }
-      const unsigned sharing = __match_any_sync(kFullMask, bin);
-      // Only this warp writes its histogram, one lane a bin per trip: no atomic needed.
-      if (bin < 256 && lane == __ffs(sharing) - 1) histogram[warp][bin] += unsigned(__popc(sharing));
-    }
-    __syncthreads();
-    if (tid < 256) {
-      unsigned sum = 0;
-      for (int w = 0; w < kSampleWarps; ++w) sum += histogram[w][tid];
-      bins[tid] = sum;
-    }
-    __syncthreads();
-    if (warp == 0) {  // the bin that holds the remaining-th largest: lane l sums bins 255 - 8l .. 248 - 8l
-      int counts[8], lane_total = 0;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) lane_total += counts[j] = int(bins[255 - 8 * lane - j]);
-      const int through = warp_inclusive_scan(lane_total, lane);  // keys in this lane's bins and every higher lane's
-      int above = through - lane_total;  // keys in higher bins than this lane's
-      if (above < remaining && remaining <= through) {  // exactly one lane
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          if (above + counts[j] >= remaining) {
-            selected_prefix = prefix | (uint32_t(255 - 8 * lane - j) << shift);
-            selected_remaining = remaining - above;
-            break;
-          }
-          above += counts[j];
-        }
-      }
-    }
-    __syncthreads();
-    prefix = selected_prefix;
-    remaining = selected_remaining;
-    mask |= 0xffu << shift;
-  }
-  // `prefix` is now the k-th largest key; `remaining` of the keys equal to it are kept,
-  // the lowest ids (the CPU's tie order), after every key above it.
-  stamp(timeline, SampleTimelineEvent::kThresholdFound);
-
-  // 3. The k tokens gathered in id order: thread t's chunk, the block's scans give each
-  //    thread where its tokens go.
   Candidate* ranked = reinterpret_cast<Candidate*>(scratch);  // (kSortSlots)
-  int above_here = 0, equal_here = 0;
-  for (int i = begin; i < end; ++i) {
-    const uint32_t key = order_key(logit(i));
-    above_here += key > prefix;
-    equal_here += key == prefix;
-  }
-  int above_slot = block_exclusive_scan(above_here, int_sums, &int_total);
-  int equal_rank = block_exclusive_scan(equal_here, int_sums, &int_total_2);
-  const int above_all = int_total;
   const double inverse_temperature = 1.0 / double(temperature);
   auto candidate = [&](int i) {
     return Candidate{exp((double(logit(i)) - max_double) * inverse_temperature), int32_t(i)};
   };
-  for (int i = begin; i < end; ++i) {
-    const uint32_t key = order_key(logit(i));
-    if (key > prefix) {
-      ranked[above_slot++] = candidate(i);
-    } else if (key == prefix) {
-      if (equal_rank < remaining) ranked[above_all + equal_rank] = candidate(i);
-      ++equal_rank;
+
+  //  The short way: a shortlist. The k most likely are the tokens closest to the largest
+  //  logit, so every thread counts its tokens within 0.5, 1, 2, ... 64 of it (kDistances
+  //  counters in registers, no shared memory touched), the block adds the counts up, and
+  //  the nearest distance that takes in at least k tokens, if it takes in at most
+  //  kSortSlots, gives the shortlist: every token that close, gathered in id order. Ties
+  //  with the k-th are all in it or all out (one distance for equal logits), and the
+  //  sort ranks them by id as the CPU does.
+  __shared__ int within_counts[kDistances];
+  if (tid < kDistances) within_counts[tid] = 0;
+  __syncthreads();
+  {
+    int within[kDistances] = {};
+    for (int i = begin; i < end; ++i) {
+      const float distance = max_logit - logit(i);  // (-inf logits: +inf, never counted)
+#pragma unroll
+      for (int j = 0; j < kDistances; ++j) within[j] += distance <= shortlist_distance(j);
+    }
+#pragma unroll
+    for (int j = 0; j < kDistances; ++j) {
+      const int warp_total = __reduce_add_sync(kFullMask, within[j]);
+      if (lane == 0) atomicAdd(&within_counts[j], warp_total);
     }
   }
-  int sorted = 2;  // the sort's width: the power of two >= k
-  while (sorted < top_k) sorted *= 2;
-  if (tid >= top_k && tid < sorted) ranked[tid] = Candidate{-1.0, INT_MAX};
+  __syncthreads();
+  int listed = 0;  // candidates in `ranked`: the shortlist's size, or k after the radix select
+  float shortlist_within = -1.0f;
+  for (int j = 0; j < kDistances; ++j) {
+    if (within_counts[j] >= top_k) {
+      if (within_counts[j] <= kSortSlots) {
+        listed = within_counts[j];
+        shortlist_within = shortlist_distance(j);
+      }
+      break;
+    }
+  }
+  if (listed > 0) {
+    stamp(timeline, SampleTimelineEvent::kThresholdFound);
+    int here = 0;
+    for (int i = begin; i < end; ++i) here += max_logit - logit(i) <= shortlist_within;
+    int slot = block_exclusive_scan(here, int_sums, &int_total);
+    for (int i = begin; i < end; ++i) {
+      if (max_logit - logit(i) <= shortlist_within) ranked[slot++] = candidate(i);
+    }
+  } else {
+    // The long way, when no distance gives a short enough list (a flat distribution, a
+    // large k): the k-th largest logit's key by radix select, 8 bits a pass from the top.
+    // Each pass counts, among the keys that match the bits fixed so far, how many fall
+    // in each of the 256 values of the next 8 bits (a histogram per warp, so that only
+    // a warp's own lanes write it), then fixes the bits of the bin that holds the k-th.
+    // Logits are alike in their top bits (sign and exponent), so in the first passes
+    // most lanes of a warp fall in one bin: the lanes that share a bin find each other
+    // (__match_any_sync) and the lowest of them adds their count, one write a bin.
+    auto histogram = reinterpret_cast<unsigned (*)[256]>(scratch);
+    __shared__ unsigned bins[256];
+    __shared__ uint32_t selected_prefix;
+    __shared__ int selected_remaining;
+    uint32_t prefix = 0, mask = 0;
+    int remaining = top_k;  // the rank of the wanted key among those matching `prefix`
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      for (int i = tid; i < kSampleWarps * 256; i += kSampleThreads) (&histogram[0][0])[i] = 0;
+      __syncthreads();
+      for (int first = tid - lane; first < V; first += kSampleThreads) {  // the same trips for a warp's lanes
+        const int i = first + lane;
+        unsigned bin = 256;  // not counted: past V, or not matching the bits fixed so far
+        if (i < V) {
+          const uint32_t key = order_key(logit(i));
+          if ((key & mask) == prefix) bin = (key >> shift) & 255u;
+        }
+        const unsigned sharing = __match_any_sync(kFullMask, bin);
+        // Only this warp writes its histogram, one lane a bin per trip: no atomic needed.
+        if (bin < 256 && lane == __ffs(sharing) - 1) histogram[warp][bin] += unsigned(__popc(sharing));
+      }
+      __syncthreads();
+      if (tid < 256) {
+        unsigned sum = 0;
+        for (int w = 0; w < kSampleWarps; ++w) sum += histogram[w][tid];
+        bins[tid] = sum;
+      }
+      __syncthreads();
+      if (warp == 0) {  // the bin that holds the remaining-th largest: lane l sums bins 255 - 8l .. 248 - 8l
+        int counts[8], lane_total = 0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) lane_total += counts[j] = int(bins[255 - 8 * lane - j]);
+        const int through = warp_inclusive_scan(lane_total, lane);  // keys in this lane's bins and every higher lane's
+        int above = through - lane_total;  // keys in higher bins than this lane's
+        if (above < remaining && remaining <= through) {  // exactly one lane
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            if (above + counts[j] >= remaining) {
+              selected_prefix = prefix | (uint32_t(255 - 8 * lane - j) << shift);
+              selected_remaining = remaining - above;
+              break;
+            }
+            above += counts[j];
+          }
+        }
+      }
+      __syncthreads();
+      prefix = selected_prefix;
+      remaining = selected_remaining;
+      mask |= 0xffu << shift;
+    }
+    // `prefix` is now the k-th largest key; `remaining` of the keys equal to it are kept,
+    // the lowest ids (the CPU's tie order), after every key above it.
+    stamp(timeline, SampleTimelineEvent::kThresholdFound);
+
+    // The k tokens gathered in id order: thread t's chunk, the block's scans give each
+    // thread where its tokens go.
+    int above_here = 0, equal_here = 0;
+    for (int i = begin; i < end; ++i) {
+      const uint32_t key = order_key(logit(i));
+      above_here += key > prefix;
+      equal_here += key == prefix;
+    }
+    int above_slot = block_exclusive_scan(above_here, int_sums, &int_total);
+    int equal_rank = block_exclusive_scan(equal_here, int_sums, &int_total_2);
+    const int above_all = int_total;
+    for (int i = begin; i < end; ++i) {
+      const uint32_t key = order_key(logit(i));
+      if (key > prefix) {
+        ranked[above_slot++] = candidate(i);
+      } else if (key == prefix) {
+        if (equal_rank < remaining) ranked[above_all + equal_rank] = candidate(i);
+        ++equal_rank;
+      }
+    }
+    listed = top_k;
+  }
+  int sorted = 2;  // the sort's width: the power of two >= the candidates
+  while (sorted < listed) sorted *= 2;
+  if (tid >= listed && tid < sorted) ranked[tid] = Candidate{-1.0, INT_MAX};
   __syncthreads();
   stamp(timeline, SampleTimelineEvent::kGathered);
 
@@ -390,7 +444,7 @@ __global__ void __launch_bounds__(kSampleThreads)
         break;
       }
     }
-    *result = SampleResult{token, 0, -1, 0};
+    *result = SampleResult{token, 0, -1, 0, shortlist_within >= 0.0f ? listed : 0};
   }
   stamp(timeline, SampleTimelineEvent::kDrawn);
 }

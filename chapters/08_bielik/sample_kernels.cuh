@@ -1,6 +1,6 @@
 /// @file sample_kernels.cuh
 /// @brief Chapter 08: the sampler (sampler.hpp) on the GPU, so that a sampled chat
-/// token costs the decode step one small kernel and a 12-byte copy back, not the (V)
+/// token costs the decode step one small kernel and a 20-byte copy back, not the (V)
 /// logits' copy (128 KB for Bielik) and a host pass over them.
 ///
 /// The same steps as Sampler::sample_with_uniform, in the same order, with the draw `u`
@@ -20,11 +20,14 @@
 /// One block of kSampleThreads threads:
 ///  1. the largest logit, and the first NaN or +inf (the CPU sampler throws on those);
 ///     the logits are copied into shared memory on the way when they fit;
-///  2. top-k: the k-th largest logit by radix select (four passes over the logits' bits,
-///     8 bits a pass, a histogram per warp in shared memory, the lanes of a warp that
-///     share a bin counted by one of them), then the k tokens gathered
-///     in id order (ties at the threshold: the lowest ids, as the CPU's sort keeps them),
-///     ranked by a bitonic sort in shared memory;
+///  2. top-k: a shortlist, every token within 0.5, 1, 2, ... or 64 of the largest logit
+///     (the nearest distance that holds at least k and at most kGpuSamplerMaxTopK tokens),
+///     counted in registers and gathered in id order; or, when no distance gives one (a
+///     flat distribution, a large k), the k-th largest logit by radix select (four passes
+///     over the logits' bits, 8 bits a pass, a histogram per warp in shared memory, the
+///     lanes of a warp that share a bin counted by one of them) and the k tokens gathered
+///     in id order (ties at the threshold: the lowest ids, as the CPU's sort keeps them);
+///     then the candidates ranked by a bitonic sort in shared memory, the first k kept;
 ///  3. the draw.
 /// Top-p with no top-k (or k > kGpuSamplerMaxTopK) could need thousands of tokens ranked:
 /// that stays on the host (gpu_sampler_supports says so).
@@ -53,6 +56,7 @@ struct SampleResult {
   int32_t status = 0;  ///< a GpuSampleStatus
   int32_t bad_index = -1;
   int32_t bad_is_nan = 0;
+  int32_t shortlisted = 0;  ///< top-k: the tokens the shortlist ranked (0: the radix select found the k)
 };
 
 /// The points gpu_sample's timeline stamps (%globaltimer, ns), in kernel order. Greedy

@@ -1694,7 +1694,7 @@ TEST_CASE("gpu_sample draws what the CPU sampler draws from the same logits and 
   };
   DeviceBuffer<double> d_u(1);
   DeviceBuffer<SampleResult> d_result(1);
-  int checked = 0, near_border = 0;
+  int checked = 0, near_border = 0, shortlisted = 0, radix_selected = 0;  // top-k draws by the way taken
   for (const LogitSet& set : sets) {
     const int V = int(set.logits.size());
     DeviceBuffer<float> d_logits(set.logits);
@@ -1712,9 +1712,17 @@ TEST_CASE("gpu_sample draws what the CPU sampler draws from the same logits and 
         d_result.fill_bytes(0xFF);  // token -1: the kernel must write its answer
         gpu_sample(d_result.data(), d_logits.data(), V, options, d_u.data(), 0);
         CUDA_CHECK(cudaDeviceSynchronize());
-        const int32_t gpu = checked_token(d_result.to_host()[0]);
+        const SampleResult result = d_result.to_host()[0];
+        const int32_t gpu = checked_token(result);
         const int32_t expected = cpu.sample_with_uniform(set.logits.data(), V, u);
         ++checked;
+        if (options.temperature > 0.0f && options.top_k > 1) {
+          REQUIRE((result.shortlisted == 0 || (result.shortlisted >= options.top_k &&
+                                                result.shortlisted <= kGpuSamplerMaxTopK)));
+          ++(result.shortlisted > 0 ? shortlisted : radix_selected);
+        } else {
+          REQUIRE(result.shortlisted == 0);
+        }
         if (gpu != expected) {
           // Only where u lies on a border between two tokens, within the sums' rounding:
           // a draw a hair away must then give the GPU's token.
@@ -1727,8 +1735,13 @@ TEST_CASE("gpu_sample draws what the CPU sampler draws from the same logits and 
       }
     }
   }
-  std::printf("gpu_sample: %d draws against the CPU sampler, %d on a border within 1e-12\n", checked, near_border);
+  std::printf("gpu_sample: %d draws against the CPU sampler, %d on a border within 1e-12; top-k: %d from a shortlist, "
+              "%d by radix select\n",
+              checked, near_border, shortlisted, radix_selected);
   REQUIRE(near_border <= 1);
+  // Both ways to the top k ran (the flat and the 1000-wide cases need the radix select).
+  REQUIRE(shortlisted > 0);
+  REQUIRE(radix_selected > 0);
 
   // The timeline (bench_model's, measurement only) changes no token and stamps the points
   // each path passes, in order; the ones it skips stay untouched.
