@@ -36,8 +36,10 @@ enum class Mode : int { kGreedy = 0, kUnranked = 1, kTopK = 2 };
 // Logits a thread loads before it uses one (step 1).
 constexpr int kLoadBatch = 16;
 
-// Top-k's shortlist: the distances below the largest logit it tries, 0.5 * 2^j.
+// Top-k's shortlist: the distances below the largest logit it tries first, 0.5 * 2^j,
+// and how many times it may narrow down between two of them.
 constexpr int kDistances = 8;
+constexpr int kShortlistRefinements = 3;
 __device__ __forceinline__ float shortlist_distance(int j) { return 0.5f * float(1 << j); }
 
 // %globaltimer at `event`, by thread 0, after the barrier that ends the step before
@@ -257,39 +259,55 @@ __global__ void __launch_bounds__(kSampleThreads)
   };
 
   //  The short way: a shortlist. The k most likely are the tokens closest to the largest
-  //  logit, so every thread counts its tokens within 0.5, 1, 2, ... 64 of it (kDistances
-  //  counters in registers, no shared memory touched), the block adds the counts up, and
-  //  the nearest distance that takes in at least k tokens, if it takes in at most
-  //  kSortSlots, gives the shortlist: every token that close, gathered in id order. Ties
-  //  with the k-th are all in it or all out (one distance for equal logits), and the
-  //  sort ranks them by id as the CPU does.
+  //  logit. Every thread counts its tokens within kDistances distances of it (0.5, 1, 2,
+  //  ... 64; counters in registers), the block adds the counts up, and the nearest
+  //  distance that takes in at least k tokens, if it takes in at most kSortSlots, gives
+  //  the shortlist: every token that close, gathered in id order. When it takes in too
+  //  many, the same count runs again on the distances between it and the one before
+  //  (eight steps between them, only tokens in that range counted), up to
+  //  kShortlistRefinements times. Ties with the k-th are all in or all out (one distance
+  //  for equal logits), and the sort ranks them by id as the CPU does.
   __shared__ int within_counts[kDistances];
-  if (tid < kDistances) within_counts[tid] = 0;
-  __syncthreads();
-  {
+  float lower = -1.0f, upper = shortlist_distance(kDistances - 1);  // counting the range (lower, upper]
+  int lower_count = 0;  // tokens within `lower` (fewer than k)
+  int listed = 0;       // candidates in `ranked`: the shortlist's size, or k after the radix select
+  float shortlist_within = -1.0f;
+  for (int round = 0; round <= kShortlistRefinements; ++round) {
+    // (lower, upper and the counts are the same in every thread: the loop is block-uniform)
+    auto distance = [&](int m) {
+      return round == 0 ? shortlist_distance(m) : lower + (upper - lower) * float(m + 1) / float(kDistances);
+    };
+    if (tid < kDistances) within_counts[tid] = 0;
+    __syncthreads();
     int within[kDistances] = {};
     for (int i = begin; i < end; ++i) {
-      const float distance = max_logit - logit(i);  // (-inf logits: +inf, never counted)
+      const float d = max_logit - logit(i);  // (-inf logits: +inf, never counted)
+      if (d > lower && d <= upper) {
 #pragma unroll
-      for (int j = 0; j < kDistances; ++j) within[j] += distance <= shortlist_distance(j);
-    }
-#pragma unroll
-    for (int j = 0; j < kDistances; ++j) {
-      const int warp_total = __reduce_add_sync(kFullMask, within[j]);
-      if (lane == 0) atomicAdd(&within_counts[j], warp_total);
-    }
-  }
-  __syncthreads();
-  int listed = 0;  // candidates in `ranked`: the shortlist's size, or k after the radix select
-  float shortlist_within = -1.0f;
-  for (int j = 0; j < kDistances; ++j) {
-    if (within_counts[j] >= top_k) {
-      if (within_counts[j] <= kSortSlots) {
-        listed = within_counts[j];
-        shortlist_within = shortlist_distance(j);
+        for (int m = 0; m < kDistances; ++m) within[m] += d <= distance(m);
       }
+    }
+#pragma unroll
+    for (int m = 0; m < kDistances; ++m) {
+      const int warp_total = __reduce_add_sync(kFullMask, within[m]);
+      if (lane == 0 && warp_total > 0) atomicAdd(&within_counts[m], warp_total);
+    }
+    __syncthreads();
+    int m = 0;
+    while (m < kDistances && lower_count + within_counts[m] < top_k) ++m;
+    if (m == kDistances) break;  // (the first round only: fewer than k tokens within 64)
+    if (lower_count + within_counts[m] <= kSortSlots) {
+      listed = lower_count + within_counts[m];
+      shortlist_within = distance(m);
       break;
     }
+    const float next_upper = distance(m);
+    if (m > 0) {
+      lower = distance(m - 1);
+      lower_count += within_counts[m - 1];
+    }
+    upper = next_upper;
+    __syncthreads();  // every thread has read within_counts before the next round clears it
   }
   if (listed > 0) {
     stamp(timeline, SampleTimelineEvent::kThresholdFound);
