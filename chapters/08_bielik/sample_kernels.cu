@@ -39,7 +39,8 @@ constexpr int kLoadBatch = 16;
 // Top-k's shortlist: the distances below the largest logit it tries first, 0.5 * 2^j,
 // and how many times it may narrow down between two of them.
 constexpr int kDistances = 8;
-constexpr int kShortlistRefinements = 3;
+constexpr int kShortlistRefinements = 2;
+constexpr int kShortlistMaxTopK = kGpuSamplerMaxTopK / 4;
 __device__ __forceinline__ float shortlist_distance(int j) { return 0.5f * float(1 << j); }
 
 // %globaltimer at `event`, by thread 0, after the barrier that ends the step before
@@ -265,18 +266,20 @@ __global__ void __launch_bounds__(kSampleThreads)
   //  the shortlist: every token that close, gathered in id order. When it takes in too
   //  many, the same count runs again on the distances between it and the one before
   //  (eight steps between them, only tokens in that range counted), up to
-  //  kShortlistRefinements times. Ties with the k-th are all in or all out (one distance
+  //  kShortlistRefinements times. For k up to kShortlistMaxTopK (256) only: a larger k
+  //  leaves too narrow a window, [k, kSortSlots], for a distance to land in. Ties with the k-th are all in or all out (one distance
   //  for equal logits), and the sort ranks them by id as the CPU does.
   __shared__ int within_counts[kDistances];
   float lower = -1.0f, upper = shortlist_distance(kDistances - 1);  // counting the range (lower, upper]
   int lower_count = 0;  // tokens within `lower` (fewer than k)
   int listed = 0;       // candidates in `ranked`: the shortlist's size, or k after the radix select
   float shortlist_within = -1.0f;
-  for (int round = 0; round <= kShortlistRefinements; ++round) {
+  // (Only for k up to kShortlistMaxTopK: the window [k, kSortSlots] must be wide for a
+  // distance to land in it.)
+  for (int round = 0; round <= kShortlistRefinements && top_k <= kShortlistMaxTopK; ++round) {
     // (lower, upper and the counts are the same in every thread: the loop is block-uniform)
-    auto distance = [&](int m) {
-      return round == 0 ? shortlist_distance(m) : lower + (upper - lower) * float(m + 1) / float(kDistances);
-    };
+    const float step = (upper - lower) / float(kDistances);
+    auto distance_at = [&](int m) { return round == 0 ? shortlist_distance(m) : fmaf(step, float(m + 1), lower); };
     if (tid < kDistances) within_counts[tid] = 0;
     __syncthreads();
     int within[kDistances] = {};
@@ -284,7 +287,7 @@ __global__ void __launch_bounds__(kSampleThreads)
       const float d = max_logit - logit(i);  // (-inf logits: +inf, never counted)
       if (d > lower && d <= upper) {
 #pragma unroll
-        for (int m = 0; m < kDistances; ++m) within[m] += d <= distance(m);
+        for (int m = 0; m < kDistances; ++m) within[m] += d <= distance_at(m);
       }
     }
 #pragma unroll
@@ -298,12 +301,12 @@ __global__ void __launch_bounds__(kSampleThreads)
     if (m == kDistances) break;  // (the first round only: fewer than k tokens within 64)
     if (lower_count + within_counts[m] <= kSortSlots) {
       listed = lower_count + within_counts[m];
-      shortlist_within = distance(m);
+      shortlist_within = distance_at(m);
       break;
     }
-    const float next_upper = distance(m);
+    const float next_upper = distance_at(m);
     if (m > 0) {
-      lower = distance(m - 1);
+      lower = distance_at(m - 1);
       lower_count += within_counts[m - 1];
     }
     upper = next_upper;

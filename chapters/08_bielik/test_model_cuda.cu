@@ -1675,7 +1675,7 @@ TEST_CASE("gpu_sample draws what the CPU sampler draws from the same logits and 
   };
   std::vector<LogitSet> sets;
   {
-    std::vector<float> bielik(32000), ties(1003), smollm(49152), tiny(5);
+    std::vector<float> bielik(32000), ties(1003), smollm(49152), tiny(5), dense(32000);
     for (float& l : bielik) l = normal(engine);
     // Logits on a 0.5 grid (many exact ties, the lower id first), some -inf, a -0 and a +0.
     for (size_t i = 0; i < ties.size(); ++i) ties[i] = i % 97 == 5 ? -INFINITY : std::round(normal(engine) * 2) * 0.5f;
@@ -1683,11 +1683,19 @@ TEST_CASE("gpu_sample draws what the CPU sampler draws from the same logits and 
     ties[12] = 0.0f;
     for (float& l : smollm) l = normal(engine) * 0.3f;  // a flat distribution: long nuclei
     tiny = {1.0f, 3.0f, 3.0f, -2.0f, 0.5f};
-    sets = {{"Bielik-sized", bielik}, {"ties on a grid", ties}, {"SmolLM2-sized, flat", smollm}, {"V = 5", tiny}};
+    // 1e-4 apart: ~5000 tokens within the shortlist's first distance (0.5) of the largest,
+    // too many to rank, so the shortlist must narrow down (or, for k > 256, radix select).
+    for (size_t i = 0; i < dense.size(); ++i) dense[i] = 2.0f - 1e-4f * float((i * 7919) % dense.size());
+    sets = {{"Bielik-sized", bielik},
+            {"ties on a grid", ties},
+            {"SmolLM2-sized, flat", smollm},
+            {"V = 5", tiny},
+            {"dense: the shortlist narrows down", dense}};
   }
   const SamplerOptions option_sets[] = {
       {0.7f, 40, 0.9f, 0},    // the chat's defaults
       {1.3f, 1000, 0.5f, 0},  {0.8f, 1024, 0.95f, 0}, {1.0f, 2, 1.0f, 0}, {0.9f, 7, 1.0f, 0},
+      {0.8f, 200, 0.95f, 0},  // N(0, 3^2): ~90 tokens within 4 of the largest, ~2400 within 8
       {0.5f, 0, 1.0f, 0},     // nothing to cut: the unranked walk
       {1.0f, 4, 0.3f, 0},     {0.0f, 0, 1.0f, 0},  // greedy by temperature
       {1.0f, 1, 1.0f, 0},     // greedy by top-k
@@ -1720,6 +1728,7 @@ TEST_CASE("gpu_sample draws what the CPU sampler draws from the same logits and 
           REQUIRE((result.shortlisted == 0 || (result.shortlisted >= options.top_k &&
                                                 result.shortlisted <= kGpuSamplerMaxTopK)));
           ++(result.shortlisted > 0 ? shortlisted : radix_selected);
+          if (set.name[0] == 'd' && options.top_k <= 256) REQUIRE(result.shortlisted > 0);  // (narrowed down)
         } else {
           REQUIRE(result.shortlisted == 0);
         }
