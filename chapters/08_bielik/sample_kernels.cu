@@ -266,16 +266,15 @@ __global__ void __launch_bounds__(kSampleThreads)
   //  the shortlist: every token that close, gathered in id order. When it takes in too
   //  many, the same count runs again on the distances between it and the one before
   //  (eight steps between them, only tokens in that range counted), up to
-  //  kShortlistRefinements times. For k up to kShortlistMaxTopK (256) only: a larger k
-  //  leaves too narrow a window, [k, kSortSlots], for a distance to land in. Ties with the k-th are all in or all out (one distance
-  //  for equal logits), and the sort ranks them by id as the CPU does.
+  //  kShortlistRefinements times. Ties with the k-th are all in or all out (one distance
+  //  for equal logits), and the sort ranks them by id as the CPU does. Only for k up to
+  //  kShortlistMaxTopK (256): a larger k leaves too narrow a window, [k, kSortSlots], for
+  //  a distance to land in.
   __shared__ int within_counts[kDistances];
   float lower = -1.0f, upper = shortlist_distance(kDistances - 1);  // counting the range (lower, upper]
   int lower_count = 0;  // tokens within `lower` (fewer than k)
   int listed = 0;       // candidates in `ranked`: the shortlist's size, or k after the radix select
   float shortlist_within = -1.0f;
-  // (Only for k up to kShortlistMaxTopK: the window [k, kSortSlots] must be wide for a
-  // distance to land in it.)
   for (int round = 0; round <= kShortlistRefinements && top_k <= kShortlistMaxTopK; ++round) {
     // (lower, upper and the counts are the same in every thread: the loop is block-uniform)
     const float step = (upper - lower) / float(kDistances);
