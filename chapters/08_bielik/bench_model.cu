@@ -409,8 +409,8 @@ void print_sampler_kernel_table(int V) {
   DeviceBuffer<double> uniform(std::vector<double>{0.37});
   DeviceBuffer<unsigned long long> timeline(kSampleTimelineEvents);
   BenchTable table("model_sampler_kernel",
-                   {"options", "launch, us (events)", "largest found", "k-th found (shortlist or radix select)", "k gathered", "ranked",
-                    "drawn (kernel start -> token)"});
+                   {"options", "launch, us (events)", "largest found", "k-th found (shortlist or radix select)",
+                    "k gathered", "ranked", "drawn (kernel start -> token)"});
   const SamplerOptions greedy{0.0f, 0, 1.0f, 1}, unranked{1.0f, 0, 1.0f, 1}, chat{0.7f, 40, 0.9f, 1},
       wide{0.7f, 1024, 1.0f, 1};
   const std::vector<std::pair<std::string, SamplerOptions>> cases = {

@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     const float4* from = reinterpret_cast<const float4*>(head_out);
     for (int i = int(threadIdx.x); i < (splits - 1) * kChunks; i += kThreadsPerBlock) {
       const int to = 1 + i / kChunks, chunk = i % kChunks;
-      if (to * rows_per_block >= p.C) continue;  // a block without rows has left
+      if (to * rows_per_block >= p.C) continue;  // a block without rows never waits for it, and may have exited
       const uint32_t remote = decode::cluster_ptx::remote_address(head_out, to);
       const uint32_t barrier = decode::cluster_ptx::remote_address(&head_arrived, to);
       decode::cluster_ptx::store_async_counted(remote + uint32_t(chunk * sizeof(float4)), from[chunk], barrier);
@@ -146,7 +146,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   stream_ptx::barrier_wait(&rows_arrived, 0);
   constexpr int kRowsPerPass = kThreadsPerBlock / kChunks;
   const int chunk = int(threadIdx.x) % kChunks;
-  const uint4 x_chunk = rows > 0 ? reinterpret_cast<const uint4*>(head_out)[chunk] : uint4{};  // (no rows: never written)
+  // (no rows: head_out was never written here, and is not read)
+  const uint4 x_chunk = rows > 0 ? reinterpret_cast<const uint4*>(head_out)[chunk] : uint4{};
   for (int pass = 0; pass < rows; pass += kRowsPerPass) {
     const int r = pass + int(threadIdx.x) / kChunks;
     float acc = r < rows ? dot_8(w_rows[size_t(r) * kChunks + chunk], x_chunk, 0.0f) : 0.0f;

@@ -500,7 +500,8 @@ void gpu_sample(SampleResult* result, const float* logits, int V, const SamplerO
   (void)cudaGetLastError();  // a refusal leaves no sticky error: the kernel then reads L2
   const bool cache = cache_allowed && cached_logit_bytes(V) <= kMaxCachedLogitBytes;
   sample_kernel<<<1, kSampleThreads, cache ? cached_logit_bytes(V) : 0, stream>>>(
-      result, logits, V, mode_for(options, V), options.temperature, options.top_k, options.top_p, uniform, cache, timeline);
+      result, logits, V, mode_for(options, V), options.temperature, options.top_k, options.top_p, uniform, cache,
+      timeline);
   CUDA_CHECK_LAUNCH();
 }
 

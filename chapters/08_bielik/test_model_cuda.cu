@@ -1772,8 +1772,8 @@ TEST_CASE("gpu_sample draws what the CPU sampler draws from the same logits and 
     unsigned long long previous = 0;
     for (int e = 0; e < kSampleTimelineEvents; ++e) {
       const auto event = SampleTimelineEvent(e);
-      const bool passed = top_k || event == SampleTimelineEvent::kStart || event == SampleTimelineEvent::kLargestFound ||
-                          event == SampleTimelineEvent::kDrawn;
+      const bool passed = top_k || event == SampleTimelineEvent::kStart ||
+                          event == SampleTimelineEvent::kLargestFound || event == SampleTimelineEvent::kDrawn;
       INFO("event " << e);
       if (!passed) {
         REQUIRE(t[size_t(e)] == 0u);
