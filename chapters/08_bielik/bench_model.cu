@@ -418,11 +418,11 @@ void print_sampler_kernel_table(int V) {
       {"temperature 1, no cut (the softmax walked)", unranked},
       {"temperature 0.7, top-k 40, top-p 0.9 (the chat's)", chat},
       {"temperature 0.7, top-k 1024", wide}};
+  BenchOptions no_flush;  // the logits stay in L2, as the lm_head leaves them
+  no_flush.flush_l2 = false;
+  no_flush.repeats = 50;
   for (const auto& [label, options] : cases) {
     const SamplerOptions these = options;  // (a lambda below captures it)
-    BenchOptions no_flush;
-    no_flush.flush_l2 = false;
-    no_flush.repeats = 50;
     const BenchTiming launch = time_gpu(
         [&] { gpu_sample(result.data(), logits.data(), V, these, uniform.data(), nullptr); }, no_flush);
     std::vector<std::vector<double>> phases(kSampleTimelineEvents);

@@ -147,8 +147,7 @@ int decode_attention_o_cluster_size(int C, int H, int Hkv, int D, int requested,
 
 void decode_attention_o(const AttentionOParams& p, int cluster, bool pdl, cudaStream_t stream, int replicas) {
   check_shape(p.C, p.H, p.Hkv, p.D);
-  if (!p.partials || !p.q || !p.k_cache || !p.v_cache || !p.d_length || !p.w_o || p.max_context < 1 ||
-      p.new_tokens < 0 || reinterpret_cast<uintptr_t>(p.w_o) % 16 != 0) {
+  if (!p.partials || !p.complete()) {
     throw std::invalid_argument(
         "decode_attention_o: needs the partials, q, cache, length and 16-byte aligned W_o pointers, max_context >= 1 "
         "and new_tokens >= 0");

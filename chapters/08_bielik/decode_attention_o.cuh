@@ -39,14 +39,15 @@
 /// consumer. Only the summation order differs from the unfused GEMV.
 #pragma once
 
+#include <cstdint>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 namespace bielik {
 
-/// The fused kernel's arguments. All pointers are device pointers.
-struct AttentionOParams {
-  float* partials = nullptr;              ///< (Hkv, C) written: kv group g's share of the O projection
+/// What both fused forms below read: this token's queries, one layer's cache, W_o and
+/// b_o, and the shapes. All pointers are device pointers.
+struct AttentionOInputs {
   const __nv_bfloat16* q = nullptr;       ///< (H, D) this token's rotated queries
   const __nv_bfloat16* k_cache = nullptr; ///< (Hkv, max_context, D) one layer
   const __nv_bfloat16* v_cache = nullptr; ///< (Hkv, max_context, D) one layer
@@ -56,6 +57,18 @@ struct AttentionOParams {
   const __nv_bfloat16* w_o = nullptr;     ///< (C, H D), HuggingFace's o_proj.weight
   const __nv_bfloat16* b_o = nullptr;     ///< (C) or nullptr
   int C = 0, H = 0, Hkv = 0, D = 0;
+
+  /// Every pointer the kernels need is set (b_o may be null), W_o is 16-byte aligned,
+  /// max_context >= 1 and new_tokens >= 0.
+  bool complete() const {
+    return q && k_cache && v_cache && d_length && w_o && max_context >= 1 && new_tokens >= 0 &&
+           reinterpret_cast<uintptr_t>(w_o) % 16 == 0;
+  }
+};
+
+/// The fused kernel's arguments: the inputs, and where its partial sums go.
+struct AttentionOParams : AttentionOInputs {
+  float* partials = nullptr;  ///< (Hkv, C) written: kv group g's share of the O projection
 };
 
 /// The cluster size (attention splits per kv head) decode_attention_o would use for this
@@ -108,19 +121,10 @@ void decode_attention_o(const AttentionOParams& params, int cluster, bool pdl, c
 /// attention they arrive behind gate/up's early weights (848). And the H heads' shares
 /// meet through L2 (fence, count, sum): the kernel ends 4-6 us after its outputs are
 /// merged, where the O GEMV ends 2.5 us after the attention's stores.
-struct AttentionOPerHeadParams {
+struct AttentionOPerHeadParams : AttentionOInputs {
   __nv_bfloat16* x = nullptr;            ///< (C) the residual stream, updated in place: x += o + b_o
   float* partials = nullptr;             ///< (H, C) workspace: head h's share of each O output
   unsigned* arrivals = nullptr;          ///< (kAttentionOMaxClusterSize) zero before the first launch; left zero
-  const __nv_bfloat16* q = nullptr;      ///< (H, D) this token's rotated queries
-  const __nv_bfloat16* k_cache = nullptr;  ///< (Hkv, max_context, D) one layer
-  const __nv_bfloat16* v_cache = nullptr;  ///< (Hkv, max_context, D) one layer
-  const int* d_length = nullptr;         ///< (1) committed tokens: kv_len = *d_length + new_tokens
-  int new_tokens = 1;
-  int max_context = 0;
-  const __nv_bfloat16* w_o = nullptr;    ///< (C, H D), HuggingFace's o_proj.weight
-  const __nv_bfloat16* b_o = nullptr;    ///< (C) or nullptr
-  int C = 0, H = 0, Hkv = 0, D = 0;
   /// No kernel that may still run writes x or b_o: every block loads its rows' residual
   /// and bias before its PDL wait (in the model, x was last written by the previous
   /// layer's down projection, finished before QKV let this kernel start).

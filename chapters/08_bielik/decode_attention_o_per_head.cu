@@ -235,8 +235,7 @@ bool decode_attention_o_per_head_runs(int C, int H, int Hkv, int D, int cluster)
 
 void decode_attention_o_per_head(const AttentionOPerHeadParams& p, int cluster, bool pdl, cudaStream_t stream) {
   check_shape(p.C, p.H, p.Hkv, p.D);
-  if (!p.x || !p.partials || !p.arrivals || !p.q || !p.k_cache || !p.v_cache || !p.d_length || !p.w_o ||
-      p.max_context < 1 || p.new_tokens < 0 || reinterpret_cast<uintptr_t>(p.w_o) % 16 != 0) {
+  if (!p.x || !p.partials || !p.arrivals || !p.complete()) {
     throw std::invalid_argument(
         "decode_attention_o_per_head: needs x, the partials, the arrivals, q, the cache, the length and a 16-byte "
         "aligned W_o, max_context >= 1 and new_tokens >= 0");

@@ -707,21 +707,24 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     // gate/up adds into its input and down adds into the residual stream.
     const bool fused_o = attention_path_ == DecodeAttentionPath::kClusterWithO &&
                          !(skip & (kSkipAttention | kSkipOProjection));
+    // What either fused attention + O kernel reads (the two forms below).
+    AttentionOInputs attention_o_inputs;
+    attention_o_inputs.q = d_qkv_.data();
+    attention_o_inputs.k_cache = kv_.k(int(l));
+    attention_o_inputs.v_cache = kv_.v(int(l));
+    attention_o_inputs.d_length = d_length;
+    attention_o_inputs.new_tokens = 1;
+    attention_o_inputs.max_context = context;
+    attention_o_inputs.w_o = L.w_o;
+    attention_o_inputs.b_o = L.b_o;
+    attention_o_inputs.C = C_;
+    attention_o_inputs.H = H_;
+    attention_o_inputs.Hkv = Hkv_;
+    attention_o_inputs.D = D_;
     if (fused_o) {
       AttentionOParams attention_o;
+      static_cast<AttentionOInputs&>(attention_o) = attention_o_inputs;
       attention_o.partials = d_o_partials_.data();
-      attention_o.q = d_qkv_.data();
-      attention_o.k_cache = kv_.k(int(l));
-      attention_o.v_cache = kv_.v(int(l));
-      attention_o.d_length = d_length;
-      attention_o.new_tokens = 1;
-      attention_o.max_context = context;
-      attention_o.w_o = L.w_o;
-      attention_o.b_o = L.b_o;
-      attention_o.C = C_;
-      attention_o.H = H_;
-      attention_o.Hkv = Hkv_;
-      attention_o.D = D_;
       decode_attention_o(attention_o, attention_splits, pdl, s, options_.attention_o_replicas);
       done("attention_o");
     } else if (skip & (kSkipAttention | kSkipOProjection)) {
@@ -753,21 +756,10 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
       } else if (attention_path_ == DecodeAttentionPath::kClusterPerHead && v6_fuses_o_) {
         // v6 with the O projection and the residual add inside: no O kernel below.
         AttentionOPerHeadParams attention_o;
+        static_cast<AttentionOInputs&>(attention_o) = attention_o_inputs;
         attention_o.x = d_x_.data();
         attention_o.partials = d_o_partials_.data();
         attention_o.arrivals = d_o_arrivals_.data();
-        attention_o.q = d_qkv_.data();
-        attention_o.k_cache = kv_.k(int(l));
-        attention_o.v_cache = kv_.v(int(l));
-        attention_o.d_length = d_length;
-        attention_o.new_tokens = 1;
-        attention_o.max_context = context;
-        attention_o.w_o = L.w_o;
-        attention_o.b_o = L.b_o;
-        attention_o.C = C_;
-        attention_o.H = H_;
-        attention_o.Hkv = Hkv_;
-        attention_o.D = D_;
         // The residual was last written by the previous layer's down projection, which
         // had finished before QKV let this kernel start (unless QKV lets it start early).
         attention_o.residual_settled = !options_.qkv_allows_attention_early;

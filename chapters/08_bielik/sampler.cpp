@@ -63,9 +63,10 @@ std::vector<std::pair<int32_t, double>> Sampler::candidates(const float* logits,
     // nucleus of usually tens. So the mass is summed in id order, and the tokens are
     // ranked a slice at a time, the most likely 256 (a partial sort), then four times more
     // until the nucleus fits: each later slice is picked from the rest by nth_element
-    // (linear) and sorted alone, and the running sum goes on where it stopped. The same nucleus, the same
-    // order; only the first normalization's sum is made in another order. (A flat
-    // distribution, where the nucleus is most of V, costs about one full sort.)
+    // (linear) and sorted alone, and the running sum goes on where it stopped. The same
+    // nucleus, the same order; only the first normalization's sum is made in another
+    // order. (A flat distribution, where the nucleus is most of V, costs about one full
+    // sort.)
     double mass = 0;
     for (const auto& candidate : ranked) mass += candidate.second;
     double cumulative = 0;

@@ -988,27 +988,36 @@ std::vector<float> attention_reference(const std::vector<uint16_t>& q, const std
   return out;
 }
 
-// decode_attention_o's arguments over test buffers (bf16 data held as uint16_t), for one
-// new token; `bias` may be null.
+// What both fused attention + O kernels read, over test buffers (bf16 data held as
+// uint16_t), for one new token; `bias` may be null.
+AttentionOInputs attention_o_inputs(DeviceBuffer<uint16_t>& q, DeviceBuffer<uint16_t>& k, DeviceBuffer<uint16_t>& v,
+                                    DeviceBuffer<int>& length, int max_context, DeviceBuffer<uint16_t>& W,
+                                    DeviceBuffer<uint16_t>* bias, int C, int H, int Hkv, int D) {
+  auto bf16 = [](DeviceBuffer<uint16_t>& buffer) { return reinterpret_cast<const __nv_bfloat16*>(buffer.data()); };
+  AttentionOInputs in;
+  in.q = bf16(q);
+  in.k_cache = bf16(k);
+  in.v_cache = bf16(v);
+  in.d_length = length.data();
+  in.new_tokens = 1;
+  in.max_context = max_context;
+  in.w_o = bf16(W);
+  in.b_o = bias ? bf16(*bias) : nullptr;
+  in.C = C;
+  in.H = H;
+  in.Hkv = Hkv;
+  in.D = D;
+  return in;
+}
+
+// decode_attention_o's arguments over the same buffers.
 AttentionOParams attention_o_params(DeviceBuffer<float>& partials, DeviceBuffer<uint16_t>& q,
                                     DeviceBuffer<uint16_t>& k, DeviceBuffer<uint16_t>& v, DeviceBuffer<int>& length,
                                     int max_context, DeviceBuffer<uint16_t>& W, DeviceBuffer<uint16_t>* bias, int C,
                                     int H, int Hkv, int D) {
-  auto bf16 = [](DeviceBuffer<uint16_t>& buffer) { return reinterpret_cast<const __nv_bfloat16*>(buffer.data()); };
   AttentionOParams p;
+  static_cast<AttentionOInputs&>(p) = attention_o_inputs(q, k, v, length, max_context, W, bias, C, H, Hkv, D);
   p.partials = partials.data();
-  p.q = bf16(q);
-  p.k_cache = bf16(k);
-  p.v_cache = bf16(v);
-  p.d_length = length.data();
-  p.new_tokens = 1;
-  p.max_context = max_context;
-  p.w_o = bf16(W);
-  p.b_o = bias ? bf16(*bias) : nullptr;
-  p.C = C;
-  p.H = H;
-  p.Hkv = Hkv;
-  p.D = D;
   return p;
 }
 
@@ -1154,22 +1163,12 @@ TEST_CASE("decode_attention_o_per_head: attention, O projection and residual add
     DeviceBuffer<float> d_partials(size_t(c.H) * c.C);
     DeviceBuffer<unsigned> d_arrivals(kAttentionOMaxClusterSize);
     d_arrivals.fill_bytes(0);
-    auto bf16 = [](DeviceBuffer<uint16_t>& buffer) { return reinterpret_cast<const __nv_bfloat16*>(buffer.data()); };
     AttentionOPerHeadParams p;
+    static_cast<AttentionOInputs&>(p) =
+        attention_o_inputs(d_q, d_k, d_v, d_length, max_context, d_W, c.bias ? &d_bias : nullptr, c.C, c.H, c.Hkv, c.D);
     p.x = reinterpret_cast<__nv_bfloat16*>(d_x.data());
     p.partials = d_partials.data();
     p.arrivals = d_arrivals.data();
-    p.q = bf16(d_q);
-    p.k_cache = bf16(d_k);
-    p.v_cache = bf16(d_v);
-    p.d_length = d_length.data();
-    p.max_context = max_context;
-    p.w_o = bf16(d_W);
-    p.b_o = c.bias ? bf16(d_bias) : nullptr;
-    p.C = c.C;
-    p.H = c.H;
-    p.Hkv = c.Hkv;
-    p.D = c.D;
     // Eight launches on the same residual, each adding the projection once more: the
     // arrival counts must be back at 0 after each. With and without PDL, the residual
     // read before or after the wait, W_o's rows requested before the wait or after the
@@ -1210,19 +1209,10 @@ TEST_CASE("decode_attention_o_per_head refuses what it cannot run", "[ch08][gpu]
   DeviceBuffer<unsigned> arrivals(kAttentionOMaxClusterSize);
   auto valid = [&] {
     AttentionOPerHeadParams p;
+    static_cast<AttentionOInputs&>(p) = attention_o_inputs(q, k, v, length, 64, W, nullptr, 1536, 12, 2, 128);
     p.x = reinterpret_cast<__nv_bfloat16*>(x.data());
     p.partials = partials.data();
     p.arrivals = arrivals.data();
-    p.q = reinterpret_cast<const __nv_bfloat16*>(q.data());
-    p.k_cache = reinterpret_cast<const __nv_bfloat16*>(k.data());
-    p.v_cache = reinterpret_cast<const __nv_bfloat16*>(v.data());
-    p.d_length = length.data();
-    p.max_context = 64;
-    p.w_o = reinterpret_cast<const __nv_bfloat16*>(W.data());
-    p.C = 1536;
-    p.H = 12;
-    p.Hkv = 2;
-    p.D = 128;
     return p;
   };
   AttentionOPerHeadParams p = valid();
