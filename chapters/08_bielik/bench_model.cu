@@ -30,6 +30,8 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "bench.cuh"
@@ -64,6 +66,9 @@ struct Args {
   int long_splits = CudaModelOptions{}.long_attention_splits;        ///< --long-splits: that graph's cluster size
   V6Handover v6_handover = CudaModelOptions{}.v6_handover;           ///< --v6-handover pull|barrier|mbarrier
   bool v6_with_o = CudaModelOptions{}.v6_fuses_o;                    ///< --v6-with-o / --no-v6-with-o
+  bool streamed = false;  ///< --streamed: the streamed persistent step instead of the graph
+  int ring_slots = 0;     ///< --ring-slots N: its slots a warp (0: as many as fit)
+  int slot_bytes = 0;     ///< --slot-bytes N: its slots' size (0: the default)
   bool v6_with_o_late = CudaModelOptions{}.v6_fused_o_late_weights;  ///< --v6-with-o-late-weights
   bool o_after_attention_inputs = CudaModelOptions{}.attention_allows_o_after_inputs;
   bool o_after_attention_inputs_long = CudaModelOptions{}.attention_allows_o_after_inputs_in_long_graph;
@@ -189,6 +194,12 @@ Args parse(int argc, char** argv) {
       a.v6_with_o_late = true;
     } else if (flag == "--v6-with-o") {
       a.v6_with_o = true;
+    } else if (flag == "--streamed") {
+      a.streamed = true;
+    } else if (flag == "--ring-slots") {
+      a.ring_slots = std::stoi(value());
+    } else if (flag == "--slot-bytes") {
+      a.slot_bytes = std::stoi(value());
     } else if (flag == "--no-v6-with-o") {
       a.v6_with_o = false;
     } else if (flag == "--v6-handover") {
@@ -225,7 +236,7 @@ Args parse(int argc, char** argv) {
                                   " [--attention cluster_o|cluster|cluster_per_head|split_combine|merge_in_o]"
                                   " [--replicas N] [--splits N] [--short-max-keys N] [--short-splits N] [--long-min-keys N]"
                                   " [--long-splits N]"
-                                  " [--v6-handover pull|barrier|mbarrier] [--[no-]v6-with-o] [--v6-with-o-late-weights] [--o-after-attention-inputs] [--[no-]o-after-attention-inputs-long]"
+                                  " [--v6-handover pull|barrier|mbarrier] [--[no-]v6-with-o] [--streamed [--ring-slots N] [--slot-bytes N]] [--v6-with-o-late-weights] [--o-after-attention-inputs] [--[no-]o-after-attention-inputs-long]"
                                   " [--carveout PERCENT] [--hold-o] [--hold-gate-up BLOCKS] [--hold-until-attention-end] [--hold-gate-up-from N]"
                                   " [--gate-up-start-delay NS] [--down-start-delay NS] [--qkv-start-delay NS] [--o-start-delay NS]"
                                   " [--lm-head-start-delay NS] [--[no-]widen-input] [--qkv-early] [--gate-up-after-o]"
@@ -454,6 +465,62 @@ void print_sampler_kernel_table(int V) {
 // 16-token prompt and 64 warm-up tokens. Then the same for the attention between them
 // (chapter 07's v6 or v5: start, wait returned, inputs arrived, states updated, warps merged,
 // partial done, outputs stored, end).
+/// The persistent step's phases (decode_persistent.cuh), summed per kind over the layers,
+/// from block 0's clock after every grid barrier in the last of 24 greedy steps: us for
+/// the embedding, the six kinds of a layer, the lm_head and the whole step. Prints the
+/// streamed step's share of each GEMV phase that block 0 spent waiting for its slots.
+std::vector<double> persistent_phase_us(const std::string& model_dir, CudaModelOptions o) {
+  o.persistent_decode = true;
+  o.persistent_phase_clock = true;
+  CudaModel m(model_dir, o);
+  m.prefill(random_prompt(16, m.config().vocab_size, 23));
+  m.generate_greedy(5, 24);
+  const std::vector<unsigned long long> clock = m.persistent_phase_clock();
+  std::vector<double> us(9, 0.0);
+  const int L = m.config().num_hidden_layers;
+  us[0] = (clock[1] - clock[0]) * 1e-3;
+  for (int l = 0; l < L; ++l) {
+    for (int k = 0; k < 6; ++k) us[1 + k] += (clock[2 + 6 * l + k] - clock[1 + 6 * l + k]) * 1e-3;
+  }
+  us[7] = (clock[6 * L + 2] - clock[6 * L + 1]) * 1e-3;
+  us[8] = (clock[6 * L + 2] - clock[0]) * 1e-3;
+  for (int kind = 0; kind < 5; ++kind) {
+    const unsigned long long* counts = clock.data() + 6 * L + 3 + 3 * kind;  // waited, requesting, phase
+    if (counts[2] > 0) {
+      std::printf("streamed step, GEMV phase %d (QKV, O, gate/up, down, lm_head): block 0's thread 0 waited for "
+                  "weights %.1f%% and requested stages %.1f%% of %llu cycles (summed over 24 steps)\n",
+                  kind, 100.0 * double(counts[0]) / double(counts[2]), 100.0 * double(counts[1]) / double(counts[2]),
+                  counts[2]);
+    }
+  }
+  return us;
+}
+
+const char* const kPersistentPhaseNames[9] = {
+    "embedding",        "QKV + RoPE + append", "attention splits", "attention merge",     "O + residual",
+    "gate/up + SwiGLU", "down + residual",     "final norm + lm_head", "whole step (block 0)"};
+
+/// One decode step's logits after the same 16-token prompt, from the graph and from the
+/// streamed persistent step: the largest difference (and the largest logit, for scale).
+std::pair<double, double> streamed_logit_difference(const std::string& model_dir, const CudaModelOptions& options) {
+  auto step_logits = [&](bool streamed) {
+    CudaModelOptions o = options;
+    o.persistent_decode = o.persistent_weight_stream = streamed;
+    CudaModel m(model_dir, o);
+    m.prefill(random_prompt(16, m.config().vocab_size, 21));
+    return m.decode(5);
+  };
+  const std::vector<float> graph_logits = step_logits(false), streamed_logits = step_logits(true);
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < graph_logits.size(); ++i) {
+    diff = std::max(diff, double(std::fabs(graph_logits[i] - streamed_logits[i])));
+    scale = std::max(scale, double(std::fabs(graph_logits[i])));
+  }
+  std::printf("streamed step vs graph, one decode step after 16 tokens: max |logit diff| %.4g (max |logit| %.4g)\n",
+              diff, scale);
+  return {diff, scale};
+}
+
 void print_decode_timeline(CudaModel& model) {
   const int L = model.config().num_hidden_layers;
   model.reset();
@@ -540,6 +607,9 @@ int main(int argc, char** argv) {
     options.long_attention_splits = args.long_splits;
     options.v6_handover = args.v6_handover;
     options.v6_fuses_o = args.v6_with_o;
+    options.persistent_decode = options.persistent_weight_stream = args.streamed;
+    options.persistent_ring_stages = args.ring_slots;
+    options.persistent_slot_bytes = args.slot_bytes;
     options.v6_fused_o_late_weights = args.v6_with_o_late;
     options.attention_allows_o_after_inputs = args.o_after_attention_inputs;
     options.attention_allows_o_after_inputs_in_long_graph = args.o_after_attention_inputs_long;
@@ -579,6 +649,12 @@ int main(int argc, char** argv) {
       const int tokens = std::min(args.decode_tokens, model->context_size() - prompt);
       std::printf("decode only: %d tokens after a %d-token prompt, %.0f tokens/s\n", tokens, prompt,
                   decode_tokens_per_s(*model, tokens, 1, false, prompt));
+      if (args.streamed) {  // --streamed: its logits against the graph's, and where its time goes
+        model.reset();
+        streamed_logit_difference(args.model, options);
+        const std::vector<double> us = persistent_phase_us(args.model, options);
+        for (int i = 0; i < 9; ++i) std::printf("streamed phase %-22s %9.1f us\n", kPersistentPhaseNames[i], us[i]);
+      }
       return 0;
     }
 
@@ -963,19 +1039,18 @@ int main(int argc, char** argv) {
       }
     }
 
-    // --- the streamed persistent step: one weight stream per block across every phase,
-    // with the largest ring and with 4 slots; and its logits against the graph's on this
-    // checkpoint (Bielik's shapes: units shared by 2 and 8 warps, which the tests' tiny
-    // models only reach with small slots) ---
+    // --- the streamed persistent step: one weight stream per warp across every phase,
+    // with the largest rings of three slot sizes and with 2 slots a warp; and its logits
+    // against the graph's on this checkpoint (Bielik's shapes: down's rows in chunks) ---
     struct StreamedVariant {
       const char* label;
       int ring_stages, slot_bytes;
       double tok_s = 0;
     };
-    StreamedVariant streamed[] = {{"largest ring of 24 KB slots", 0, 0},
-                                  {"4 slots of 24 KB", 4, 0},
-                                  {"largest ring of 48 KB slots", 0, 48 * 1024},
-                                  {"largest ring of 12 KB slots", 0, 12 * 1024}};
+    StreamedVariant streamed[] = {{"largest rings of 6 KB slots", 0, 0},
+                                  {"2 slots of 6 KB a warp", 2, 0},
+                                  {"largest rings of 3 KB slots", 0, 3 * 1024},
+                                  {"largest rings of 12 KB slots", 0, 12 * 1024}};
     for (StreamedVariant& v : streamed) {
       try {
         v.tok_s = variant([&](CudaModelOptions& o) {
@@ -990,59 +1065,19 @@ int main(int argc, char** argv) {
     }
     double streamed_logit_diff = -1, streamed_logit_scale = 0;
     if (streamed[0].tok_s > 0) {
-      auto step_logits = [&](bool streamed) {
-        CudaModelOptions o = options;
-        o.persistent_decode = streamed;
-        o.persistent_weight_stream = streamed;
-        CudaModel m(args.model, o);
-        m.prefill(random_prompt(16, m.config().vocab_size, 21));
-        return m.decode(5);
-      };
-      const std::vector<float> graph_logits = step_logits(false), streamed_logits = step_logits(true);
-      streamed_logit_diff = 0;
-      for (size_t i = 0; i < graph_logits.size(); ++i) {
-        streamed_logit_diff = std::max(streamed_logit_diff, double(std::fabs(graph_logits[i] - streamed_logits[i])));
-        streamed_logit_scale = std::max(streamed_logit_scale, double(std::fabs(graph_logits[i])));
-      }
-      std::printf("streamed step vs graph, one decode step after 16 tokens: max |logit diff| %.4g (max |logit| %.4g)\n",
-                  streamed_logit_diff, streamed_logit_scale);
+      std::tie(streamed_logit_diff, streamed_logit_scale) = streamed_logit_difference(args.model, options);
     }
 
     // --- where the persistent steps spend a token: block 0's clock after every grid
     // barrier, summed per phase kind over the layers (the last of 24 greedy steps) ---
-    const char* phase_kinds[] = {"QKV + RoPE + append", "attention splits", "attention merge", "O + residual",
-                                 "gate/up + SwiGLU", "down + residual"};
-    auto phase_times = [&](auto&& tweak) {
-      CudaModelOptions o = options;
-      o.persistent_decode = true;
-      o.persistent_phase_clock = true;
-      tweak(o);
-      CudaModel m(args.model, o);
-      m.prefill(random_prompt(16, m.config().vocab_size, 23));
-      m.generate_greedy(5, 24);
-      const std::vector<unsigned long long> clock = m.persistent_phase_clock();
-      std::vector<double> us(9, 0.0);  // embedding, the six kinds, lm_head, total
-      const int L = m.config().num_hidden_layers;
-      us[0] = (clock[1] - clock[0]) * 1e-3;
-      for (int l = 0; l < L; ++l) {
-        for (int k = 0; k < 6; ++k) us[1 + k] += (clock[2 + 6 * l + k] - clock[1 + 6 * l + k]) * 1e-3;
-      }
-      us[7] = (clock[6 * L + 2] - clock[6 * L + 1]) * 1e-3;
-      us[8] = (clock[6 * L + 2] - clock[0]) * 1e-3;
-      // The streamed step's share of each GEMV phase that block 0 spent waiting for slots.
-      for (int kind = 0; kind < 5; ++kind) {
-        const unsigned long long waited = clock[6 * L + 3 + 2 * kind], total = clock[6 * L + 4 + 2 * kind];
-        if (total > 0) {
-          std::printf("streamed step, GEMV phase %d (QKV, O, gate/up, down, lm_head): block 0 waited for weights "
-                      "%.1f%% of %llu cycles (summed over 24 steps)\n", kind, 100.0 * double(waited) / double(total), total);
-        }
-      }
-      return us;
-    };
     std::vector<double> v1_phases, streamed_phases;
     try {
-      v1_phases = phase_times([](CudaModelOptions& o) { o.persistent_blocks_per_sm = 1; });
-      streamed_phases = phase_times([](CudaModelOptions& o) { o.persistent_weight_stream = true; });
+      CudaModelOptions o = options;
+      o.persistent_blocks_per_sm = 1;
+      v1_phases = persistent_phase_us(args.model, o);
+      o = options;
+      o.persistent_weight_stream = true;
+      streamed_phases = persistent_phase_us(args.model, o);
     } catch (const std::exception& e) {
       std::printf("persistent phase clock: %s\n", e.what());
     }
@@ -1057,8 +1092,7 @@ int main(int argc, char** argv) {
       const double mlp_mb = L * double(c.intermediate_size) * c.hidden_size * 2e-6;
       const double phase_mb[9] = {0, qkv_mb, 0, 0, o_mb, 2 * mlp_mb, mlp_mb,
                                   double(c.vocab_size) * c.hidden_size * 2e-6, 0};
-      const char* names[9] = {"embedding", phase_kinds[0], phase_kinds[1], phase_kinds[2], phase_kinds[3],
-                              phase_kinds[4], phase_kinds[5], "final norm + lm_head", "whole step (block 0)"};
+      const char* const* names = kPersistentPhaseNames;
       for (int i = 0; i < 9; ++i) {
         phase_table.add_row({names[i], fmt(v1_phases[i], 1), fmt(streamed_phases[i], 1),
                              phase_mb[i] > 0 ? fmt(phase_mb[i], 0) : ""});

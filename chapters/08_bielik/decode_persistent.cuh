@@ -23,8 +23,8 @@
 /// threads per SM, 491 with two, against the graph's 759. Correct, but slower: one block
 /// per SM keeps too few loads in flight for the big GEMVs, two spill and make each of
 /// the 193 barriers per token wait for 264 blocks. Off by default (DECODE_LOG.md).
-/// The streamed form (decode_step_streamed.cu) measured 374 tokens/s: its header says
-/// why.
+/// The streamed form (decode_step_streamed.cu) has one bulk-copy weight stream per warp
+/// across all phases; its header says how it measures.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -73,11 +73,12 @@ struct PersistentStep {
   float* partial_ml = nullptr;   ///< (splits, H, 2)
   int splits = 0;                ///< attention splits, 1..256
   unsigned* barrier = nullptr;   ///< (2) zeroed once before the first step
-  /// (6 L + 13) or nullptr, zeroed: block 0's %globaltimer (ns) at the start and after
+  /// (6 L + 18) or nullptr, zeroed: block 0's %globaltimer (ns) at the start and after
   /// every grid barrier (embedding; per layer QKV, attention, merge, O, gate/up, down;
   /// lm_head), so that bench_model can say which phases take the time; then, streamed
   /// step only, for QKV, O, gate/up, down, lm_head: the SM cycles block 0's thread 0
-  /// waited for weight slots and the cycles of those phases, added up over steps.
+  /// waited for weight slots, the cycles it spent requesting the next stages, and the
+  /// cycles of those phases, added up over steps.
   unsigned long long* phase_clock = nullptr;
 };
 
@@ -93,9 +94,9 @@ void decode_step_persistent(const PersistentStep& step, int blocks_per_sm, cudaS
 /// (the bulk-copy engine).
 bool decode_step_streamed_supported(int D, int H, int Hkv);
 
-/// The shared-memory plan of the streamed step: a ring of ring_stages slots of
-/// slot_bytes (each holds up to 8 weight rows, at least one unit of every projection),
-/// after the input vector (x_bytes) and the slot barriers.
+/// The shared-memory plan of the streamed step: for each of the block's 8 warps a ring of
+/// ring_stages slots of slot_bytes (whole weight rows, or a chunk of a row that does not
+/// fit), after the input vector (x_bytes) and the slot barriers.
 struct StreamedStepLayout {
   int slot_bytes = 0;
   int ring_stages = 0;
@@ -103,18 +104,18 @@ struct StreamedStepLayout {
   size_t shared_bytes = 0;  ///< dynamic shared memory per block
 };
 
-/// The layout for `step` with ring_stages slots (0: as many as shared memory holds, up
-/// to 32; else at least 2, capped there) of at least min_slot_bytes (0: 24 KB; always
-/// at least the largest unit; smaller slots mean fewer units per stage and more warps
-/// per unit, which the tests use on their tiny models). Computed once per model (host
+/// The layout for `step` with ring_stages slots a warp (0: as many as shared memory
+/// holds, up to 16; else capped there) of min_slot_bytes rounded up to 128
+/// (0: 6 KB; slots smaller than a row stream it in chunks, which the tests use on their
+/// tiny models). Computed once per model (host
 /// work: kernel attributes, an occupancy query), it also raises the kernel's dynamic
 /// shared memory limit. Throws std::invalid_argument for an unsupported device or shape,
-/// or when fewer than 2 slots fit.
+/// or when not one slot a warp fits.
 StreamedStepLayout decode_step_streamed_layout(const PersistentStep& step, int ring_stages, int min_slot_bytes = 0);
 
 /// Launches one decode step of the streamed kernel: one block of 256 threads per SM,
-/// whose thread 0 streams the block's rows of every projection of every layer, in
-/// order, through the ring. `layout`: decode_step_streamed_layout of a step with the
+/// each of whose warps streams its rows of every projection of every layer, in order,
+/// through its ring. `layout`: decode_step_streamed_layout of a step with the
 /// same shape. Same results as decode_step_persistent (the same epilogues and summation
 /// per row, up to the order of the partial sums).
 void decode_step_streamed(const PersistentStep& step, const StreamedStepLayout& layout, cudaStream_t stream = 0);

@@ -259,10 +259,10 @@ struct CudaModelOptions {
   bool persistent_decode = false;
   int persistent_blocks_per_sm = 2;  ///< 1 or 2 blocks of 256 threads per SM
   /// With persistent_decode: the streamed form (decode_step_streamed: one block per SM,
-  /// one bulk-copy weight stream per block across every projection; sm_90+).
+  /// one bulk-copy weight stream per warp across every projection; sm_90+).
   bool persistent_weight_stream = false;
-  int persistent_ring_stages = 0;  ///< its ring's slots (0: as many as fit)
-  int persistent_slot_bytes = 0;   ///< its slots' least size (0: 24 KB; the tests use less)
+  int persistent_ring_stages = 0;  ///< slots of each warp's ring (0: as many as fit)
+  int persistent_slot_bytes = 0;   ///< its slots' size (0: 6 KB; the tests use less)
   /// Record the persistent step's phase times (PersistentStep::phase_clock), read back
   /// with CudaModel::persistent_phase_clock().
   bool persistent_phase_clock = false;

@@ -1570,10 +1570,11 @@ TEST_CASE("CUDA model: the persistent decode step matches the CPU backend", "[ch
     const std::vector<int32_t> prompt = random_prompt(21, spec.V, seed);
     const std::vector<float> expected = cpu.prefill(prompt, Logits::kAll);
     // The register-load kernel on 1 and 2 blocks per SM; the streamed kernel with its
-    // default slots (8 tiny units per stage, a warp per unit), with a ring of 2 slots
-    // (every slot reused many times a step: the barrier parities wrap), and with slots
-    // of ~1 KB (1 or 2 units per stage: 4 or 8 warps share a unit, as Bielik's down
-    // projection and QKV do).
+    // default 6 KB slots (several tiny units per stage), with 2 and 1 slots a warp (every
+    // slot reused many times a step: the barrier parities wrap), and with 256-byte slots
+    // (every unit larger than a slot, so every row streams in chunks that end at odd
+    // columns, as Bielik's down projection does with its 17.5 KB rows). On these models
+    // most warps have no unit, or one, in a phase.
     struct Variant {
       const char* name;
       int blocks_per_sm;
@@ -1582,9 +1583,10 @@ TEST_CASE("CUDA model: the persistent decode step matches the CPU backend", "[ch
       int slot_bytes;
     };
     for (const Variant& v : {Variant{"1 block/SM", 1, false, 0, 0}, Variant{"2 blocks/SM", 2, false, 0, 0},
-                             Variant{"streamed, largest ring", 1, true, 0, 0},
-                             Variant{"streamed, 2-slot ring", 1, true, 2, 0},
-                             Variant{"streamed, 1 KB slots", 1, true, 3, 1024}}) {
+                             Variant{"streamed, largest rings", 1, true, 0, 0},
+                             Variant{"streamed, 2 slots a warp", 1, true, 2, 0},
+                             Variant{"streamed, 1 slot a warp", 1, true, 1, 0},
+                             Variant{"streamed, 256-byte slots", 1, true, 3, 256}}) {
       if (v.stream && !decode_step_streamed_supported(config.head_dim, config.num_attention_heads,
                                                       config.num_key_value_heads)) {
         WARN("no bulk-copy engine (sm_90) on this device: streamed decode not tested");
@@ -1625,16 +1627,18 @@ TEST_CASE("CUDA model: the persistent decode step matches the CPU backend", "[ch
       // 6 L + 2 grid barriers, never going back.
       const std::vector<unsigned long long> clock = cuda.persistent_phase_clock();
       const size_t times = size_t(6 * config.num_hidden_layers + 3);
-      REQUIRE(clock.size() == times + 10);
+      REQUIRE(clock.size() == times + 15);
       for (size_t i = 1; i < times; ++i) REQUIRE(clock[i] >= clock[i - 1]);
       REQUIRE(clock[times - 1] > clock[0]);
-      for (int kind = 0; kind < 5; ++kind) {  // the streamed step counts, waited <= the phase
-        const unsigned long long waited = clock[times + 2 * kind], phase = clock[times + 2 * kind + 1];
+      for (int kind = 0; kind < 5; ++kind) {  // the streamed step counts: waited + requesting <= the phase
+        const unsigned long long waited = clock[times + 3 * kind], requesting = clock[times + 3 * kind + 1],
+                                 phase = clock[times + 3 * kind + 2];
         if (v.stream) {
           REQUIRE(phase > 0);
-          REQUIRE(waited <= phase);
-        } else {  // the register kernel has no slots to wait for
+          REQUIRE(waited + requesting <= phase);
+        } else {  // the register kernel has no slots
           REQUIRE(waited == 0);
+          REQUIRE(requesting == 0);
           REQUIRE(phase == 0);
         }
       }
@@ -1642,12 +1646,11 @@ TEST_CASE("CUDA model: the persistent decode step matches the CPU backend", "[ch
                   worst);
     }
     if (decode_step_streamed_supported(config.head_dim, config.num_attention_heads, config.num_key_value_heads)) {
-      // A ring of one slot could never have a copy in flight while the block computes.
-      CudaModelOptions one_slot = cuda_options();
-      one_slot.persistent_decode = true;
-      one_slot.persistent_weight_stream = true;
-      one_slot.persistent_ring_stages = 1;
-      REQUIRE_THROWS_AS(CudaModel(dir, one_slot), std::invalid_argument);
+      CudaModelOptions negative = cuda_options();  // a negative slot count is refused at load
+      negative.persistent_decode = true;
+      negative.persistent_weight_stream = true;
+      negative.persistent_ring_stages = -1;
+      REQUIRE_THROWS_AS(CudaModel(dir, negative), std::invalid_argument);
     }
   }
 }
