@@ -34,11 +34,11 @@
 //
 // MEASURED SLOWER (bench_model, H200, 2026-12-02): 551-560 tokens/s against the graph's
 // 957-962 (the one-ring form: 374). Lane 0 spends 30-42% of the big phases inside
-// cp.async.bulk while its warp waits for it (the SM's copy queue is full), and the six
-// grid barriers a layer leave ~21 us of critical path a layer in the small phases, which
-// no ring of ~5 us of bytes can hide. DECODE_LOG.md, twentieth session, has the tables
-// and the two changes a faster form needs (a producer warp; per-head counters instead of
-// most grid barriers).
+// cp.async.bulk while its warp waits for it (our reading: the SM's copy queue is full),
+// and the six grid barriers a layer leave ~21 us of critical path a layer in the small
+// phases, which no ring of ~5 us of bytes can hide. DECODE_LOG.md, twentieth session,
+// has the tables and the two changes a faster form needs (a producer warp; per-head
+// counters instead of most grid barriers).
 //
 // Phases per layer, separated by grid barriers as in decode_step_persistent.cu:
 // norm + QKV + RoPE + append | attention splits | merge | O + residual |
