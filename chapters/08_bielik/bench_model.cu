@@ -38,6 +38,7 @@
 #include "cuda_check.cuh"
 #include "decode_kernels.cuh"  // GemvTimelineEvent
 #include "device_buffer.cuh"
+#include "matmul_common.cuh"  // chapter 03: multiprocessor_count
 #include "model_cuda.hpp"
 #include "sample_kernels.cuh"
 
@@ -484,6 +485,22 @@ std::vector<double> persistent_phase_us(const std::string& model_dir, CudaModelO
   }
   us[7] = (clock[6 * L + 2] - clock[6 * L + 1]) * 1e-3;
   us[8] = (clock[6 * L + 2] - clock[0]) * 1e-3;
+  // The streamed step's blocks: each one's time in its share of each GEMV phase, per
+  // layer and step, from the fastest block to the slowest (the one the grid waits for).
+  const size_t sms = size_t(multiprocessor_count());
+  for (int kind = 0; kind < 5; ++kind) {
+    std::vector<std::pair<double, int>> blocks;
+    for (size_t b = 0; b < sms; ++b) {
+      const double ns = double(clock[6 * L + 18 + kind * sms + b]);
+      if (ns > 0) blocks.push_back({ns * 1e-3 / (24.0 * (kind == 4 ? 1 : L)), int(b)});
+    }
+    if (blocks.size() != sms) continue;  // the register kernel does not count
+    std::sort(blocks.begin(), blocks.end());
+    std::printf("streamed step, GEMV phase %d, each block's share, us a %s: fastest %.2f (block %d), median %.2f, "
+                "slowest %.2f %.2f %.2f (blocks %d %d %d)\n", kind, kind == 4 ? "step" : "layer", blocks[0].first,
+                blocks[0].second, blocks[sms / 2].first, blocks[sms - 3].first, blocks[sms - 2].first,
+                blocks[sms - 1].first, blocks[sms - 3].second, blocks[sms - 2].second, blocks[sms - 1].second);
+  }
   for (int kind = 0; kind < 5; ++kind) {
     const unsigned long long* counts = clock.data() + 6 * L + 3 + 3 * kind;  // waited, requesting, phase
     if (counts[2] > 0) {

@@ -73,12 +73,14 @@ struct PersistentStep {
   float* partial_ml = nullptr;   ///< (splits, H, 2)
   int splits = 0;                ///< attention splits, 1..256
   unsigned* barrier = nullptr;   ///< (2) zeroed once before the first step
-  /// (6 L + 18) or nullptr, zeroed: block 0's %globaltimer (ns) at the start and after
-  /// every grid barrier (embedding; per layer QKV, attention, merge, O, gate/up, down;
-  /// lm_head), so that bench_model can say which phases take the time; then, streamed
-  /// step only, for QKV, O, gate/up, down, lm_head: the SM cycles block 0's thread 0
-  /// waited for weight slots, the cycles it spent requesting the next stages, and the
-  /// cycles of those phases, added up over steps.
+  /// (6 L + 18 + 5 x SMs) or nullptr, zeroed: block 0's %globaltimer (ns) at the start
+  /// and after every grid barrier (embedding; per layer QKV, attention, merge, O, gate/up,
+  /// down; lm_head), so that bench_model can say which phases take the time; then,
+  /// streamed step only, for QKV, O, gate/up, down, lm_head: the SM cycles block 0's
+  /// thread 0 waited for weight slots, the cycles it spent requesting the next stages,
+  /// and the cycles of those phases, added up over steps; then, streamed step only, for
+  /// the same five kinds and every block b (index kind x SMs + b): the ns from the
+  /// phase's start in block b to its last output, added up over layers and steps.
   unsigned long long* phase_clock = nullptr;
 };
 

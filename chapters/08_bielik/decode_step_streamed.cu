@@ -237,7 +237,7 @@ struct StreamContext {
 /// then each warp runs through its own stages of the stream.
 template <GemvInput In, GemvOutput Out>
 __device__ __forceinline__ void streamed_gemv(const DecodeGemvParams& gp, const PhaseShape& g, StreamContext& ctx,
-                                              unsigned long long* stall_cycles) {
+                                              unsigned long long* stall_cycles, unsigned long long* block_ns) {
   const WarpRing& ring = ctx.ring;
   int& s = ctx.s;
   constexpr int kRows = rows_per_unit<Out>();  // equals g.rows
@@ -246,6 +246,7 @@ __device__ __forceinline__ void streamed_gemv(const DecodeGemvParams& gp, const 
   // the cycles it spends requesting stages, and the cycles of the whole phase.
   const bool counting = stall_cycles && blockIdx.x == 0 && threadIdx.x == 0;
   const long long phase_start = counting ? clock64() : 0;
+  const unsigned long long block_start = block_ns ? globaltimer_ns() : 0;
   long long waiting = 0, requesting = 0;
   // The epilogue's global inputs (bias, residual, cos / sin) of the warp's first 32
   // units, one unit per lane, loaded while the input is staged: the lane that holds them
@@ -302,6 +303,10 @@ __device__ __forceinline__ void streamed_gemv(const DecodeGemvParams& gp, const 
     stall_cycles[1] += requesting;
     stall_cycles[2] += clock64() - phase_start;
   }
+  if (block_ns) {  // every block: from its phase start to its last warp's last output
+    __syncthreads();
+    if (threadIdx.x == 0) *block_ns += globaltimer_ns() - block_start;
+  }
 }
 
 template <int D, int G>
@@ -345,6 +350,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // (5 kinds, 3): cycles waited for slots, spent requesting, of the phases; after the 6 L + 3 times.
   auto stall = [&](int kind) { return p.phase_clock ? p.phase_clock + 6 * p.L + 3 + 3 * kind : nullptr; };
+  // (5 kinds, grid): each block's ns in its share of each phase, after those.
+  auto block_ns = [&](int kind) {
+    return p.phase_clock ? p.phase_clock + 6 * p.L + 18 + size_t(kind) * gridDim.x + blockIdx.x : nullptr;
+  };
   int s = 0;  // stages this warp consumed
   StreamContext ctx{ring, requester, s, x_shared, scratch};
   PersistentLayer layer = p.layers[0];
@@ -355,7 +364,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     qkv.rope = RopeAppendTarget{layer.k_cache, layer.v_cache, p.d_length, p.cos, p.sin, p.H, p.Hkv, D,
                                 p.max_context, p.max_positions};
     streamed_gemv<GemvInput::kRmsNorm, GemvOutput::kRopeAppend>(
-        qkv, phase_shape(p, 4 * l + kQkv, slot_bytes, warp), ctx, stall(kQkv));
+        qkv, phase_shape(p, 4 * l + kQkv, slot_bytes, warp), ctx, stall(kQkv), block_ns(kQkv));
     end_phase(p, mark);
 
     attention_splits<D, G>(p, layer);
@@ -365,24 +374,24 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     const DecodeGemvParams o{p.x, p.attn, nullptr, layer.w_o, layer.b_o, C, p.H * D, p.eps};
     streamed_gemv<GemvInput::kPlain, GemvOutput::kResidualAdd>(o, phase_shape(p, 4 * l + kO, slot_bytes, warp), ctx,
-                                                               stall(kO));
+                                                               stall(kO), block_ns(kO));
     end_phase(p, mark);
 
     const DecodeGemvParams gate_up{p.act, p.x, layer.post_norm, layer.w_gate_up, layer.b_gate_up, p.F, C, p.eps};
     streamed_gemv<GemvInput::kRmsNorm, GemvOutput::kSwiGLU>(
-        gate_up, phase_shape(p, 4 * l + kGateUp, slot_bytes, warp), ctx, stall(kGateUp));
+        gate_up, phase_shape(p, 4 * l + kGateUp, slot_bytes, warp), ctx, stall(kGateUp), block_ns(kGateUp));
     end_phase(p, mark);
 
     const DecodeGemvParams down{p.x, p.act, nullptr, layer.w_down, layer.b_down, C, p.F, p.eps};
     streamed_gemv<GemvInput::kPlain, GemvOutput::kResidualAdd>(
-        down, phase_shape(p, 4 * l + kDown, slot_bytes, warp), ctx, stall(kDown));
+        down, phase_shape(p, 4 * l + kDown, slot_bytes, warp), ctx, stall(kDown), block_ns(kDown));
     end_phase(p, mark);
     layer = next_layer;
   }
 
   const DecodeGemvParams head{p.logits, p.x, p.final_norm, p.lm_head, nullptr, p.V, C, p.eps};
   streamed_gemv<GemvInput::kRmsNorm, GemvOutput::kF32>(head, phase_shape(p, 4 * p.L, slot_bytes, warp), ctx,
-                                                       stall(kHead));
+                                                       stall(kHead), block_ns(kHead));
   // Every stage requested has been consumed here: no copy is still in flight into this
   // block's shared memory when it exits.
   end_phase(p, mark);

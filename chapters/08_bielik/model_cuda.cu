@@ -16,6 +16,7 @@
 #include "decode_kernels.cuh"
 #include "embedding.cuh"
 #include "matmul.cuh"
+#include "matmul_common.cuh"  // multiprocessor_count
 #include "model_weights.hpp"
 #include "pdl.cuh"
 #include "prefill_kernels.cuh"
@@ -301,7 +302,7 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
       p.splits = attention_splits_;
       p.barrier = d_barrier_.data();
       if (options_.persistent_phase_clock) {
-        d_phase_clock_ = DeviceBuffer<unsigned long long>(size_t(6) * layers_.size() + 18);
+        d_phase_clock_ = DeviceBuffer<unsigned long long>(size_t(6) * layers_.size() + 18 + size_t(5) * multiprocessor_count());
         d_phase_clock_.fill_bytes(0);
         p.phase_clock = d_phase_clock_.data();
       }

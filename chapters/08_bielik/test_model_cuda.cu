@@ -36,6 +36,7 @@
 #include "model_cuda.hpp"
 #include "prefill_kernels.cuh"
 #include "kv_cache.cuh"
+#include "matmul_common.cuh"  // chapter 03: multiprocessor_count
 #include "rope.cuh"
 #include "sampler.hpp"
 #include "test_checkpoint_edit.hpp"
@@ -1627,7 +1628,8 @@ TEST_CASE("CUDA model: the persistent decode step matches the CPU backend", "[ch
       // 6 L + 2 grid barriers, never going back.
       const std::vector<unsigned long long> clock = cuda.persistent_phase_clock();
       const size_t times = size_t(6 * config.num_hidden_layers + 3);
-      REQUIRE(clock.size() == times + 15);
+      const size_t sms = size_t(multiprocessor_count());
+      REQUIRE(clock.size() == times + 15 + 5 * sms);
       for (size_t i = 1; i < times; ++i) REQUIRE(clock[i] >= clock[i - 1]);
       REQUIRE(clock[times - 1] > clock[0]);
       for (int kind = 0; kind < 5; ++kind) {  // the streamed step counts: waited + requesting <= the phase
@@ -1640,6 +1642,14 @@ TEST_CASE("CUDA model: the persistent decode step matches the CPU backend", "[ch
           REQUIRE(waited == 0);
           REQUIRE(requesting == 0);
           REQUIRE(phase == 0);
+        }
+        for (size_t b = 0; b < sms; ++b) {  // every block's time in its share: the streamed step only
+          const unsigned long long block_ns = clock[times + 15 + kind * sms + b];
+          if (v.stream) {
+            REQUIRE(block_ns > 0);
+          } else {
+            REQUIRE(block_ns == 0);
+          }
         }
       }
       std::printf("%s: persistent decode (%s) vs CPU, 3 x 16 steps, worst rel err %.2e\n", spec.name, v.name,
