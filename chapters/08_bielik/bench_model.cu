@@ -247,6 +247,8 @@ Args parse(int argc, char** argv) {
                                   " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N])");
     }
   }
+  // The full run labels its numbers as the graph's and measures the persistent steps itself.
+  if (a.streamed && !a.decode_only) throw std::invalid_argument("--streamed goes with --decode-only");
   // A relative default resolves against the source tree when run from elsewhere.
   if (!std::filesystem::exists(a.model) && std::filesystem::exists(std::string(BIELIK_SOURCE_DIR) + "/" + a.model)) {
     a.model = std::string(BIELIK_SOURCE_DIR) + "/" + a.model;
@@ -458,18 +460,11 @@ void print_sampler_kernel_table(int V) {
   std::fflush(stdout);
 }
 
-// One decode step's GEMVs on a timeline (CudaModelOptions::decode_timeline): for each
-// GEMV of a layer, the first and last block's stamps of each GemvTimelineEvent (start,
-// wait returned, input staged, first weights in, first row's dot summed, end), relative
-// to the moment the previous layer's down projection ended (the layer's input is
-// complete). Means over layers 1..L-1 and 5 steps, after a
-// 16-token prompt and 64 warm-up tokens. Then the same for the attention between them
-// (chapter 07's v6 or v5: start, wait returned, inputs arrived, states updated, warps merged,
-// partial done, outputs stored, end).
 /// The persistent step's phases (decode_persistent.cuh), summed per kind over the layers,
 /// from block 0's clock after every grid barrier in the last of 24 greedy steps: us for
-/// the embedding, the six kinds of a layer, the lm_head and the whole step. Prints the
-/// streamed step's share of each GEMV phase that block 0 spent waiting for its slots.
+/// the embedding, the six kinds of a layer, the lm_head and the whole step. For the
+/// streamed step, also prints every block's time in its share of each GEMV phase
+/// (fastest, median, slowest) and block 0's shares spent waiting for and requesting slots.
 std::vector<double> persistent_phase_us(const std::string& model_dir, CudaModelOptions o) {
   o.persistent_decode = true;
   o.persistent_phase_clock = true;
@@ -494,7 +489,7 @@ std::vector<double> persistent_phase_us(const std::string& model_dir, CudaModelO
       const double ns = double(clock[6 * L + 18 + kind * sms + b]);
       if (ns > 0) blocks.push_back({ns * 1e-3 / (24.0 * (kind == 4 ? 1 : L)), int(b)});
     }
-    if (blocks.size() != sms) continue;  // the register kernel does not count
+    if (blocks.size() != sms || sms < 3) continue;  // the register kernel does not count
     std::sort(blocks.begin(), blocks.end());
     std::printf("streamed step, GEMV phase %d, each block's share, us a %s: fastest %.2f (block %d), median %.2f, "
                 "slowest %.2f %.2f %.2f (blocks %d %d %d)\n", kind, kind == 4 ? "step" : "layer", blocks[0].first,
@@ -538,6 +533,14 @@ std::pair<double, double> streamed_logit_difference(const std::string& model_dir
   return {diff, scale};
 }
 
+// One decode step's GEMVs on a timeline (CudaModelOptions::decode_timeline): for each
+// GEMV of a layer, the first and last block's stamps of each GemvTimelineEvent (start,
+// wait returned, input staged, first weights in, first row's dot summed, end), relative
+// to the moment the previous layer's down projection ended (the layer's input is
+// complete). Means over layers 1..L-1 and 5 steps, after a
+// 16-token prompt and 64 warm-up tokens. Then the same for the attention between them
+// (chapter 07's v6 or v5: start, wait returned, inputs arrived, states updated, warps merged,
+// partial done, outputs stored, end).
 void print_decode_timeline(CudaModel& model) {
   const int L = model.config().num_hidden_layers;
   model.reset();

@@ -302,7 +302,8 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
       p.splits = attention_splits_;
       p.barrier = d_barrier_.data();
       if (options_.persistent_phase_clock) {
-        d_phase_clock_ = DeviceBuffer<unsigned long long>(size_t(6) * layers_.size() + 18 + size_t(5) * multiprocessor_count());
+        d_phase_clock_ =
+            DeviceBuffer<unsigned long long>(size_t(6) * layers_.size() + 18 + size_t(5) * multiprocessor_count());
         d_phase_clock_.fill_bytes(0);
         p.phase_clock = d_phase_clock_.data();
       }
