@@ -92,6 +92,11 @@ struct Args {
   bool rope_after_wait = CudaModelOptions{}.qkv_rope_inputs_after_wait;
   int small_blocks = CudaModelOptions{}.small_gemv_blocks_per_sm;
   int large_blocks = CudaModelOptions{}.large_gemv_blocks_per_sm;
+  double side_prefetch_gate_up_mb = 0.0;  ///< --side-prefetch GATE_UP_MB[,DOWN_MB]
+  double side_prefetch_down_mb = 0.0;
+  bool side_prefetch_bulk = false;  ///< --side-prefetch-bulk
+  int side_prefetch_blocks = CudaModelOptions{}.side_prefetch_blocks;  ///< --side-prefetch-blocks N
+  int side_prefetch_fork = 0;  ///< --side-prefetch-after-qkv: 1
 };
 
 Args parse(int argc, char** argv) {
@@ -201,6 +206,17 @@ Args parse(int argc, char** argv) {
       a.ring_slots = std::stoi(value());
     } else if (flag == "--slot-bytes") {
       a.slot_bytes = std::stoi(value());
+    } else if (flag == "--side-prefetch") {
+      const std::string sizes = value();  // GATE_UP_MB or GATE_UP_MB,DOWN_MB
+      const size_t comma = sizes.find(',');
+      a.side_prefetch_gate_up_mb = std::stod(sizes.substr(0, comma));
+      a.side_prefetch_down_mb = comma == std::string::npos ? 0.0 : std::stod(sizes.substr(comma + 1));
+    } else if (flag == "--side-prefetch-bulk") {
+      a.side_prefetch_bulk = true;
+    } else if (flag == "--side-prefetch-blocks") {
+      a.side_prefetch_blocks = std::stoi(value());
+    } else if (flag == "--side-prefetch-after-qkv") {
+      a.side_prefetch_fork = 1;
     } else if (flag == "--no-v6-with-o") {
       a.v6_with_o = false;
     } else if (flag == "--v6-handover") {
@@ -244,7 +260,9 @@ Args parse(int argc, char** argv) {
                                   " [--down-shared]"
                                   " [--down-global-input|--down-staged-input] [--o-global-input]"
                                   " [--rope-after-wait]"
-                                  " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N])");
+                                  " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N]"
+                                  " [--side-prefetch GATE_UP_MB[,DOWN_MB] [--side-prefetch-bulk] [--side-prefetch-blocks N]"
+                                  " [--side-prefetch-after-qkv]])");
     }
   }
   // The full run labels its numbers as the graph's and measures the persistent steps itself.
@@ -652,6 +670,11 @@ int main(int argc, char** argv) {
     options.qkv_rope_inputs_after_wait = args.rope_after_wait;
     options.small_gemv_blocks_per_sm = args.small_blocks;
     options.large_gemv_blocks_per_sm = args.large_blocks;
+    options.side_prefetch_gate_up_mb = args.side_prefetch_gate_up_mb;
+    options.side_prefetch_down_mb = args.side_prefetch_down_mb;
+    options.side_prefetch_bulk = args.side_prefetch_bulk;
+    options.side_prefetch_blocks = args.side_prefetch_blocks;
+    options.side_prefetch_fork = args.side_prefetch_fork;
     options.prefill_attention_clusters = args.prefill_attention_clusters;
     options.decode_timeline = args.timeline;
     options.o_allows_gate_up_early = !args.gate_up_after_o;

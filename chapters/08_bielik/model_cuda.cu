@@ -14,6 +14,7 @@
 #include "cuda_check.cuh"
 #include "decode_attention_o.cuh"
 #include "decode_kernels.cuh"
+#include "decode_side_prefetch.cuh"
 #include "embedding.cuh"
 #include "matmul.cuh"
 #include "matmul_common.cuh"  // multiprocessor_count
@@ -111,6 +112,14 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
   if (options_.prefill_chunk < 1) {
     throw std::invalid_argument("prefill_chunk must be >= 1, got " + std::to_string(options_.prefill_chunk));
   }
+  if (!(options_.side_prefetch_gate_up_mb >= 0.0) || !(options_.side_prefetch_down_mb >= 0.0) ||
+      options_.side_prefetch_blocks < 1 || (options_.side_prefetch_fork != 0 && options_.side_prefetch_fork != 1)) {
+    throw std::invalid_argument(
+        "side_prefetch_gate_up_mb and side_prefetch_down_mb must be >= 0, side_prefetch_blocks >= 1 and "
+        "side_prefetch_fork 0 or 1; got " +
+        std::to_string(options_.side_prefetch_gate_up_mb) + ", " + std::to_string(options_.side_prefetch_down_mb) +
+        ", " + std::to_string(options_.side_prefetch_blocks) + ", " + std::to_string(options_.side_prefetch_fork));
+  }
   C_ = config_.hidden_size;
   F_ = config_.intermediate_size;
   H_ = config_.num_attention_heads;
@@ -130,6 +139,11 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
 
   try {
+    if (options_.side_prefetch_gate_up_mb > 0.0 || options_.side_prefetch_down_mb > 0.0) {
+      CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking));
+      CUDA_CHECK(cudaEventCreateWithFlags(&side_fork_, cudaEventDisableTiming));
+      CUDA_CHECK(cudaEventCreateWithFlags(&side_join_, cudaEventDisableTiming));
+    }
     load_weights(model_dir);
     rope_ = rope_table_build(D_, config_.rope_theta, context, stream_);
 
@@ -329,9 +343,24 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     }
   } catch (...) {
     destroy_graphs();
+    destroy_side_branch();
     cudaStreamDestroy(stream_);
     throw;
   }
+}
+
+size_t CudaModel::decode_graph_nodes() const {
+  size_t nodes = 0;
+  if (graph_) CUDA_CHECK(cudaGraphGetNodes(graph_, nullptr, &nodes));
+  return nodes;
+}
+
+void CudaModel::destroy_side_branch() {
+  if (side_fork_) cudaEventDestroy(side_fork_);
+  if (side_join_) cudaEventDestroy(side_join_);
+  if (side_stream_) cudaStreamDestroy(side_stream_);
+  side_fork_ = side_join_ = nullptr;
+  side_stream_ = nullptr;
 }
 
 void CudaModel::capture_graphs(bool pdl) {
@@ -378,6 +407,7 @@ void CudaModel::capture_graph(bool pdl, int attention_splits, cudaGraph_t& graph
 CudaModel::~CudaModel() {
   cudaStreamSynchronize(stream_);
   destroy_graphs();
+  destroy_side_branch();
   cudaStreamDestroy(stream_);
 }
 
@@ -647,6 +677,16 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
                                            : HoldForSignal{};
   };
 
+  // The side branch (options_.side_prefetch_*): layer l's L2 prefetch forks from the
+  // kernel last enqueued on s; the branch rejoins after the argmax. Not in the probed
+  // step, whose per-kernel times it would blur.
+  const bool side_branch = side_stream_ != nullptr && after == nullptr;
+  auto fork_side_prefetch = [&](const Layer& layer) {
+    CUDA_CHECK(cudaEventRecord(side_fork_, s));
+    CUDA_CHECK(cudaStreamWaitEvent(side_stream_, side_fork_, 0));
+    l2_prefetch(side_prefetch_plan(layer), options_.side_prefetch_blocks, side_stream_);
+  };
+
   embedding_forward(d_x_.data(), embed_, d_token_.data(), 1, C_, V_, nullptr, s);
   done("embedding");
 
@@ -677,6 +717,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
 
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
+    if (side_branch && options_.side_prefetch_fork == 0) fork_side_prefetch(L);
     // Norm + QKV + bias + RoPE + cache append, one kernel: q lands in d_qkv_, k and v in
     // the cache at *d_length.
     DecodeGemvParams qkv{d_qkv_.data(), d_x_.data(), L.input_norm, L.w_qkv, L.b_qkv, QKV_ / 2, C_, eps};
@@ -691,6 +732,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     qkv.start_delay_ns = options_.qkv_start_delay_ns;
     decode_gemv(GemvInput::kRmsNorm, GemvOutput::kRopeAppend, qkv, pdl, s);
     done("qkv_rope_append");
+    if (side_branch && options_.side_prefetch_fork == 1) fork_side_prefetch(L);
     const unsigned skip = options_.decode_skip;
     DecodeGemvParams o{d_x_.data(), d_attn_.data(), nullptr, L.w_o, L.b_o, C_, H_ * D_, eps};
     o.max_blocks_per_sm = options_.small_gemv_blocks_per_sm;
@@ -823,6 +865,29 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   // commits the step on the GPU: the device KV length += 1.
   decode_argmax(d_token_.data(), d_logits_.data(), V_, d_length, pdl, s);
   done("argmax");
+  if (side_branch) {
+    CUDA_CHECK(cudaEventRecord(side_join_, side_stream_));
+    CUDA_CHECK(cudaStreamWaitEvent(s, side_join_, 0));
+  }
+}
+
+L2PrefetchPlan CudaModel::side_prefetch_plan(const Layer& layer) const {
+  // Whole rows from the end of each matrix: the rows the GEMVs' last blocks read.
+  auto tail_rows = [](double mb, int rows, int row_values) {
+    const double row_bytes = double(row_values) * sizeof(__nv_bfloat16);
+    return std::min(rows, int(mb * 1e6 / row_bytes));
+  };
+  L2PrefetchPlan plan;
+  plan.bulk = options_.side_prefetch_bulk;
+  auto add = [&](const __nv_bfloat16* begin, int rows, int row_values) {
+    if (rows > 0) plan.range[plan.count++] = {begin, size_t(rows) * row_values * sizeof(__nv_bfloat16)};
+  };
+  const int gate_up_rows = tail_rows(options_.side_prefetch_gate_up_mb / 2, F_, C_);  // each half
+  add(layer.w_gate_up + size_t(F_ - gate_up_rows) * C_, gate_up_rows, C_);
+  add(layer.w_gate_up + size_t(2 * F_ - gate_up_rows) * C_, gate_up_rows, C_);
+  const int down_rows = tail_rows(options_.side_prefetch_down_mb, C_, F_);
+  add(layer.w_down + size_t(C_ - down_rows) * F_, down_rows, F_);
+  return plan;
 }
 
 void CudaModel::run_decode_step(int kv_len) {

@@ -46,6 +46,7 @@
 #include "backend.hpp"
 #include "decode_attention.cuh"
 #include "decode_persistent.cuh"
+#include "decode_side_prefetch.cuh"
 #include "device_buffer.cuh"
 #include "kv_cache.cuh"
 #include "model_config.hpp"
@@ -233,6 +234,22 @@ struct CudaModelOptions {
   /// session). bench_model --gate-up-start-delay NS, --down-start-delay NS.
   int gate_up_start_delay_ns = 300;
   int down_start_delay_ns = 300;
+  /// A second stream of the decode graph asks L2 for the last side_prefetch_gate_up_mb MB
+  /// of each layer's gate/up weights (half from gate's rows, half from up's: the rows the
+  /// GEMV's last blocks read) and the last side_prefetch_down_mb MB of its down weights,
+  /// while QKV, the attention and O leave HBM mostly idle (decode_side_prefetch.cuh: the
+  /// branch forks after the previous layer's down projection, or after this layer's QKV
+  /// with side_prefetch_fork = 1, and rejoins after the argmax, so no kernel of the chain
+  /// waits for it). 0: off. side_prefetch_bulk: cp.async.bulk.prefetch.L2 in 16 KB
+  /// requests instead of one prefetch.global.L2 a line; side_prefetch_blocks: the
+  /// kernel's blocks of 256 threads. Decode graphs only (not the probed or eager steps'
+  /// per-kernel timings). bench_model --side-prefetch GATE_UP_MB[,DOWN_MB],
+  /// --side-prefetch-bulk, --side-prefetch-blocks N, --side-prefetch-after-qkv.
+  double side_prefetch_gate_up_mb = 0.0;
+  double side_prefetch_down_mb = 0.0;
+  bool side_prefetch_bulk = false;
+  int side_prefetch_blocks = 8;
+  int side_prefetch_fork = 0;
   /// The same pause for the small GEMVs and the lm_head (0: none). Measured level
   /// (2026-12-02, against 959 / 960 tokens/s): QKV 300 ns 961 / 960, O 300 ns 957 / 957,
   /// lm_head 300 ns 959 / 960, all three 960 / 960. bench_model --qkv-start-delay NS,
@@ -343,6 +360,9 @@ class CudaModel final : public Backend {
   /// Device bytes of everything else: activations, scratch, logits.
   size_t scratch_bytes() const { return scratch_bytes_; }
   bool uses_pdl() const { return use_pdl_; }
+  /// Nodes of the default decode graph (0 without one): what the tests count the side
+  /// branch's prefetch kernels by.
+  size_t decode_graph_nodes() const;
   /// Whether the decode step runs the O projection inside v6's clusters (options' v6_fuses_o,
   /// where the GPU can).
   bool v6_fuses_o() const { return v6_fuses_o_; }
@@ -360,6 +380,8 @@ class CudaModel final : public Backend {
     const __nv_bfloat16* w_down;      // (C, F)
     const __nv_bfloat16* b_down;      // (C) or nullptr
   };
+  /// What the side branch asks L2 for in `layer` (options_.side_prefetch_*).
+  L2PrefetchPlan side_prefetch_plan(const Layer& layer) const;
 
   void load_weights(const std::string& model_dir);
   void check_fits(size_t count, const char* what) const;
@@ -380,6 +402,7 @@ class CudaModel final : public Backend {
   void capture_graph(bool pdl, int attention_splits, cudaGraph_t& graph, cudaGraphExec_t& exec);
   void capture_graphs(bool pdl);  // graph_, short_graph_ and long_graph_ when their splits are set
   void destroy_graphs();
+  void destroy_side_branch();  // side_stream_ and its events
   // Whether a step over kv_len keys takes the short attention (short_attention_splits_,
   // short_graph_): set, and at most short_attention_max_keys_ keys; or the long one
   // (long_attention_splits_, long_graph_): set, and at least long_attention_min_keys_.
@@ -406,6 +429,10 @@ class CudaModel final : public Backend {
   bool use_pdl_ = false;
   std::string device_name_;
   cudaStream_t stream_ = nullptr;
+  // The decode graph's side branch (options_.side_prefetch_*): its stream, and the events
+  // that fork it from stream_ and join it back.
+  cudaStream_t side_stream_ = nullptr;
+  cudaEvent_t side_fork_ = nullptr, side_join_ = nullptr;
 
   DeviceBuffer<__nv_bfloat16> weights_;  // every tensor, 256-byte aligned, in one allocation
   const __nv_bfloat16* embed_ = nullptr;       // (V, C)

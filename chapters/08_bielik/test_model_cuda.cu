@@ -218,6 +218,23 @@ TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming t
     INFO(name);
     REQUIRE(refused);
   }
+  // The side branch's options: sizes, blocks, fork point.
+  for (int which = 0; which < 4; ++which) {
+    CudaModelOptions options = cuda_options();
+    options.side_prefetch_gate_up_mb = which == 0 ? -1.0 : 1.0;
+    options.side_prefetch_down_mb = which == 1 ? -0.5 : 0.0;
+    options.side_prefetch_blocks = which == 2 ? 0 : 8;
+    options.side_prefetch_fork = which == 3 ? 2 : 0;
+    bool refused = false;
+    try {
+      CudaModel model(dir, options);
+    } catch (const std::invalid_argument& e) {
+      INFO(e.what());
+      refused = std::string(e.what()).find("side_prefetch") != std::string::npos;
+    }
+    INFO("side_prefetch option " << which);
+    REQUIRE(refused);
+  }
 }
 
 TEST_CASE("CUDA model: prefill logits match the CPU backend at every position", "[ch08][gpu][model]") {
@@ -476,6 +493,33 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       INFO(spec.name << " run " << i
                      << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early; then the input widened or not; then O after the attention's inputs; then carveouts 0 (graph) and 100 (eager); then O and gate/up held, gate/up blocks 1-2 held, no hold and no pause, 500 ns pauses, then gate/up held to the pulled attention's end)");
       REQUIRE(runs[i] == runs[0]);
+    }
+    // The side branch that asks L2 for gate/up's and down's last rows changes no value:
+    // a few rows or every row (the sizes clamp), line by line or in bulk, forked before or
+    // after QKV, in a graph (one prefetch kernel more a layer) and eagerly.
+    {
+      const size_t plain_nodes = CudaModel(dir, cuda_options()).decode_graph_nodes();
+      REQUIRE(plain_nodes > 0);
+      int variant = 0;
+      for (double mb : {0.001, 1e6}) {
+        for (bool bulk : {false, true}) {
+          for (int fork : {0, 1}) {
+            CudaModelOptions options = cuda_options(0, 1024, variant != 3, true);
+            options.side_prefetch_gate_up_mb = mb;
+            options.side_prefetch_down_mb = mb / 2;
+            options.side_prefetch_bulk = bulk;
+            options.side_prefetch_fork = fork;
+            options.side_prefetch_blocks = 1 + variant;
+            INFO(spec.name << " side prefetch of " << mb << " MB, bulk " << bulk << ", fork " << fork << ", graph "
+                           << (variant != 3));
+            if (options.use_graph) {
+              REQUIRE(CudaModel(dir, options).decode_graph_nodes() == plain_nodes + size_t(spec.L));
+            }
+            REQUIRE(run(options) == runs[0]);
+            ++variant;
+          }
+        }
+      }
     }
     // The unfused path (attention, then the O GEMV): graph or eager, and whether the O
     // GEMV lets gate/up start early, change no value either.

@@ -1,0 +1,75 @@
+/// @file decode_side_prefetch.cu
+/// @brief The side stream's L2 prefetch kernel (decode_side_prefetch.cuh says why).
+#include <stdexcept>
+#include <string>
+
+#include "cuda_check.cuh"
+#include "decode_side_prefetch.cuh"
+
+namespace bielik {
+namespace {
+
+constexpr int kPrefetchThreads = 256;
+constexpr size_t kLineBytes = 128;
+
+__device__ __forceinline__ void prefetch_line(const char* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p) : "memory");
+}
+
+// One request for `bytes` contiguous bytes, carried out by the bulk-copy engine; no
+// register or shared memory receives them (sm_90; a no-op where it does not exist).
+__device__ __forceinline__ void prefetch_bulk(const char* p, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
+__global__ void __launch_bounds__(kPrefetchThreads) l2_prefetch_kernel(L2PrefetchPlan plan) {
+  const size_t thread = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t threads = size_t(gridDim.x) * blockDim.x;
+  for (int r = 0; r < plan.count; ++r) {
+    const char* begin = static_cast<const char*>(plan.range[r].begin);
+    const size_t bytes = plan.range[r].bytes;
+    if (plan.bulk) {
+      const size_t chunks = (bytes + kL2BulkPrefetchChunk - 1) / kL2BulkPrefetchChunk;
+      for (size_t c = thread; c < chunks; c += threads) {
+        const size_t offset = c * kL2BulkPrefetchChunk;
+        const size_t left = bytes - offset;
+        prefetch_bulk(begin + offset, unsigned(left < kL2BulkPrefetchChunk ? left : kL2BulkPrefetchChunk));
+      }
+    } else {
+      // Lines from the one holding `begin` to the one holding the last byte.
+      const size_t first = reinterpret_cast<size_t>(begin) / kLineBytes;
+      const size_t last = (reinterpret_cast<size_t>(begin) + bytes - 1) / kLineBytes;
+      for (size_t line = first + thread; line <= last && bytes > 0; line += threads) {
+        prefetch_line(reinterpret_cast<const char*>(line * kLineBytes));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void l2_prefetch(const L2PrefetchPlan& plan, int blocks, cudaStream_t stream) {
+  if (plan.count < 0 || plan.count > kMaxL2PrefetchRanges || blocks < 1) {
+    throw std::invalid_argument("l2_prefetch: 0.." + std::to_string(kMaxL2PrefetchRanges) +
+                                " ranges and at least one block; got " + std::to_string(plan.count) + " ranges, " +
+                                std::to_string(blocks) + " blocks");
+  }
+  for (int r = 0; r < plan.count; ++r) {
+    const L2PrefetchRange& range = plan.range[r];
+    const bool aligned = reinterpret_cast<size_t>(range.begin) % 16 == 0 && range.bytes % 16 == 0;
+    if (range.begin == nullptr || (plan.bulk && !aligned)) {
+      throw std::invalid_argument("l2_prefetch: range " + std::to_string(r) +
+                                  " is null or, for the bulk form, not 16-byte aligned in start and size");
+    }
+  }
+  if (plan.count == 0) return;
+  l2_prefetch_kernel<<<blocks, kPrefetchThreads, 0, stream>>>(plan);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace bielik

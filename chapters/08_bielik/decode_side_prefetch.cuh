@@ -1,0 +1,52 @@
+/// @file decode_side_prefetch.cuh
+/// @brief Chapter 08: ask L2 for weights from a kernel OUTSIDE the decode step's chain.
+///
+/// From the end of one layer's down projection to the end of the next layer's O
+/// projection, the step is latency-bound (QKV, the attention, O: ~10 us a layer with
+/// ~11 MB of weights), and HBM is mostly idle, while gate/up, 55 MB, waits its turn.
+/// Earlier sessions asked L2 for part of gate/up's weights from INSIDE the chain (the
+/// small GEMVs, or gate/up's own blocks) and lost every time: a PDL dependent's
+/// `griddepcontrol.wait` returns only once the kernel before it has finished and its
+/// memory operations are complete, so prefetches still queued at a boundary lengthen it
+/// (DECODE_LOG.md, seventeenth session). Here the prefetches come from a small kernel on
+/// a second stream of the captured graph: it depends on the previous layer's down
+/// projection, but no kernel of the chain depends on it (the branch rejoins after the
+/// step's last kernel), so no boundary of the chain waits for its requests.
+///
+/// What it asks for: the last rows of the layer's gate and up weights, which the last
+/// blocks of the gate/up GEMV read (block b of decode_gemv reads units b * u .. b * u + u
+/// - 1 of each half: the blocks that start late, when O's blocks leave, read the tail),
+/// and optionally the last rows of the down weights.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+namespace bielik {
+
+/// Contiguous bytes to ask L2 for. begin 16-byte aligned and bytes a multiple of 16 for
+/// the bulk form; the per-line form takes any range.
+struct L2PrefetchRange {
+  const void* begin = nullptr;
+  size_t bytes = 0;
+};
+
+constexpr int kMaxL2PrefetchRanges = 3;
+
+struct L2PrefetchPlan {
+  L2PrefetchRange range[kMaxL2PrefetchRanges];
+  int count = 0;
+  /// false: one `prefetch.global.L2` per 128-byte line, spread over every thread;
+  /// true: one `cp.async.bulk.prefetch.L2` per kL2BulkPrefetchChunk bytes (sm_90).
+  bool bulk = false;
+};
+
+constexpr size_t kL2BulkPrefetchChunk = 16384;
+
+/// Launches the prefetching kernel on `stream` (`blocks` blocks of 256 threads). Nothing
+/// is written; the kernel ends once its requests are issued. Throws
+/// std::invalid_argument for a bad plan (a null or, in the bulk form, misaligned range).
+void l2_prefetch(const L2PrefetchPlan& plan, int blocks, cudaStream_t stream);
+
+}  // namespace bielik

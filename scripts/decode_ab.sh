@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# A/B decode speed of bench_model option sets on one GPU, in alternating rounds, so
+# that machine drift hits every variant alike (DECODE_LOG.md's comparisons).
+#
+#   bash scripts/decode_ab.sh ROUNDS 'label=flags' ['label=flags' ...]
+#
+# e.g. bash scripts/decode_ab.sh 2 'defaults=' 'side 16 MB=--side-prefetch 16'
+# Each variant runs `bench_model --decode-only <flags>` (256 tokens after 16) once a
+# round. Prints one line per run, then a table: label, tokens/s of each round, median.
+# BENCH_MODEL (default build/chapters/08_bielik/bench_model) and MODEL (default
+# models/bielik-shaped-random) say what to run.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+rounds="${1:?usage: decode_ab.sh ROUNDS 'label=flags' ...}"
+shift
+bench="${BENCH_MODEL:-build/chapters/08_bielik/bench_model}"
+model="${MODEL:-models/bielik-shaped-random}"
+declare -A rates
+for ((round = 1; round <= rounds; round++)); do
+  for variant in "$@"; do
+    label="${variant%%=*}"
+    flags="${variant#*=}"
+    # shellcheck disable=SC2086  # the flags are words on purpose
+    line=$("$bench" --model "$model" --decode-only $flags 2>&1 | grep -E "^decode only|rror" | tail -1)
+    rate=$(sed -n 's/.* \([0-9][0-9]*\) tokens\/s$/\1/p' <<<"$line")
+    echo "round $round | $label | ${rate:-failed: $line}"
+    rates["$label"]+="${rate:-0} "
+  done
+done
+echo
+echo "| variant | tokens/s, each round | median |"
+echo "|---|---|---|"
+for variant in "$@"; do
+  label="${variant%%=*}"
+  median=$(tr ' ' '\n' <<<"${rates[$label]}" | grep . | sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}')
+  echo "| $label | ${rates[$label]}| $median |"
+done
