@@ -97,6 +97,7 @@ struct Args {
   bool side_prefetch_bulk = false;  ///< --side-prefetch-bulk
   int side_prefetch_blocks = CudaModelOptions{}.side_prefetch_blocks;  ///< --side-prefetch-blocks N
   int side_prefetch_fork = 0;  ///< --side-prefetch-after-qkv: 1
+  int side_prefetch_stride = CudaModelOptions{}.side_prefetch_stride_bytes;  ///< --side-prefetch-stride BYTES
 };
 
 Args parse(int argc, char** argv) {
@@ -215,6 +216,8 @@ Args parse(int argc, char** argv) {
       a.side_prefetch_bulk = true;
     } else if (flag == "--side-prefetch-blocks") {
       a.side_prefetch_blocks = std::stoi(value());
+    } else if (flag == "--side-prefetch-stride") {
+      a.side_prefetch_stride = std::stoi(value());
     } else if (flag == "--side-prefetch-after-qkv") {
       a.side_prefetch_fork = 1;
     } else if (flag == "--no-v6-with-o") {
@@ -262,7 +265,7 @@ Args parse(int argc, char** argv) {
                                   " [--rope-after-wait]"
                                   " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N]"
                                   " [--side-prefetch GATE_UP_MB[,DOWN_MB] [--side-prefetch-bulk] [--side-prefetch-blocks N]"
-                                  " [--side-prefetch-after-qkv]])");
+                                  " [--side-prefetch-stride BYTES] [--side-prefetch-after-qkv]])");
     }
   }
   // The full run labels its numbers as the graph's and measures the persistent steps itself.
@@ -675,6 +678,7 @@ int main(int argc, char** argv) {
     options.side_prefetch_bulk = args.side_prefetch_bulk;
     options.side_prefetch_blocks = args.side_prefetch_blocks;
     options.side_prefetch_fork = args.side_prefetch_fork;
+    options.side_prefetch_stride_bytes = args.side_prefetch_stride;
     options.prefill_attention_clusters = args.prefill_attention_clusters;
     options.decode_timeline = args.timeline;
     options.o_allows_gate_up_early = !args.gate_up_after_o;

@@ -46,6 +46,8 @@ else()
   bielik_add_bench(bench_decode_gemv SOURCES ${cuda_backend_dir}/bench_decode_gemv.cu LIBS bielik_ch08_cuda)
   # bench_kernel_boundary: what a kernel boundary costs, griddepcontrol.wait against a counter.
   bielik_add_bench(bench_kernel_boundary SOURCES ${cuda_backend_dir}/bench_kernel_boundary.cu)
+  # bench_l2_prefetch: whether an L2 prefetch lands, and what it is worth to the next read.
+  bielik_add_bench(bench_l2_prefetch SOURCES ${cuda_backend_dir}/bench_l2_prefetch.cu LIBS bielik_ch08_cuda)
   # bench_instruction_cache: what cold code (instruction cache misses) costs a kernel in a PDL chain.
   bielik_add_bench(bench_instruction_cache SOURCES ${cuda_backend_dir}/bench_instruction_cache.cu)
   # bench_attention_o: the fused attention + O projection against the kernels it replaces.

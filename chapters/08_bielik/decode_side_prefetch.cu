@@ -10,8 +10,6 @@ namespace bielik {
 namespace {
 
 constexpr int kPrefetchThreads = 256;
-constexpr size_t kLineBytes = 128;
-
 __device__ __forceinline__ void prefetch_line(const char* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p) : "memory");
 }
@@ -41,11 +39,12 @@ __global__ void __launch_bounds__(kPrefetchThreads) l2_prefetch_kernel(L2Prefetc
         prefetch_bulk(begin + offset, unsigned(left < kL2BulkPrefetchChunk ? left : kL2BulkPrefetchChunk));
       }
     } else {
-      // Lines from the one holding `begin` to the one holding the last byte.
-      const size_t first = reinterpret_cast<size_t>(begin) / kLineBytes;
-      const size_t last = (reinterpret_cast<size_t>(begin) + bytes - 1) / kLineBytes;
-      for (size_t line = first + thread; line <= last && bytes > 0; line += threads) {
-        prefetch_line(reinterpret_cast<const char*>(line * kLineBytes));
+      // Strides from the one holding `begin` to the one holding the last byte.
+      const size_t stride = size_t(plan.stride_bytes);
+      const size_t first = reinterpret_cast<size_t>(begin) / stride;
+      const size_t last = (reinterpret_cast<size_t>(begin) + bytes - 1) / stride;
+      for (size_t at = first + thread; at <= last && bytes > 0; at += threads) {
+        prefetch_line(reinterpret_cast<const char*>(at * stride));
       }
     }
   }
@@ -54,6 +53,10 @@ __global__ void __launch_bounds__(kPrefetchThreads) l2_prefetch_kernel(L2Prefetc
 }  // namespace
 
 void l2_prefetch(const L2PrefetchPlan& plan, int blocks, cudaStream_t stream) {
+  if (plan.stride_bytes != 32 && plan.stride_bytes != 64 && plan.stride_bytes != 128) {
+    throw std::invalid_argument("l2_prefetch: stride_bytes must be 32, 64 or 128; got " +
+                                std::to_string(plan.stride_bytes));
+  }
   if (plan.count < 0 || plan.count > kMaxL2PrefetchRanges || blocks < 1) {
     throw std::invalid_argument("l2_prefetch: 0.." + std::to_string(kMaxL2PrefetchRanges) +
                                 " ranges and at least one block; got " + std::to_string(plan.count) + " ranges, " +

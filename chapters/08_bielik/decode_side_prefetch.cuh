@@ -37,16 +37,19 @@ constexpr int kMaxL2PrefetchRanges = 3;
 struct L2PrefetchPlan {
   L2PrefetchRange range[kMaxL2PrefetchRanges];
   int count = 0;
-  /// false: one `prefetch.global.L2` per 128-byte line, spread over every thread;
+  /// false: one `prefetch.global.L2` per stride_bytes (a power of two from 32 to 128:
+  /// an L2 line is 128 bytes in four 32-byte sectors), spread over every thread;
   /// true: one `cp.async.bulk.prefetch.L2` per kL2BulkPrefetchChunk bytes (sm_90).
   bool bulk = false;
+  int stride_bytes = 128;
 };
 
 constexpr size_t kL2BulkPrefetchChunk = 16384;
 
 /// Launches the prefetching kernel on `stream` (`blocks` blocks of 256 threads). Nothing
 /// is written; the kernel ends once its requests are issued. Throws
-/// std::invalid_argument for a bad plan (a null or, in the bulk form, misaligned range).
+/// std::invalid_argument for a bad plan (a null or, in the bulk form, misaligned range;
+/// a stride other than 32, 64 or 128).
 void l2_prefetch(const L2PrefetchPlan& plan, int blocks, cudaStream_t stream);
 
 }  // namespace bielik

@@ -113,12 +113,15 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     throw std::invalid_argument("prefill_chunk must be >= 1, got " + std::to_string(options_.prefill_chunk));
   }
   if (!(options_.side_prefetch_gate_up_mb >= 0.0) || !(options_.side_prefetch_down_mb >= 0.0) ||
-      options_.side_prefetch_blocks < 1 || (options_.side_prefetch_fork != 0 && options_.side_prefetch_fork != 1)) {
+      options_.side_prefetch_blocks < 1 || (options_.side_prefetch_fork != 0 && options_.side_prefetch_fork != 1) ||
+      (options_.side_prefetch_stride_bytes != 32 && options_.side_prefetch_stride_bytes != 64 &&
+       options_.side_prefetch_stride_bytes != 128)) {
     throw std::invalid_argument(
-        "side_prefetch_gate_up_mb and side_prefetch_down_mb must be >= 0, side_prefetch_blocks >= 1 and "
-        "side_prefetch_fork 0 or 1; got " +
+        "side_prefetch_gate_up_mb and side_prefetch_down_mb must be >= 0, side_prefetch_blocks >= 1, "
+        "side_prefetch_fork 0 or 1 and side_prefetch_stride_bytes 32, 64 or 128; got " +
         std::to_string(options_.side_prefetch_gate_up_mb) + ", " + std::to_string(options_.side_prefetch_down_mb) +
-        ", " + std::to_string(options_.side_prefetch_blocks) + ", " + std::to_string(options_.side_prefetch_fork));
+        ", " + std::to_string(options_.side_prefetch_blocks) + ", " + std::to_string(options_.side_prefetch_fork) +
+        ", " + std::to_string(options_.side_prefetch_stride_bytes));
   }
   C_ = config_.hidden_size;
   F_ = config_.intermediate_size;
@@ -879,6 +882,7 @@ L2PrefetchPlan CudaModel::side_prefetch_plan(const Layer& layer) const {
   };
   L2PrefetchPlan plan;
   plan.bulk = options_.side_prefetch_bulk;
+  plan.stride_bytes = options_.side_prefetch_stride_bytes;
   auto add = [&](const __nv_bfloat16* begin, int rows, int row_values) {
     if (rows > 0) plan.range[plan.count++] = {begin, size_t(rows) * row_values * sizeof(__nv_bfloat16)};
   };

@@ -244,11 +244,13 @@ struct CudaModelOptions {
   /// requests instead of one prefetch.global.L2 a line; side_prefetch_blocks: the
   /// kernel's blocks of 256 threads. Decode graphs only (not the probed or eager steps'
   /// per-kernel timings). bench_model --side-prefetch GATE_UP_MB[,DOWN_MB],
-  /// --side-prefetch-bulk, --side-prefetch-blocks N, --side-prefetch-after-qkv.
+  /// --side-prefetch-bulk, --side-prefetch-blocks N, --side-prefetch-stride BYTES,
+  /// --side-prefetch-after-qkv.
   double side_prefetch_gate_up_mb = 0.0;
   double side_prefetch_down_mb = 0.0;
   bool side_prefetch_bulk = false;
   int side_prefetch_blocks = 8;
+  int side_prefetch_stride_bytes = 128;  ///< the line-by-line form's stride: 32, 64 or 128
   int side_prefetch_fork = 0;
   /// The same pause for the small GEMVs and the lm_head (0: none). Measured level
   /// (2026-12-02, against 959 / 960 tokens/s): QKV 300 ns 961 / 960, O 300 ns 957 / 957,

@@ -219,12 +219,13 @@ TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming t
     REQUIRE(refused);
   }
   // The side branch's options: sizes, blocks, fork point.
-  for (int which = 0; which < 4; ++which) {
+  for (int which = 0; which < 5; ++which) {
     CudaModelOptions options = cuda_options();
     options.side_prefetch_gate_up_mb = which == 0 ? -1.0 : 1.0;
     options.side_prefetch_down_mb = which == 1 ? -0.5 : 0.0;
     options.side_prefetch_blocks = which == 2 ? 0 : 8;
     options.side_prefetch_fork = which == 3 ? 2 : 0;
+    options.side_prefetch_stride_bytes = which == 4 ? 48 : 128;
     bool refused = false;
     try {
       CudaModel model(dir, options);
@@ -510,6 +511,7 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
             options.side_prefetch_bulk = bulk;
             options.side_prefetch_fork = fork;
             options.side_prefetch_blocks = 1 + variant;
+            options.side_prefetch_stride_bytes = 32 << (variant % 3);
             INFO(spec.name << " side prefetch of " << mb << " MB, bulk " << bulk << ", fork " << fork << ", graph "
                            << (variant != 3));
             if (options.use_graph) {

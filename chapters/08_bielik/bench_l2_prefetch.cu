@@ -1,0 +1,156 @@
+// bench_l2_prefetch: does an L2 prefetch land, and what is a prefetched range worth to
+// the kernel that reads it next?
+//
+// Four sessions of the decode log asked L2 for weights ahead of time (prefetch.global.L2
+// line by line, or cp.async.bulk.prefetch.L2 in bulk) and every plan lost. The side
+// branch of the twenty-first session (decode_side_prefetch.cuh) lost too, and its
+// timeline showed no gate/up block finishing early, as if the prefetched rows were not
+// in L2 when gate/up read them. This benchmark asks the question with nothing else
+// running. For each form, `kRounds` times:
+//   1. push the range out of L2 (a memset of a buffer several times L2's size);
+//   2. ask L2 for the range (l2_prefetch, 8 blocks, the side branch's kernel), wait for
+//      the kernel, then `settle_us` more of idle time for the requests to retire;
+//   3. time a kernel that reads the range once (every SM, 16-byte loads).
+// The read's time after "nothing" (cold, from HBM) and after a full read of the range
+// (warm, from L2) bracket it; `landed` = (cold - t) / (cold - warm) estimates the share
+// of the range that was in L2.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "bench.cuh"
+#include "cuda_check.cuh"
+#include "decode_side_prefetch.cuh"
+#include "device_buffer.cuh"
+#include "matmul_common.cuh"  // chapter 03: multiprocessor_count
+
+namespace {
+
+using namespace bielik;
+
+constexpr int kRounds = 9;
+constexpr int kReadThreads = 256;
+
+// Reads `vectors` uint4 of `data` once (non-coherent, no L1 allocation, as the decode
+// GEMVs read weights) and writes one sum per block, so that no load can be dropped.
+__global__ void __launch_bounds__(kReadThreads) read_range(const uint4* data, size_t vectors, unsigned* sums) {
+  unsigned sum = 0;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < vectors; i += size_t(gridDim.x) * blockDim.x) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(data + i));
+    sum += v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (sum == 0x9e3779b9u) sums[blockIdx.x] = sum;  // almost never true; the compiler cannot know
+}
+
+__global__ void spin_ns(unsigned ns) {
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
+struct Form {
+  std::string name;
+  bool prefetch;
+  bool bulk;
+  int stride;
+  bool warm;  ///< a full read of the range instead of a prefetch
+};
+
+}  // namespace
+
+int main() {
+  try {
+    if (!cuda_device_available()) {
+      std::printf("bench_l2_prefetch: no CUDA device\n");
+      return 1;
+    }
+    std::printf("bench_l2_prefetch: %s\n", describe_device().c_str());
+    int device = 0, l2_bytes = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
+    const size_t flush_bytes = std::max<size_t>(size_t(8) * l2_bytes, size_t(256) << 20);
+    DeviceBuffer<unsigned char> flush(flush_bytes);
+    const int read_blocks = multiprocessor_count() * 8;
+    DeviceBuffer<unsigned> sums{size_t(read_blocks)};
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaEvent_t before, after;
+    CUDA_CHECK(cudaEventCreate(&before));
+    CUDA_CHECK(cudaEventCreate(&after));
+
+    std::vector<Form> forms = {{"nothing (cold: from HBM)", false, false, 128, false},
+                               {"a full read of the range (warm: from L2)", false, false, 128, true},
+                               {"prefetch.global.L2, one per 128 bytes", true, false, 128, false},
+                               {"prefetch.global.L2, one per 64 bytes", true, false, 64, false},
+                               {"prefetch.global.L2, one per 32 bytes", true, false, 32, false},
+                               {"cp.async.bulk.prefetch.L2, 16 KB requests", true, true, 128, false}};
+    BenchTable table("l2_prefetch",
+                     {"range MB", "before the read", "prefetch kernel us", "read us (median)", "read GB/s", "landed"});
+    std::printf("L2 %d MB; the range is pushed out by a %zu MB memset before every round\n", l2_bytes >> 20,
+                flush_bytes >> 20);
+    // Ranges a quarter and half of L2, and 16 MB: the side branch's gate/up size.
+    for (size_t range_mb : {size_t(16), size_t(l2_bytes >> 22), size_t(l2_bytes >> 21)}) {
+      const size_t bytes = range_mb << 20;
+      DeviceBuffer<unsigned char> data(bytes);
+      data.fill_bytes(0x5a);
+      double cold = 0, warm = 0;
+      for (const Form& form : forms) {
+        std::vector<float> read_ms, prefetch_ms;
+        for (int round = 0; round < kRounds; ++round) {
+          CUDA_CHECK(cudaMemsetAsync(flush.data(), round, flush_bytes, stream));
+          L2PrefetchPlan plan;
+          plan.range[0] = {data.data(), bytes};
+          plan.count = 1;
+          plan.bulk = form.bulk;
+          plan.stride_bytes = form.stride;
+          CUDA_CHECK(cudaEventRecord(before, stream));
+          if (form.prefetch) l2_prefetch(plan, 8, stream);
+          if (form.warm) {
+            read_range<<<read_blocks, kReadThreads, 0, stream>>>(reinterpret_cast<const uint4*>(data.data()),
+                                                                 bytes / 16, sums.data());
+          }
+          CUDA_CHECK(cudaEventRecord(after, stream));
+          spin_ns<<<1, 1, 0, stream>>>(20000);  // 20 us idle: the requests retire
+          CUDA_CHECK(cudaStreamSynchronize(stream));
+          float ms = 0;
+          CUDA_CHECK(cudaEventElapsedTime(&ms, before, after));
+          prefetch_ms.push_back(ms);
+          CUDA_CHECK(cudaEventRecord(before, stream));
+          read_range<<<read_blocks, kReadThreads, 0, stream>>>(reinterpret_cast<const uint4*>(data.data()),
+                                                               bytes / 16, sums.data());
+          CUDA_CHECK(cudaGetLastError());
+          CUDA_CHECK(cudaEventRecord(after, stream));
+          CUDA_CHECK(cudaStreamSynchronize(stream));
+          CUDA_CHECK(cudaEventElapsedTime(&ms, before, after));
+          read_ms.push_back(ms);
+        }
+        std::sort(read_ms.begin(), read_ms.end());
+        std::sort(prefetch_ms.begin(), prefetch_ms.end());
+        const double read_us = 1000.0 * read_ms[kRounds / 2];
+        if (&form == &forms[0]) cold = read_us;
+        if (&form == &forms[1]) warm = read_us;
+        const double landed = cold > warm ? (cold - read_us) / (cold - warm) : 0.0;
+        table.add_row({std::to_string(range_mb), form.name,
+                       form.prefetch ? fmt(1000.0 * prefetch_ms[kRounds / 2], 1) : "",
+                       fmt(read_us, 2), fmt(gb_per_s(double(bytes), read_us * 1e-3), 0),
+                       &form == &forms[0] ? "" : fmt(100.0 * landed, 0) + "%"});
+      }
+    }
+    table.print();
+    cudaEventDestroy(before);
+    cudaEventDestroy(after);
+    cudaStreamDestroy(stream);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_l2_prefetch: %s\n", e.what());
+    return 1;
+  }
+}
