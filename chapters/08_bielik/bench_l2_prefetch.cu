@@ -7,7 +7,7 @@
 // timeline showed no gate/up block finishing early, as if the prefetched rows were not
 // in L2 when gate/up read them. This benchmark asks the question with nothing else
 // running. For each form, `kRounds` times:
-//   1. push the range out of L2 (a memset of a buffer several times L2's size);
+//   1. push the range out of L2 (a read of a buffer eight times L2's size: clean lines);
 //   2. ask L2 for the range (l2_prefetch, 8 blocks, the side branch's kernel), wait for
 //      the kernel, then `settle_us` more of idle time for the requests to retire;
 //   3. time a kernel that reads the range once (every SM, 8 loads of 16 bytes in flight a
@@ -96,6 +96,7 @@ int main() {
     CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
     const size_t flush_bytes = std::max<size_t>(size_t(8) * l2_bytes, size_t(256) << 20);
     DeviceBuffer<unsigned char> flush(flush_bytes);
+    flush.fill_bytes(0x33);
     const int read_blocks = multiprocessor_count() * 4;
     DeviceBuffer<unsigned> sums{size_t(read_blocks)};
     cudaStream_t stream;
@@ -111,7 +112,7 @@ int main() {
                                {"cp.async.bulk.prefetch.L2, 16 KB requests", true, true, 128, false}};
     BenchTable table("l2_prefetch",
                      {"range MB", "before the read", "prefetch kernel us", "read us (median)", "read GB/s", "landed"});
-    std::printf("L2 %d MB; the range is pushed out by a %zu MB memset before every round\n", l2_bytes >> 20,
+    std::printf("L2 %d MB; the range is pushed out by a read of %zu MB before every round\n", l2_bytes >> 20,
                 flush_bytes >> 20);
     // 8 and 16 MB (the side branch's sizes), and half of L2.
     for (size_t range_mb : {size_t(8), size_t(16), size_t(l2_bytes >> 21)}) {
@@ -122,7 +123,10 @@ int main() {
       for (const Form& form : forms) {
         std::vector<float> read_ms, prefetch_ms;
         for (int round = 0; round < kRounds; ++round) {
-          CUDA_CHECK(cudaMemsetAsync(flush.data(), round, flush_bytes, stream));
+          // Push the range out with a READ of the flush buffer: a memset would leave L2
+          // full of dirty lines, whose write-backs would then slow every read below.
+          read_range<<<read_blocks, kReadThreads, 0, stream>>>(reinterpret_cast<const uint4*>(flush.data()),
+                                                               flush_bytes / 16, sums.data());
           L2PrefetchPlan plan;
           plan.range[0] = {data.data(), bytes};
           plan.count = 1;
