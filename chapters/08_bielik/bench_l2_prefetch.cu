@@ -77,7 +77,7 @@ __global__ void spin_ns(unsigned ns) {
 struct Form {
   std::string name;
   bool prefetch;
-  bool bulk;
+  L2PrefetchForm prefetch_form;
   int stride;
   bool warm;  ///< a full read of the range instead of a prefetch
 };
@@ -104,12 +104,14 @@ int main() {
     cudaEvent_t before, after, prefetch_start, prefetch_end;
     for (cudaEvent_t* event : {&before, &after, &prefetch_start, &prefetch_end}) CUDA_CHECK(cudaEventCreate(event));
 
-    std::vector<Form> forms = {{"nothing (cold: from HBM)", false, false, 128, false},
-                               {"a full read of the range (warm: from L2)", false, false, 128, true},
-                               {"prefetch.global.L2, one per 128 bytes", true, false, 128, false},
-                               {"prefetch.global.L2, one per 64 bytes", true, false, 64, false},
-                               {"prefetch.global.L2, one per 32 bytes", true, false, 32, false},
-                               {"cp.async.bulk.prefetch.L2, 16 KB requests", true, true, 128, false}};
+    constexpr L2PrefetchForm kLines = L2PrefetchForm::kLines;
+    std::vector<Form> forms = {{"nothing (cold: from HBM)", false, kLines, 128, false},
+                               {"a full read of the range (warm: from L2)", false, kLines, 128, true},
+                               {"prefetch.global.L2, one per 128 bytes", true, kLines, 128, false},
+                               {"prefetch.global.L2, one per 64 bytes", true, kLines, 64, false},
+                               {"prefetch.global.L2, one per 32 bytes", true, kLines, 32, false},
+                               {"cp.async.bulk.prefetch.L2, 16 KB requests", true, L2PrefetchForm::kBulk, 128, false},
+                               {"loads whose values are dropped (8 blocks)", true, L2PrefetchForm::kLoads, 128, false}};
     BenchTable table("l2_prefetch",
                      {"range MB", "before the read", "prefetch kernel us", "read us (median)", "read GB/s", "landed"});
     std::printf("L2 %d MB; the range is pushed out by a read of %zu MB before every round\n", l2_bytes >> 20,
@@ -130,7 +132,7 @@ int main() {
           L2PrefetchPlan plan;
           plan.range[0] = {data.data(), bytes};
           plan.count = 1;
-          plan.bulk = form.bulk;
+          plan.form = form.prefetch_form;
           plan.stride_bytes = form.stride;
           // Everything is queued before the GPU gets to it (the 20 us idle kernel covers
           // the host's launches), so the events time the kernels, not the launch path.

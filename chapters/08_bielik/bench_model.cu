@@ -94,7 +94,7 @@ struct Args {
   int large_blocks = CudaModelOptions{}.large_gemv_blocks_per_sm;
   double side_prefetch_gate_up_mb = 0.0;  ///< --side-prefetch GATE_UP_MB[,DOWN_MB]
   double side_prefetch_down_mb = 0.0;
-  bool side_prefetch_bulk = false;  ///< --side-prefetch-bulk
+  L2PrefetchForm side_prefetch_form = L2PrefetchForm::kLines;  ///< --side-prefetch-form lines|bulk|loads
   int side_prefetch_blocks = CudaModelOptions{}.side_prefetch_blocks;  ///< --side-prefetch-blocks N
   int side_prefetch_fork = 0;  ///< --side-prefetch-after-qkv: 1
   int side_prefetch_stride = CudaModelOptions{}.side_prefetch_stride_bytes;  ///< --side-prefetch-stride BYTES
@@ -212,8 +212,17 @@ Args parse(int argc, char** argv) {
       const size_t comma = sizes.find(',');
       a.side_prefetch_gate_up_mb = std::stod(sizes.substr(0, comma));
       a.side_prefetch_down_mb = comma == std::string::npos ? 0.0 : std::stod(sizes.substr(comma + 1));
-    } else if (flag == "--side-prefetch-bulk") {
-      a.side_prefetch_bulk = true;
+    } else if (flag == "--side-prefetch-form") {
+      const std::string form = value();
+      if (form == "lines") {
+        a.side_prefetch_form = L2PrefetchForm::kLines;
+      } else if (form == "bulk") {
+        a.side_prefetch_form = L2PrefetchForm::kBulk;
+      } else if (form == "loads") {
+        a.side_prefetch_form = L2PrefetchForm::kLoads;
+      } else {
+        throw std::invalid_argument("--side-prefetch-form takes lines, bulk or loads; got " + form);
+      }
     } else if (flag == "--side-prefetch-blocks") {
       a.side_prefetch_blocks = std::stoi(value());
     } else if (flag == "--side-prefetch-stride") {
@@ -264,7 +273,7 @@ Args parse(int argc, char** argv) {
                                   " [--down-global-input|--down-staged-input] [--o-global-input]"
                                   " [--rope-after-wait]"
                                   " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N]"
-                                  " [--side-prefetch GATE_UP_MB[,DOWN_MB] [--side-prefetch-bulk] [--side-prefetch-blocks N]"
+                                  " [--side-prefetch GATE_UP_MB[,DOWN_MB] [--side-prefetch-form lines|bulk|loads] [--side-prefetch-blocks N]"
                                   " [--side-prefetch-stride BYTES] [--side-prefetch-after-qkv]])");
     }
   }
@@ -675,7 +684,7 @@ int main(int argc, char** argv) {
     options.large_gemv_blocks_per_sm = args.large_blocks;
     options.side_prefetch_gate_up_mb = args.side_prefetch_gate_up_mb;
     options.side_prefetch_down_mb = args.side_prefetch_down_mb;
-    options.side_prefetch_bulk = args.side_prefetch_bulk;
+    options.side_prefetch_form = args.side_prefetch_form;
     options.side_prefetch_blocks = args.side_prefetch_blocks;
     options.side_prefetch_fork = args.side_prefetch_fork;
     options.side_prefetch_stride_bytes = args.side_prefetch_stride;

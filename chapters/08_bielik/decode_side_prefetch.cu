@@ -25,13 +25,41 @@ __device__ __forceinline__ void prefetch_bulk(const char* p, unsigned bytes) {
 #endif
 }
 
+__device__ __forceinline__ uint4 load_dropped(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
 __global__ void __launch_bounds__(kPrefetchThreads) l2_prefetch_kernel(L2PrefetchPlan plan) {
   const size_t thread = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const size_t threads = size_t(gridDim.x) * blockDim.x;
   for (int r = 0; r < plan.count; ++r) {
     const char* begin = static_cast<const char*>(plan.range[r].begin);
     const size_t bytes = plan.range[r].bytes;
-    if (plan.bulk) {
+    if (plan.form == L2PrefetchForm::kLoads) {
+      // Eight 16-byte loads in flight a thread. The loads are volatile asm, which the
+      // compiler never removes; the values are mixed only so that each is waited for.
+      const uint4* vectors = reinterpret_cast<const uint4*>(begin);
+      const size_t count = bytes / sizeof(uint4);
+      constexpr int kInFlight = 8;
+      unsigned mix = 0;
+      size_t i = thread;
+      for (; i + (kInFlight - 1) * threads < count; i += kInFlight * threads) {
+        uint4 v[kInFlight];
+#pragma unroll
+        for (int u = 0; u < kInFlight; ++u) v[u] = load_dropped(vectors + i + u * threads);
+#pragma unroll
+        for (int u = 0; u < kInFlight; ++u) mix ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+      }
+      for (; i < count; i += threads) {
+        const uint4 v = load_dropped(vectors + i);
+        mix ^= v.x ^ v.y ^ v.z ^ v.w;
+      }
+      asm volatile("" ::"r"(mix));
+    } else if (plan.form == L2PrefetchForm::kBulk) {
       const size_t chunks = (bytes + kL2BulkPrefetchChunk - 1) / kL2BulkPrefetchChunk;
       for (size_t c = thread; c < chunks; c += threads) {
         const size_t offset = c * kL2BulkPrefetchChunk;
@@ -65,9 +93,9 @@ void l2_prefetch(const L2PrefetchPlan& plan, int blocks, cudaStream_t stream) {
   for (int r = 0; r < plan.count; ++r) {
     const L2PrefetchRange& range = plan.range[r];
     const bool aligned = reinterpret_cast<size_t>(range.begin) % 16 == 0 && range.bytes % 16 == 0;
-    if (range.begin == nullptr || (plan.bulk && !aligned)) {
+    if (range.begin == nullptr || (plan.form != L2PrefetchForm::kLines && !aligned)) {
       throw std::invalid_argument("l2_prefetch: range " + std::to_string(r) +
-                                  " is null or, for the bulk form, not 16-byte aligned in start and size");
+                                  " is null or, for the bulk and load forms, not 16-byte aligned in start and size");
     }
   }
   if (plan.count == 0) return;

@@ -34,21 +34,27 @@ struct L2PrefetchRange {
 
 constexpr int kMaxL2PrefetchRanges = 3;
 
+/// How the kernel asks for the bytes.
+enum class L2PrefetchForm {
+  kLines,  ///< one `prefetch.global.L2` per stride_bytes (an L2 line is 128 bytes in four
+           ///< 32-byte sectors), spread over every thread
+  kBulk,   ///< one `cp.async.bulk.prefetch.L2` per kL2BulkPrefetchChunk bytes (sm_90)
+  kLoads,  ///< ordinary 16-byte loads (no L1 allocation) whose values are dropped: a
+           ///< prefetch that costs registers and issue slots, but lands (bench_l2_prefetch)
+};
+
 struct L2PrefetchPlan {
   L2PrefetchRange range[kMaxL2PrefetchRanges];
   int count = 0;
-  /// false: one `prefetch.global.L2` per stride_bytes (a power of two from 32 to 128:
-  /// an L2 line is 128 bytes in four 32-byte sectors), spread over every thread;
-  /// true: one `cp.async.bulk.prefetch.L2` per kL2BulkPrefetchChunk bytes (sm_90).
-  bool bulk = false;
-  int stride_bytes = 128;
+  L2PrefetchForm form = L2PrefetchForm::kLines;
+  int stride_bytes = 128;  ///< kLines: one request per this many bytes (32, 64 or 128)
 };
 
 constexpr size_t kL2BulkPrefetchChunk = 16384;
 
 /// Launches the prefetching kernel on `stream` (`blocks` blocks of 256 threads). Nothing
 /// is written; the kernel ends once its requests are issued. Throws
-/// std::invalid_argument for a bad plan (a null or, in the bulk form, misaligned range;
+/// std::invalid_argument for a bad plan (a null or, in the bulk and load forms, misaligned range;
 /// a stride other than 32, 64 or 128).
 void l2_prefetch(const L2PrefetchPlan& plan, int blocks, cudaStream_t stream);
 

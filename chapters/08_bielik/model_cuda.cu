@@ -881,7 +881,7 @@ L2PrefetchPlan CudaModel::side_prefetch_plan(const Layer& layer) const {
     return std::min(rows, int(mb * 1e6 / row_bytes));
   };
   L2PrefetchPlan plan;
-  plan.bulk = options_.side_prefetch_bulk;
+  plan.form = options_.side_prefetch_form;
   plan.stride_bytes = options_.side_prefetch_stride_bytes;
   auto add = [&](const __nv_bfloat16* begin, int rows, int row_values) {
     if (rows > 0) plan.range[plan.count++] = {begin, size_t(rows) * row_values * sizeof(__nv_bfloat16)};

@@ -240,15 +240,15 @@ struct CudaModelOptions {
   /// while QKV, the attention and O leave HBM mostly idle (decode_side_prefetch.cuh: the
   /// branch forks after the previous layer's down projection, or after this layer's QKV
   /// with side_prefetch_fork = 1, and rejoins after the argmax, so no kernel of the chain
-  /// waits for it). 0: off. side_prefetch_bulk: cp.async.bulk.prefetch.L2 in 16 KB
-  /// requests instead of one prefetch.global.L2 a line; side_prefetch_blocks: the
+  /// waits for it). 0: off. side_prefetch_form: prefetch.global.L2 a line, cp.async.bulk.
+  /// prefetch.L2 in 16 KB requests, or loads whose values are dropped; side_prefetch_blocks: the
   /// kernel's blocks of 256 threads. Decode graphs only (not the probed or eager steps'
   /// per-kernel timings). bench_model --side-prefetch GATE_UP_MB[,DOWN_MB],
-  /// --side-prefetch-bulk, --side-prefetch-blocks N, --side-prefetch-stride BYTES,
+  /// --side-prefetch-form lines|bulk|loads, --side-prefetch-blocks N, --side-prefetch-stride BYTES,
   /// --side-prefetch-after-qkv.
   double side_prefetch_gate_up_mb = 0.0;
   double side_prefetch_down_mb = 0.0;
-  bool side_prefetch_bulk = false;
+  L2PrefetchForm side_prefetch_form = L2PrefetchForm::kLines;
   int side_prefetch_blocks = 8;
   int side_prefetch_stride_bytes = 128;  ///< the line-by-line form's stride: 32, 64 or 128
   int side_prefetch_fork = 0;

@@ -496,23 +496,23 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       REQUIRE(runs[i] == runs[0]);
     }
     // The side branch that asks L2 for gate/up's and down's last rows changes no value:
-    // a few rows or every row (the sizes clamp), line by line or in bulk, forked before or
+    // a few rows or every row (the sizes clamp), line by line, in bulk or by loads, forked before or
     // after QKV, in a graph (one prefetch kernel more a layer) and eagerly.
     {
       const size_t plain_nodes = CudaModel(dir, cuda_options()).decode_graph_nodes();
       REQUIRE(plain_nodes > 0);
       int variant = 0;
       for (double mb : {0.001, 1e6}) {
-        for (bool bulk : {false, true}) {
+        for (L2PrefetchForm form : {L2PrefetchForm::kLines, L2PrefetchForm::kBulk, L2PrefetchForm::kLoads}) {
           for (int fork : {0, 1}) {
             CudaModelOptions options = cuda_options(0, 1024, variant != 3, true);
             options.side_prefetch_gate_up_mb = mb;
             options.side_prefetch_down_mb = mb / 2;
-            options.side_prefetch_bulk = bulk;
+            options.side_prefetch_form = form;
             options.side_prefetch_fork = fork;
             options.side_prefetch_blocks = 1 + variant;
             options.side_prefetch_stride_bytes = 32 << (variant % 3);
-            INFO(spec.name << " side prefetch of " << mb << " MB, bulk " << bulk << ", fork " << fork << ", graph "
+            INFO(spec.name << " side prefetch of " << mb << " MB, form " << int(form) << ", fork " << fork << ", graph "
                            << (variant != 3));
             if (options.use_graph) {
               REQUIRE(CudaModel(dir, options).decode_graph_nodes() == plain_nodes + size_t(spec.L));
