@@ -111,7 +111,8 @@ int main() {
                                {"prefetch.global.L2, one per 64 bytes", true, kLines, 64, false},
                                {"prefetch.global.L2, one per 32 bytes", true, kLines, 32, false},
                                {"cp.async.bulk.prefetch.L2, 16 KB requests", true, L2PrefetchForm::kBulk, 128, false},
-                               {"loads whose values are dropped (8 blocks)", true, L2PrefetchForm::kLoads, 128, false}};
+                               {"loads whose values are dropped (8 blocks)", true, L2PrefetchForm::kLoads, 128, false},
+                               {"loads whose values are dropped (132 blocks)", true, L2PrefetchForm::kLoads, 128, false}};
     BenchTable table("l2_prefetch",
                      {"range MB", "before the read", "prefetch kernel us", "read us (median)", "read GB/s", "landed"});
     std::printf("L2 %d MB; the range is pushed out by a read of %zu MB before every round\n", l2_bytes >> 20,
@@ -119,8 +120,13 @@ int main() {
     // 8 and 16 MB (the side branch's sizes), and half of L2.
     for (size_t range_mb : {size_t(8), size_t(16), size_t(l2_bytes >> 21)}) {
       const size_t bytes = range_mb << 20;
+      // A pattern whose XOR over the range is known, to check the load form's checksum.
+      std::vector<unsigned> pattern(bytes / sizeof(unsigned));
+      unsigned expected_xor = 0;
+      for (size_t i = 0; i < pattern.size(); ++i) expected_xor ^= pattern[i] = unsigned(i * 2654435761u + 12345u);
       DeviceBuffer<unsigned char> data(bytes);
-      data.fill_bytes(0x5a);
+      CUDA_CHECK(cudaMemcpy(data.data(), pattern.data(), bytes, cudaMemcpyHostToDevice));
+      DeviceBuffer<unsigned> checksum{size_t(1)};
       double cold = 0, warm = 0;
       for (const Form& form : forms) {
         std::vector<float> read_ms, prefetch_ms;
@@ -133,11 +139,13 @@ int main() {
           plan.range[0] = {data.data(), bytes};
           plan.count = 1;
           plan.form = form.prefetch_form;
+          plan.checksum = checksum.data();
+          CUDA_CHECK(cudaMemsetAsync(checksum.data(), 0, sizeof(unsigned), stream));
           plan.stride_bytes = form.stride;
           // Everything is queued before the GPU gets to it (the 20 us idle kernel covers
           // the host's launches), so the events time the kernels, not the launch path.
           CUDA_CHECK(cudaEventRecord(prefetch_start, stream));
-          if (form.prefetch) l2_prefetch(plan, 8, stream);
+          if (form.prefetch) l2_prefetch(plan, form.name.find("132") != std::string::npos ? 132 : 8, stream);
           if (form.warm) {
             read_range<<<read_blocks, kReadThreads, 0, stream>>>(reinterpret_cast<const uint4*>(data.data()),
                                                                  bytes / 16, sums.data());
@@ -155,6 +163,15 @@ int main() {
           prefetch_ms.push_back(ms);
           CUDA_CHECK(cudaEventElapsedTime(&ms, before, after));
           read_ms.push_back(ms);
+          if (form.prefetch_form == L2PrefetchForm::kLoads && form.prefetch) {
+            unsigned got = 0;
+            CUDA_CHECK(cudaMemcpy(&got, checksum.data(), sizeof(got), cudaMemcpyDeviceToHost));
+            if (got != expected_xor) {
+              std::fprintf(stderr, "bench_l2_prefetch: the load form's checksum is %08x, expected %08x\n", got,
+                           expected_xor);
+              return 1;
+            }
+          }
         }
         std::sort(read_ms.begin(), read_ms.end());
         std::sort(prefetch_ms.begin(), prefetch_ms.end());

@@ -58,6 +58,7 @@ __global__ void __launch_bounds__(kPrefetchThreads) l2_prefetch_kernel(L2Prefetc
         const uint4 v = load_dropped(vectors + i);
         mix ^= v.x ^ v.y ^ v.z ^ v.w;
       }
+      if (plan.checksum != nullptr) atomicXor(plan.checksum, mix);
       asm volatile("" ::"r"(mix));
     } else if (plan.form == L2PrefetchForm::kBulk) {
       const size_t chunks = (bytes + kL2BulkPrefetchChunk - 1) / kL2BulkPrefetchChunk;

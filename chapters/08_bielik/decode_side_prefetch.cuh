@@ -48,6 +48,9 @@ struct L2PrefetchPlan {
   int count = 0;
   L2PrefetchForm form = L2PrefetchForm::kLines;
   int stride_bytes = 128;  ///< kLines: one request per this many bytes (32, 64 or 128)
+  /// kLoads, measurement only (bench_l2_prefetch): every thread XORs the 32-bit words it
+  /// loaded into *checksum, which proves that the loads happened. nullptr: no output.
+  unsigned* checksum = nullptr;
 };
 
 constexpr size_t kL2BulkPrefetchChunk = 16384;
