@@ -30,6 +30,7 @@
 #include "decode_attention_o.cuh"
 #include "decode_kernels.cuh"
 #include "decode_persistent.cuh"
+#include "decode_side_prefetch.cuh"
 #include "device_buffer.cuh"
 #include "model_config.hpp"
 #include "model_cpu.hpp"
@@ -1598,6 +1599,64 @@ TEST_CASE("decode_argmax: first maximum, NaN gives -1, commits the length", "[ch
   decode_argmax(token.data(), d_logits.data(), int(logits.size()), nullptr, false);
   REQUIRE(token.to_host()[0] == -1);
   REQUIRE(length.to_host()[0] == 42);
+}
+
+TEST_CASE("l2_prefetch: the load form reads every byte of its ranges; bad plans are refused", "[ch08][gpu][kernels]") {
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 engine(seed);
+  std::vector<uint32_t> words(300000);
+  for (uint32_t& w : words) w = uint32_t(engine());
+  DeviceBuffer<uint32_t> data(words);
+  // Three ranges: one 16-byte vector, and two of odd vector counts at 16-byte offsets
+  // that are not multiples of a line, covering (first word, words) of the buffer.
+  const size_t ranges[3][2] = {{4, 4}, {1028, 4100}, {6004, 250012}};
+  L2PrefetchPlan plan;
+  uint32_t expected = 0;
+  for (const auto& range : ranges) {
+    plan.range[plan.count++] = {data.data() + range[0], range[1] * sizeof(uint32_t)};
+    for (size_t i = range[0]; i < range[0] + range[1]; ++i) expected ^= words[i];
+  }
+  DeviceBuffer<unsigned> checksum(1);
+  plan.form = L2PrefetchForm::kLoads;
+  plan.checksum = checksum.data();
+  for (int blocks : {1, 3, 8, 132}) {
+    checksum.fill_bytes(0);
+    l2_prefetch(plan, blocks, nullptr);
+    INFO(blocks << " blocks");
+    REQUIRE(checksum.to_host()[0] == expected);
+  }
+  // The request forms have no output: they must finish without a fault and write nothing.
+  for (L2PrefetchForm form : {L2PrefetchForm::kLines, L2PrefetchForm::kBulk}) {
+    for (int stride : {32, 64, 128}) {
+      L2PrefetchPlan requests = plan;
+      requests.form = form;
+      requests.stride_bytes = stride;
+      requests.checksum = nullptr;
+      l2_prefetch(requests, 5, nullptr);
+      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    }
+  }
+  // The line form takes a range at any byte; the others refuse it.
+  L2PrefetchPlan odd;
+  odd.range[odd.count++] = {reinterpret_cast<const char*>(data.data()) + 3, 1001};
+  l2_prefetch(odd, 2, nullptr);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  REQUIRE(data.to_host() == words);
+  odd.form = L2PrefetchForm::kBulk;
+  REQUIRE_THROWS_AS(l2_prefetch(odd, 2, nullptr), std::invalid_argument);
+  odd.form = L2PrefetchForm::kLoads;
+  REQUIRE_THROWS_AS(l2_prefetch(odd, 2, nullptr), std::invalid_argument);
+  L2PrefetchPlan bad = plan;
+  bad.stride_bytes = 48;
+  REQUIRE_THROWS_AS(l2_prefetch(bad, 2, nullptr), std::invalid_argument);
+  bad = plan;
+  bad.range[1].begin = nullptr;
+  REQUIRE_THROWS_AS(l2_prefetch(bad, 2, nullptr), std::invalid_argument);
+  bad = plan;
+  bad.count = kMaxL2PrefetchRanges + 1;
+  REQUIRE_THROWS_AS(l2_prefetch(bad, 2, nullptr), std::invalid_argument);
+  REQUIRE_THROWS_AS(l2_prefetch(plan, 0, nullptr), std::invalid_argument);
 }
 
 // Last: an experimental kernel; a device fault in it would poison the context for any
