@@ -10,6 +10,7 @@ namespace bielik {
 namespace {
 
 constexpr int kPrefetchThreads = 256;
+
 __device__ __forceinline__ void prefetch_line(const char* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p) : "memory");
 }
@@ -40,8 +41,11 @@ __global__ void __launch_bounds__(kPrefetchThreads) l2_prefetch_kernel(L2Prefetc
     const char* begin = static_cast<const char*>(plan.range[r].begin);
     const size_t bytes = plan.range[r].bytes;
     if (plan.form == L2PrefetchForm::kLoads) {
-      // Eight 16-byte loads in flight a thread. The loads are volatile asm, which the
-      // compiler never removes; the values are mixed only so that each is waited for.
+      // Eight 16-byte loads in flight a thread. `volatile` on an asm binds the C++
+      // compiler only: ptxas removes a load whose value nothing uses (the first form of
+      // this kernel lost all its loads that way, DECODE_LOG.md, twenty-first session).
+      // So the values are mixed into a checksum that is stored when a pointer known
+      // only at run time is set, which ptxas cannot rule out.
       const uint4* vectors = reinterpret_cast<const uint4*>(begin);
       const size_t count = bytes / sizeof(uint4);
       constexpr int kInFlight = 8;
@@ -59,7 +63,6 @@ __global__ void __launch_bounds__(kPrefetchThreads) l2_prefetch_kernel(L2Prefetc
         mix ^= v.x ^ v.y ^ v.z ^ v.w;
       }
       if (plan.checksum != nullptr) atomicXor(plan.checksum, mix);
-      asm volatile("" ::"r"(mix));
     } else if (plan.form == L2PrefetchForm::kBulk) {
       const size_t chunks = (bytes + kL2BulkPrefetchChunk - 1) / kL2BulkPrefetchChunk;
       for (size_t c = thread; c < chunks; c += threads) {

@@ -39,8 +39,9 @@ enum class L2PrefetchForm {
   kLines,  ///< one `prefetch.global.L2` per stride_bytes (an L2 line is 128 bytes in four
            ///< 32-byte sectors), spread over every thread
   kBulk,   ///< one `cp.async.bulk.prefetch.L2` per kL2BulkPrefetchChunk bytes (sm_90)
-  kLoads,  ///< ordinary 16-byte loads (no L1 allocation) whose values are dropped: a
-           ///< prefetch that costs registers and issue slots, but lands (bench_l2_prefetch)
+  kLoads,  ///< ordinary 16-byte loads (no L1 allocation) whose values are dropped
+           ///< (into `checksum` when it is set): a prefetch that costs registers and
+           ///< issue slots, and lands as a read does
 };
 
 struct L2PrefetchPlan {
