@@ -41,7 +41,7 @@ enum class L2PrefetchForm {
   kBulk,   ///< one `cp.async.bulk.prefetch.L2` per kL2BulkPrefetchChunk bytes (sm_90)
   kLoads,  ///< ordinary 16-byte loads (no L1 allocation) whose values are dropped
            ///< (into `checksum` when it is set): a prefetch that costs registers and
-           ///< issue slots, and lands as a read does
+           ///< issue slots, and should land as a read does (bench_l2_prefetch's warm row)
 };
 
 struct L2PrefetchPlan {
