@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -878,7 +879,8 @@ L2PrefetchPlan CudaModel::side_prefetch_plan(const Layer& layer) const {
   // Whole rows from the end of each matrix: the rows the GEMVs' last blocks read.
   auto tail_rows = [](double mb, int rows, int row_values) {
     const double row_bytes = double(row_values) * sizeof(__nv_bfloat16);
-    return std::min(rows, int(mb * 1e6 / row_bytes));
+    // Clamped as a double: a size of "everything" (1e6 MB) would overflow an int.
+    return int(std::min(double(rows), std::floor(mb * 1e6 / row_bytes)));
   };
   L2PrefetchPlan plan;
   plan.form = options_.side_prefetch_form;
