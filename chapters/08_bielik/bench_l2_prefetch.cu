@@ -8,8 +8,9 @@
 // in L2 when gate/up read them. This benchmark asks the question with nothing else
 // running. For each form, `kRounds` times:
 //   1. push the range out of L2 (a read of a buffer eight times L2's size: clean lines);
-//   2. ask L2 for the range (l2_prefetch, 8 blocks, the side branch's kernel), wait for
-//      the kernel, then `settle_us` more of idle time for the requests to retire;
+//   2. ask L2 for the range (l2_prefetch, the side branch's kernel, 8 blocks as in the
+//      model), wait for the kernel, then 20 us more of idle time for the requests to
+//      retire;
 //   3. time a kernel that reads the range once (every SM, 8 loads of 16 bytes in flight a
 //      thread).
 // The read's time after "nothing" (cold, from HBM) and after a full read of the range
@@ -79,7 +80,8 @@ struct Form {
   bool prefetch;
   L2PrefetchForm prefetch_form;
   int stride;
-  bool warm;  ///< a full read of the range instead of a prefetch
+  bool warm;       ///< a full read of the range instead of a prefetch
+  int blocks = 8;  ///< the prefetch kernel's
 };
 
 }  // namespace
@@ -112,7 +114,7 @@ int main() {
                                {"prefetch.global.L2, one per 32 bytes", true, kLines, 32, false},
                                {"cp.async.bulk.prefetch.L2, 16 KB requests", true, L2PrefetchForm::kBulk, 128, false},
                                {"loads whose values are dropped (8 blocks)", true, L2PrefetchForm::kLoads, 128, false},
-                               {"loads whose values are dropped (132 blocks)", true, L2PrefetchForm::kLoads, 128, false}};
+                               {"loads whose values are dropped (132 blocks)", true, L2PrefetchForm::kLoads, 128, false, 132}};
     BenchTable table("l2_prefetch",
                      {"range MB", "before the read", "prefetch kernel us", "read us (median)", "read GB/s", "landed"});
     std::printf("L2 %d MB; the range is pushed out by a read of %zu MB before every round\n", l2_bytes >> 20,
@@ -145,7 +147,7 @@ int main() {
           // Everything is queued before the GPU gets to it (the 20 us idle kernel covers
           // the host's launches), so the events time the kernels, not the launch path.
           CUDA_CHECK(cudaEventRecord(prefetch_start, stream));
-          if (form.prefetch) l2_prefetch(plan, form.name.find("132") != std::string::npos ? 132 : 8, stream);
+          if (form.prefetch) l2_prefetch(plan, form.blocks, stream);
           if (form.warm) {
             read_range<<<read_blocks, kReadThreads, 0, stream>>>(reinterpret_cast<const uint4*>(data.data()),
                                                                  bytes / 16, sums.data());
