@@ -219,7 +219,7 @@ TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming t
     INFO(name);
     REQUIRE(refused);
   }
-  // The side branch's options: sizes, blocks, fork point.
+  // The side branch's options: sizes, blocks, fork point, stride.
   for (int which = 0; which < 5; ++which) {
     CudaModelOptions options = cuda_options();
     options.side_prefetch_gate_up_mb = which == 0 ? -1.0 : 1.0;
