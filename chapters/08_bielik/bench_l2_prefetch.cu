@@ -25,8 +25,10 @@
 
 #include "bench.cuh"
 #include "cuda_check.cuh"
+#include "decode_device.cuh"  // xor_of_grid_share
 #include "decode_side_prefetch.cuh"
 #include "device_buffer.cuh"
+#include "globaltimer.cuh"
 #include "matmul_common.cuh"  // chapter 03: multiprocessor_count
 
 namespace {
@@ -36,43 +38,19 @@ using namespace bielik;
 constexpr int kRounds = 9;
 constexpr int kReadThreads = 256;
 
-constexpr int kReadUnroll = 8;  // loads a thread has in flight
-
-__device__ __forceinline__ uint4 load_streaming(const uint4* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
-// Reads `vectors` uint4 of `data` once (non-coherent, no L1 allocation, as the decode
-// GEMVs read weights; kReadUnroll loads in flight a thread) and writes one value per
-// block only if it matches a constant, so that no load can be dropped.
+// Reads `vectors` uint4 of `data` once (streaming loads, as the decode GEMVs read
+// weights; eight in flight a thread) and writes one value per block only if it matches a
+// constant, so that no load can be dropped.
 __global__ void __launch_bounds__(kReadThreads) read_range(const uint4* data, size_t vectors, unsigned* sums) {
-  unsigned sum = 0;
-  const size_t stride = size_t(gridDim.x) * blockDim.x;
-  size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (; i + (kReadUnroll - 1) * stride < vectors; i += kReadUnroll * stride) {
-    uint4 v[kReadUnroll];
-#pragma unroll
-    for (int u = 0; u < kReadUnroll; ++u) v[u] = load_streaming(data + i + u * stride);
-#pragma unroll
-    for (int u = 0; u < kReadUnroll; ++u) sum += v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-  }
-  for (; i < vectors; i += stride) {
-    const uint4 v = load_streaming(data + i);
-    sum += v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (sum == 0x9e3779b9u) sums[blockIdx.x] = sum;  // never true for this data; the compiler cannot know
+  const unsigned sum = decode_device::xor_of_grid_share(data, vectors, size_t(blockIdx.x) * blockDim.x + threadIdx.x,
+                                                        size_t(gridDim.x) * blockDim.x);
+  if (sum == 0x9e3779b9u) sums[blockIdx.x] = sum;  // rarely true; the compiler cannot know
 }
 
 __global__ void spin_ns(unsigned ns) {
-  unsigned long long start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
+  const unsigned long long start = globaltimer_ns();
+  while (globaltimer_ns() - start < ns) {
+  }
 }
 
 struct Form {

@@ -22,21 +22,52 @@ constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kNormHeld = 2;  // norm-weight chunks a thread loads before the wait (K <= 4096)
 
-// Weights are read once per step: a streaming load that does not allocate in L1, with an
-// L2 cache policy (l2_policy) that says how soon L2 may drop the line after it.
-__device__ __forceinline__ uint4 load_streaming(const void* p, uint64_t l2_policy) {
+// Weights are read once per step: a streaming load that does not allocate in L1.
+__device__ __forceinline__ uint4 load_streaming(const void* p) {
   uint4 v;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p), "l"(l2_policy));
-#else
-  (void)l2_policy;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
-#endif
   return v;
+}
+
+// The same with an L2 cache policy (l2_policy) that says how soon L2 may drop the line
+// after it (sm_80+; the plain load before).
+__device__ __forceinline__ uint4 load_streaming(const void* p, uint64_t l2_policy) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p), "l"(l2_policy));
+  return v;
+#else
+  (void)l2_policy;
+  return load_streaming(p);
+#endif
+}
+
+/// The XOR of every 32-bit word of the 16-byte vectors i = thread, thread + threads, ...
+/// below `count`: one thread's share of a grid-stride read of a range, with eight
+/// streaming loads in flight. For reads whose values only need to have arrived (the side
+/// branch's load form, bench_l2_prefetch): the caller must USE the result (store it under
+/// a condition ptxas cannot decide), or ptxas drops the loads as dead, `volatile` or not.
+__device__ __forceinline__ unsigned xor_of_grid_share(const uint4* vectors, size_t count, size_t thread,
+                                                      size_t threads) {
+  constexpr int kInFlight = 8;
+  unsigned mix = 0;
+  size_t i = thread;
+  for (; i + (kInFlight - 1) * threads < count; i += kInFlight * threads) {
+    uint4 v[kInFlight];
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) v[u] = load_streaming(vectors + i + u * threads);
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) mix ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  for (; i < count; i += threads) {
+    const uint4 v = load_streaming(vectors + i);
+    mix ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  return mix;
 }
 
 /// load_streaming's shared-memory form: 16 bytes of weights copied global -> shared by

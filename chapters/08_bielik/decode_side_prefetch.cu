@@ -4,6 +4,7 @@
 #include <string>
 
 #include "cuda_check.cuh"
+#include "decode_device.cuh"  // load_streaming, xor_of_grid_share
 #include "decode_side_prefetch.cuh"
 
 namespace bielik {
@@ -26,14 +27,6 @@ __device__ __forceinline__ void prefetch_bulk(const char* p, unsigned bytes) {
 #endif
 }
 
-__device__ __forceinline__ uint4 load_dropped(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
 __global__ void __launch_bounds__(kPrefetchThreads) l2_prefetch_kernel(L2PrefetchPlan plan) {
   const size_t thread = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const size_t threads = size_t(gridDim.x) * blockDim.x;
@@ -41,27 +34,11 @@ __global__ void __launch_bounds__(kPrefetchThreads) l2_prefetch_kernel(L2Prefetc
     const char* begin = static_cast<const char*>(plan.range[r].begin);
     const size_t bytes = plan.range[r].bytes;
     if (plan.form == L2PrefetchForm::kLoads) {
-      // Eight 16-byte loads in flight a thread. `volatile` on an asm binds the C++
-      // compiler only: ptxas removes a load whose value nothing uses (the first form of
-      // this kernel lost all its loads that way, DECODE_LOG.md, twenty-first session).
-      // So the values are mixed into a checksum that is stored when a pointer known
-      // only at run time is set, which ptxas cannot rule out.
-      const uint4* vectors = reinterpret_cast<const uint4*>(begin);
-      const size_t count = bytes / sizeof(uint4);
-      constexpr int kInFlight = 8;
-      unsigned mix = 0;
-      size_t i = thread;
-      for (; i + (kInFlight - 1) * threads < count; i += kInFlight * threads) {
-        uint4 v[kInFlight];
-#pragma unroll
-        for (int u = 0; u < kInFlight; ++u) v[u] = load_dropped(vectors + i + u * threads);
-#pragma unroll
-        for (int u = 0; u < kInFlight; ++u) mix ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-      }
-      for (; i < count; i += threads) {
-        const uint4 v = load_dropped(vectors + i);
-        mix ^= v.x ^ v.y ^ v.z ^ v.w;
-      }
+      // The values go into a checksum stored when a pointer known only at run time is
+      // set: without that use ptxas would drop the loads (the first form of this kernel
+      // lost all of them so, DECODE_LOG.md, twenty-first session).
+      const unsigned mix = decode_device::xor_of_grid_share(reinterpret_cast<const uint4*>(begin),
+                                                            bytes / sizeof(uint4), thread, threads);
       if (plan.checksum != nullptr) atomicXor(plan.checksum, mix);
     } else if (plan.form == L2PrefetchForm::kBulk) {
       const size_t chunks = (bytes + kL2BulkPrefetchChunk - 1) / kL2BulkPrefetchChunk;
