@@ -87,6 +87,7 @@ struct Args {
   bool widen_input = CudaModelOptions{}.gemv_widen_input;  ///< --widen-input / --no-widen-input
   bool claim_rows = CudaModelOptions{}.gemv_claim_rows;     ///< --claim-rows / --no-claim-rows
   int rows_per_claim = CudaModelOptions{}.gemv_rows_per_claim;  ///< --rows-per-claim N
+  int claim_counters = CudaModelOptions{}.gemv_claim_counters;  ///< --claim-counters N
   bool down_shared = CudaModelOptions{}.down_second_batch_in_shared;
   bool gate_up_shared = CudaModelOptions{}.gate_up_second_batch_in_shared;
   bool down_global_input = CudaModelOptions{}.down_input_from_global;
@@ -201,6 +202,8 @@ Args parse(int argc, char** argv) {
       a.claim_rows = false;
     } else if (flag == "--rows-per-claim") {
       a.rows_per_claim = std::stoi(value());
+    } else if (flag == "--claim-counters") {
+      a.claim_counters = std::stoi(value());
     } else if (flag == "--long-min-keys") {
       a.long_min_keys = std::stoi(value());
     } else if (flag == "--long-splits") {
@@ -276,7 +279,7 @@ Args parse(int argc, char** argv) {
                                   " [--v6-handover pull|barrier|mbarrier] [--[no-]v6-with-o] [--streamed [--ring-slots N] [--slot-bytes N]] [--v6-with-o-late-weights] [--o-after-attention-inputs] [--[no-]o-after-attention-inputs-long]"
                                   " [--carveout PERCENT] [--hold-o] [--hold-gate-up BLOCKS] [--hold-until-attention-end] [--hold-gate-up-from N]"
                                   " [--gate-up-start-delay NS] [--down-start-delay NS] [--qkv-start-delay NS] [--o-start-delay NS]"
-                                  " [--lm-head-start-delay NS] [--[no-]widen-input] [--[no-]claim-rows] [--rows-per-claim N] [--qkv-early] [--gate-up-after-o]"
+                                  " [--lm-head-start-delay NS] [--[no-]widen-input] [--[no-]claim-rows] [--rows-per-claim N] [--claim-counters N] [--qkv-early] [--gate-up-after-o]"
                                   " [--down-shared]"
                                   " [--down-global-input|--down-staged-input] [--o-global-input]"
                                   " [--rope-after-wait]"
@@ -685,6 +688,7 @@ int main(int argc, char** argv) {
     options.gemv_widen_input = args.widen_input;
     options.gemv_claim_rows = args.claim_rows;
     options.gemv_rows_per_claim = args.rows_per_claim;
+    options.gemv_claim_counters = args.claim_counters;
     options.down_second_batch_in_shared = args.down_shared;
     options.gate_up_second_batch_in_shared = args.gate_up_shared;
     options.down_input_from_global = args.down_global_input;

@@ -127,13 +127,19 @@ struct HoldForSignal {
 };
 constexpr unsigned long long kHoldTimeoutNs = 3000;
 
-/// DecodeGemvParams::row_claims: the two counters of rows claimed at run time, in device
+/// DecodeGemvParams::row_claims: the counters of rows claimed at run time, in device
 /// memory, zero before a launch (allocate them zeroed); the launch leaves them zero again
-/// (the last block to retire resets them), so one pair serves every launch that is
-/// ordered after the one before it (a stream, a graph's chain).
+/// (the last block to retire resets them), so one set serves every launch that is
+/// ordered after the one before it (a stream, a graph's chain). Block b claims from
+/// counter b % claim_counters: atomics on one address are served one after another by
+/// its L2 slice, so the claims are spread over several lines (128 bytes apart).
+constexpr int kMaxClaimCounters = 16;
 struct GemvRowClaims {
-  int next = 0;     ///< claims handed out so far in this launch
-  int retired = 0;  ///< blocks whose warps have made their last claim
+  struct alignas(128) Counter {
+    int next = 0;  ///< claims handed out so far in this launch by this counter
+  };
+  Counter counters[kMaxClaimCounters];
+  alignas(128) int retired = 0;  ///< blocks whose warps have made their last claim
 };
 
 /// DecodeGemvParams::timeline: the moments each block stamps (thread 0). The pair of
@@ -219,6 +225,9 @@ struct DecodeGemvParams {
   /// With row_claims: consecutive rows per claim (0: decode_gemv picks about two claims
   /// per warp, at least 1 row each).
   int rows_per_claim = 0;
+  /// With row_claims: the counters the blocks claim from, 1 to kMaxClaimCounters. Counter
+  /// c hands out chunks c, c + claim_counters, c + 2 claim_counters, ...
+  int claim_counters = 8;
   /// Measurement only (bench_model --timeline), register kernels: 2 *
   /// kGemvTimelineEvents values, zeroed min / max pairs (min slots start at ULLONG_MAX),
   /// %globaltimer (ns) over the blocks at each GemvTimelineEvent (thread 0 of each

@@ -114,6 +114,7 @@ struct CudaModelOptions {
   /// together instead of spread over ~7 us. bench_model --claim-rows [--rows-per-claim N].
   bool gemv_claim_rows = false;
   int gemv_rows_per_claim = 0;  ///< with gemv_claim_rows: rows per claim (0: decode_gemv picks)
+  int gemv_claim_counters = 8;  ///< with gemv_claim_rows: counters the claims are spread over (1-16)
   /// The O projection lets gate/up start as soon as it starts itself (DecodeGemvParams::
   /// allow_dependents_early): gate/up's weights then stream during the attention, which
   /// otherwise leaves HBM idle. bench_model measures both.

@@ -220,19 +220,21 @@ TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming t
     INFO(name);
     REQUIRE(refused);
   }
-  // Row claims: a negative claim size, and claims with gate/up's second batch copied.
-  for (int which = 0; which < 2; ++which) {
+  // Row claims: a negative claim size, and claims with gate/up's second batch copied,
+  // no counter or too many.
+  for (int which = 0; which < 4; ++which) {
     CudaModelOptions options = cuda_options();
     options.gemv_claim_rows = true;
     options.gemv_rows_per_claim = which == 0 ? -1 : 0;
     options.gate_up_second_batch_in_shared = which == 1;
+    options.gemv_claim_counters = which == 2 ? 0 : which == 3 ? kMaxClaimCounters + 1 : 8;
     bool refused = false;
     try {
       CudaModel model(dir, options);
     } catch (const std::invalid_argument& e) {
       INFO(e.what());
-      refused = std::string(e.what()).find(which == 0 ? "gemv_rows_per_claim" : "gemv_claim_rows") !=
-                std::string::npos;
+      const char* name = which == 0 ? "gemv_rows_per_claim" : which == 1 ? "gemv_claim_rows" : "gemv_claim_counters";
+      refused = std::string(e.what()).find(name) != std::string::npos;
     }
     INFO("row claims option " << which);
     REQUIRE(refused);
@@ -514,6 +516,7 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
         options = cuda_options(0, 1024, graph, true);
         options.gemv_claim_rows = true;
         options.gemv_rows_per_claim = graph ? 1 : 0;
+        options.gemv_claim_counters = graph ? 3 : 8;
         runs.push_back(run(options));
       }
     }
@@ -963,7 +966,7 @@ TEST_CASE("decode_gemv: rows claimed at run time give the fixed rows' values, an
         }
       }
     };
-    auto params = [&](int output, bool widen, bool with_claims, int rows_per_claim) {
+    auto params = [&](int output, bool widen, bool with_claims, int rows_per_claim, int counters) {
       DecodeGemvParams p{};
       p.y = f32 ? static_cast<void*>(y32[output].data()) : static_cast<void*>(y16[output].data());
       p.x = reinterpret_cast<const __nv_bfloat16*>(d_x.data());
@@ -979,6 +982,7 @@ TEST_CASE("decode_gemv: rows claimed at run time give the fixed rows' values, an
       if (with_claims) {
         p.row_claims = claims.data();
         p.rows_per_claim = rows_per_claim;
+        p.claim_counters = counters;
       }
       return p;
     };
@@ -992,7 +996,7 @@ TEST_CASE("decode_gemv: rows claimed at run time give the fixed rows' values, an
     for (bool widen : {false, true}) {
       // The fixed rows, checked against the CPU: the reference for the claimed forms.
       reset_outputs();
-      decode_gemv(c.input, c.output, params(0, widen, false, 0), false);
+      decode_gemv(c.input, c.output, params(0, widen, false, 0, 1), false);
       CUDA_CHECK(cudaDeviceSynchronize());
       INFO("N=" << c.N << " K=" << c.K << " output " << int(c.output) << " widened " << widen);
       CompareResult r = f32 ? compare("decode_gemv f32", y32[0].to_host(), expected, 1e-3)
@@ -1000,21 +1004,25 @@ TEST_CASE("decode_gemv: rows claimed at run time give the fixed rows' values, an
       INFO(r.report);
       REQUIRE(r.passed);
       const std::vector<uint16_t> fixed = output_bits(0);
-      // Claimed rows: the automatic size, one row and three rows a claim; three launches
-      // back to back on one pair of counters, with PDL and without, so each launch
-      // must find the counters its predecessor reset.
-      for (int rows_per_claim : {0, 1, 3}) {
+      // Claimed rows, (rows a claim, counters): the automatic size from 8 counters (the
+      // default), 1 row from 1 counter, 3 rows from 16 (more counters than the small
+      // cases' blocks), 1 row from 5; three launches back to back on one set of
+      // counters, with PDL and without, so each launch must find the counters its
+      // predecessor reset.
+      for (auto [rows_per_claim, counters] : {std::pair{0, 8}, {1, 1}, {3, kMaxClaimCounters}, {1, 5}}) {
         for (bool pdl : {true, false}) {
-          INFO("rows per claim " << rows_per_claim << " pdl " << pdl);
+          INFO("rows per claim " << rows_per_claim << " counters " << counters << " pdl " << pdl);
           reset_outputs();
-          for (int i = 0; i < 3; ++i) decode_gemv(c.input, c.output, params(i, widen, true, rows_per_claim), pdl);
+          for (int i = 0; i < 3; ++i) {
+            decode_gemv(c.input, c.output, params(i, widen, true, rows_per_claim, counters), pdl);
+          }
           CUDA_CHECK(cudaDeviceSynchronize());
           for (int i = 0; i < 3; ++i) {
             INFO("launch " << i);
             REQUIRE(output_bits(i) == fixed);
           }
           const GemvRowClaims left = claims.to_host()[0];
-          REQUIRE(left.next == 0);
+          for (const GemvRowClaims::Counter& counter : left.counters) REQUIRE(counter.next == 0);
           REQUIRE(left.retired == 0);
         }
       }
@@ -1044,8 +1052,13 @@ TEST_CASE("decode_gemv: rows claimed at run time give the fixed rows' values, an
   p.second_batch_in_shared = false;
   p.rows_per_claim = -1;
   REQUIRE_THROWS_AS(decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false), std::invalid_argument);
+  p.rows_per_claim = 0;
+  for (int counters : {0, kMaxClaimCounters + 1}) {
+    p.claim_counters = counters;
+    REQUIRE_THROWS_AS(decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false), std::invalid_argument);
+  }
   CUDA_CHECK(cudaDeviceSynchronize());
-  REQUIRE(claims.to_host()[0].next == 0);  // nothing ran
+  REQUIRE(claims.to_host()[0].counters[0].next == 0);  // nothing ran
 }
 
 TEST_CASE("decode_gemv kAttentionMerge: the O projection of the merged attention splits", "[ch08][gpu][kernels]") {
