@@ -92,13 +92,8 @@ int main() {
     const bool in_place = shape.output == GemvOutput::kResidualAdd && shape.K > 2048;
     const bool big = shape.output == GemvOutput::kSwiGLU || in_place;
     // The arguments of one launch on weight copy `copy`.
-    // Rows claimed at run time (DecodeGemvParams::row_claims): one pair of counters for
-    // every launch of a chain, each launch claiming only after its PDL wait.
-    DeviceBuffer<GemvRowClaims> row_claims(size_t(1));
-    row_claims.fill_bytes(0);
     auto gemv_params = [&](int copy, bool evict_first, int split, bool second_batch_in_shared,
-                           bool input_from_global, int start_delay_ns, bool widen_input = false,
-                           bool claim_rows = false) {
+                           bool input_from_global, int start_delay_ns, bool widen_input = false) {
       DecodeGemvParams p{};
       p.y = y.data();
       p.x = x.data();
@@ -118,16 +113,15 @@ int main() {
       p.input_from_global = input_from_global;
       p.start_delay_ns = start_delay_ns;
       p.widen_input = widen_input;
-      if (claim_rows) p.row_claims = row_claims.data();
       return p;
     };
     // One row: `label`, the chain timed from the host and as a graph, and alone when asked.
     auto add_row = [&](const std::string& label, DecodeGemvKernel kernel, bool evict_first, int split,
                        bool time_alone, bool second_batch_in_shared = false, bool input_from_global = false,
-                       int start_delay_ns = 0, bool widen_input = false, bool claim_rows = false) {
+                       int start_delay_ns = 0, bool widen_input = false) {
       auto params = [&](int copy) {
         return gemv_params(copy, evict_first, split, second_batch_in_shared, input_from_global, start_delay_ns,
-                           widen_input, claim_rows);
+                           widen_input);
       };
       std::string alone_us, alone_pct;
       if (time_alone) {
@@ -180,13 +174,6 @@ int main() {
       if (!in_place) {
         add_row(std::string("register loads, evict-first") + (big ? ", 300 ns pause" : "") + ", input widened",
                 kernel, true, 0, true, false, false, big ? 300 : 0, true);
-      }
-      // The same with the rows past each warp's first claimed at run time (DecodeGemvParams::
-      // row_claims), for the shapes whose warps hold more than one row: gate/up, lm_head.
-      if (shape.output == GemvOutput::kSwiGLU || shape.output == GemvOutput::kF32) {
-        add_row(std::string("register loads, evict-first") + (big ? ", 300 ns pause" : "") +
-                    ", input widened, rows claimed at run time",
-                kernel, true, 0, true, false, false, big ? 300 : 0, true, true);
       }
     }
     // The model's form (evict-first, the epilogue inputs before the wait, gate/up and

@@ -85,9 +85,6 @@ struct Args {
   int lm_head_delay = CudaModelOptions{}.lm_head_start_delay_ns;        ///< --lm-head-start-delay NS
   bool qkv_early = CudaModelOptions{}.qkv_allows_attention_early;
   bool widen_input = CudaModelOptions{}.gemv_widen_input;  ///< --widen-input / --no-widen-input
-  bool claim_rows = CudaModelOptions{}.gemv_claim_rows;     ///< --claim-rows / --no-claim-rows
-  int rows_per_claim = CudaModelOptions{}.gemv_rows_per_claim;  ///< --rows-per-claim N
-  int claim_counters = CudaModelOptions{}.gemv_claim_counters;  ///< --claim-counters N
   bool down_shared = CudaModelOptions{}.down_second_batch_in_shared;
   bool gate_up_shared = CudaModelOptions{}.gate_up_second_batch_in_shared;
   bool down_global_input = CudaModelOptions{}.down_input_from_global;
@@ -196,14 +193,6 @@ Args parse(int argc, char** argv) {
       a.widen_input = true;
     } else if (flag == "--no-widen-input") {
       a.widen_input = false;
-    } else if (flag == "--claim-rows") {
-      a.claim_rows = true;
-    } else if (flag == "--no-claim-rows") {
-      a.claim_rows = false;
-    } else if (flag == "--rows-per-claim") {
-      a.rows_per_claim = std::stoi(value());
-    } else if (flag == "--claim-counters") {
-      a.claim_counters = std::stoi(value());
     } else if (flag == "--long-min-keys") {
       a.long_min_keys = std::stoi(value());
     } else if (flag == "--long-splits") {
@@ -279,7 +268,7 @@ Args parse(int argc, char** argv) {
                                   " [--v6-handover pull|barrier|mbarrier] [--[no-]v6-with-o] [--streamed [--ring-slots N] [--slot-bytes N]] [--v6-with-o-late-weights] [--o-after-attention-inputs] [--[no-]o-after-attention-inputs-long]"
                                   " [--carveout PERCENT] [--hold-o] [--hold-gate-up BLOCKS] [--hold-until-attention-end] [--hold-gate-up-from N]"
                                   " [--gate-up-start-delay NS] [--down-start-delay NS] [--qkv-start-delay NS] [--o-start-delay NS]"
-                                  " [--lm-head-start-delay NS] [--[no-]widen-input] [--[no-]claim-rows] [--rows-per-claim N] [--claim-counters N] [--qkv-early] [--gate-up-after-o]"
+                                  " [--lm-head-start-delay NS] [--[no-]widen-input] [--qkv-early] [--gate-up-after-o]"
                                   " [--down-shared]"
                                   " [--down-global-input|--down-staged-input] [--o-global-input]"
                                   " [--rope-after-wait]"
@@ -686,9 +675,6 @@ int main(int argc, char** argv) {
     options.lm_head_start_delay_ns = args.lm_head_delay;
     options.qkv_allows_attention_early = args.qkv_early;
     options.gemv_widen_input = args.widen_input;
-    options.gemv_claim_rows = args.claim_rows;
-    options.gemv_rows_per_claim = args.rows_per_claim;
-    options.gemv_claim_counters = args.claim_counters;
     options.down_second_batch_in_shared = args.down_shared;
     options.gate_up_second_batch_in_shared = args.gate_up_shared;
     options.down_input_from_global = args.down_global_input;
@@ -946,9 +932,6 @@ int main(int argc, char** argv) {
         defaults_but(CudaModelOptions{}.gemv_widen_input ? "QKV, O, gate/up and lm_head widen x in every warp"
                                                           : "QKV, O, gate/up and lm_head stage x widened to fp32",
                      [](CudaModelOptions& o) { o.gemv_widen_input = !o.gemv_widen_input; }),
-        defaults_but(CudaModelOptions{}.gemv_claim_rows ? "gate/up and lm_head rows fixed at launch"
-                                                         : "gate/up and lm_head rows claimed at run time",
-                     [](CudaModelOptions& o) { o.gemv_claim_rows = !o.gemv_claim_rows; }),
         defaults_but("gate/up holds for the attention's inputs signal instead of its pause",
                      [](CudaModelOptions& o) {
                        o.gate_up_start_delay_ns = 0;

@@ -42,21 +42,6 @@ __host__ __device__ constexpr int shared_batch_vectors() {
   return rows_per_unit<Out>() * kBatch * 32;
 }
 
-// DecodeGemvParams::row_claims, at the end of a block: once every warp of the block has
-// made its last claim (or run past the last row), the block retires, and the last block
-// of the grid to retire sets every counter back to zero for the next launch. No claim of
-// this launch can come after that: every warp of every block is done.
-__device__ __forceinline__ void retire_row_claims(GemvRowClaims* claims, int counters) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();  // this block's claims before its retirement
-    if (atomicAdd(&claims->retired, 1) == int(gridDim.x) - 1) {
-      for (int c = 0; c < counters; ++c) atomicExch(&claims->counters[c].next, 0);
-      atomicExch(&claims->retired, 0);
-    }
-  }
-}
-
 // kSecondBatchShared (DecodeGemvParams::second_batch_in_shared): a warp's second batch
 // is also requested before the PDL wait, by cp.async into shared memory, without the
 // registers to hold it. The second batch is the rest of the first row when rows take
@@ -155,25 +140,12 @@ __global__ void __launch_bounds__(kThreads, 3)
     timeline_fold_when_ready(p.timeline, kTimelineWeightsIn, arrived);
   }
 
-  // 3. The rows: dot products against the staged input, then the epilogue. Fixed rows:
-  //    the trip count is the same for every warp of the block (finish_row's barriers
-  //    need that when split > 1). Claimed rows (split 1, no barrier): a warp goes on
-  //    while its claims return rows; the claim for its next chunk of rows is made at the
-  //    start of the chunk it holds, so the answer comes back while those rows' weights do.
-  const bool claims = p.row_claims != nullptr;
-  const int claimed_first = gridDim.x * kWarps;  // with claims: rows below are each warp's first
-  const int counter = blockIdx.x % p.claim_counters;
-  int chunk_end = first + 1;  // with claims: the end of the chunk the warp holds
-  bool claim_due = true;      // with claims: the next chunk is not asked for yet
-  int claim = 0;              // (lane 0) the answer of the claim in flight
+  // 3. The rows: dot products against the staged input, then the epilogue. The trip
+  //    count is the same for every warp of the block (the barriers below need that).
   bool loaded = true;  // the first batch is already in registers
-  int row = first;
-  for (int i = 0; claims ? row < p.N : i < rows_per_warp; ++i) {
+  for (int i = 0; i < rows_per_warp; ++i) {
+    const int row = first + i;
     const bool valid = row < p.N;
-    if (claims && claim_due) {
-      if (lane == 0) claim = atomicAdd(&p.row_claims->counters[counter].next, 1);
-      claim_due = false;
-    }
     // Later rows: their epilogue inputs go out now, and arrive while the row's weights do.
     if (i > 0 && stores && valid) epilogue = load_epilogue_inputs<Out, HasBias>(p, row);
     float acc[2] = {0.0f, 0.0f};
@@ -200,15 +172,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     loaded = false;
     if (i == 0) timeline_fold_when_ready(p.timeline, kTimelineFirstDot, acc[0] + acc[1]);  // (measurement)
     finish_row<Out, HasBias>(p, valid ? row : -1, acc, warp_partial, split, &epilogue);
-    ++row;
-    if (claims && row == chunk_end) {  // the rows held are done: on to the claimed chunk
-      const int chunk = __shfl_sync(0xffffffffu, claim, 0) * p.claim_counters + counter;
-      row = claimed_first + chunk * p.rows_per_claim;
-      chunk_end = row + p.rows_per_claim;
-      claim_due = true;
-    }
   }
-  if (claims) retire_row_claims(p.row_claims, p.claim_counters);
   timeline_mark(p.timeline, kTimelineEnd);
 }
 
@@ -319,21 +283,6 @@ void launch_gemv(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaStream
   const long long wave_warps = (long long)multiprocessor_count() * blocks_per_sm * kWarps;
   // Long rows (K > 2048) are split over 2, 4 or 8 warps while that still fits one wave,
   // unless p.split_warps forces a count (bench_decode_gemv's sweep: none was faster).
-  if (p.row_claims) {
-    // Claimed rows: one wave (fewer blocks when N is small), each warp's first row
-    // fixed, the rest handed out a claim at a time. About two claims per warp by
-    // default: fewer claims on one counter, while the last ones are still small.
-    const long long warps = std::min<long long>(wave_warps, (p.N + kWarps - 1) / kWarps * kWarps);
-    const long long pool = p.N - std::min<long long>(p.N, warps);
-    // No more counters than blocks: every counter's chunks need a block that claims them.
-    const int blocks = int(warps / kWarps);
-    DecodeGemvParams claimed = p;
-    claimed.rows_per_claim =
-        p.rows_per_claim > 0 ? p.rows_per_claim : int(std::max<long long>(1, pool / (2 * warps)));
-    claimed.claim_counters = std::min(p.claim_counters, blocks);
-    launch_kernel(pdl, kernel, dim3(blocks), dim3(kThreads), shared_bytes, stream, claimed, 1, 1);
-    return;
-  }
   int split = 1;
   while (p.K > 2048 && split < kWarps && (long long)p.N * split * 2 <= wave_warps) split *= 2;
   if (p.split_warps > 0) split = p.split_warps;
@@ -526,15 +475,6 @@ void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, 
                                   "kernel, 1 <= count <= " + std::to_string(kMaxResidualPartials) +
                                   " and 16-byte aligned partials; got count=" + std::to_string(rp.count));
     }
-  }
-  if (p.row_claims && (kernel == DecodeGemvKernel::kRegisterPipelined || kernel == DecodeGemvKernel::kBulkStream ||
-                       p.split_warps > 1 || p.second_batch_in_shared || p.rows_per_claim < 0 ||
-                       p.claim_counters < 1 || p.claim_counters > kMaxClaimCounters)) {
-    throw std::invalid_argument(
-        "decode_gemv: row_claims needs the register-loads kernel, split_warps 0 or 1, no second_batch_in_shared, "
-        "rows_per_claim >= 0 and 1 <= claim_counters <= " + std::to_string(kMaxClaimCounters) + "; got split_warps=" +
-        std::to_string(p.split_warps) + " rows_per_claim=" + std::to_string(p.rows_per_claim) + " claim_counters=" +
-        std::to_string(p.claim_counters));
   }
   static const bool have_bulk_copy = weight_stream_supported();
   if (kernel == DecodeGemvKernel::kBulkStream && !have_bulk_copy) {

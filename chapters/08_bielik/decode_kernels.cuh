@@ -127,21 +127,6 @@ struct HoldForSignal {
 };
 constexpr unsigned long long kHoldTimeoutNs = 3000;
 
-/// DecodeGemvParams::row_claims: the counters of rows claimed at run time, in device
-/// memory, zero before a launch (allocate them zeroed); the launch leaves them zero again
-/// (the last block to retire resets them), so one set serves every launch that is
-/// ordered after the one before it (a stream, a graph's chain). Block b claims from
-/// counter b % claim_counters: atomics on one address are served one after another by
-/// its L2 slice, so the claims are spread over several lines (128 bytes apart).
-constexpr int kMaxClaimCounters = 16;
-struct GemvRowClaims {
-  struct alignas(128) Counter {
-    int next = 0;  ///< claims handed out so far in this launch by this counter
-  };
-  Counter counters[kMaxClaimCounters];
-  alignas(128) int retired = 0;  ///< blocks whose warps have made their last claim
-};
-
 /// DecodeGemvParams::timeline: the moments each block stamps (thread 0). The pair of
 /// event e is at 2 e (the first block's, a min) and 2 e + 1 (the last block's, a max).
 enum GemvTimelineEvent {
@@ -214,20 +199,6 @@ struct DecodeGemvParams {
   /// x's bf16s in every warp. The same products in the same order: the same values, bit
   /// for bit. bench_model measures it.
   bool widen_input = false;
-  /// kRegisterLoads, split 1 (split_warps 0 or 1; not with second_batch_in_shared): the
-  /// rows past the first one of each warp are not fixed at launch but claimed at run time,
-  /// a few at a time, from *row_claims (atomicAdd), so a warp that started early (PDL
-  /// starts a block as soon as the SM has room) takes more rows than one that started
-  /// late, and every warp ends within about one row of the others. One wave of blocks,
-  /// each warp's first row fixed (loaded before the PDL wait, as without claims); the
-  /// claims are made after the wait. nullptr: every warp's rows fixed at launch.
-  GemvRowClaims* row_claims = nullptr;
-  /// With row_claims: consecutive rows per claim (0: decode_gemv picks about two claims
-  /// per warp, at least 1 row each).
-  int rows_per_claim = 0;
-  /// With row_claims: the counters the blocks claim from, 1 to kMaxClaimCounters. Counter
-  /// c hands out chunks c, c + claim_counters, c + 2 claim_counters, ...
-  int claim_counters = 8;
   /// Measurement only (bench_model --timeline), register kernels: 2 *
   /// kGemvTimelineEvents values, zeroed min / max pairs (min slots start at ULLONG_MAX),
   /// %globaltimer (ns) over the blocks at each GemvTimelineEvent (thread 0 of each

@@ -113,15 +113,6 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
   if (options_.prefill_chunk < 1) {
     throw std::invalid_argument("prefill_chunk must be >= 1, got " + std::to_string(options_.prefill_chunk));
   }
-  if (options_.gemv_rows_per_claim < 0 || options_.gemv_claim_counters < 1 ||
-      options_.gemv_claim_counters > kMaxClaimCounters ||
-      (options_.gemv_claim_rows && options_.gate_up_second_batch_in_shared)) {
-    throw std::invalid_argument(
-        "gemv_rows_per_claim must be >= 0, gemv_claim_counters 1 to " + std::to_string(kMaxClaimCounters) +
-        ", and gemv_claim_rows cannot go with gate_up_second_batch_in_shared; got " +
-        std::to_string(options_.gemv_rows_per_claim) + ", " + std::to_string(options_.gemv_claim_counters) + ", " +
-        std::to_string(options_.gemv_claim_rows) + ", " + std::to_string(options_.gate_up_second_batch_in_shared));
-  }
   if (!(options_.side_prefetch_gate_up_mb >= 0.0) || !(options_.side_prefetch_down_mb >= 0.0) ||
       options_.side_prefetch_blocks < 1 || (options_.side_prefetch_fork != 0 && options_.side_prefetch_fork != 1) ||
       (options_.side_prefetch_stride_bytes != 32 && options_.side_prefetch_stride_bytes != 64 &&
@@ -241,8 +232,6 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     d_o_partials_ = DeviceBuffer<float>(size_t(v6_fuses_o_ ? H_ : Hkv_) * C_);
     d_o_arrivals_ = DeviceBuffer<unsigned>(kAttentionOMaxClusterSize);
     d_o_arrivals_.fill_bytes(0);  // every launch leaves them at 0 again
-    d_row_claims_ = DeviceBuffer<GemvRowClaims>(layers_.size() + 1);
-    d_row_claims_.fill_bytes(0);  // every launch leaves its counters at 0 again
     d_attention_signals_ = DeviceBuffer<unsigned>(2 * layers_.size());
     d_attention_signals_.fill_bytes(0);  // count 0, tag 0: no step's (tags start at 1)
     if (options_.decode_timeline) {
@@ -719,13 +708,6 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     p.widen_input = options_.gemv_widen_input;
     p.epilogue_inputs_settled = true;
   };
-  // gemv_claim_rows: gate/up of layer l claims from set l, the lm_head from set L.
-  auto claim_rows = [&](DecodeGemvParams& p, size_t pair) {
-    if (!options_.gemv_claim_rows) return;
-    p.row_claims = d_row_claims_.data() + pair;
-    p.rows_per_claim = options_.gemv_rows_per_claim;
-    p.claim_counters = options_.gemv_claim_counters;
-  };
   // decode_timeline: GEMV k of layer l records into slot 4 l + k (the lm_head: 4 L);
   // then the attention of layer l (the v6 and v5 cluster paths only) into attention slot l.
   auto timeline_slot = [&](size_t slot) {
@@ -859,7 +841,6 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     gate_up.hold.first_block = options_.gate_up_hold_first_block;
     gate_up.start_delay_ns = options_.gate_up_start_delay_ns;
     step_gemv_settings(gate_up);
-    claim_rows(gate_up, l);
     if (fused_o) gate_up.residual_partials = ResidualPartials{d_o_partials_.data(), Hkv_};
     const GemvInput gate_up_input = fused_o ? GemvInput::kRmsNormAddPartials : GemvInput::kRmsNorm;
     if (!(skip & kSkipGateUp)) decode_gemv(gate_up_input, GemvOutput::kSwiGLU, gate_up, pdl, s);
@@ -882,7 +863,6 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   head.timeline = timeline_slot(4 * layers_.size());
   head.start_delay_ns = options_.lm_head_start_delay_ns;
   step_gemv_settings(head);
-  claim_rows(head, layers_.size());
   decode_gemv(GemvInput::kRmsNorm, GemvOutput::kF32, head, pdl, s);
   done("lm_head");
   // The argmax overwrites the input token (the next step's input when generating) and

@@ -45,7 +45,6 @@
 
 #include "backend.hpp"
 #include "decode_attention.cuh"
-#include "decode_kernels.cuh"  // GemvRowClaims
 #include "decode_persistent.cuh"
 #include "decode_side_prefetch.cuh"
 #include "device_buffer.cuh"
@@ -107,14 +106,6 @@ struct CudaModelOptions {
   /// rounds: 954 / 955 / 954 tokens/s against 946 x 3 after a 16-token prompt, 856 against
   /// 840 after 2048 tokens. bench_model --widen-input / --no-widen-input.
   bool gemv_widen_input = true;
-  /// gate/up and the lm_head hand their rows out at run time (DecodeGemvParams::
-  /// row_claims): each warp's first row is fixed, the rest are claimed from a counter, so
-  /// the blocks that PDL starts early (gate/up's, while O and the attention still hold
-  /// room on the SMs) take more rows than the late ones, and the kernel's blocks end
-  /// together instead of spread over ~7 us. bench_model --claim-rows [--rows-per-claim N].
-  bool gemv_claim_rows = false;
-  int gemv_rows_per_claim = 0;  ///< with gemv_claim_rows: rows per claim (0: decode_gemv picks)
-  int gemv_claim_counters = 8;  ///< with gemv_claim_rows: counters the claims are spread over (1-16)
   /// The O projection lets gate/up start as soon as it starts itself (DecodeGemvParams::
   /// allow_dependents_early): gate/up's weights then stream during the attention, which
   /// otherwise leaves HBM idle. bench_model measures both.
@@ -492,7 +483,6 @@ class CudaModel final : public Backend {
   DeviceBuffer<float> d_o_partials_;    // (Hkv, C) kClusterWithO: the O projection by kv group; (H, C) with v6_fuses_o
   DeviceBuffer<unsigned> d_o_arrivals_;  // (kAttentionOMaxClusterSize) v6_fuses_o: blocks counted in per row range, zeroed
   bool v6_fuses_o_ = false;              // options_.v6_fuses_o, where the GPU runs it at every cluster size of the step
-  DeviceBuffer<GemvRowClaims> d_row_claims_;   // (L + 1) gemv_claim_rows: gate/up's per layer, then the lm_head's, zeroed
   DeviceBuffer<unsigned> d_attention_signals_;  // (L, 2) v6's inputs signal per layer (count, tag), zeroed
   DeviceBuffer<float> d_logits_;        // (V) fp32, also the prefill's last-row logits
 

@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -218,25 +217,6 @@ TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming t
       refused = std::string(e.what()).find(name) != std::string::npos;
     }
     INFO(name);
-    REQUIRE(refused);
-  }
-  // Row claims: a negative claim size, and claims with gate/up's second batch copied,
-  // no counter or too many.
-  for (int which = 0; which < 4; ++which) {
-    CudaModelOptions options = cuda_options();
-    options.gemv_claim_rows = true;
-    options.gemv_rows_per_claim = which == 0 ? -1 : 0;
-    options.gate_up_second_batch_in_shared = which == 1;
-    options.gemv_claim_counters = which == 2 ? 0 : which == 3 ? kMaxClaimCounters + 1 : 8;
-    bool refused = false;
-    try {
-      CudaModel model(dir, options);
-    } catch (const std::invalid_argument& e) {
-      INFO(e.what());
-      const char* name = which == 0 ? "gemv_rows_per_claim" : which == 1 ? "gemv_claim_rows" : "gemv_claim_counters";
-      refused = std::string(e.what()).find(name) != std::string::npos;
-    }
-    INFO("row claims option " << which);
     REQUIRE(refused);
   }
   // The side branch's options: sizes, blocks, fork point, stride.
@@ -509,21 +489,11 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       options.hold_until_attention_end = true;
       options.v6_handover = V6Handover::kPull;
       runs.push_back(run(options));
-      // Nor do gate/up's and the lm_head's rows claimed at run time (each row is one
-      // warp's dot product either way), in a graph and eagerly, 1 row a claim and the
-      // automatic size.
-      for (bool graph : {true, false}) {
-        options = cuda_options(0, 1024, graph, true);
-        options.gemv_claim_rows = true;
-        options.gemv_rows_per_claim = graph ? 1 : 0;
-        options.gemv_claim_counters = graph ? 3 : 8;
-        runs.push_back(run(options));
-      }
     }
     // The same kernels in the same order: bit for bit the same logits.
     for (size_t i = 1; i < runs.size(); ++i) {
       INFO(spec.name << " run " << i
-                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early; then the input widened or not; then O after the attention's inputs; then carveouts 0 (graph) and 100 (eager); then O and gate/up held, gate/up blocks 1-2 held, no hold and no pause, 500 ns pauses, then gate/up held to the pulled attention's end; then rows claimed, graph and eager)");
+                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early; then the input widened or not; then O after the attention's inputs; then carveouts 0 (graph) and 100 (eager); then O and gate/up held, gate/up blocks 1-2 held, no hold and no pause, 500 ns pauses, then gate/up held to the pulled attention's end)");
       REQUIRE(runs[i] == runs[0]);
     }
     // The side branch that asks L2 for gate/up's and down's last rows changes no value:
@@ -769,52 +739,15 @@ TEST_CASE("CUDA model: context overflow throws before touching the cache", "[ch0
   REQUIRE_THROWS_AS(CudaModel(dir, negative), std::invalid_argument);
 }
 
-// One decode_gemv shape of the tests below.
-struct GemvCase {
-  GemvInput input;
-  GemvOutput output;
-  int N, K;
-  bool bias;
-};
-
-// decode_gemv's result on the CPU: the same roundings as the kernel's contract (the
-// normalized input and each projection rounded to bf16 where the kernel stores bf16),
-// fp64 sums. W is (N, K), or (2N, K) for kSwiGLU; residual (N) for kResidualAdd.
-std::vector<float> decode_gemv_reference(const GemvCase& c, const std::vector<uint16_t>& x,
-                                         const std::vector<uint16_t>& W, const std::vector<uint16_t>& bias,
-                                         const std::vector<uint16_t>& norm, const std::vector<uint16_t>& residual) {
-  std::vector<float> input(c.K);
-  double sum_squares = 0;
-  for (int k = 0; k < c.K; ++k) sum_squares += double(bf16_bits_to_float(x[k])) * bf16_bits_to_float(x[k]);
-  const double inverse_rms = 1.0 / std::sqrt(sum_squares / c.K + 1e-6);
-  for (int k = 0; k < c.K; ++k) {
-    input[k] = c.input == GemvInput::kRmsNorm
-                   ? round_to_bf16(float(bf16_bits_to_float(x[k]) * inverse_rms * bf16_bits_to_float(norm[k])))
-                   : bf16_bits_to_float(x[k]);
-  }
-  auto dot = [&](int row) {
-    double acc = 0;
-    for (int k = 0; k < c.K; ++k) acc += double(bf16_bits_to_float(W[size_t(row) * c.K + k])) * input[k];
-    return acc + (c.bias ? bf16_bits_to_float(bias[row]) : 0.0);
-  };
-  std::vector<float> expected(c.N);
-  for (int n = 0; n < c.N; ++n) {
-    if (c.output == GemvOutput::kSwiGLU) {
-      const float g = round_to_bf16(float(dot(n))), u = round_to_bf16(float(dot(c.N + n)));
-      expected[n] = g / (1.0f + std::exp(-g)) * u;
-    } else if (c.output == GemvOutput::kResidualAdd) {
-      expected[n] = bf16_bits_to_float(residual[n]) + round_to_bf16(float(dot(n)));
-    } else {
-      expected[n] = float(dot(n));
-    }
-  }
-  return expected;
-}
-
 TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][kernels]") {
   const uint64_t seed = fresh_seed();
   INFO("seed " << seed);
-  using Case = GemvCase;
+  struct Case {
+    GemvInput input;
+    GemvOutput output;
+    int N, K;
+    bool bias;
+  };
   const Case cases[] = {
       {GemvInput::kRmsNorm, GemvOutput::kBf16, 2048, 1536, true},       // Bielik QKV
       {GemvInput::kPlain, GemvOutput::kResidualAdd, 1536, 1536, true},  // O
@@ -862,7 +795,32 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
       for (auto& v : norm) v = float_to_bf16_bits(1.0f + bf16_bits_to_float(v));
       const std::vector<uint16_t> residual = random_bf16(c.N, ++case_seed, 1.0f);
 
-      const std::vector<float> expected = decode_gemv_reference(c, x, W, bias, norm, residual);
+      // Reference: the same roundings as the kernel's contract, fp64 sums.
+      std::vector<float> input(c.K);
+      double sum_squares = 0;
+      for (int k = 0; k < c.K; ++k) sum_squares += double(bf16_bits_to_float(x[k])) * bf16_bits_to_float(x[k]);
+      const double inverse_rms = 1.0 / std::sqrt(sum_squares / c.K + 1e-6);
+      for (int k = 0; k < c.K; ++k) {
+        input[k] = c.input == GemvInput::kRmsNorm
+                       ? round_to_bf16(float(bf16_bits_to_float(x[k]) * inverse_rms * bf16_bits_to_float(norm[k])))
+                       : bf16_bits_to_float(x[k]);
+      }
+      auto dot = [&](int row) {
+        double acc = 0;
+        for (int k = 0; k < c.K; ++k) acc += double(bf16_bits_to_float(W[size_t(row) * c.K + k])) * input[k];
+        return acc + (c.bias ? bf16_bits_to_float(bias[row]) : 0.0);
+      };
+      std::vector<float> expected(c.N);
+      for (int n = 0; n < c.N; ++n) {
+        if (c.output == GemvOutput::kSwiGLU) {
+          const float g = round_to_bf16(float(dot(n))), u = round_to_bf16(float(dot(c.N + n)));
+          expected[n] = g / (1.0f + std::exp(-g)) * u;
+        } else if (c.output == GemvOutput::kResidualAdd) {
+          expected[n] = bf16_bits_to_float(residual[n]) + round_to_bf16(float(dot(n)));
+        } else {
+          expected[n] = float(dot(n));
+        }
+      }
 
       DeviceBuffer<uint16_t> d_x(x), d_W(W), d_bias(bias), d_norm(norm);
       DeviceBuffer<uint16_t> d_y16(size_t(c.N));
@@ -920,145 +878,6 @@ TEST_CASE("decode_gemv refuses a split it cannot run", "[ch08][gpu][kernels]") {
     p.split_warps = split;
     REQUIRE_THROWS_AS(decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false), std::invalid_argument);
   }
-}
-
-TEST_CASE("decode_gemv: rows claimed at run time give the fixed rows' values, and the claims reset",
-          "[ch08][gpu][kernels]") {
-  const uint64_t seed = fresh_seed();
-  INFO("seed " << seed);
-  const GemvCase cases[] = {
-      {GemvInput::kRmsNorm, GemvOutput::kSwiGLU, 8960, 1536, true},  // Bielik's gate/up: 5792 rows claimed
-      {GemvInput::kRmsNorm, GemvOutput::kF32, 32000, 1536, false},   // the lm_head: 28832 claimed
-      {GemvInput::kRmsNorm, GemvOutput::kSwiGLU, 4001, 1000, true},  // odd sizes, 833 claimed
-      {GemvInput::kPlain, GemvOutput::kF32, 5003, 200, true},
-      {GemvInput::kPlain, GemvOutput::kResidualAdd, 300, 8968, false},  // no row to claim: one a warp
-      {GemvInput::kPlain, GemvOutput::kBf16, 7, 8, true},               // fewer rows than a block's warps
-  };
-  uint64_t case_seed = seed;
-  DeviceBuffer<GemvRowClaims> claims(size_t(1));
-  claims.fill_bytes(0);
-  for (const GemvCase& c : cases) {
-    const int rows = c.output == GemvOutput::kSwiGLU ? 2 * c.N : c.N;
-    const std::vector<uint16_t> x = random_bf16(c.K, ++case_seed, 2.0f);
-    const std::vector<uint16_t> W = random_bf16(size_t(rows) * c.K, ++case_seed, 1.0f / std::sqrt(float(c.K)));
-    const std::vector<uint16_t> bias = random_bf16(rows, ++case_seed, 0.5f);
-    std::vector<uint16_t> norm = random_bf16(c.K, ++case_seed, 0.2f);
-    for (auto& v : norm) v = float_to_bf16_bits(1.0f + bf16_bits_to_float(v));
-    const std::vector<uint16_t> residual = random_bf16(c.N, ++case_seed, 1.0f);
-    const std::vector<float> expected = decode_gemv_reference(c, x, W, bias, norm, residual);
-    DeviceBuffer<uint16_t> d_x(x), d_W(W), d_bias(bias), d_norm(norm);
-    const bool f32 = c.output == GemvOutput::kF32;
-    // Three outputs, so that three launches can run back to back: poisoned, or the
-    // residual the launch adds to.
-    std::vector<DeviceBuffer<uint16_t>> y16;
-    std::vector<DeviceBuffer<float>> y32;
-    for (int i = 0; i < 3; ++i) {
-      y16.emplace_back(size_t(c.N));
-      y32.emplace_back(size_t(c.N));
-    }
-    auto reset_outputs = [&] {
-      for (int i = 0; i < 3; ++i) {
-        if (c.output == GemvOutput::kResidualAdd) {
-          y16[i].copy_from_host(residual);
-        } else {
-          y16[i].fill_bytes(0xFF);
-          y32[i].fill_bytes(0xFF);
-        }
-      }
-    };
-    auto params = [&](int output, bool widen, bool with_claims, int rows_per_claim, int counters) {
-      DecodeGemvParams p{};
-      p.y = f32 ? static_cast<void*>(y32[output].data()) : static_cast<void*>(y16[output].data());
-      p.x = reinterpret_cast<const __nv_bfloat16*>(d_x.data());
-      p.norm_weight = reinterpret_cast<const __nv_bfloat16*>(d_norm.data());
-      p.W = reinterpret_cast<const __nv_bfloat16*>(d_W.data());
-      p.bias = c.bias ? reinterpret_cast<const __nv_bfloat16*>(d_bias.data()) : nullptr;
-      p.N = c.N;
-      p.K = c.K;
-      p.eps = 1e-6f;
-      p.stream_evict_first = true;
-      p.widen_input = widen;
-      p.split_warps = 1;  // the fixed rows' form computes each row as the claimed form does
-      if (with_claims) {
-        p.row_claims = claims.data();
-        p.rows_per_claim = rows_per_claim;
-        p.claim_counters = counters;
-      }
-      return p;
-    };
-    auto output_bits = [&](int i) {
-      if (!f32) return y16[i].to_host();
-      const std::vector<float> v = y32[i].to_host();
-      std::vector<uint16_t> bits(2 * v.size());
-      std::memcpy(bits.data(), v.data(), v.size() * sizeof(float));
-      return bits;
-    };
-    for (bool widen : {false, true}) {
-      // The fixed rows, checked against the CPU: the reference for the claimed forms.
-      reset_outputs();
-      decode_gemv(c.input, c.output, params(0, widen, false, 0, 1), false);
-      CUDA_CHECK(cudaDeviceSynchronize());
-      INFO("N=" << c.N << " K=" << c.K << " output " << int(c.output) << " widened " << widen);
-      CompareResult r = f32 ? compare("decode_gemv f32", y32[0].to_host(), expected, 1e-3)
-                            : compare_bf16("decode_gemv bf16", y16[0].to_host(), expected, tolerance::kBf16Output);
-      INFO(r.report);
-      REQUIRE(r.passed);
-      const std::vector<uint16_t> fixed = output_bits(0);
-      // Claimed rows, (rows a claim, counters): the automatic size from 8 counters (the
-      // default), 1 row from 1 counter, 3 rows from 16 (more counters than the small
-      // cases' blocks), 1 row from 5; three launches back to back on one set of
-      // counters, with PDL and without, so each launch must find the counters its
-      // predecessor reset.
-      for (auto [rows_per_claim, counters] : {std::pair{0, 8}, {1, 1}, {3, kMaxClaimCounters}, {1, 5}}) {
-        for (bool pdl : {true, false}) {
-          INFO("rows per claim " << rows_per_claim << " counters " << counters << " pdl " << pdl);
-          reset_outputs();
-          for (int i = 0; i < 3; ++i) {
-            decode_gemv(c.input, c.output, params(i, widen, true, rows_per_claim, counters), pdl);
-          }
-          CUDA_CHECK(cudaDeviceSynchronize());
-          for (int i = 0; i < 3; ++i) {
-            INFO("launch " << i);
-            REQUIRE(output_bits(i) == fixed);
-          }
-          const GemvRowClaims left = claims.to_host()[0];
-          for (const GemvRowClaims::Counter& counter : left.counters) REQUIRE(counter.next == 0);
-          REQUIRE(left.retired == 0);
-        }
-      }
-    }
-  }
-  // What the claimed form cannot run is refused: the other kernels, rows split over
-  // warps, the second batch copied to shared memory, a negative claim size.
-  DecodeGemvParams p{};
-  DeviceBuffer<uint16_t> x(64), W(2 * 64 * 64), y(64);
-  p.y = y.data();
-  p.x = reinterpret_cast<const __nv_bfloat16*>(x.data());
-  p.W = reinterpret_cast<const __nv_bfloat16*>(W.data());
-  p.N = 64;
-  p.K = 64;
-  p.row_claims = claims.data();
-  REQUIRE_THROWS_AS(decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false, 0, DecodeGemvKernel::kRegisterPipelined),
-                    std::invalid_argument);
-  if (weight_stream_supported()) {
-    REQUIRE_THROWS_AS(decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false, 0, DecodeGemvKernel::kBulkStream),
-                      std::invalid_argument);
-  }
-  p.split_warps = 2;
-  REQUIRE_THROWS_AS(decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false), std::invalid_argument);
-  p.split_warps = 0;
-  p.second_batch_in_shared = true;
-  REQUIRE_THROWS_AS(decode_gemv(GemvInput::kPlain, GemvOutput::kSwiGLU, p, false), std::invalid_argument);
-  p.second_batch_in_shared = false;
-  p.rows_per_claim = -1;
-  REQUIRE_THROWS_AS(decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false), std::invalid_argument);
-  p.rows_per_claim = 0;
-  for (int counters : {0, kMaxClaimCounters + 1}) {
-    p.claim_counters = counters;
-    REQUIRE_THROWS_AS(decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false), std::invalid_argument);
-  }
-  CUDA_CHECK(cudaDeviceSynchronize());
-  REQUIRE(claims.to_host()[0].counters[0].next == 0);  // nothing ran
 }
 
 TEST_CASE("decode_gemv kAttentionMerge: the O projection of the merged attention splits", "[ch08][gpu][kernels]") {
