@@ -93,8 +93,7 @@ int main() {
     const bool big = shape.output == GemvOutput::kSwiGLU || in_place;
     // The arguments of one launch on weight copy `copy`.
     auto gemv_params = [&](int copy, bool evict_first, int split, bool second_batch_in_shared,
-                           bool input_from_global, int start_delay_ns, bool widen_input = false,
-                           int long_row_batch = 0) {
+                           bool input_from_global, int start_delay_ns, bool widen_input = false) {
       DecodeGemvParams p{};
       p.y = y.data();
       p.x = x.data();
@@ -114,16 +113,15 @@ int main() {
       p.input_from_global = input_from_global;
       p.start_delay_ns = start_delay_ns;
       p.widen_input = widen_input;
-      p.long_row_batch = long_row_batch;
       return p;
     };
     // One row: `label`, the chain timed from the host and as a graph, and alone when asked.
     auto add_row = [&](const std::string& label, DecodeGemvKernel kernel, bool evict_first, int split,
                        bool time_alone, bool second_batch_in_shared = false, bool input_from_global = false,
-                       int start_delay_ns = 0, bool widen_input = false, int long_row_batch = 0) {
+                       int start_delay_ns = 0, bool widen_input = false) {
       auto params = [&](int copy) {
         return gemv_params(copy, evict_first, split, second_batch_in_shared, input_from_global, start_delay_ns,
-                           widen_input, long_row_batch);
+                           widen_input);
       };
       std::string alone_us, alone_pct;
       if (time_alone) {
@@ -170,22 +168,6 @@ int main() {
         add_row(std::string("register loads, evict-first") + (in_place ? ", input in place" : "") + ", " +
                     std::to_string(pause_ns) + " ns pause at each block's start",
                 kernel, true, 0, pause_ns == 300, false, in_place, pause_ns);
-      }
-      // Down's rows in batches of 12 or 18 loads a lane instead of 9 (DecodeGemvParams::
-      // long_row_batch): more of each row requested before the PDL wait; 18 is the whole
-      // share. Input read in place and staged (the model's; with 9 too), with the model's
-      // pause and with the barrier alone.
-      if (in_place) {
-        for (int batch : {9, 12, 18}) {
-          for (bool staged : {false, true}) {
-            if (batch == 9 && !staged) continue;  // the pause rows above
-            for (int pause_ns : {1, 300}) {
-              add_row(std::string("register loads, evict-first, ") + (staged ? "input staged" : "input in place") +
-                          ", " + std::to_string(pause_ns) + " ns pause, batches of " + std::to_string(batch),
-                      kernel, true, 0, false, false, !staged, pause_ns, false, batch);
-            }
-          }
-        }
       }
       // The input staged widened to fp32 as well (DecodeGemvParams::widen_input; the
       // model's QKV, O, gate/up and lm_head; down's form ignores it).

@@ -88,7 +88,6 @@ struct Args {
   bool down_shared = CudaModelOptions{}.down_second_batch_in_shared;
   bool gate_up_shared = CudaModelOptions{}.gate_up_second_batch_in_shared;
   bool down_global_input = CudaModelOptions{}.down_input_from_global;
-  int down_batch = CudaModelOptions{}.down_batch_loads;  ///< --down-batch N
   bool o_global_input = CudaModelOptions{}.o_input_from_global;
   bool rope_after_wait = CudaModelOptions{}.qkv_rope_inputs_after_wait;
   int small_blocks = CudaModelOptions{}.small_gemv_blocks_per_sm;
@@ -194,8 +193,6 @@ Args parse(int argc, char** argv) {
       a.widen_input = true;
     } else if (flag == "--no-widen-input") {
       a.widen_input = false;
-    } else if (flag == "--down-batch") {
-      a.down_batch = std::stoi(value());
     } else if (flag == "--long-min-keys") {
       a.long_min_keys = std::stoi(value());
     } else if (flag == "--long-splits") {
@@ -272,7 +269,7 @@ Args parse(int argc, char** argv) {
                                   " [--carveout PERCENT] [--hold-o] [--hold-gate-up BLOCKS] [--hold-until-attention-end] [--hold-gate-up-from N]"
                                   " [--gate-up-start-delay NS] [--down-start-delay NS] [--qkv-start-delay NS] [--o-start-delay NS]"
                                   " [--lm-head-start-delay NS] [--[no-]widen-input] [--qkv-early] [--gate-up-after-o]"
-                                  " [--down-shared] [--down-batch 9|12|18]"
+                                  " [--down-shared]"
                                   " [--down-global-input|--down-staged-input] [--o-global-input]"
                                   " [--rope-after-wait]"
                                   " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N]"
@@ -681,7 +678,6 @@ int main(int argc, char** argv) {
     options.down_second_batch_in_shared = args.down_shared;
     options.gate_up_second_batch_in_shared = args.gate_up_shared;
     options.down_input_from_global = args.down_global_input;
-    options.down_batch_loads = args.down_batch;
     options.o_input_from_global = args.o_global_input;
     options.qkv_rope_inputs_after_wait = args.rope_after_wait;
     options.small_gemv_blocks_per_sm = args.small_blocks;

@@ -18,7 +18,6 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
-#include <type_traits>
 #include <utility>
 
 #include "cuda_check.cuh"
@@ -323,27 +322,10 @@ void launch_gemv_bias(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaS
       }
       launch_gemv<In, Out, kBias, 6>(p, pipelined, pdl, stream);
     } else if (long_row) {
-      // The down projection's form may copy its second batch into shared memory, and may
-      // load 12 or 18 chunks a lane in its first batch (DecodeGemvParams::long_row_batch).
+      // The down projection's form may copy its second batch into shared memory.
       if constexpr (Out == GemvOutput::kResidualAdd && In == GemvInput::kPlain) {
         if (p.second_batch_in_shared && !pipelined) {
           launch_gemv<In, Out, kBias, 9, true>(p, pipelined, pdl, stream);
-          return;
-        }
-        if (!pipelined && (p.long_row_batch == 12 || p.long_row_batch == 18)) {
-          auto launch_batch = [&](auto batch) {
-            constexpr int kLongBatch = decltype(batch)::value;
-            if (p.input_from_global) {
-              launch_gemv<In, Out, kBias, kLongBatch, false, true>(p, pipelined, pdl, stream);
-            } else {
-              launch_gemv<In, Out, kBias, kLongBatch>(p, pipelined, pdl, stream);
-            }
-          };
-          if (p.long_row_batch == 12) {
-            launch_batch(std::integral_constant<int, 12>{});
-          } else {
-            launch_batch(std::integral_constant<int, 18>{});
-          }
           return;
         }
         if (p.input_from_global && !pipelined) {
@@ -447,10 +429,6 @@ void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, 
     throw std::invalid_argument("decode_gemv: needs 0 < K <= " + std::to_string(kMaxK) +
                                 ", K % 8 == 0, N > 0 and 16-byte aligned x, W (and norm weight); got N=" +
                                 std::to_string(p.N) + " K=" + std::to_string(p.K));
-  }
-  if (p.long_row_batch != 0 && p.long_row_batch != 9 && p.long_row_batch != 12 && p.long_row_batch != 18) {
-    throw std::invalid_argument("decode_gemv: long_row_batch must be 0 (9), 9, 12 or 18; got " +
-                                std::to_string(p.long_row_batch));
   }
   if (p.split_warps != 0 && p.split_warps != 1 && p.split_warps != 2 && p.split_warps != 4 && p.split_warps != 8) {
     throw std::invalid_argument("decode_gemv: split_warps must be 0 (automatic), 1, 2, 4 or 8; got " +

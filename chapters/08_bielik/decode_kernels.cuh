@@ -185,13 +185,6 @@ struct DecodeGemvParams {
   /// bytes are requested before the wait, instead of after the first batch has arrived.
   /// bench_decode_gemv and bench_model measure it.
   bool second_batch_in_shared = false;
-  /// kRegisterLoads, the down projection's form (kPlain -> kResidualAdd, K > 2048, staged
-  /// or read in place): 16-byte loads a lane in each batch, 9 (0: the default), 12 or
-  /// 18. Down's rows are split over 2 warps, 17.5 chunks a lane: 9 loads the first half
-  /// before the PDL wait and the rest after it; 12 loads 69% before; 18 the whole share,
-  /// so a warp makes one trip to HBM (past 12 the registers spill: ptxas -v, 100 bytes
-  /// at 16, 256 at 18). bench_decode_gemv and bench_model measure them.
-  int long_row_batch = 0;
   /// kRegisterLoads, the O and down projections' form (kPlain -> kResidualAdd) only:
   /// no block stages the input vector in shared memory; each lane loads the x chunks its
   /// weight chunks meet straight from global memory (through L1, which the block's warps

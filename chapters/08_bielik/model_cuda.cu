@@ -113,10 +113,6 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
   if (options_.prefill_chunk < 1) {
     throw std::invalid_argument("prefill_chunk must be >= 1, got " + std::to_string(options_.prefill_chunk));
   }
-  if (options_.down_batch_loads != 9 && options_.down_batch_loads != 12 && options_.down_batch_loads != 18) {
-    throw std::invalid_argument("down_batch_loads must be 9, 12 or 18; got " +
-                                std::to_string(options_.down_batch_loads));
-  }
   if (!(options_.side_prefetch_gate_up_mb >= 0.0) || !(options_.side_prefetch_down_mb >= 0.0) ||
       options_.side_prefetch_blocks < 1 || (options_.side_prefetch_fork != 0 && options_.side_prefetch_fork != 1) ||
       (options_.side_prefetch_stride_bytes != 32 && options_.side_prefetch_stride_bytes != 64 &&
@@ -853,7 +849,6 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     down.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
     down.second_batch_in_shared = options_.down_second_batch_in_shared;
     down.input_from_global = options_.down_input_from_global;
-    down.long_row_batch = options_.down_batch_loads;
     down.timeline = timeline_slot(4 * l + 3);
     down.start_delay_ns = options_.down_start_delay_ns;
     step_gemv_settings(down);

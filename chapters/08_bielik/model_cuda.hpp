@@ -130,9 +130,6 @@ struct CudaModelOptions {
   /// turned (2026-12-01, three interleaved A/B pairs): staged 931-932 against 913-914
   /// tokens/s, and 812 against 785 after a 2048-token prompt. Off; bench_model measures both.
   bool down_input_from_global = false;
-  /// Loads a lane in each batch of down's rows (DecodeGemvParams::long_row_batch): 9, 12
-  /// or 18 (the whole share of a row before the PDL wait). bench_model --down-batch N.
-  int down_batch_loads = 9;
   /// The same for the O projection (its input: the attention output, 1536 values), when
   /// the attention is its own kernel (kCluster, kSplitCombine). Faster alone (1.93
   /// against 2.42 us in a graph) but slower in the step (845-862 against 866-888

@@ -219,20 +219,6 @@ TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming t
     INFO(name);
     REQUIRE(refused);
   }
-  // Down's batch: 9, 12 or 18 loads a lane.
-  for (int batch : {0, 10}) {
-    CudaModelOptions options = cuda_options();
-    options.down_batch_loads = batch;
-    bool refused = false;
-    try {
-      CudaModel model(dir, options);
-    } catch (const std::invalid_argument& e) {
-      INFO(e.what());
-      refused = std::string(e.what()).find("down_batch_loads") != std::string::npos;
-    }
-    INFO("down_batch_loads " << batch);
-    REQUIRE(refused);
-  }
   // The side branch's options: sizes, blocks, fork point, stride.
   for (int which = 0; which < 5; ++which) {
     CudaModelOptions options = cuda_options();
@@ -503,18 +489,11 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       options.hold_until_attention_end = true;
       options.v6_handover = V6Handover::kPull;
       runs.push_back(run(options));
-      // Nor do down's batches of 12 and 18 loads a lane (the same products in the same
-      // order), in a graph and eagerly.
-      for (int batch : {12, 18}) {
-        options = cuda_options(0, 1024, batch == 12, true);
-        options.down_batch_loads = batch;
-        runs.push_back(run(options));
-      }
     }
     // The same kernels in the same order: bit for bit the same logits.
     for (size_t i = 1; i < runs.size(); ++i) {
       INFO(spec.name << " run " << i
-                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early; then the input widened or not; then O after the attention's inputs; then carveouts 0 (graph) and 100 (eager); then O and gate/up held, gate/up blocks 1-2 held, no hold and no pause, 500 ns pauses, then gate/up held to the pulled attention's end; then down's batches of 12 (graph) and 18 (eager))");
+                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early; then the input widened or not; then O after the attention's inputs; then carveouts 0 (graph) and 100 (eager); then O and gate/up held, gate/up blocks 1-2 held, no hold and no pause, 500 ns pauses, then gate/up held to the pulled attention's end)");
       REQUIRE(runs[i] == runs[0]);
     }
     // The side branch that asks L2 for gate/up's and down's last rows changes no value:
@@ -791,31 +770,23 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
     // the input read in place (down's form takes it), each with PDL and the automatic
     // split, and without PDL and a split of 1 (down: more chunks per lane than two
     // batches hold).
-    // Then the register kernel without and with PDL again, with the input widened
+    // Last, the register kernel without and with PDL again, with the input widened
     // (QKV's, gate/up's, O's and the lm_head's forms take it, the others ignore it).
-    // Last, down's batches of 12 and 18 loads a lane (long_row_batch; the other forms
-    // ignore it): 12 staged with PDL, 12 read in place without, 18 read in place with
-    // PDL, 18 staged without (a split of 1 without PDL: two batches of 18 a lane).
     const int plain_variants = 2 * int(kernels.size());
-    for (int index = 0; index < plain_variants + 10; ++index) {
-      const int long_batch_variant = index - (plain_variants + 6);  // 0..3, or negative
-      const int long_row_batch = long_batch_variant < 0 ? 0 : long_batch_variant < 2 ? 12 : 18;
-      const bool widen_input = index >= plain_variants + 4 && long_row_batch == 0;
+    for (int index = 0; index < plain_variants + 6; ++index) {
+      const bool widen_input = index >= plain_variants + 4;
       const int variant = widen_input ? index - plain_variants - 4 : index;  // widened: as variants 0 and 1
       const bool second_batch_in_shared = variant == plain_variants || variant == plain_variants + 1;
-      const bool input_from_global = long_row_batch ? long_batch_variant == 1 || long_batch_variant == 2
-                                                    : variant >= plain_variants + 2;
-      const bool register_option = second_batch_in_shared || input_from_global || long_row_batch;
-      const bool pdl = long_row_batch                ? long_batch_variant == 0 || long_batch_variant == 2
-                       : register_option ? (variant - plain_variants) % 2 == 0
-                                         : variant % 2 == 1;
+      const bool input_from_global = variant >= plain_variants + 2;
+      const bool register_option = second_batch_in_shared || input_from_global;
+      const bool pdl = register_option ? (variant - plain_variants) % 2 == 0 : variant % 2 == 1;
       const DecodeGemvKernel kernel = register_option ? DecodeGemvKernel::kRegisterLoads : kernels[variant / 2];
       INFO("N=" << c.N << " K=" << c.K << " output " << int(c.output) << " pdl " << pdl << " kernel "
                 << (kernel == DecodeGemvKernel::kBulkStream       ? "bulk stream"
                     : kernel == DecodeGemvKernel::kRegisterLoads ? "register loads"
                                                                  : "register pipelined")
                 << " second batch in shared " << second_batch_in_shared << " input read in place "
-                << input_from_global << " input widened " << widen_input << " long-row batch " << long_row_batch);
+                << input_from_global << " input widened " << widen_input);
       const int rows = c.output == GemvOutput::kSwiGLU ? 2 * c.N : c.N;
       const std::vector<uint16_t> x = random_bf16(c.K, ++case_seed, 2.0f);
       const std::vector<uint16_t> W = random_bf16(size_t(rows) * c.K, ++case_seed, 1.0f / std::sqrt(float(c.K)));
@@ -883,7 +854,6 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
         p.second_batch_in_shared = second_batch_in_shared;
         p.input_from_global = input_from_global;
         p.split_warps = pdl ? 0 : 1;
-        p.long_row_batch = long_row_batch;
       }
       decode_gemv(c.input, c.output, p, pdl, 0, kernel);
       CUDA_CHECK(cudaDeviceSynchronize());
@@ -896,7 +866,7 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
   }
 }
 
-TEST_CASE("decode_gemv refuses a split or a long-row batch it cannot run", "[ch08][gpu][kernels]") {
+TEST_CASE("decode_gemv refuses a split it cannot run", "[ch08][gpu][kernels]") {
   DeviceBuffer<uint16_t> x(64), W(64 * 64), y(64);
   DecodeGemvParams p{};
   p.y = y.data();
@@ -906,11 +876,6 @@ TEST_CASE("decode_gemv refuses a split or a long-row batch it cannot run", "[ch0
   p.K = 64;
   for (int split : {-1, 3, 16}) {
     p.split_warps = split;
-    REQUIRE_THROWS_AS(decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false), std::invalid_argument);
-  }
-  p.split_warps = 0;
-  for (int batch : {-1, 10, 16}) {
-    p.long_row_batch = batch;
     REQUIRE_THROWS_AS(decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false), std::invalid_argument);
   }
 }
