@@ -16,7 +16,7 @@
 
 namespace bielik {
 
-/// Path of a golden case written by golden/gen_<chapter>.py, e.g.
+/// Path of a golden case written by `golden/gen_<chapter>.py`, e.g.
 /// golden_path("01_embedding", "odd_table.npy"). The directory is baked in by CMake.
 inline std::string golden_path(const std::string& chapter, const std::string& file) {
   return std::string(BIELIK_GOLDEN_DIR) + "/" + chapter + "/" + file;

@@ -13,8 +13,8 @@
 namespace bielik {
 
 /// Turns the run-time question "is there a bias?" into a compile-time one, once, at the
-/// launch: `f` receives std::true_type or std::false_type, and passes
-/// `decltype(flag)::value` on as the kernel's HasBias template argument. This is the
+/// launch: `f` receives std::true_type or std::false_type, whose value, a constant
+/// expression, it passes on as the kernel's HasBias template argument. This is the
 /// C++ form of a Triton `tl.constexpr` argument: two kernels are compiled, and the
 /// one without bias has no bias load, no add and no branch.
 template <typename F>

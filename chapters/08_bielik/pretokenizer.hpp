@@ -41,7 +41,9 @@ struct Piece {
 };
 
 /// GPT-2's split, written out by hand instead of with a regex engine:
+/// \verbatim
 ///   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+/// \endverbatim
 /// `text` must be valid UTF-8. Concatenating the result gives back `text`.
 std::vector<std::string> split_gpt2(const std::string& text);
 
