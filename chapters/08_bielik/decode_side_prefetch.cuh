@@ -26,7 +26,7 @@
 namespace bielik {
 
 /// Contiguous bytes to ask L2 for. begin 16-byte aligned and bytes a multiple of 16 for
-/// the bulk form; the per-line form takes any range.
+/// the bulk and load forms; the per-line form takes any range.
 struct L2PrefetchRange {
   const void* begin = nullptr;
   size_t bytes = 0;
@@ -57,7 +57,8 @@ struct L2PrefetchPlan {
 constexpr size_t kL2BulkPrefetchChunk = 16384;
 
 /// Launches the prefetching kernel on `stream` (`blocks` blocks of 256 threads). Nothing
-/// is written; the kernel ends once its requests are issued. Throws
+/// is written but the load form's optional checksum; the kernel ends once its requests
+/// are issued (the load form: once its loads have arrived). Throws
 /// std::invalid_argument for a bad plan (a null or, in the bulk and load forms, misaligned range;
 /// a stride other than 32, 64 or 128).
 void l2_prefetch(const L2PrefetchPlan& plan, int blocks, cudaStream_t stream);

@@ -242,8 +242,8 @@ struct CudaModelOptions {
   /// with side_prefetch_fork = 1, and rejoins after the argmax, so no kernel of the chain
   /// waits for it). 0: off. side_prefetch_form: prefetch.global.L2 a line, cp.async.bulk.
   /// prefetch.L2 in 16 KB requests, or loads whose values are dropped; side_prefetch_blocks: the
-  /// kernel's blocks of 256 threads. Decode graphs only (not the probed or eager steps'
-  /// per-kernel timings). bench_model --side-prefetch GATE_UP_MB[,DOWN_MB],
+  /// kernel's blocks of 256 threads. In every decode step, in a graph or eager, except
+  /// the probed step (its per-kernel timings). bench_model --side-prefetch GATE_UP_MB[,DOWN_MB],
   /// --side-prefetch-form lines|bulk|loads, --side-prefetch-blocks N, --side-prefetch-stride BYTES,
   /// --side-prefetch-after-qkv.
   double side_prefetch_gate_up_mb = 0.0;
