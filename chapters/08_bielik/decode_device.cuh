@@ -272,7 +272,11 @@ __device__ __forceinline__ void store_output_loaded(const DecodeGemvParams& p, i
   } else if constexpr (Out == GemvOutput::kSwiGLU) {
     const float gate = round_bf16(acc[0] + in.bias[0]);  // the values an unfused GEMM would store
     const float up = round_bf16(acc[1] + in.bias[1]);
-    static_cast<__nv_bfloat16*>(p.y)[n] = __float2bfloat16(silu(gate) * up);
+    const __nv_bfloat16 out = __float2bfloat16(silu(gate) * up);
+    // A NaN stays a NaN, but never kUnwrittenBf16, which a polled reader (the down
+    // projection, DecodeGemvParams::input_polled) would take for "not written yet".
+    static_cast<__nv_bfloat16*>(p.y)[n] =
+        __bfloat16_as_ushort(out) == kUnwrittenBf16 ? __ushort_as_bfloat16(0x7FFF) : out;
   } else if constexpr (Out == GemvOutput::kRopeAppend) {
     const int half = p.rope.D / 2;
     rope_append_pair(p, n / half, n % half, round_bf16(acc[0] + in.bias[0]), round_bf16(acc[1] + in.bias[1]), in);
@@ -693,6 +697,85 @@ __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_
     __syncthreads();  // scratch may be reused by the caller
   }
   __syncthreads();
+}
+
+/// 16 bytes of x read through L2 at GPU scope: another SM's store is seen once it has
+/// reached L2 (no stale L1 line), and `volatile` makes every call a new load.
+__device__ __forceinline__ uint4 load_relaxed_gpu(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
+/// Whether any of the 8 bf16 values in `v` is kUnwrittenBf16.
+__device__ __forceinline__ bool has_unwritten(uint4 v) {
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+  bool unwritten = false;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    unwritten |= (words[i] & 0xFFFFu) == kUnwrittenBf16 || (words[i] >> 16) == kUnwrittenBf16;
+  }
+  return unwritten;
+}
+
+/// Reads `*source` again until none of its values is unwritten; traps after
+/// kPollTimeoutNs. Each value is written once, so what a read returns that is not
+/// kUnwrittenBf16 is final: the values are their own ready flags, and a ready part costs
+/// one trip to L2, not two (a flag, then the data).
+__device__ __forceinline__ uint4 wait_until_written(uint4 v, const uint4* source) {
+  if (!has_unwritten(v)) return v;
+  const unsigned long long start = globaltimer_ns();
+  unsigned pause_ns = 32;  // doubling to 256: a waiting block's reads must not crowd L2
+  do {
+    __nanosleep(pause_ns);
+    pause_ns = min(2 * pause_ns, 256u);
+    v = load_relaxed_gpu(source);
+    if (globaltimer_ns() - start > kPollTimeoutNs) __trap();
+  } while (has_unwritten(v));
+  return v;
+}
+
+/// DecodeGemvParams::input_polled: the block copies x's 16-byte vectors [begin, end)
+/// into x_shared, each once it is written (wait_until_written), all loads of a thread in
+/// flight together, then meets at a barrier. Every thread of the block must call it.
+/// With p.poll_probe, thread 0 first waits alone for the part's last vector (written by
+/// the writer's last block in the model, gate/up's blocks ending roughly in order), so
+/// that a block which starts early polls one vector, not the whole part.
+__device__ __forceinline__ void stage_polled_part(const DecodeGemvParams& p, uint4* x_shared, int begin, int end) {
+  const uint4* x_vectors = reinterpret_cast<const uint4*>(p.x);
+  if (p.poll_probe) {
+    if (threadIdx.x == 0) wait_until_written(load_relaxed_gpu(x_vectors + end - 1), x_vectors + end - 1);
+    __syncthreads();
+  }
+  constexpr int kLoads = 3;  // down: a part is 576 vectors, 2.25 a thread
+  for (int c0 = begin + int(threadIdx.x); c0 < end; c0 += kLoads * kThreads) {
+    uint4 v[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int c = c0 + u * kThreads;
+      v[u] = c < end ? load_relaxed_gpu(x_vectors + c) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int c = c0 + u * kThreads;
+      if (c < end) x_shared[c] = wait_until_written(v[u], x_vectors + c);
+    }
+  }
+  __syncthreads();
+}
+
+/// DecodeGemvParams::mark_unwritten, after the wait: the grid's threads set the values
+/// to kUnwrittenBf16, 8 at a time.
+__device__ __forceinline__ void mark_unwritten(const UnwrittenMark& mark) {
+  if (mark.values == nullptr) return;
+  const uint32_t word = uint32_t(kUnwrittenBf16) * 0x10001u;
+  uint4* vectors = reinterpret_cast<uint4*>(mark.values);
+  for (int i = blockIdx.x * kThreads + threadIdx.x; i < mark.count / 8; i += gridDim.x * kThreads) {
+    vectors[i] = make_uint4(word, word, word, word);
+  }
 }
 
 // Every launch goes through cudaLaunchKernelEx so that PDL is one attribute away.

@@ -489,11 +489,21 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       options.hold_until_attention_end = true;
       options.v6_handover = V6Handover::kPull;
       runs.push_back(run(options));
+      // Nor does down polling gate/up's outputs instead of waiting for gate/up to end
+      // (QKV marking them unwritten), in a graph with PDL, eagerly with and without it.
+      for (const auto& [graph, pdl] : {std::pair{true, true}, std::pair{false, true}, std::pair{false, false}}) {
+        options = cuda_options(0, 1024, graph, pdl);
+        options.down_polls_input = true;
+        runs.push_back(run(options));
+      }
+      options = cuda_options();
+      options.down_polls_input = options.down_poll_probe = true;
+      runs.push_back(run(options));
     }
     // The same kernels in the same order: bit for bit the same logits.
     for (size_t i = 1; i < runs.size(); ++i) {
       INFO(spec.name << " run " << i
-                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early; then the input widened or not; then O after the attention's inputs; then carveouts 0 (graph) and 100 (eager); then O and gate/up held, gate/up blocks 1-2 held, no hold and no pause, 500 ns pauses, then gate/up held to the pulled attention's end)");
+                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early; then the input widened or not; then O after the attention's inputs; then carveouts 0 (graph) and 100 (eager); then O and gate/up held, gate/up blocks 1-2 held, no hold and no pause, 500 ns pauses, then gate/up held to the pulled attention's end; then down polling its input: graph, eager, eager without PDL, graph with the probe)");
       REQUIRE(runs[i] == runs[0]);
     }
     // The side branch that asks L2 for gate/up's and down's last rows changes no value:
