@@ -90,6 +90,7 @@ struct Args {
   bool down_global_input = CudaModelOptions{}.down_input_from_global;
   bool down_polls = CudaModelOptions{}.down_polls_input;
   bool down_poll_probe = CudaModelOptions{}.down_poll_probe;
+  bool prefetch_256 = CudaModelOptions{}.gemv_prefetch_256;
   bool o_global_input = CudaModelOptions{}.o_input_from_global;
   bool rope_after_wait = CudaModelOptions{}.qkv_rope_inputs_after_wait;
   int small_blocks = CudaModelOptions{}.small_gemv_blocks_per_sm;
@@ -153,6 +154,8 @@ Args parse(int argc, char** argv) {
       a.down_polls = false;
     } else if (flag == "--down-poll-probe") {
       a.down_poll_probe = true;
+    } else if (flag == "--prefetch-256") {
+      a.prefetch_256 = true;
     } else if (flag == "--o-global-input") {
       a.o_global_input = true;
     } else if (flag == "--rope-after-wait") {
@@ -278,7 +281,7 @@ Args parse(int argc, char** argv) {
                                   " [--gate-up-start-delay NS] [--down-start-delay NS] [--qkv-start-delay NS] [--o-start-delay NS]"
                                   " [--lm-head-start-delay NS] [--[no-]widen-input] [--qkv-early] [--gate-up-after-o]"
                                   " [--down-shared]"
-                                  " [--down-global-input|--down-staged-input] [--[no-]down-polls-input [--down-poll-probe]] [--o-global-input]"
+                                  " [--down-global-input|--down-staged-input] [--[no-]down-polls-input [--down-poll-probe]] [--prefetch-256] [--o-global-input]"
                                   " [--rope-after-wait]"
                                   " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N]"
                                   " [--side-prefetch GATE_UP_MB[,DOWN_MB] [--side-prefetch-form lines|bulk|loads] [--side-prefetch-blocks N]"
@@ -688,6 +691,7 @@ int main(int argc, char** argv) {
     options.down_input_from_global = args.down_global_input;
     options.down_polls_input = args.down_polls;
     options.down_poll_probe = args.down_poll_probe;
+    options.gemv_prefetch_256 = args.prefetch_256;
     options.o_input_from_global = args.o_global_input;
     options.qkv_rope_inputs_after_wait = args.rope_after_wait;
     options.small_gemv_blocks_per_sm = args.small_blocks;

@@ -46,6 +46,23 @@ __device__ __forceinline__ uint4 load_streaming(const void* p, uint64_t l2_polic
 #endif
 }
 
+/// load_streaming with an L2 policy and, with kPrefetch256, the L2::256B prefetch-size
+/// hint: L2 fetches the whole aligned 256 bytes around the line from HBM, not just the
+/// sectors asked for (DecodeGemvParams::weight_prefetch_256).
+template <bool kPrefetch256>
+__device__ __forceinline__ uint4 load_weights(const void* p, uint64_t l2_policy) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (kPrefetch256) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p), "l"(l2_policy));
+    return v;
+  }
+#endif
+  return load_streaming(p, l2_policy);
+}
+
 /// The XOR of every 32-bit word of the 16-byte vectors i = thread, thread + threads, ...
 /// below `count`: one thread's share of a grid-stride read of a range, with eight
 /// streaming loads in flight. For reads whose values only need to have arrived (the side
@@ -294,7 +311,7 @@ __device__ __forceinline__ void store_output(const DecodeGemvParams& p, int n, c
 // One batch of a warp's weight loads: chunks base, base + stride, ... of unit `unit`'s
 // weight rows (two rows for the pair outputs), with L2 policy `policy` (l2_policy).
 // Chunks past the row and units < 0 read as zero.
-template <GemvOutput Out, int kBatch>
+template <GemvOutput Out, int kBatch, bool kPrefetch256 = false>
 __device__ __forceinline__ void load_batch(uint4 (&w)[rows_per_unit<Out>()][kBatch], const DecodeGemvParams& p,
                                            int unit, int base, int stride, uint64_t policy) {
   const int chunks = p.K / 8;
@@ -304,7 +321,8 @@ __device__ __forceinline__ void load_batch(uint4 (&w)[rows_per_unit<Out>()][kBat
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       const int chunk = base + stride * u;
-      w[r][u] = unit >= 0 && chunk < chunks ? load_streaming(row_start + 8 * chunk, policy) : make_uint4(0, 0, 0, 0);
+      w[r][u] = unit >= 0 && chunk < chunks ? load_weights<kPrefetch256>(row_start + 8 * chunk, policy)
+                                            : make_uint4(0, 0, 0, 0);
     }
   }
 }

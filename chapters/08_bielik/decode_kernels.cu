@@ -59,7 +59,8 @@ __host__ __device__ constexpr int shared_batch_vectors() {
 // row 0's batches stage x part by part (stage_polled_part), each part once its values are
 // written, then the later rows read the staged x.
 template <GemvInput In, GemvOutput Out, bool HasBias, int kBatch, bool kSecondBatchShared = false,
-          bool kInputFromGlobal = false, bool kWidenInput = false, bool kInputPolled = false>
+          bool kInputFromGlobal = false, bool kWidenInput = false, bool kInputPolled = false,
+          bool kPrefetch256 = false>
 __global__ void __launch_bounds__(kThreads, 3)
     decode_gemv_kernel(DecodeGemvParams p, int rows_per_warp, int split) {
   static_assert(!kInputFromGlobal || (In == GemvInput::kPlain && !kSecondBatchShared),
@@ -87,7 +88,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   //    writes them, so they are loaded while the previous kernel may still run.
   const uint64_t policy = l2_policy(p.stream_evict_first);
   uint4 w[kRows][kBatch];
-  load_batch<Out, kBatch>(w, p, first < p.N ? first : -1, base_first, stride, policy);
+  load_batch<Out, kBatch, kPrefetch256>(w, p, first < p.N ? first : -1, base_first, stride, policy);
   // The second batch: (first, its second batch) or (first + 1, its first). The same for
   // every lane of the warp (lanes whose chunks lie past the row copy nothing).
   uint4* second_batch = x_shared + chunks + warp * shared_batch_vectors<Out, kBatch>();
@@ -167,7 +168,7 @@ __global__ void __launch_bounds__(kThreads, 3)
         for (int b = 0; b < parts; ++b) {
           const int base = base_first + b * span;
           const bool mine = valid && base < chunks;
-          if (mine && !loaded) load_batch<Out, kBatch>(w, p, row, base, stride, policy);
+          if (mine && !loaded) load_batch<Out, kBatch, kPrefetch256>(w, p, row, base, stride, policy);
           loaded = false;
           stage_polled_part(p, x_shared, b * span, min(chunks, (b + 1) * span));
           if (b == 0) {
@@ -186,7 +187,7 @@ __global__ void __launch_bounds__(kThreads, 3)
           loaded = true;
         }
       }
-      if (!loaded) load_batch<Out, kBatch>(w, p, row, base, stride, policy);
+      if (!loaded) load_batch<Out, kBatch, kPrefetch256>(w, p, row, base, stride, policy);
       loaded = false;
       if constexpr (kInputFromGlobal) {
         accumulate_batch_global_input<kRows, kBatch>(acc, w, reinterpret_cast<const uint4*>(p.x), base, stride,
@@ -282,10 +283,11 @@ int occupancy_at(Kernel kernel, int K, size_t shared_bytes) {
 }
 
 template <GemvInput In, GemvOutput Out, bool HasBias, int kBatch, bool kSecondBatchShared = false,
-          bool kInputFromGlobal = false, bool kWidenInput = false, bool kInputPolled = false>
+          bool kInputFromGlobal = false, bool kWidenInput = false, bool kInputPolled = false,
+          bool kPrefetch256 = false>
 void launch_gemv(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaStream_t stream) {
-  auto register_kernel =
-      decode_gemv_kernel<In, Out, HasBias, kBatch, kSecondBatchShared, kInputFromGlobal, kWidenInput, kInputPolled>;
+  auto register_kernel = decode_gemv_kernel<In, Out, HasBias, kBatch, kSecondBatchShared, kInputFromGlobal,
+                                            kWidenInput, kInputPolled, kPrefetch256>;
   auto kernel = pipelined ? decode_gemv_pipelined_kernel<In, Out, HasBias, kBatch> : register_kernel;
   constexpr size_t kSecondBatchBytes =
       kSecondBatchShared ? size_t(kWarps) * shared_batch_vectors<Out, kBatch>() * sizeof(uint4) : 0;
@@ -326,6 +328,25 @@ void launch_gemv(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaStream
   launch_kernel(pdl, kernel, dim3(blocks), dim3(kThreads), shared_bytes, stream, p, rows_per_warp, split);
 }
 
+// launch_gemv, and with DecodeGemvParams::weight_prefetch_256 its L2::256B form, for the
+// forms the model runs (the input widened; down's, staged or read in place) and no
+// others: every form compiled twice would double this file's build time.
+template <GemvInput In, GemvOutput Out, bool HasBias, int kBatch, bool kSecondBatchShared = false,
+          bool kInputFromGlobal = false, bool kWidenInput = false, bool kInputPolled = false>
+void launch_gemv_form(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaStream_t stream) {
+  constexpr bool kModelForm = !kSecondBatchShared && !kInputPolled &&
+                              (kWidenInput || (In == GemvInput::kPlain && Out == GemvOutput::kResidualAdd && kBatch == 9));
+  if constexpr (kModelForm) {
+    if (p.weight_prefetch_256 && !pipelined) {
+      launch_gemv<In, Out, HasBias, kBatch, kSecondBatchShared, kInputFromGlobal, kWidenInput, kInputPolled, true>(
+          p, pipelined, pdl, stream);
+      return;
+    }
+  }
+  launch_gemv<In, Out, HasBias, kBatch, kSecondBatchShared, kInputFromGlobal, kWidenInput, kInputPolled>(
+      p, pipelined, pdl, stream);
+}
+
 // kBatch: 16-byte loads per lane per row before the first is used. A gate/up pair of
 // Bielik's rows (K = 1536: 6 chunks per lane) fits one batch of 2 x 6; other rows take
 // batches of 8.
@@ -342,46 +363,46 @@ void launch_gemv_bias(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaS
       // The gate/up form may copy its second row pair into shared memory.
       if constexpr (Out == GemvOutput::kSwiGLU && In == GemvInput::kRmsNorm) {
         if (p.second_batch_in_shared && !pipelined) {
-          launch_gemv<In, Out, kBias, 6, true>(p, pipelined, pdl, stream);
+          launch_gemv_form<In, Out, kBias, 6, true>(p, pipelined, pdl, stream);
           return;
         }
       }
       // QKV's and gate/up's forms may widen their input (DecodeGemvParams::widen_input).
       if constexpr (In == GemvInput::kRmsNorm) {
         if (p.widen_input && !pipelined) {
-          launch_gemv<In, Out, kBias, 6, false, false, true>(p, pipelined, pdl, stream);
+          launch_gemv_form<In, Out, kBias, 6, false, false, true>(p, pipelined, pdl, stream);
           return;
         }
       }
-      launch_gemv<In, Out, kBias, 6>(p, pipelined, pdl, stream);
+      launch_gemv_form<In, Out, kBias, 6>(p, pipelined, pdl, stream);
     } else if (long_row) {
       // The down projection's form may copy its second batch into shared memory.
       if constexpr (Out == GemvOutput::kResidualAdd && In == GemvInput::kPlain) {
         if (p.second_batch_in_shared && !pipelined) {
-          launch_gemv<In, Out, kBias, 9, true>(p, pipelined, pdl, stream);
+          launch_gemv_form<In, Out, kBias, 9, true>(p, pipelined, pdl, stream);
           return;
         }
         if (p.input_from_global && !pipelined) {
-          launch_gemv<In, Out, kBias, 9, false, true>(p, pipelined, pdl, stream);
+          launch_gemv_form<In, Out, kBias, 9, false, true>(p, pipelined, pdl, stream);
           return;
         }
         // ... or poll its input instead of waiting for the kernel before it.
         if (p.input_polled && !pipelined) {
-          launch_gemv<In, Out, kBias, 9, false, false, false, true>(p, pipelined, pdl, stream);
+          launch_gemv_form<In, Out, kBias, 9, false, false, false, true>(p, pipelined, pdl, stream);
           return;
         }
       }
-      launch_gemv<In, Out, kBias, 9>(p, pipelined, pdl, stream);
+      launch_gemv_form<In, Out, kBias, 9>(p, pipelined, pdl, stream);
     } else {
       // The O projection's form may read its input in place too, or poll it (a down
       // projection with F <= 2048, as in the test models: x is one part).
       if constexpr (Out == GemvOutput::kResidualAdd && In == GemvInput::kPlain) {
         if (p.input_from_global && !pipelined) {
-          launch_gemv<In, Out, kBias, 8, false, true>(p, pipelined, pdl, stream);
+          launch_gemv_form<In, Out, kBias, 8, false, true>(p, pipelined, pdl, stream);
           return;
         }
         if (p.input_polled && !pipelined) {
-          launch_gemv<In, Out, kBias, 8, false, false, false, true>(p, pipelined, pdl, stream);
+          launch_gemv_form<In, Out, kBias, 8, false, false, false, true>(p, pipelined, pdl, stream);
           return;
         }
       }
@@ -389,11 +410,11 @@ void launch_gemv_bias(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaS
       if constexpr ((Out == GemvOutput::kResidualAdd && In == GemvInput::kPlain) ||
                     (Out == GemvOutput::kF32 && In == GemvInput::kRmsNorm)) {
         if (p.widen_input && !pipelined) {
-          launch_gemv<In, Out, kBias, 8, false, false, true>(p, pipelined, pdl, stream);
+          launch_gemv_form<In, Out, kBias, 8, false, false, true>(p, pipelined, pdl, stream);
           return;
         }
       }
-      launch_gemv<In, Out, kBias, kPair ? 4 : 8>(p, pipelined, pdl, stream);
+      launch_gemv_form<In, Out, kBias, kPair ? 4 : 8>(p, pipelined, pdl, stream);
     }
   });
 }

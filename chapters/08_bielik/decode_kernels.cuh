@@ -235,6 +235,10 @@ struct DecodeGemvParams {
   /// before the block reads the part (stage_polled_part), instead of every thread polling
   /// its own. Fewer reads in L2 while the block waits; one more L2 trip once it is written.
   bool poll_probe = false;
+  /// Register kernels, the forms the model runs: weight loads carry the L2::256B
+  /// prefetch-size hint (decode_device::load_weights). bench_model and bench_decode_gemv
+  /// measure it.
+  bool weight_prefetch_256 = false;
   /// Register kernels: values to set to kUnwrittenBf16 after the PDL wait (UnwrittenMark).
   UnwrittenMark mark_unwritten;
   /// Measurement only (bench_model --timeline), register kernels: 2 *

@@ -707,6 +707,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   auto step_gemv_settings = [&](DecodeGemvParams& p) {
     p.stream_evict_first = options_.gemv_evict_first;
     p.widen_input = options_.gemv_widen_input;
+    p.weight_prefetch_256 = options_.gemv_prefetch_256;
     p.epilogue_inputs_settled = true;
   };
   // decode_timeline: GEMV k of layer l records into slot 4 l + k (the lm_head: 4 L);

@@ -106,6 +106,9 @@ struct CudaModelOptions {
   /// rounds: 954 / 955 / 954 tokens/s against 946 x 3 after a 16-token prompt, 856 against
   /// 840 after 2048 tokens. bench_model --widen-input / --no-widen-input.
   bool gemv_widen_input = true;
+  /// The GEMVs' weight loads ask L2 to fetch 256 bytes at a time from HBM
+  /// (DecodeGemvParams::weight_prefetch_256). bench_model measures it.
+  bool gemv_prefetch_256 = false;
   /// The O projection lets gate/up start as soon as it starts itself (DecodeGemvParams::
   /// allow_dependents_early): gate/up's weights then stream during the attention, which
   /// otherwise leaves HBM idle. bench_model measures both.
