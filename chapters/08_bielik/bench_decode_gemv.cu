@@ -93,8 +93,7 @@ int main() {
     const bool big = shape.output == GemvOutput::kSwiGLU || in_place;
     // The arguments of one launch on weight copy `copy`.
     auto gemv_params = [&](int copy, bool evict_first, int split, bool second_batch_in_shared,
-                           bool input_from_global, int start_delay_ns, bool widen_input = false,
-                           bool prefetch_256 = false) {
+                           bool input_from_global, int start_delay_ns, bool widen_input = false) {
       DecodeGemvParams p{};
       p.y = y.data();
       p.x = x.data();
@@ -114,16 +113,15 @@ int main() {
       p.input_from_global = input_from_global;
       p.start_delay_ns = start_delay_ns;
       p.widen_input = widen_input;
-      p.weight_prefetch_256 = prefetch_256;
       return p;
     };
     // One row: `label`, the chain timed from the host and as a graph, and alone when asked.
     auto add_row = [&](const std::string& label, DecodeGemvKernel kernel, bool evict_first, int split,
                        bool time_alone, bool second_batch_in_shared = false, bool input_from_global = false,
-                       int start_delay_ns = 0, bool widen_input = false, bool prefetch_256 = false) {
+                       int start_delay_ns = 0, bool widen_input = false) {
       auto params = [&](int copy) {
         return gemv_params(copy, evict_first, split, second_batch_in_shared, input_from_global, start_delay_ns,
-                           widen_input, prefetch_256);
+                           widen_input);
       };
       std::string alone_us, alone_pct;
       if (time_alone) {
@@ -176,19 +174,6 @@ int main() {
       if (!in_place) {
         add_row(std::string("register loads, evict-first") + (big ? ", 300 ns pause" : "") + ", input widened",
                 kernel, true, 0, true, false, false, big ? 300 : 0, true);
-      }
-      // The weight loads with the L2::256B prefetch-size hint (DecodeGemvParams::
-      // weight_prefetch_256), in the model's form: the input widened where the form takes
-      // it, gate/up and down pausing 300 ns; down with its input in place and the 1 ns
-      // pause too, its fastest form in this chain.
-      const bool widened = CudaModelOptions{}.gemv_widen_input && !in_place;
-      add_row(std::string("the model's form") + (widened ? " (input widened)" : "") + ", L2 256 B prefetch", kernel,
-              true, 0, false, false, false, big ? 300 : 0, widened, true);
-      if (in_place) {
-        add_row("register loads, evict-first, input in place, 1 ns pause, without / with L2 256 B prefetch: without",
-                kernel, true, 0, false, false, true, 1, false, false);
-        add_row("register loads, evict-first, input in place, 1 ns pause, without / with L2 256 B prefetch: with",
-                kernel, true, 0, false, false, true, 1, false, true);
       }
     }
     // The model's form (evict-first, the epilogue inputs before the wait, gate/up and

@@ -88,9 +88,6 @@ struct Args {
   bool down_shared = CudaModelOptions{}.down_second_batch_in_shared;
   bool gate_up_shared = CudaModelOptions{}.gate_up_second_batch_in_shared;
   bool down_global_input = CudaModelOptions{}.down_input_from_global;
-  bool down_polls = CudaModelOptions{}.down_polls_input;
-  bool down_poll_probe = CudaModelOptions{}.down_poll_probe;
-  bool prefetch_256 = CudaModelOptions{}.gemv_prefetch_256;
   bool o_global_input = CudaModelOptions{}.o_input_from_global;
   bool rope_after_wait = CudaModelOptions{}.qkv_rope_inputs_after_wait;
   int small_blocks = CudaModelOptions{}.small_gemv_blocks_per_sm;
@@ -148,14 +145,6 @@ Args parse(int argc, char** argv) {
       a.down_global_input = true;
     } else if (flag == "--down-staged-input") {
       a.down_global_input = false;
-    } else if (flag == "--down-polls-input") {
-      a.down_polls = true;
-    } else if (flag == "--no-down-polls-input") {
-      a.down_polls = false;
-    } else if (flag == "--down-poll-probe") {
-      a.down_poll_probe = true;
-    } else if (flag == "--prefetch-256") {
-      a.prefetch_256 = true;
     } else if (flag == "--o-global-input") {
       a.o_global_input = true;
     } else if (flag == "--rope-after-wait") {
@@ -281,7 +270,7 @@ Args parse(int argc, char** argv) {
                                   " [--gate-up-start-delay NS] [--down-start-delay NS] [--qkv-start-delay NS] [--o-start-delay NS]"
                                   " [--lm-head-start-delay NS] [--[no-]widen-input] [--qkv-early] [--gate-up-after-o]"
                                   " [--down-shared]"
-                                  " [--down-global-input|--down-staged-input] [--[no-]down-polls-input [--down-poll-probe]] [--prefetch-256] [--o-global-input]"
+                                  " [--down-global-input|--down-staged-input] [--o-global-input]"
                                   " [--rope-after-wait]"
                                   " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N]"
                                   " [--side-prefetch GATE_UP_MB[,DOWN_MB] [--side-prefetch-form lines|bulk|loads] [--side-prefetch-blocks N]"
@@ -689,9 +678,6 @@ int main(int argc, char** argv) {
     options.down_second_batch_in_shared = args.down_shared;
     options.gate_up_second_batch_in_shared = args.gate_up_shared;
     options.down_input_from_global = args.down_global_input;
-    options.down_polls_input = args.down_polls;
-    options.down_poll_probe = args.down_poll_probe;
-    options.gemv_prefetch_256 = args.prefetch_256;
     options.o_input_from_global = args.o_global_input;
     options.qkv_rope_inputs_after_wait = args.rope_after_wait;
     options.small_gemv_blocks_per_sm = args.small_blocks;
@@ -943,10 +929,6 @@ int main(int argc, char** argv) {
         defaults_but("gate/up and down start without the pause",
                      [](CudaModelOptions& o) { o.gate_up_start_delay_ns = o.down_start_delay_ns = 0; }),
         defaults_but("down starts without the pause", [](CudaModelOptions& o) { o.down_start_delay_ns = 0; }),
-        defaults_but(CudaModelOptions{}.down_polls_input
-                         ? "down waits for gate/up to end (PDL wait) instead of polling its outputs"
-                         : "down polls gate/up's outputs, half a row at a time, instead of waiting for gate/up to end",
-                     [](CudaModelOptions& o) { o.down_polls_input = !o.down_polls_input; }),
         defaults_but(CudaModelOptions{}.gemv_widen_input ? "QKV, O, gate/up and lm_head widen x in every warp"
                                                           : "QKV, O, gate/up and lm_head stage x widened to fp32",
                      [](CudaModelOptions& o) { o.gemv_widen_input = !o.gemv_widen_input; }),

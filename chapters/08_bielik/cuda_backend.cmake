@@ -33,8 +33,7 @@ else()
   # Tiny checkpoints written by the test itself (head_dim 64 and 128, which the attention
   # kernels need), checked against the CPU backend; plus the golden tiny models.
   bielik_add_test(test_ch08_model_cuda CHAPTER 08 GPU
-                  SOURCES ${cuda_backend_dir}/test_model_cuda.cu ${cuda_backend_dir}/test_decode_polled.cu
-                          ${cuda_backend_dir}/test_checkpoint_edit.cpp
+                  SOURCES ${cuda_backend_dir}/test_model_cuda.cu ${cuda_backend_dir}/test_checkpoint_edit.cpp
                   LIBS bielik_ch08_cuda nlohmann_json::nlohmann_json GOLDEN 08_bielik)
   set_tests_properties(test_ch08_model_cuda PROPERTIES TIMEOUT 300)
 

@@ -46,23 +46,6 @@ __device__ __forceinline__ uint4 load_streaming(const void* p, uint64_t l2_polic
 #endif
 }
 
-/// load_streaming with an L2 policy and, with kPrefetch256, the L2::256B prefetch-size
-/// hint: L2 fetches the whole aligned 256 bytes around the line from HBM, not just the
-/// sectors asked for (DecodeGemvParams::weight_prefetch_256).
-template <bool kPrefetch256>
-__device__ __forceinline__ uint4 load_weights(const void* p, uint64_t l2_policy) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if constexpr (kPrefetch256) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p), "l"(l2_policy));
-    return v;
-  }
-#endif
-  return load_streaming(p, l2_policy);
-}
-
 /// The XOR of every 32-bit word of the 16-byte vectors i = thread, thread + threads, ...
 /// below `count`: one thread's share of a grid-stride read of a range, with eight
 /// streaming loads in flight. For reads whose values only need to have arrived (the side
@@ -289,11 +272,7 @@ __device__ __forceinline__ void store_output_loaded(const DecodeGemvParams& p, i
   } else if constexpr (Out == GemvOutput::kSwiGLU) {
     const float gate = round_bf16(acc[0] + in.bias[0]);  // the values an unfused GEMM would store
     const float up = round_bf16(acc[1] + in.bias[1]);
-    const __nv_bfloat16 out = __float2bfloat16(silu(gate) * up);
-    // A NaN stays a NaN, but never kUnwrittenBf16, which a polled reader (the down
-    // projection, DecodeGemvParams::input_polled) would take for "not written yet".
-    static_cast<__nv_bfloat16*>(p.y)[n] =
-        __bfloat16_as_ushort(out) == kUnwrittenBf16 ? __ushort_as_bfloat16(0x7FFF) : out;
+    static_cast<__nv_bfloat16*>(p.y)[n] = __float2bfloat16(silu(gate) * up);
   } else if constexpr (Out == GemvOutput::kRopeAppend) {
     const int half = p.rope.D / 2;
     rope_append_pair(p, n / half, n % half, round_bf16(acc[0] + in.bias[0]), round_bf16(acc[1] + in.bias[1]), in);
@@ -311,7 +290,7 @@ __device__ __forceinline__ void store_output(const DecodeGemvParams& p, int n, c
 // One batch of a warp's weight loads: chunks base, base + stride, ... of unit `unit`'s
 // weight rows (two rows for the pair outputs), with L2 policy `policy` (l2_policy).
 // Chunks past the row and units < 0 read as zero.
-template <GemvOutput Out, int kBatch, bool kPrefetch256 = false>
+template <GemvOutput Out, int kBatch>
 __device__ __forceinline__ void load_batch(uint4 (&w)[rows_per_unit<Out>()][kBatch], const DecodeGemvParams& p,
                                            int unit, int base, int stride, uint64_t policy) {
   const int chunks = p.K / 8;
@@ -321,8 +300,7 @@ __device__ __forceinline__ void load_batch(uint4 (&w)[rows_per_unit<Out>()][kBat
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       const int chunk = base + stride * u;
-      w[r][u] = unit >= 0 && chunk < chunks ? load_weights<kPrefetch256>(row_start + 8 * chunk, policy)
-                                            : make_uint4(0, 0, 0, 0);
+      w[r][u] = unit >= 0 && chunk < chunks ? load_streaming(row_start + 8 * chunk, policy) : make_uint4(0, 0, 0, 0);
     }
   }
 }
@@ -715,85 +693,6 @@ __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_
     __syncthreads();  // scratch may be reused by the caller
   }
   __syncthreads();
-}
-
-/// 16 bytes of x read through L2 at GPU scope: another SM's store is seen once it has
-/// reached L2 (no stale L1 line), and `volatile` makes every call a new load.
-__device__ __forceinline__ uint4 load_relaxed_gpu(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p)
-               : "memory");
-  return v;
-}
-
-/// Whether any of the 8 bf16 values in `v` is kUnwrittenBf16.
-__device__ __forceinline__ bool has_unwritten(uint4 v) {
-  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-  bool unwritten = false;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    unwritten |= (words[i] & 0xFFFFu) == kUnwrittenBf16 || (words[i] >> 16) == kUnwrittenBf16;
-  }
-  return unwritten;
-}
-
-/// Reads `*source` again until none of its values is unwritten; traps after
-/// kPollTimeoutNs. Each value is written once, so what a read returns that is not
-/// kUnwrittenBf16 is final: the values are their own ready flags, and a ready part costs
-/// one trip to L2, not two (a flag, then the data).
-__device__ __forceinline__ uint4 wait_until_written(uint4 v, const uint4* source) {
-  if (!has_unwritten(v)) return v;
-  const unsigned long long start = globaltimer_ns();
-  unsigned pause_ns = 32;  // doubling to 256: a waiting block's reads must not crowd L2
-  do {
-    __nanosleep(pause_ns);
-    pause_ns = min(2 * pause_ns, 256u);
-    v = load_relaxed_gpu(source);
-    if (globaltimer_ns() - start > kPollTimeoutNs) __trap();
-  } while (has_unwritten(v));
-  return v;
-}
-
-/// DecodeGemvParams::input_polled: the block copies x's 16-byte vectors [begin, end)
-/// into x_shared, each once it is written (wait_until_written), all loads of a thread in
-/// flight together, then meets at a barrier. Every thread of the block must call it.
-/// With p.poll_probe, thread 0 first waits alone for the part's last vector (written by
-/// the writer's last block in the model, gate/up's blocks ending roughly in order), so
-/// that a block which starts early polls one vector, not the whole part.
-__device__ __forceinline__ void stage_polled_part(const DecodeGemvParams& p, uint4* x_shared, int begin, int end) {
-  const uint4* x_vectors = reinterpret_cast<const uint4*>(p.x);
-  if (p.poll_probe) {
-    if (threadIdx.x == 0) wait_until_written(load_relaxed_gpu(x_vectors + end - 1), x_vectors + end - 1);
-    __syncthreads();
-  }
-  constexpr int kLoads = 3;  // down: a part is 576 vectors, 2.25 a thread
-  for (int c0 = begin + int(threadIdx.x); c0 < end; c0 += kLoads * kThreads) {
-    uint4 v[kLoads];
-#pragma unroll
-    for (int u = 0; u < kLoads; ++u) {
-      const int c = c0 + u * kThreads;
-      v[u] = c < end ? load_relaxed_gpu(x_vectors + c) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < kLoads; ++u) {
-      const int c = c0 + u * kThreads;
-      if (c < end) x_shared[c] = wait_until_written(v[u], x_vectors + c);
-    }
-  }
-  __syncthreads();
-}
-
-/// DecodeGemvParams::mark_unwritten, after the wait: the grid's threads set the values
-/// to kUnwrittenBf16, 8 at a time.
-__device__ __forceinline__ void mark_unwritten(const UnwrittenMark& mark) {
-  if (mark.values == nullptr) return;
-  const uint32_t word = uint32_t(kUnwrittenBf16) * 0x10001u;
-  uint4* vectors = reinterpret_cast<uint4*>(mark.values);
-  for (int i = blockIdx.x * kThreads + threadIdx.x; i < mark.count / 8; i += gridDim.x * kThreads) {
-    vectors[i] = make_uint4(word, word, word, word);
-  }
 }
 
 // Every launch goes through cudaLaunchKernelEx so that PDL is one attribute away.

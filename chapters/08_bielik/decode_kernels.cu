@@ -54,20 +54,13 @@ __host__ __device__ constexpr int shared_batch_vectors() {
 //
 // kWidenInput (DecodeGemvParams::widen_input): the staging also writes the input as fp32
 // (stage_input's x_widened), and the dot products read that (accumulate_batch_widened).
-//
-// kInputPolled (DecodeGemvParams::input_polled, the down projection's form): no PDL wait;
-// row 0's batches stage x part by part (stage_polled_part), each part once its values are
-// written, then the later rows read the staged x.
 template <GemvInput In, GemvOutput Out, bool HasBias, int kBatch, bool kSecondBatchShared = false,
-          bool kInputFromGlobal = false, bool kWidenInput = false, bool kInputPolled = false,
-          bool kPrefetch256 = false>
+          bool kInputFromGlobal = false, bool kWidenInput = false>
 __global__ void __launch_bounds__(kThreads, 3)
     decode_gemv_kernel(DecodeGemvParams p, int rows_per_warp, int split) {
   static_assert(!kInputFromGlobal || (In == GemvInput::kPlain && !kSecondBatchShared),
                 "only a plain input can be read in place");
   static_assert(!kWidenInput || (!kInputFromGlobal && !kSecondBatchShared), "the widened input is staged");
-  static_assert(!kInputPolled || (In == GemvInput::kPlain && !kInputFromGlobal && !kSecondBatchShared && !kWidenInput),
-                "only a plain staged input can be polled");
   constexpr int kRows = rows_per_unit<Out>();
   // (K/8) the input, normalized for kRmsNorm; with kSecondBatchShared then (kWarps,
   // shared_batch_vectors) the copied weights; with kWidenInput then (2, K/8) float4 the
@@ -88,7 +81,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   //    writes them, so they are loaded while the previous kernel may still run.
   const uint64_t policy = l2_policy(p.stream_evict_first);
   uint4 w[kRows][kBatch];
-  load_batch<Out, kBatch, kPrefetch256>(w, p, first < p.N ? first : -1, base_first, stride, policy);
+  load_batch<Out, kBatch>(w, p, first < p.N ? first : -1, base_first, stride, policy);
   // The second batch: (first, its second batch) or (first + 1, its first). The same for
   // every lane of the warp (lanes whose chunks lie past the row copy nothing).
   uint4* second_batch = x_shared + chunks + warp * shared_batch_vectors<Out, kBatch>();
@@ -124,17 +117,14 @@ __global__ void __launch_bounds__(kThreads, 3)
 
   // 2. Every block waits, then stages the input vector (normalized for kRmsNorm), or
   //    with kInputFromGlobal only waits: each lane then reads its x chunks in place.
-  //    With kInputPolled neither: the rows below stage x part by part as it is written.
   if constexpr (kInputFromGlobal) {
     pdl_wait();
     timeline_mark(p.timeline, kTimelineWaitReturned);
-  } else if constexpr (!kInputPolled) {
+  } else {
     stage_input<In>(p, x_shared, &warp_partial[0][0], norm_held, x_widened);
   }
-  if constexpr (!kInputPolled) {
-    timeline_mark(p.timeline, kTimelineStaged);
-    if (!p.allow_dependents_early) pdl_allow_dependents();
-  }
+  timeline_mark(p.timeline, kTimelineStaged);
+  if (!p.allow_dependents_early) pdl_allow_dependents();
   // Otherwise right after the wait: they still arrive during the dot product.
   if (stores && first < p.N && !early) epilogue = load_epilogue_inputs<Out, HasBias>(p, first);
   // (measurement) thread 0's first batch is in: a sum of a word of each of its loads (a
@@ -159,35 +149,14 @@ __global__ void __launch_bounds__(kThreads, 3)
     // Later rows: their epilogue inputs go out now, and arrive while the row's weights do.
     if (i > 0 && stores && valid) epilogue = load_epilogue_inputs<Out, HasBias>(p, row);
     float acc[2] = {0.0f, 0.0f};
-    if constexpr (kInputPolled) {
-      if (i == 0) {
-        // Part b of x is what batch b of every row meets; the block stages it (a barrier:
-        // the same trip count for every thread) after each warp has asked for batch b's
-        // weights, so the weights are on their way while the part is polled.
-        const int span = kBatch * stride, parts = (chunks + span - 1) / span;
-        for (int b = 0; b < parts; ++b) {
-          const int base = base_first + b * span;
-          const bool mine = valid && base < chunks;
-          if (mine && !loaded) load_batch<Out, kBatch, kPrefetch256>(w, p, row, base, stride, policy);
-          loaded = false;
-          stage_polled_part(p, x_shared, b * span, min(chunks, (b + 1) * span));
-          if (b == 0) {
-            timeline_mark(p.timeline, kTimelineWaitReturned);  // (its first part, here)
-            if (!p.allow_dependents_early) pdl_allow_dependents();
-          }
-          if (b == parts - 1) timeline_mark(p.timeline, kTimelineStaged);
-          if (mine) accumulate_batch<kRows, kBatch>(acc, w, x_shared, base, stride, chunks);
-        }
-      }
-    }
-    for (int base = base_first; valid && base < chunks && !(kInputPolled && i == 0); base += kBatch * stride) {
+    for (int base = base_first; valid && base < chunks; base += kBatch * stride) {
       if constexpr (kSecondBatchShared) {  // the second batch: copied before the wait
         if (!loaded && row == second_row && base == second_base) {
           read_batch_from_shared<kRows, kBatch>(w, second_batch);
           loaded = true;
         }
       }
-      if (!loaded) load_batch<Out, kBatch, kPrefetch256>(w, p, row, base, stride, policy);
+      if (!loaded) load_batch<Out, kBatch>(w, p, row, base, stride, policy);
       loaded = false;
       if constexpr (kInputFromGlobal) {
         accumulate_batch_global_input<kRows, kBatch>(acc, w, reinterpret_cast<const uint4*>(p.x), base, stride,
@@ -204,9 +173,6 @@ __global__ void __launch_bounds__(kThreads, 3)
     if (i == 0) timeline_fold_when_ready(p.timeline, kTimelineFirstDot, acc[0] + acc[1]);  // (measurement)
     finish_row<Out, HasBias>(p, valid ? row : -1, acc, warp_partial, split, &epilogue);
   }
-  // Past the wait, at the end, where few registers are live (placed after the staging,
-  // it made QKV's kernel spill): in the model, QKV marks gate/up's output unwritten.
-  if constexpr (!kInputPolled) mark_unwritten(p.mark_unwritten);
   timeline_mark(p.timeline, kTimelineEnd);
 }
 
@@ -283,11 +249,10 @@ int occupancy_at(Kernel kernel, int K, size_t shared_bytes) {
 }
 
 template <GemvInput In, GemvOutput Out, bool HasBias, int kBatch, bool kSecondBatchShared = false,
-          bool kInputFromGlobal = false, bool kWidenInput = false, bool kInputPolled = false,
-          bool kPrefetch256 = false>
+          bool kInputFromGlobal = false, bool kWidenInput = false>
 void launch_gemv(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaStream_t stream) {
-  auto register_kernel = decode_gemv_kernel<In, Out, HasBias, kBatch, kSecondBatchShared, kInputFromGlobal,
-                                            kWidenInput, kInputPolled, kPrefetch256>;
+  auto register_kernel =
+      decode_gemv_kernel<In, Out, HasBias, kBatch, kSecondBatchShared, kInputFromGlobal, kWidenInput>;
   auto kernel = pipelined ? decode_gemv_pipelined_kernel<In, Out, HasBias, kBatch> : register_kernel;
   constexpr size_t kSecondBatchBytes =
       kSecondBatchShared ? size_t(kWarps) * shared_batch_vectors<Out, kBatch>() * sizeof(uint4) : 0;
@@ -328,25 +293,6 @@ void launch_gemv(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaStream
   launch_kernel(pdl, kernel, dim3(blocks), dim3(kThreads), shared_bytes, stream, p, rows_per_warp, split);
 }
 
-// launch_gemv, and with DecodeGemvParams::weight_prefetch_256 its L2::256B form, for the
-// forms the model runs (the input widened; down's, staged or read in place) and no
-// others: every form compiled twice would double this file's build time.
-template <GemvInput In, GemvOutput Out, bool HasBias, int kBatch, bool kSecondBatchShared = false,
-          bool kInputFromGlobal = false, bool kWidenInput = false, bool kInputPolled = false>
-void launch_gemv_form(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaStream_t stream) {
-  constexpr bool kModelForm = !kSecondBatchShared && !kInputPolled &&
-                              (kWidenInput || (In == GemvInput::kPlain && Out == GemvOutput::kResidualAdd && kBatch == 9));
-  if constexpr (kModelForm) {
-    if (p.weight_prefetch_256 && !pipelined) {
-      launch_gemv<In, Out, HasBias, kBatch, kSecondBatchShared, kInputFromGlobal, kWidenInput, kInputPolled, true>(
-          p, pipelined, pdl, stream);
-      return;
-    }
-  }
-  launch_gemv<In, Out, HasBias, kBatch, kSecondBatchShared, kInputFromGlobal, kWidenInput, kInputPolled>(
-      p, pipelined, pdl, stream);
-}
-
 // kBatch: 16-byte loads per lane per row before the first is used. A gate/up pair of
 // Bielik's rows (K = 1536: 6 chunks per lane) fits one batch of 2 x 6; other rows take
 // batches of 8.
@@ -363,46 +309,36 @@ void launch_gemv_bias(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaS
       // The gate/up form may copy its second row pair into shared memory.
       if constexpr (Out == GemvOutput::kSwiGLU && In == GemvInput::kRmsNorm) {
         if (p.second_batch_in_shared && !pipelined) {
-          launch_gemv_form<In, Out, kBias, 6, true>(p, pipelined, pdl, stream);
+          launch_gemv<In, Out, kBias, 6, true>(p, pipelined, pdl, stream);
           return;
         }
       }
       // QKV's and gate/up's forms may widen their input (DecodeGemvParams::widen_input).
       if constexpr (In == GemvInput::kRmsNorm) {
         if (p.widen_input && !pipelined) {
-          launch_gemv_form<In, Out, kBias, 6, false, false, true>(p, pipelined, pdl, stream);
+          launch_gemv<In, Out, kBias, 6, false, false, true>(p, pipelined, pdl, stream);
           return;
         }
       }
-      launch_gemv_form<In, Out, kBias, 6>(p, pipelined, pdl, stream);
+      launch_gemv<In, Out, kBias, 6>(p, pipelined, pdl, stream);
     } else if (long_row) {
       // The down projection's form may copy its second batch into shared memory.
       if constexpr (Out == GemvOutput::kResidualAdd && In == GemvInput::kPlain) {
         if (p.second_batch_in_shared && !pipelined) {
-          launch_gemv_form<In, Out, kBias, 9, true>(p, pipelined, pdl, stream);
+          launch_gemv<In, Out, kBias, 9, true>(p, pipelined, pdl, stream);
           return;
         }
         if (p.input_from_global && !pipelined) {
-          launch_gemv_form<In, Out, kBias, 9, false, true>(p, pipelined, pdl, stream);
-          return;
-        }
-        // ... or poll its input instead of waiting for the kernel before it.
-        if (p.input_polled && !pipelined) {
-          launch_gemv_form<In, Out, kBias, 9, false, false, false, true>(p, pipelined, pdl, stream);
+          launch_gemv<In, Out, kBias, 9, false, true>(p, pipelined, pdl, stream);
           return;
         }
       }
-      launch_gemv_form<In, Out, kBias, 9>(p, pipelined, pdl, stream);
+      launch_gemv<In, Out, kBias, 9>(p, pipelined, pdl, stream);
     } else {
-      // The O projection's form may read its input in place too, or poll it (a down
-      // projection with F <= 2048, as in the test models: x is one part).
+      // The O projection's form may read its input in place too.
       if constexpr (Out == GemvOutput::kResidualAdd && In == GemvInput::kPlain) {
         if (p.input_from_global && !pipelined) {
-          launch_gemv_form<In, Out, kBias, 8, false, true>(p, pipelined, pdl, stream);
-          return;
-        }
-        if (p.input_polled && !pipelined) {
-          launch_gemv_form<In, Out, kBias, 8, false, false, false, true>(p, pipelined, pdl, stream);
+          launch_gemv<In, Out, kBias, 8, false, true>(p, pipelined, pdl, stream);
           return;
         }
       }
@@ -410,11 +346,11 @@ void launch_gemv_bias(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaS
       if constexpr ((Out == GemvOutput::kResidualAdd && In == GemvInput::kPlain) ||
                     (Out == GemvOutput::kF32 && In == GemvInput::kRmsNorm)) {
         if (p.widen_input && !pipelined) {
-          launch_gemv_form<In, Out, kBias, 8, false, false, true>(p, pipelined, pdl, stream);
+          launch_gemv<In, Out, kBias, 8, false, false, true>(p, pipelined, pdl, stream);
           return;
         }
       }
-      launch_gemv_form<In, Out, kBias, kPair ? 4 : 8>(p, pipelined, pdl, stream);
+      launch_gemv<In, Out, kBias, kPair ? 4 : 8>(p, pipelined, pdl, stream);
     }
   });
 }
@@ -539,20 +475,6 @@ void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, 
                                   "kernel, 1 <= count <= " + std::to_string(kMaxResidualPartials) +
                                   " and 16-byte aligned partials; got count=" + std::to_string(rp.count));
     }
-  }
-  const bool register_loads = kernel == DecodeGemvKernel::kAuto || kernel == DecodeGemvKernel::kRegisterLoads;
-  if (p.input_polled && (input != GemvInput::kPlain || output != GemvOutput::kResidualAdd || !register_loads ||
-                         p.second_batch_in_shared || p.input_from_global)) {
-    throw std::invalid_argument("decode_gemv: a polled input needs the down projection's form (kPlain in, "
-                                "kResidualAdd out), the register-loads kernel, and neither the second batch in "
-                                "shared memory nor the input read in place");
-  }
-  if (p.mark_unwritten.values &&
-      (!register_loads || p.mark_unwritten.count <= 0 || p.mark_unwritten.count % 8 != 0 ||
-       !aligned_16(p.mark_unwritten.values))) {
-    throw std::invalid_argument("decode_gemv: mark_unwritten needs the register-loads kernel, a positive count that "
-                                "is a multiple of 8 and 16-byte aligned values; got count=" +
-                                std::to_string(p.mark_unwritten.count));
   }
   static const bool have_bulk_copy = weight_stream_supported();
   if (kernel == DecodeGemvKernel::kBulkStream && !have_bulk_copy) {

@@ -141,24 +141,6 @@ enum GemvTimelineEvent {
   kGemvTimelineEvents = 6
 };
 
-/// The bf16 bit pattern a polled input holds until its value is written
-/// (DecodeGemvParams::input_polled): a NaN that no kernel here stores (the SwiGLU
-/// epilogue, which writes the down projection's input, turns it into 0x7FFF).
-constexpr uint16_t kUnwrittenBf16 = 0xFFFF;
-
-/// DecodeGemvParams::mark_unwritten: values a kernel sets to kUnwrittenBf16 once its
-/// PDL wait has returned, so that the next polled reader of that buffer waits for its new
-/// values. In the model the QKV GEMV marks the SwiGLU output: the down projection before
-/// it has finished reading it, the gate/up GEMV after it will write it.
-struct UnwrittenMark {
-  __nv_bfloat16* values = nullptr;  ///< (count), 16-byte aligned; nullptr: none
-  int count = 0;                    ///< a multiple of 8
-};
-
-/// How long a polled input may stay unwritten before the kernel traps (a failed launch,
-/// instead of a GPU that hangs on a value nobody will write).
-constexpr unsigned long long kPollTimeoutNs = 200ull * 1000 * 1000;
-
 /// Arguments of one decode GEMV.
 struct DecodeGemvParams {
   void* y;                           ///< (N) bf16, or float for kF32; in/out for kResidualAdd
@@ -217,30 +199,6 @@ struct DecodeGemvParams {
   /// x's bf16s in every warp. The same products in the same order: the same values, bit
   /// for bit. bench_model measures it.
   bool widen_input = false;
-  /// kRegisterLoads, the down projection's form (kPlain -> kResidualAdd; widen_input is
-  /// then ignored) only: the kernel does NOT wait for the kernel before it (no griddepcontrol.wait). x must
-  /// hold kUnwrittenBf16 in every value not yet written, and each value is written once;
-  /// every block stages x in parts, one per batch of a row (down: two halves), reading
-  /// each part through L2 until none of its values is unwritten, so a row's first half
-  /// is multiplied as soon as gate/up has stored that half of its outputs, not when its
-  /// last block ends. The writer must be resident or done when this kernel starts (PDL
-  /// guarantees it: dependents launch once every block of the kernel before has let them)
-  /// and must not read y after this kernel may write it (gate/up reads the residual
-  /// stream only while it stages its input, before it stores any output). A value still
-  /// unwritten after kPollTimeoutNs traps. The same products in the same order as the
-  /// staged form: the same outputs, bit for bit. bench_model measures it
-  /// (CudaModelOptions::down_polls_input).
-  bool input_polled = false;
-  /// With input_polled: thread 0 of each block polls one vector of a part (its last)
-  /// before the block reads the part (stage_polled_part), instead of every thread polling
-  /// its own. Fewer reads in L2 while the block waits; one more L2 trip once it is written.
-  bool poll_probe = false;
-  /// Register kernels, the forms the model runs: weight loads carry the L2::256B
-  /// prefetch-size hint (decode_device::load_weights). bench_model and bench_decode_gemv
-  /// measure it.
-  bool weight_prefetch_256 = false;
-  /// Register kernels: values to set to kUnwrittenBf16 after the PDL wait (UnwrittenMark).
-  UnwrittenMark mark_unwritten;
   /// Measurement only (bench_model --timeline), register kernels: 2 *
   /// kGemvTimelineEvents values, zeroed min / max pairs (min slots start at ULLONG_MAX),
   /// %globaltimer (ns) over the blocks at each GemvTimelineEvent (thread 0 of each

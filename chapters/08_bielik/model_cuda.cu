@@ -243,8 +243,7 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     // one of these without the kernel that writes it having run.
     d_qkv_.fill_bytes(0);
     d_attn_.fill_bytes(0);
-    // With down_polls_input every value starts unwritten (kUnwrittenBf16: 0xFFFF).
-    d_act_.fill_bytes(down_polls_input() ? 0xFF : 0);
+    d_act_.fill_bytes(0);
     d_o_partials_.fill_bytes(0);
     for (size_t bytes : {p_tokens_.bytes(), p_x_.bytes(), p_h_.bytes(), p_proj_.bytes(),
                          p_qkv_.bytes(), p_q_.bytes(), p_attn_.bytes(), p_k_.bytes(), p_v_.bytes(),
@@ -707,7 +706,6 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   auto step_gemv_settings = [&](DecodeGemvParams& p) {
     p.stream_evict_first = options_.gemv_evict_first;
     p.widen_input = options_.gemv_widen_input;
-    p.weight_prefetch_256 = options_.gemv_prefetch_256;
     p.epilogue_inputs_settled = true;
   };
   // decode_timeline: GEMV k of layer l records into slot 4 l + k (the lm_head: 4 L);
@@ -735,9 +733,6 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     // The attention reads only what earlier steps committed before its wait.
     qkv.allow_dependents_early = options_.qkv_allows_attention_early;
     qkv.timeline = timeline_slot(4 * l);
-    // Down (of the layer before) has read gate/up's outputs; this layer's gate/up, after
-    // QKV's wait in the PDL chain, writes them again, and this layer's down polls them.
-    if (down_polls_input()) qkv.mark_unwritten = UnwrittenMark{d_act_.data(), F_};
     qkv.start_delay_ns = options_.qkv_start_delay_ns;
     decode_gemv(GemvInput::kRmsNorm, GemvOutput::kRopeAppend, qkv, pdl, s);
     done("qkv_rope_append");
@@ -854,8 +849,6 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     down.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
     down.second_batch_in_shared = options_.down_second_batch_in_shared;
     down.input_from_global = options_.down_input_from_global;
-    down.input_polled = down_polls_input();
-    down.poll_probe = options_.down_poll_probe;
     down.timeline = timeline_slot(4 * l + 3);
     down.start_delay_ns = options_.down_start_delay_ns;
     step_gemv_settings(down);

@@ -106,9 +106,6 @@ struct CudaModelOptions {
   /// rounds: 954 / 955 / 954 tokens/s against 946 x 3 after a 16-token prompt, 856 against
   /// 840 after 2048 tokens. bench_model --widen-input / --no-widen-input.
   bool gemv_widen_input = true;
-  /// The GEMVs' weight loads ask L2 to fetch 256 bytes at a time from HBM
-  /// (DecodeGemvParams::weight_prefetch_256). bench_model measures it.
-  bool gemv_prefetch_256 = false;
   /// The O projection lets gate/up start as soon as it starts itself (DecodeGemvParams::
   /// allow_dependents_early): gate/up's weights then stream during the attention, which
   /// otherwise leaves HBM idle. bench_model measures both.
@@ -133,15 +130,6 @@ struct CudaModelOptions {
   /// turned (2026-12-01, three interleaved A/B pairs): staged 931-932 against 913-914
   /// tokens/s, and 812 against 785 after a 2048-token prompt. Off; bench_model measures both.
   bool down_input_from_global = false;
-  /// The down projection does not wait for gate/up to end: it polls gate/up's outputs,
-  /// half a row at a time, and multiplies each half once it is written
-  /// (DecodeGemvParams::input_polled). The QKV GEMV of each layer marks those outputs
-  /// unwritten again after its wait (DecodeGemvParams::mark_unwritten). Ignored with the
-  /// persistent step, with down_input_from_global or down_second_batch_in_shared, and when
-  /// decode_skip leaves gate/up or down out. bench_model measures it.
-  bool down_polls_input = false;
-  /// With down_polls_input: one thread a block polls each half (DecodeGemvParams::poll_probe).
-  bool down_poll_probe = false;
   /// The same for the O projection (its input: the attention output, 1536 values), when
   /// the attention is its own kernel (kCluster, kSplitCombine). Faster alone (1.93
   /// against 2.42 us in a graph) but slower in the step (845-862 against 866-888
@@ -394,11 +382,6 @@ class CudaModel final : public Backend {
     const __nv_bfloat16* w_down;      // (C, F)
     const __nv_bfloat16* b_down;      // (C) or nullptr
   };
-  /// options_.down_polls_input, where the step runs it (see there).
-  bool down_polls_input() const {
-    return options_.down_polls_input && !options_.persistent_decode && !options_.down_input_from_global &&
-           !options_.down_second_batch_in_shared && !(options_.decode_skip & (kSkipGateUp | kSkipDown));
-  }
   /// What the side branch asks L2 for in `layer` (options_.side_prefetch_*).
   L2PrefetchPlan side_prefetch_plan(const Layer& layer) const;
 

@@ -489,25 +489,11 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       options.hold_until_attention_end = true;
       options.v6_handover = V6Handover::kPull;
       runs.push_back(run(options));
-      // Nor does down polling gate/up's outputs instead of waiting for gate/up to end
-      // (QKV marking them unwritten), in a graph with PDL, eagerly with and without it.
-      for (const auto& [graph, pdl] : {std::pair{true, true}, std::pair{false, true}, std::pair{false, false}}) {
-        options = cuda_options(0, 1024, graph, pdl);
-        options.down_polls_input = true;
-        runs.push_back(run(options));
-      }
-      options = cuda_options();
-      options.down_polls_input = options.down_poll_probe = true;
-      runs.push_back(run(options));
-      // Nor does the L2::256B prefetch-size hint on the weight loads (a cache hint).
-      options = cuda_options();
-      options.gemv_prefetch_256 = true;
-      runs.push_back(run(options));
     }
     // The same kernels in the same order: bit for bit the same logits.
     for (size_t i = 1; i < runs.size(); ++i) {
       INFO(spec.name << " run " << i
-                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early; then the input widened or not; then O after the attention's inputs; then carveouts 0 (graph) and 100 (eager); then O and gate/up held, gate/up blocks 1-2 held, no hold and no pause, 500 ns pauses, then gate/up held to the pulled attention's end; then down polling its input: graph, eager, eager without PDL, graph with the probe; then the 256-byte L2 prefetch hint)");
+                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early; then the input widened or not; then O after the attention's inputs; then carveouts 0 (graph) and 100 (eager); then O and gate/up held, gate/up blocks 1-2 held, no hold and no pause, 500 ns pauses, then gate/up held to the pulled attention's end)");
       REQUIRE(runs[i] == runs[0]);
     }
     // The side branch that asks L2 for gate/up's and down's last rows changes no value:
@@ -800,7 +786,7 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
                     : kernel == DecodeGemvKernel::kRegisterLoads ? "register loads"
                                                                  : "register pipelined")
                 << " second batch in shared " << second_batch_in_shared << " input read in place "
-                << input_from_global << " input widened " << widen_input << " (with PDL: and the 256 B hint)");
+                << input_from_global << " input widened " << widen_input);
       const int rows = c.output == GemvOutput::kSwiGLU ? 2 * c.N : c.N;
       const std::vector<uint16_t> x = random_bf16(c.K, ++case_seed, 2.0f);
       const std::vector<uint16_t> W = random_bf16(size_t(rows) * c.K, ++case_seed, 1.0f / std::sqrt(float(c.K)));
@@ -864,8 +850,6 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
       // multiple of 64 (lanes past the row's end), else 4.
       if (kernel != DecodeGemvKernel::kBulkStream && pdl) p.split_warps = c.K % 64 != 0 ? 8 : 4;
       p.widen_input = widen_input;
-      // With PDL, the widened forms (and down's) also carry the L2::256B prefetch hint.
-      p.weight_prefetch_256 = widen_input && pdl;
       if (register_option) {
         p.second_batch_in_shared = second_batch_in_shared;
         p.input_from_global = input_from_global;
