@@ -93,7 +93,8 @@ int main() {
     const bool big = shape.output == GemvOutput::kSwiGLU || in_place;
     // The arguments of one launch on weight copy `copy`.
     auto gemv_params = [&](int copy, bool evict_first, int split, bool second_batch_in_shared,
-                           bool input_from_global, int start_delay_ns, bool widen_input = false) {
+                           bool input_from_global, int start_delay_ns, bool widen_input = false,
+                           int max_blocks_per_sm = 0) {
       DecodeGemvParams p{};
       p.y = y.data();
       p.x = x.data();
@@ -113,15 +114,16 @@ int main() {
       p.input_from_global = input_from_global;
       p.start_delay_ns = start_delay_ns;
       p.widen_input = widen_input;
+      p.max_blocks_per_sm = max_blocks_per_sm;
       return p;
     };
     // One row: `label`, the chain timed from the host and as a graph, and alone when asked.
     auto add_row = [&](const std::string& label, DecodeGemvKernel kernel, bool evict_first, int split,
                        bool time_alone, bool second_batch_in_shared = false, bool input_from_global = false,
-                       int start_delay_ns = 0, bool widen_input = false) {
+                       int start_delay_ns = 0, bool widen_input = false, int max_blocks_per_sm = 0) {
       auto params = [&](int copy) {
         return gemv_params(copy, evict_first, split, second_batch_in_shared, input_from_global, start_delay_ns,
-                           widen_input);
+                           widen_input, max_blocks_per_sm);
       };
       std::string alone_us, alone_pct;
       if (time_alone) {
@@ -174,6 +176,18 @@ int main() {
       if (!in_place) {
         add_row(std::string("register loads, evict-first") + (big ? ", 300 ns pause" : "") + ", input widened",
                 kernel, true, 0, true, false, false, big ? 300 : 0, true);
+      }
+      // The big GEMVs with fewer blocks resident an SM (DecodeGemvParams::
+      // max_blocks_per_sm): each warp takes more rows, and the next launch's blocks find
+      // room to start, and ask for their first weights, while this launch still runs.
+      // Down in its fastest form in this chain (input in place, the 1 ns pause), its rows
+      // still split over 2 warps (the automatic choice would fall to 1 with fewer warps).
+      if (big) {
+        for (int cap : {2, 1}) {
+          add_row(std::string("register loads, evict-first") + (in_place ? ", input in place, 1 ns pause" : "") +
+                      ", at most " + std::to_string(cap) + " blocks an SM" + (in_place ? ", 2 warps/row" : ""),
+                  kernel, true, in_place ? 2 : 0, false, false, in_place, in_place ? 1 : 0, false, cap);
+        }
       }
     }
     // The model's form (evict-first, the epilogue inputs before the wait, gate/up and
