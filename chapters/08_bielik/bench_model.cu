@@ -53,6 +53,8 @@ struct Args {
   int prompt_tokens = 16;  ///< --decode-only: the prompt before the decoded tokens
   int context = 0;
   bool ttft_only = false;    ///< load, compare TTFT with v6 and v5 prefill attention, stop
+  bool ttft_rows_ab = false;  ///< with ttft_only: A/B the last layer's rows only (on / off), not the attention
+  bool prefill_all_rows = false;  ///< --prefill-all-rows: prefill_last_layer_rows_only off
   bool timeline = false;     ///< load, print the decode GEMVs' timeline (one step), stop
   bool sampling_only = false;  ///< load, print the sampling table, stop
   bool gate_up_after_o = false;  ///< o_allows_gate_up_early = false
@@ -123,6 +125,11 @@ Args parse(int argc, char** argv) {
       if (a.prompt_tokens < 1) throw std::invalid_argument("--prompt-tokens must be >= 1");
     } else if (flag == "--ttft-only") {
       a.ttft_only = true;
+    } else if (flag == "--ttft-rows-ab") {
+      a.ttft_only = true;
+      a.ttft_rows_ab = true;
+    } else if (flag == "--prefill-all-rows") {
+      a.prefill_all_rows = true;
     } else if (flag == "--sampling-only") {
       a.sampling_only = true;
     } else if (flag == "--timeline") {
@@ -261,7 +268,7 @@ Args parse(int argc, char** argv) {
     } else {
       throw std::invalid_argument("unknown argument " + flag +
                                   " (usage: bench_model [--model DIR] [--out FILE] [--decode-tokens N] [--context N]"
-                                  " [--decode-only [--prompt-tokens N]] [--ttft-only] [--timeline] [--sampling-only] [--prefill-attention v5|v6]"
+                                  " [--decode-only [--prompt-tokens N]] [--ttft-only] [--ttft-rows-ab] [--prefill-all-rows] [--timeline] [--sampling-only] [--prefill-attention v5|v6]"
                                   " [--attention cluster_o|cluster|cluster_per_head|split_combine|merge_in_o]"
                                   " [--replicas N] [--splits N] [--short-max-keys N] [--short-splits N] [--long-min-keys N]"
                                   " [--long-splits N]"
@@ -689,6 +696,7 @@ int main(int argc, char** argv) {
     options.side_prefetch_fork = args.side_prefetch_fork;
     options.side_prefetch_stride_bytes = args.side_prefetch_stride;
     options.prefill_attention_clusters = args.prefill_attention_clusters;
+    options.prefill_last_layer_rows_only = !args.prefill_all_rows;
     options.decode_timeline = args.timeline;
     options.o_allows_gate_up_early = !args.gate_up_after_o;
     const double load_start = now_ms();
@@ -723,12 +731,20 @@ int main(int argc, char** argv) {
       print_decode_timeline(*model);
       return 0;
     }
-    if (args.ttft_only) {  // the prefill attention A/B: two models, alternating rounds
+    if (args.ttft_only) {  // a prefill A/B: two models, alternating rounds
+      // The prefill attention (v6 or v5), or with --ttft-rows-ab the last layer's rows
+      // (only those whose logits are asked for, or all).
       CudaModelOptions o = options;
-      o.prefill_attention_clusters = !options.prefill_attention_clusters;
-      CudaModel other(args.model, o);
       const char* name = options.prefill_attention_clusters ? "v6" : "v5";
       const char* other_name = options.prefill_attention_clusters ? "v5" : "v6";
+      if (args.ttft_rows_ab) {
+        o.prefill_last_layer_rows_only = !options.prefill_last_layer_rows_only;
+        name = options.prefill_last_layer_rows_only ? "last layer, last row only" : "last layer, every row";
+        other_name = options.prefill_last_layer_rows_only ? "last layer, every row" : "last layer, last row only";
+      } else {
+        o.prefill_attention_clusters = !options.prefill_attention_clusters;
+      }
+      CudaModel other(args.model, o);
       BenchTable table("model_prefill_attention", {"round", "prompt tokens", std::string("TTFT ms, ") + name,
                                                    std::string("TTFT ms, ") + other_name, "ratio"});
       for (int round = 0; round < 2; ++round) {
@@ -750,7 +766,15 @@ int main(int argc, char** argv) {
       const double ms = ttft_ms(*model, n);
       peak_used = std::max(peak_used, used_device_bytes());
       ttft[std::to_string(n)] = ms;
-      const double flops = 2.0 * n * (double(model->decode_weight_bytes()) / 2 - double(V) * C);  // minus lm_head rows
+      // The matmuls' FLOPs: 2 per weight per token (minus the lm_head, one row), minus the
+      // last layer's O and MLP on the rows it skips (prefill_last_layer_rows_only).
+      const ModelConfig& mc = model->config();
+      const double skipped_weights =
+          options.prefill_last_layer_rows_only
+              ? double(mc.num_attention_heads) * mc.head_dim * C + 3.0 * mc.intermediate_size * C
+              : 0.0;
+      const double flops = 2.0 * n * (double(model->decode_weight_bytes()) / 2 - double(V) * C) -
+                           2.0 * (n - 1) * skipped_weights;
       prefill_table.add_row({std::to_string(n), fmt(ms, 3), fmt(n / (ms * 1e-3), 0), fmt(tflop_per_s(flops, ms), 1)});
     }
 
@@ -848,6 +872,25 @@ int main(int argc, char** argv) {
       CudaModel m(args.model, o);
       for (int n : {512, 2048}) {
         if (n <= model_context) ttft_other_attention[std::to_string(n)] = ttft_ms(m, n);
+      }
+    }
+
+    // Prefill's last layer on every row instead of the last one (prefill_last_layer_rows_only).
+    BenchTable last_layer_table("model_prefill_last_layer",
+                                {"prompt tokens", "TTFT ms, last layer on the last row only",
+                                 "TTFT ms, last layer on every row", "every row / last row"});
+    nlohmann::json ttft_every_row = nlohmann::json::object();
+    {
+      CudaModelOptions o = options;
+      o.prefill_last_layer_rows_only = !options.prefill_last_layer_rows_only;
+      CudaModel m(args.model, o);
+      for (int n : {16, 128, 512, 2048}) {
+        if (n > model_context) continue;
+        const double mine = ttft_ms(*model, n), other = ttft_ms(m, n);
+        const double rows_only = options.prefill_last_layer_rows_only ? mine : other;
+        const double every = options.prefill_last_layer_rows_only ? other : mine;
+        ttft_every_row[std::to_string(n)] = every;
+        last_layer_table.add_row({std::to_string(n), fmt(rows_only, 3), fmt(every, 3), fmt(every / rows_only, 3) + "x"});
       }
     }
 
@@ -1071,6 +1114,7 @@ int main(int argc, char** argv) {
                   options.prefill_attention_clusters ? "v5" : "v6", double(ms),
                   options.prefill_attention_clusters ? "v6" : "v5", double(ttft[n]));
     }
+    last_layer_table.print();
     prefill_step_table.print();
     std::printf("prefill pass (sum of the table) %.1f us\n", prefill_pass_us);
     decode_table.print();
@@ -1188,6 +1232,7 @@ int main(int argc, char** argv) {
         {"ttft_512_no_pdl_ms", no_pdl_ttft_512},
         {"prefill_attention", options.prefill_attention_clusters ? "v6" : "v5"},
         {"ttft_other_prefill_attention_ms", ttft_other_attention},
+        {"ttft_last_layer_every_row_ms", ttft_every_row},
         {"decode_tokens", tokens},
         {"decode_tok_s", tok_s},
         {"decode_ms_per_token", ms_per_token},

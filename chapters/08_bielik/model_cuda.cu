@@ -574,8 +574,14 @@ void CudaModel::forward_chunk(const int32_t* tokens, int T, bool all_logits, flo
   // The kernels between the GEMMs (norms, split + RoPE + append, attention, SwiGLU) are
   // launched with PDL when the model uses it: each may start while the kernel before it
   // drains, and waits on the GPU for its results.
+  // The last layer's queries, O projection and MLP matter only for the rows whose logits
+  // are asked for: with Logits::kLast, the last token (row T - 1), and in a chunk before
+  // the last, none. Every row's keys and values still go into its cache.
+  const bool rows_only = options_.prefill_last_layer_rows_only && !all_logits;
+  const int last_layer_rows = logits != nullptr ? 1 : 0;
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
+    const bool trimmed = rows_only && l + 1 == layers_.size();
     // h = rmsnorm(x); from layer 1 on, the previous layer's MLP output is added first.
     if (l == 0) {
       rmsnorm_forward(p_h_.data(), p_x_.data(), L.input_norm, T, C_, eps, s);
@@ -589,6 +595,11 @@ void CudaModel::forward_chunk(const int32_t* tokens, int T, bool all_logits, flo
     const QkvRopeAppendOut split{p_q_.data(), p_k_.data(), p_v_.data(), kv_.k(int(l)), kv_.v(int(l)), context};
     qkv_rope_append(split, p_qkv_.data(), T, P, H_, Hkv_, rope_, s, use_pdl_);
     done("split_rope_append");
+    if (trimmed && last_layer_rows == 0) break;  // the cache has this chunk; nothing reads the rest
+    // Rows [first_row, T) go on (all of them, or the last one in the trimmed last layer):
+    // the queries, attention output and MLP buffers then hold `rows` rows from row 0.
+    const int rows = trimmed ? last_layer_rows : T;
+    const int first_row = T - rows;
     const __nv_bfloat16* keys = p_k_.data();
     const __nv_bfloat16* values = p_v_.data();
     if (P > 0) {
@@ -597,33 +608,42 @@ void CudaModel::forward_chunk(const int32_t* tokens, int T, bool all_logits, flo
       keys = p_k_gathered_.data();
       values = p_v_gathered_.data();
     }
+    // The last `rows` queries: the attention puts them at positions P + first_row ...
+    // (chapter 05: Tq queries are the last Tq of Tkv tokens).
+    const __nv_bfloat16* queries = p_q_.data() + size_t(first_row) * HD;
     if (options_.prefill_attention_clusters && device_is_sm90_or_newer()) {  // (before sm_90, v6 is v3: use v5)
-      attention_v6_cluster_split_keys_with(p_attn_.data(), p_q_.data(), keys, values, T, P + T, H_, Hkv_, D_, s,
+      attention_v6_cluster_split_keys_with(p_attn_.data(), queries, keys, values, rows, P + T, H_, Hkv_, D_, s,
                                            use_pdl_, 0);
     } else {
-      attention_forward(p_attn_.data(), p_q_.data(), keys, values, T, P + T, H_, Hkv_, D_, s, use_pdl_);
+      attention_forward(p_attn_.data(), queries, keys, values, rows, P + T, H_, Hkv_, D_, s, use_pdl_);
     }
     done("attention");
-    matmul_forward(p_proj_.data(), p_attn_.data(), L.w_o, L.b_o, T, HD, C_, s);
+    matmul_forward(p_proj_.data(), p_attn_.data(), L.w_o, L.b_o, rows, HD, C_, s);
     done("o_gemm");
-    fused_residual_rmsnorm_forward(p_h_.data(), p_x_.data(), p_proj_.data(), L.post_norm, T, C_, eps, s, use_pdl_);
+    // The residual stream's rows [first_row, T) (the others are not read again).
+    __nv_bfloat16* residual = p_x_.data() + size_t(first_row) * C_;
+    fused_residual_rmsnorm_forward(p_h_.data(), residual, p_proj_.data(), L.post_norm, rows, C_, eps, s, use_pdl_);
     done("norm");
     // Gate and up as ONE GEMM over the concatenated (2F, C) weights, then the activation.
     // (Chapter 06 measured its fused tensor-core SwiGLU at half of cuBLASLt's speed at
     // prefill sizes and routes T >= 5 to cuBLASLt + elementwise itself: this is that,
     // in one GEMM instead of two and without its on-demand scratch buffers.)
-    matmul_forward(p_gate_up_.data(), p_h_.data(), L.w_gate_up, L.b_gate_up, T, C_, 2 * F_, s);
+    matmul_forward(p_gate_up_.data(), p_h_.data(), L.w_gate_up, L.b_gate_up, rows, C_, 2 * F_, s);
     done("gate_up_gemm");
-    swiglu_rows(p_act_.data(), p_gate_up_.data(), T, F_, s, use_pdl_);
+    swiglu_rows(p_act_.data(), p_gate_up_.data(), rows, F_, s, use_pdl_);
     done("swiglu");
-    matmul_forward(p_proj_.data(), p_act_.data(), L.w_down, L.b_down, T, F_, C_, s);
+    matmul_forward(p_proj_.data(), p_act_.data(), L.w_down, L.b_down, rows, F_, C_, s);
     done("down_gemm");
   }
   kv_.commit(T, s);
 
   if (logits != nullptr) {
-    // The last residual add, fused with the final norm (every row: it is cheap).
-    fused_residual_rmsnorm_forward(p_h_.data(), p_x_.data(), p_proj_.data(), final_norm_, T, C_, eps, s);
+    // The last residual add, fused with the final norm (every row the last layer
+    // computed: it is cheap). The last token's row of h is then row h_last.
+    const int final_rows = rows_only ? last_layer_rows : T;
+    const size_t h_last = size_t(final_rows - 1);
+    fused_residual_rmsnorm_forward(p_h_.data(), p_x_.data() + size_t(T - final_rows) * C_, p_proj_.data(),
+                                   final_norm_, final_rows, C_, eps, s);
     const size_t V = size_t(V_);
     if (all_logits) {
       std::vector<uint16_t> bits(size_t(kLogitRows) * V);
@@ -642,7 +662,7 @@ void CudaModel::forward_chunk(const int32_t* tokens, int T, bool all_logits, flo
       // Only the last token's logits: the decode path's fp32 lm_head GEMV on one row.
       DecodeGemvParams head{};
       head.y = d_logits_.data();
-      head.x = p_h_.data() + size_t(T - 1) * C_;
+      head.x = p_h_.data() + h_last * C_;
       head.W = lm_head_;
       head.N = V_;
       head.K = C_;

@@ -90,6 +90,11 @@ struct CudaModelOptions {
   /// over a thread block cluster) instead of attention_forward (v5, or v3 on GPUs with
   /// less shared memory). Measured a tie to 3% faster in TTFT; bench_model measures both.
   bool prefill_attention_clusters = true;
+  /// Prefill's last layer computes only the rows whose logits are asked for: the last
+  /// token's (Logits::kLast), none in a chunk before the last (its keys and values still
+  /// go into the cache). No later layer reads the other rows' outputs. Off: every row, as
+  /// Logits::kAll needs. bench_model --ttft-rows-ab measures both.
+  bool prefill_last_layer_rows_only = true;
   /// Resident blocks per SM the decode GEMVs may use (0: as many as fit), for the small
   /// ones (QKV, O) and the large ones (gate/up, down, lm_head). Fewer leaves room on each
   /// SM for the NEXT kernel's blocks, which PDL then starts early: their weight loads

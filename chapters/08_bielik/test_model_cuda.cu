@@ -254,11 +254,21 @@ TEST_CASE("CUDA model: prefill logits match the CPU backend at every position", 
     const double worst = require_rows_close(std::string(spec.name) + " prefill", all, expected, spec.V, kModelTolerance);
     std::printf("%s: prefill(37) vs CPU, worst row rel err %.2e\n", spec.name, worst);
 
-    // Logits::kLast: the fp32 lm_head GEMV on the last row, same numbers within bf16.
+    // Logits::kLast: the fp32 lm_head GEMV on the last row, same numbers within bf16. The
+    // last layer then computes that row alone past the cache append; with
+    // prefill_last_layer_rows_only off, every row, as before.
     cuda.reset();
     const std::vector<float> last = cuda.prefill(prompt, Logits::kLast);
     require_rows_close(std::string(spec.name) + " prefill last", last, row_of(expected, spec.V, prompt.size() - 1),
                        spec.V, kModelTolerance);
+    {
+      CudaModelOptions every_row = cuda_options();
+      every_row.prefill_last_layer_rows_only = false;
+      CudaModel untrimmed(dir, every_row);
+      require_rows_close(std::string(spec.name) + " prefill last, every row of the last layer",
+                         untrimmed.prefill(prompt, Logits::kLast), row_of(expected, spec.V, prompt.size() - 1),
+                         spec.V, kModelTolerance);
+    }
 
     // A short prompt (T <= 8: chapter 03's GEMV instead of the GEMM).
     cpu.reset();
@@ -281,6 +291,17 @@ TEST_CASE("CUDA model: a prompt longer than the prefill chunk matches the CPU ba
                                             cuda.prefill(prompt, Logits::kAll), cpu.prefill(prompt, Logits::kAll),
                                             spec.V, kModelTolerance);
     std::printf("%s: prefill(53) in chunks of 16 vs CPU, worst row rel err %.2e\n", spec.name, worst);
+    // Logits::kLast: the chunks before the last stop their last layer at the cache
+    // append, the last chunk's last layer computes one row. Its logits, and a decode step
+    // that reads every chunk's keys and values from the cache, still match the CPU's.
+    cpu.reset();
+    cuda.reset();
+    const std::vector<float> expected_last = cpu.prefill(prompt, Logits::kLast);
+    require_rows_close(std::string(spec.name) + " chunked prefill, last row", cuda.prefill(prompt, Logits::kLast),
+                       expected_last, spec.V, kModelTolerance);
+    const int32_t next = prompt[7];
+    require_rows_close(std::string(spec.name) + " decode after a chunked prefill", cuda.decode(next), cpu.decode(next),
+                       spec.V, kModelTolerance);
   }
 }
 
