@@ -745,7 +745,8 @@ int main(int argc, char** argv) {
         o.prefill_attention_clusters = !options.prefill_attention_clusters;
       }
       CudaModel other(args.model, o);
-      BenchTable table("model_prefill_attention", {"round", "prompt tokens", std::string("TTFT ms, ") + name,
+      BenchTable table(args.ttft_rows_ab ? "model_prefill_last_layer_ab" : "model_prefill_attention",
+                       {"round", "prompt tokens", std::string("TTFT ms, ") + name,
                                                    std::string("TTFT ms, ") + other_name, "ratio"});
       for (int round = 0; round < 2; ++round) {
         for (int n : {16, 128, 512, 2048}) {
