@@ -94,7 +94,7 @@ int main() {
     // The arguments of one launch on weight copy `copy`.
     auto gemv_params = [&](int copy, bool evict_first, int split, bool second_batch_in_shared,
                            bool input_from_global, int start_delay_ns, bool widen_input = false,
-                           int max_blocks_per_sm = 0) {
+                           int max_blocks_per_sm = 0, int rows_per_warp = 0) {
       DecodeGemvParams p{};
       p.y = y.data();
       p.x = x.data();
@@ -115,15 +115,17 @@ int main() {
       p.start_delay_ns = start_delay_ns;
       p.widen_input = widen_input;
       p.max_blocks_per_sm = max_blocks_per_sm;
+      p.rows_per_warp = rows_per_warp;
       return p;
     };
     // One row: `label`, the chain timed from the host and as a graph, and alone when asked.
     auto add_row = [&](const std::string& label, DecodeGemvKernel kernel, bool evict_first, int split,
                        bool time_alone, bool second_batch_in_shared = false, bool input_from_global = false,
-                       int start_delay_ns = 0, bool widen_input = false, int max_blocks_per_sm = 0) {
+                       int start_delay_ns = 0, bool widen_input = false, int max_blocks_per_sm = 0,
+                       int rows_per_warp = 0) {
       auto params = [&](int copy) {
         return gemv_params(copy, evict_first, split, second_batch_in_shared, input_from_global, start_delay_ns,
-                           widen_input, max_blocks_per_sm);
+                           widen_input, max_blocks_per_sm, rows_per_warp);
       };
       std::string alone_us, alone_pct;
       if (time_alone) {
@@ -187,6 +189,24 @@ int main() {
           add_row(std::string("register loads, evict-first") + (in_place ? ", input in place, 1 ns pause" : "") +
                       ", at most " + std::to_string(cap) + " blocks an SM" + (in_place ? ", 2 warps/row" : ""),
                   kernel, true, in_place ? 2 : 0, false, false, in_place, in_place ? 1 : 0, false, cap);
+        }
+      }
+      // Gate/up and the lm_head in their model forms (input widened; gate/up pausing 300
+      // ns, and not pausing) with fewer rows a warp than one wave needs
+      // (DecodeGemvParams::rows_per_warp): a grid of several waves, whose later blocks
+      // go to whichever SM slot frees first, including this launch's early finishers.
+      const bool several_waves_form = shape.output == GemvOutput::kSwiGLU || shape.output == GemvOutput::kF32;
+      if (several_waves_form) {
+        const bool swiglu = shape.output == GemvOutput::kSwiGLU;
+        const std::vector<int> row_counts = swiglu ? std::vector<int>{1, 2} : std::vector<int>{1, 2, 4, 6};
+        for (int pause_ns : {300, 0}) {
+          if (!swiglu && pause_ns != 0) continue;  // the lm_head does not pause
+          for (int rows : row_counts) {
+            add_row(std::string("register loads, evict-first, input widened") +
+                        (swiglu ? ", " + std::to_string(pause_ns) + " ns pause" : "") + ", " + std::to_string(rows) +
+                        (swiglu ? " row pairs" : " rows") + " a warp (several waves)",
+                    kernel, true, 0, false, false, false, pause_ns, true, 0, rows);
+          }
         }
       }
     }

@@ -287,7 +287,10 @@ void launch_gemv(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaStream
   while (p.K > 2048 && split < kWarps && (long long)p.N * split * 2 <= wave_warps) split *= 2;
   if (p.split_warps > 0) split = p.split_warps;
   const long long unit_slots = wave_warps / split;  // units the wave runs side by side
-  const int rows_per_warp = int(std::max<long long>(1, (p.N + unit_slots - 1) / unit_slots));
+  // The fewest rows a warp for which the grid is one wave, unless p.rows_per_warp asks for
+  // fewer (a grid of several waves) or more.
+  const int one_wave_rows = int(std::max<long long>(1, (p.N + unit_slots - 1) / unit_slots));
+  const int rows_per_warp = p.rows_per_warp > 0 ? p.rows_per_warp : one_wave_rows;
   const int units_per_block = kWarps / split;
   const int blocks = (p.N + units_per_block * rows_per_warp - 1) / (units_per_block * rows_per_warp);
   launch_kernel(pdl, kernel, dim3(blocks), dim3(kThreads), shared_bytes, stream, p, rows_per_warp, split);
@@ -433,6 +436,10 @@ void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, 
   if (p.split_warps != 0 && p.split_warps != 1 && p.split_warps != 2 && p.split_warps != 4 && p.split_warps != 8) {
     throw std::invalid_argument("decode_gemv: split_warps must be 0 (automatic), 1, 2, 4 or 8; got " +
                                 std::to_string(p.split_warps));
+  }
+  if (p.rows_per_warp < 0) {
+    throw std::invalid_argument("decode_gemv: rows_per_warp must be 0 (one wave) or more; got " +
+                                std::to_string(p.rows_per_warp));
   }
   if (output == GemvOutput::kRopeAppend) {
     const RopeAppendTarget& t = p.rope;

@@ -156,6 +156,13 @@ struct DecodeGemvParams {
   /// kRmsNormAddPartials, and optionally kResidualAdd (partials null: none)
   ResidualPartials residual_partials;
   int max_blocks_per_sm = 0;  ///< register kernels: cap on resident blocks per SM (0: occupancy)
+  /// Register kernels: output rows (units) each warp computes. 0: the fewest that fit
+  /// the grid in one wave, every block resident from the start (the default). Fewer
+  /// rows a warp make a grid of several waves: the hardware then hands each later block
+  /// to whichever SM slot frees first, so the blocks that started early (while the kernel
+  /// before still ran) take more of the rows, at the price of one input staging more
+  /// per block. bench_decode_gemv and bench_model measure it.
+  int rows_per_warp = 0;
   /// Register kernels: read W with an L2 evict-first cache hint. The weights are read
   /// once per step and then only take L2 room from what IS read again soon: the KV
   /// cache the step just appended to, the biases, the norm weights, the activations.
@@ -217,8 +224,9 @@ struct DecodeGemvParams {
 /// warp when N is large, 2-8 warps per row when K > 2048 and N alone would not fill one
 /// wave), 16-byte streaming loads of W with 8 (gate/up: 2 x 6) in flight per lane, the
 /// input vector staged (and normalized) in shared memory by every block. One wave of
-/// blocks: every block is resident from the start, which is what lets its first weight
-/// loads go out before the PDL wait.
+/// blocks (unless DecodeGemvParams::rows_per_warp asks for fewer rows a warp): every
+/// block is resident from the start, which is what lets its first weight loads go out
+/// before the PDL wait.
 /// Needs K % 8 == 0, K <= 16384 (shared memory), 16-byte aligned x, W and norm_weight;
 /// kAttentionMerge only with kResidualAdd (the O projection), the register kernels, and
 /// a complete AttentionMergeSource with K = H * D, D % 8 == 0; kRmsNormAddPartials only
