@@ -94,8 +94,6 @@ struct Args {
   bool rope_after_wait = CudaModelOptions{}.qkv_rope_inputs_after_wait;
   int small_blocks = CudaModelOptions{}.small_gemv_blocks_per_sm;
   int large_blocks = CudaModelOptions{}.large_gemv_blocks_per_sm;
-  int gate_up_rows = CudaModelOptions{}.gate_up_rows_per_warp;  ///< --gate-up-rows N (0: one wave)
-  int lm_head_rows = CudaModelOptions{}.lm_head_rows_per_warp;  ///< --lm-head-rows N (0: one wave)
   double side_prefetch_gate_up_mb = 0.0;  ///< --side-prefetch GATE_UP_MB[,DOWN_MB]
   double side_prefetch_down_mb = 0.0;
   L2PrefetchForm side_prefetch_form = L2PrefetchForm::kLines;  ///< --side-prefetch-form lines|bulk|loads
@@ -188,10 +186,6 @@ Args parse(int argc, char** argv) {
       a.hold_until_end = true;
     } else if (flag == "--hold-gate-up-from") {
       a.hold_gate_up_from = std::stoi(value());
-    } else if (flag == "--gate-up-rows") {
-      a.gate_up_rows = std::stoi(value());
-    } else if (flag == "--lm-head-rows") {
-      a.lm_head_rows = std::stoi(value());
     } else if (flag == "--gate-up-start-delay") {
       a.gate_up_delay = std::stoi(value());
     } else if (flag == "--down-start-delay") {
@@ -286,7 +280,6 @@ Args parse(int argc, char** argv) {
                                   " [--down-global-input|--down-staged-input] [--o-global-input]"
                                   " [--rope-after-wait]"
                                   " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N]"
-                                  " [--gate-up-rows N] [--lm-head-rows N]"
                                   " [--side-prefetch GATE_UP_MB[,DOWN_MB] [--side-prefetch-form lines|bulk|loads] [--side-prefetch-blocks N]"
                                   " [--side-prefetch-stride BYTES] [--side-prefetch-after-qkv]])");
     }
@@ -696,8 +689,6 @@ int main(int argc, char** argv) {
     options.qkv_rope_inputs_after_wait = args.rope_after_wait;
     options.small_gemv_blocks_per_sm = args.small_blocks;
     options.large_gemv_blocks_per_sm = args.large_blocks;
-    options.gate_up_rows_per_warp = args.gate_up_rows;
-    options.lm_head_rows_per_warp = args.lm_head_rows;
     options.side_prefetch_gate_up_mb = args.side_prefetch_gate_up_mb;
     options.side_prefetch_down_mb = args.side_prefetch_down_mb;
     options.side_prefetch_form = args.side_prefetch_form;

@@ -107,9 +107,7 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
                                     {"down_start_delay_ns", options_.down_start_delay_ns},
                                     {"qkv_start_delay_ns", options_.qkv_start_delay_ns},
                                     {"o_start_delay_ns", options_.o_start_delay_ns},
-                                    {"lm_head_start_delay_ns", options_.lm_head_start_delay_ns},
-                                    {"gate_up_rows_per_warp", options_.gate_up_rows_per_warp},
-                                    {"lm_head_rows_per_warp", options_.lm_head_rows_per_warp}}) {
+                                    {"lm_head_start_delay_ns", options_.lm_head_start_delay_ns}}) {
     if (value < 0) throw std::invalid_argument(std::string(name) + " must be >= 0, got " + std::to_string(value));
   }
   if (options_.prefill_chunk < 1) {
@@ -857,7 +855,6 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     if (!fused_o && !v6_fuses_o_) done("o_proj");
     DecodeGemvParams gate_up{d_act_.data(), d_x_.data(), L.post_norm, L.w_gate_up, L.b_gate_up, F_, C_, eps};
     gate_up.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
-    gate_up.rows_per_warp = options_.gate_up_rows_per_warp;
     gate_up.second_batch_in_shared = options_.gate_up_second_batch_in_shared;
     gate_up.timeline = timeline_slot(4 * l + 2);
     gate_up.hold = hold_for_attention(l, options_.gate_up_hold_blocks);
@@ -883,7 +880,6 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   }
   DecodeGemvParams head{d_logits_.data(), d_x_.data(), final_norm_, lm_head_, nullptr, V_, C_, eps};
   head.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
-  head.rows_per_warp = options_.lm_head_rows_per_warp;
   head.timeline = timeline_slot(4 * layers_.size());
   head.start_delay_ns = options_.lm_head_start_delay_ns;
   step_gemv_settings(head);

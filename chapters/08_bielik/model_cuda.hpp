@@ -101,14 +101,6 @@ struct CudaModelOptions {
   /// overlap this kernel (bench_model sweeps these).
   int small_gemv_blocks_per_sm = 0;
   int large_gemv_blocks_per_sm = 0;
-  /// Output rows (gate/up: row pairs) each warp of the gate/up and lm_head GEMVs
-  /// computes (DecodeGemvParams::rows_per_warp). 0: the fewest that fit one wave (gate/up
-  /// 3, the lm_head 11 on an H200), every block resident from the start. Fewer make a
-  /// grid of several waves, whose later blocks go to whichever SM slot frees first, so
-  /// the blocks PDL started early take more of the rows. bench_model --gate-up-rows N,
-  /// --lm-head-rows N.
-  int gate_up_rows_per_warp = 0;
-  int lm_head_rows_per_warp = 0;
   /// Decode GEMVs read their weights with an L2 evict-first hint (DecodeGemvParams::
   /// stream_evict_first): the 3 GB a step streams then stop pushing the KV cache, the
   /// biases and the norm weights out of L2. bench_model measures both.

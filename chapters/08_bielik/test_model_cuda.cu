@@ -194,21 +194,20 @@ TEST_CASE("CUDA model: a head_dim the attention kernels lack is refused at load"
 
 TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming the option", "[ch08][gpu][model]") {
   const std::string dir = tiny_checkpoint(kSpecs[0]);
-  for (int which = 0; which < 12; ++which) {
+  for (int which = 0; which < 10; ++which) {
     CudaModelOptions options = cuda_options();
     int* option[] = {&options.attention_splits,       &options.attention_min_keys_per_split,
                      &options.attention_o_replicas,   &options.decode_shared_carveout,
                      &options.decode_shared_carveout, &options.gate_up_hold_blocks,
                      &options.down_start_delay_ns,    &options.qkv_start_delay_ns,
-                     &options.o_start_delay_ns,       &options.lm_head_start_delay_ns,
-                     &options.gate_up_rows_per_warp,  &options.lm_head_rows_per_warp};
+                     &options.o_start_delay_ns,       &options.lm_head_start_delay_ns};
     // replicas: at least one; carveout: -1 or a percent
-    const int bad_value[] = {-1, -1, 0, -2, 101, -1, -5, -1, -300, -1, -1, -2};
+    const int bad_value[] = {-1, -1, 0, -2, 101, -1, -5, -1, -300, -1};
     *option[which] = bad_value[which];
     const char* names[] = {"attention_splits",       "attention_min_keys_per_split", "attention_o_replicas",
                            "decode_shared_carveout", "decode_shared_carveout",       "gate_up_hold_blocks",
                            "down_start_delay_ns",    "qkv_start_delay_ns",           "o_start_delay_ns",
-                           "lm_head_start_delay_ns", "gate_up_rows_per_warp",        "lm_head_rows_per_warp"};
+                           "lm_head_start_delay_ns"};
     const std::string name = names[which];
     bool refused = false;
     try {
@@ -511,17 +510,11 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       options.hold_until_attention_end = true;
       options.v6_handover = V6Handover::kPull;
       runs.push_back(run(options));
-      // Nor does how many rows a warp of gate/up and the lm_head takes (here fewer
-      // blocks than the one-wave default, whose tiny GEMVs take one row a warp).
-      options = cuda_options();
-      options.gate_up_rows_per_warp = 2;
-      options.lm_head_rows_per_warp = 3;
-      runs.push_back(run(options));
     }
     // The same kernels in the same order: bit for bit the same logits.
     for (size_t i = 1; i < runs.size(); ++i) {
       INFO(spec.name << " run " << i
-                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early; then the input widened or not; then O after the attention's inputs; then carveouts 0 (graph) and 100 (eager); then O and gate/up held, gate/up blocks 1-2 held, no hold and no pause, 500 ns pauses, then gate/up held to the pulled attention's end; then 2 and 3 rows a warp for gate/up and the lm_head)");
+                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early; then the input widened or not; then O after the attention's inputs; then carveouts 0 (graph) and 100 (eager); then O and gate/up held, gate/up blocks 1-2 held, no hold and no pause, 500 ns pauses, then gate/up held to the pulled attention's end)");
       REQUIRE(runs[i] == runs[0]);
     }
     // The side branch that asks L2 for gate/up's and down's last rows changes no value:
@@ -805,20 +798,31 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
     // waves at Bielik's big shapes, fewer blocks than one wave at the small ones.
     const int plain_variants = 2 * int(kernels.size());
     for (int index = 0; index < plain_variants + 9; ++index) {
-      const int forced_rows_variant = index - (plain_variants + 6);  // 0, 1, 2, or < 0: none
-      const int forced_rows = forced_rows_variant == 0 ? 1 : forced_rows_variant == 1 ? 5 : forced_rows_variant == 2 ? 2 : 0;
-      const bool widen_input = forced_rows == 0 && index >= plain_variants + 4;
+      // The forced-rows variants: (rows, PDL, kernel) for index - (plain_variants + 6).
+      struct ForcedRows {
+        int rows;
+        bool pdl;
+        DecodeGemvKernel kernel;
+      };
+      const ForcedRows forced_rows_variants[] = {{1, true, DecodeGemvKernel::kRegisterLoads},
+                                                 {5, false, DecodeGemvKernel::kRegisterLoads},
+                                                 {2, true, DecodeGemvKernel::kRegisterPipelined}};
+      const bool rows_forced = index >= plain_variants + 6;
+      const ForcedRows forced = rows_forced ? forced_rows_variants[index - plain_variants - 6] : ForcedRows{0, false, {}};
+      const int forced_rows = forced.rows;
+      const bool widen_input = !rows_forced && index >= plain_variants + 4;
       const int variant = widen_input ? index - plain_variants - 4 : index;  // widened: as variants 0 and 1
-      const bool second_batch_in_shared = forced_rows == 0 && (variant == plain_variants || variant == plain_variants + 1);
-      const bool input_from_global = forced_rows == 0 && variant >= plain_variants + 2;
+      const bool second_batch_in_shared = !rows_forced && (variant == plain_variants || variant == plain_variants + 1);
+      const bool input_from_global = !rows_forced && variant >= plain_variants + 2;
       const bool register_option = second_batch_in_shared || input_from_global;
-      const bool pdl = forced_rows > 0                ? forced_rows_variant != 1
-                       : register_option ? (variant - plain_variants) % 2 == 0
-                                         : variant % 2 == 1;
-      const DecodeGemvKernel kernel = forced_rows > 0 ? (forced_rows_variant == 2 ? DecodeGemvKernel::kRegisterPipelined
-                                                                                   : DecodeGemvKernel::kRegisterLoads)
-                                      : register_option ? DecodeGemvKernel::kRegisterLoads
-                                                        : kernels[variant / 2];
+      bool pdl = register_option ? (variant - plain_variants) % 2 == 0 : variant % 2 == 1;
+      DecodeGemvKernel kernel = register_option ? DecodeGemvKernel::kRegisterLoads : DecodeGemvKernel::kAuto;
+      if (rows_forced) {
+        pdl = forced.pdl;
+        kernel = forced.kernel;
+      } else if (!register_option) {
+        kernel = kernels[variant / 2];
+      }
       INFO("N=" << c.N << " K=" << c.K << " output " << int(c.output) << " pdl " << pdl << " kernel "
                 << (kernel == DecodeGemvKernel::kBulkStream       ? "bulk stream"
                     : kernel == DecodeGemvKernel::kRegisterLoads ? "register loads"
@@ -886,7 +890,7 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
       // With PDL the register kernels split each row over a forced number of warps (the
       // automatic choice, 1 or 2 for these shapes, runs without PDL): 8 where K is not a
       // multiple of 64 (lanes past the row's end), else 4.
-      if (kernel != DecodeGemvKernel::kBulkStream && pdl && forced_rows == 0) p.split_warps = c.K % 64 != 0 ? 8 : 4;
+      if (kernel != DecodeGemvKernel::kBulkStream && pdl && !rows_forced) p.split_warps = c.K % 64 != 0 ? 8 : 4;
       p.widen_input = widen_input;
       p.rows_per_warp = forced_rows;
       if (register_option) {
