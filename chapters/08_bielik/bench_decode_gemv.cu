@@ -94,7 +94,7 @@ int main() {
     // The arguments of one launch on weight copy `copy`.
     auto gemv_params = [&](int copy, bool evict_first, int split, bool second_batch_in_shared,
                            bool input_from_global, int start_delay_ns, bool widen_input = false,
-                           int max_blocks_per_sm = 0, int rows_per_warp = 0) {
+                           int max_blocks_per_sm = 0, int rows_per_warp = 0, bool shared_after_staging = false) {
       DecodeGemvParams p{};
       p.y = y.data();
       p.x = x.data();
@@ -116,16 +116,17 @@ int main() {
       p.widen_input = widen_input;
       p.max_blocks_per_sm = max_blocks_per_sm;
       p.rows_per_warp = rows_per_warp;
+      p.second_batch_after_staging = shared_after_staging;
       return p;
     };
     // One row: `label`, the chain timed from the host and as a graph, and alone when asked.
     auto add_row = [&](const std::string& label, DecodeGemvKernel kernel, bool evict_first, int split,
                        bool time_alone, bool second_batch_in_shared = false, bool input_from_global = false,
                        int start_delay_ns = 0, bool widen_input = false, int max_blocks_per_sm = 0,
-                       int rows_per_warp = 0) {
+                       int rows_per_warp = 0, bool shared_after_staging = false) {
       auto params = [&](int copy) {
         return gemv_params(copy, evict_first, split, second_batch_in_shared, input_from_global, start_delay_ns,
-                           widen_input, max_blocks_per_sm, rows_per_warp);
+                           widen_input, max_blocks_per_sm, rows_per_warp, shared_after_staging);
       };
       std::string alone_us, alone_pct;
       if (time_alone) {
@@ -158,6 +159,10 @@ int main() {
       // second_batch_in_shared), alone and in the chain.
       if (big) {  // gate/up and down: the forms that take it
         add_row("register loads, evict-first, 2nd batch cp.async to shared", kernel, true, 0, true, true);
+        // The same copy issued once the block has staged its input, past the wait
+        // (DecodeGemvParams::second_batch_after_staging), with the model's 300 ns pause.
+        add_row("register loads, evict-first, 300 ns pause, 2nd batch cp.async to shared after staging", kernel, true,
+                0, false, true, false, 300, false, 0, 0, true);
       }
       // O's and down's input read in place by each lane instead of staged by every block
       // (DecodeGemvParams::input_from_global).

@@ -89,6 +89,7 @@ struct Args {
   bool widen_input = CudaModelOptions{}.gemv_widen_input;  ///< --widen-input / --no-widen-input
   bool down_shared = CudaModelOptions{}.down_second_batch_in_shared;
   bool gate_up_shared = CudaModelOptions{}.gate_up_second_batch_in_shared;
+  bool shared_after_staging = CudaModelOptions{}.second_batch_after_staging;
   bool down_global_input = CudaModelOptions{}.down_input_from_global;
   bool o_global_input = CudaModelOptions{}.o_input_from_global;
   bool rope_after_wait = CudaModelOptions{}.qkv_rope_inputs_after_wait;
@@ -148,6 +149,10 @@ Args parse(int argc, char** argv) {
       a.gate_up_after_o = true;
     } else if (flag == "--down-shared") {
       a.down_shared = true;
+    } else if (flag == "--down-shared-after-staging") {
+      a.down_shared = a.shared_after_staging = true;
+    } else if (flag == "--gate-up-shared-after-staging") {
+      a.gate_up_shared = a.shared_after_staging = true;
     } else if (flag == "--down-global-input") {
       a.down_global_input = true;
     } else if (flag == "--down-staged-input") {
@@ -276,7 +281,7 @@ Args parse(int argc, char** argv) {
                                   " [--carveout PERCENT] [--hold-o] [--hold-gate-up BLOCKS] [--hold-until-attention-end] [--hold-gate-up-from N]"
                                   " [--gate-up-start-delay NS] [--down-start-delay NS] [--qkv-start-delay NS] [--o-start-delay NS]"
                                   " [--lm-head-start-delay NS] [--[no-]widen-input] [--qkv-early] [--gate-up-after-o]"
-                                  " [--down-shared]"
+                                  " [--down-shared] [--down-shared-after-staging] [--gate-up-shared-after-staging]"
                                   " [--down-global-input|--down-staged-input] [--o-global-input]"
                                   " [--rope-after-wait]"
                                   " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N]"
@@ -684,6 +689,7 @@ int main(int argc, char** argv) {
     options.gemv_widen_input = args.widen_input;
     options.down_second_batch_in_shared = args.down_shared;
     options.gate_up_second_batch_in_shared = args.gate_up_shared;
+    options.second_batch_after_staging = args.shared_after_staging;
     options.down_input_from_global = args.down_global_input;
     options.o_input_from_global = args.o_global_input;
     options.qkv_rope_inputs_after_wait = args.rope_after_wait;

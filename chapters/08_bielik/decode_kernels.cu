@@ -89,9 +89,12 @@ __global__ void __launch_bounds__(kThreads, 3)
   const bool rows_take_two_batches = chunks > kBatch * stride;
   const int second_row = rows_take_two_batches ? first : first + 1;
   const int second_base = rows_take_two_batches ? base_first + kBatch * stride : base_first;
+  const bool second_exists = second_row < p.N && (rows_take_two_batches || rows_per_warp > 1);
   if constexpr (kSecondBatchShared) {
-    const bool exists = second_row < p.N && (rows_take_two_batches || rows_per_warp > 1);
-    copy_batch_to_shared<Out, kBatch>(second_batch, p, exists ? second_row : -1, second_base, stride, policy);
+    if (!p.second_batch_after_staging) {
+      copy_batch_to_shared<Out, kBatch>(second_batch, p, second_exists ? second_row : -1, second_base, stride,
+                                        policy);
+    }
   }
   uint4 norm_held[kNormHeld];
   load_norm_weight<In>(p, norm_held);
@@ -124,6 +127,15 @@ __global__ void __launch_bounds__(kThreads, 3)
     stage_input<In>(p, x_shared, &warp_partial[0][0], norm_held, x_widened);
   }
   timeline_mark(p.timeline, kTimelineStaged);
+  // (second_batch_after_staging) The second batch goes out now: the kernel before has
+  // finished, so it queues in front of nobody's loads, and it arrives while the first
+  // batch is dotted instead of being asked for after that.
+  if constexpr (kSecondBatchShared) {
+    if (p.second_batch_after_staging) {
+      copy_batch_to_shared<Out, kBatch>(second_batch, p, second_exists ? second_row : -1, second_base, stride,
+                                        policy);
+    }
+  }
   if (!p.allow_dependents_early) pdl_allow_dependents();
   // Otherwise right after the wait: they still arrive during the dot product.
   if (stores && first < p.N && !early) epilogue = load_epilogue_inputs<Out, HasBias>(p, first);
@@ -150,7 +162,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     if (i > 0 && stores && valid) epilogue = load_epilogue_inputs<Out, HasBias>(p, row);
     float acc[2] = {0.0f, 0.0f};
     for (int base = base_first; valid && base < chunks; base += kBatch * stride) {
-      if constexpr (kSecondBatchShared) {  // the second batch: copied before the wait
+      if constexpr (kSecondBatchShared) {  // the second batch: copied before the wait (or after staging)
         if (!loaded && row == second_row && base == second_base) {
           read_batch_from_shared<kRows, kBatch>(w, second_batch);
           loaded = true;

@@ -192,6 +192,12 @@ struct DecodeGemvParams {
   /// bytes are requested before the wait, instead of after the first batch has arrived.
   /// bench_decode_gemv and bench_model measure it.
   bool second_batch_in_shared = false;
+  /// With second_batch_in_shared: each warp's copy goes out right after its block has
+  /// staged the input (past the PDL wait) instead of before the wait. It then queues in
+  /// front of no load of the kernel before (which has finished), and arrives while the
+  /// first batch is dotted, where the plain form asks for it only after that dot.
+  /// bench_decode_gemv and bench_model measure it.
+  bool second_batch_after_staging = false;
   /// kRegisterLoads, the O and down projections' form (kPlain -> kResidualAdd) only:
   /// no block stages the input vector in shared memory; each lane loads the x chunks its
   /// weight chunks meet straight from global memory (through L1, which the block's warps

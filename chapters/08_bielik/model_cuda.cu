@@ -856,6 +856,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     DecodeGemvParams gate_up{d_act_.data(), d_x_.data(), L.post_norm, L.w_gate_up, L.b_gate_up, F_, C_, eps};
     gate_up.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
     gate_up.second_batch_in_shared = options_.gate_up_second_batch_in_shared;
+    gate_up.second_batch_after_staging = options_.second_batch_after_staging;
     gate_up.timeline = timeline_slot(4 * l + 2);
     gate_up.hold = hold_for_attention(l, options_.gate_up_hold_blocks);
     gate_up.hold.first_block = options_.gate_up_hold_first_block;
@@ -868,6 +869,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     DecodeGemvParams down{d_x_.data(), d_act_.data(), nullptr, L.w_down, L.b_down, C_, F_, eps};
     down.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
     down.second_batch_in_shared = options_.down_second_batch_in_shared;
+    down.second_batch_after_staging = options_.second_batch_after_staging;
     down.input_from_global = options_.down_input_from_global;
     down.timeline = timeline_slot(4 * l + 3);
     down.start_delay_ns = options_.down_start_delay_ns;

@@ -127,6 +127,10 @@ struct CudaModelOptions {
   /// noise), down's -3% in both; so both are off. bench_model measures them.
   bool gate_up_second_batch_in_shared = false;
   bool down_second_batch_in_shared = false;
+  /// With the two options above: the copy goes out once the block has staged its input,
+  /// past the wait, instead of before it (DecodeGemvParams::second_batch_after_staging).
+  /// bench_model --down-shared-after-staging / --gate-up-shared-after-staging.
+  bool second_batch_after_staging = false;
   /// The down projection reads its input (the SwiGLU output) from global memory where
   /// its lanes need it, instead of every block staging all of it in shared memory after
   /// the wait (DecodeGemvParams::input_from_global). On the H200 (2026-12-01): 864-865

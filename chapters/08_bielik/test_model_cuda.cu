@@ -510,11 +510,18 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       options.hold_until_attention_end = true;
       options.v6_handover = V6Handover::kPull;
       runs.push_back(run(options));
+      // Nor do gate/up's and down's second batches copied into shared memory, before the
+      // wait or after the staging.
+      options = cuda_options();
+      options.gate_up_second_batch_in_shared = options.down_second_batch_in_shared = true;
+      runs.push_back(run(options));
+      options.second_batch_after_staging = true;
+      runs.push_back(run(options));
     }
     // The same kernels in the same order: bit for bit the same logits.
     for (size_t i = 1; i < runs.size(); ++i) {
       INFO(spec.name << " run " << i
-                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early; then the input widened or not; then O after the attention's inputs; then carveouts 0 (graph) and 100 (eager); then O and gate/up held, gate/up blocks 1-2 held, no hold and no pause, 500 ns pauses, then gate/up held to the pulled attention's end)");
+                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early; then the input widened or not; then O after the attention's inputs; then carveouts 0 (graph) and 100 (eager); then O and gate/up held, gate/up blocks 1-2 held, no hold and no pause, 500 ns pauses, then gate/up held to the pulled attention's end; then the second batches in shared memory, copied before the wait, then after the staging)");
       REQUIRE(runs[i] == runs[0]);
     }
     // The side branch that asks L2 for gate/up's and down's last rows changes no value:
@@ -793,33 +800,41 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
     // batches hold).
     // Then the register kernel without and with PDL again, with the input widened
     // (QKV's, gate/up's, O's and the lm_head's forms take it, the others ignore it).
-    // Last, rows a warp forced (DecodeGemvParams::rows_per_warp): 1 and 5 on the register
+    // Then rows a warp forced (DecodeGemvParams::rows_per_warp): 1 and 5 on the register
     // kernel (with PDL, without), 2 on the pipelined one (with PDL): grids of several
-    // waves at Bielik's big shapes, fewer blocks than one wave at the small ones.
+    // waves at Bielik's big shapes, fewer blocks than one wave at the small ones. Last,
+    // the second batch copied into shared memory after the staging instead of before the
+    // wait (with PDL, without).
     const int plain_variants = 2 * int(kernels.size());
-    for (int index = 0; index < plain_variants + 9; ++index) {
-      // The forced-rows variants: (rows, PDL, kernel) for index - (plain_variants + 6).
-      struct ForcedRows {
+    for (int index = 0; index < plain_variants + 11; ++index) {
+      // The last variants, index - (plain_variants + 6): (rows a warp forced, PDL, kernel,
+      // the second batch copied to shared memory after staging).
+      struct LateVariant {
         int rows;
         bool pdl;
         DecodeGemvKernel kernel;
+        bool shared_after_staging;
       };
-      const ForcedRows forced_rows_variants[] = {{1, true, DecodeGemvKernel::kRegisterLoads},
-                                                 {5, false, DecodeGemvKernel::kRegisterLoads},
-                                                 {2, true, DecodeGemvKernel::kRegisterPipelined}};
-      const bool rows_forced = index >= plain_variants + 6;
-      const ForcedRows forced = rows_forced ? forced_rows_variants[index - plain_variants - 6] : ForcedRows{0, false, {}};
-      const int forced_rows = forced.rows;
-      const bool widen_input = !rows_forced && index >= plain_variants + 4;
+      const LateVariant late_variants[] = {{1, true, DecodeGemvKernel::kRegisterLoads, false},
+                                           {5, false, DecodeGemvKernel::kRegisterLoads, false},
+                                           {2, true, DecodeGemvKernel::kRegisterPipelined, false},
+                                           {0, true, DecodeGemvKernel::kRegisterLoads, true},
+                                           {0, false, DecodeGemvKernel::kRegisterLoads, true}};
+      const bool late = index >= plain_variants + 6;
+      const LateVariant late_variant = late ? late_variants[index - plain_variants - 6] : LateVariant{};
+      const int forced_rows = late_variant.rows;
+      const bool shared_after_staging = late_variant.shared_after_staging;
+      const bool widen_input = !late && index >= plain_variants + 4;
       const int variant = widen_input ? index - plain_variants - 4 : index;  // widened: as variants 0 and 1
-      const bool second_batch_in_shared = !rows_forced && (variant == plain_variants || variant == plain_variants + 1);
-      const bool input_from_global = !rows_forced && variant >= plain_variants + 2;
+      const bool second_batch_in_shared =
+          shared_after_staging || (!late && (variant == plain_variants || variant == plain_variants + 1));
+      const bool input_from_global = !late && variant >= plain_variants + 2;
       const bool register_option = second_batch_in_shared || input_from_global;
       bool pdl = register_option ? (variant - plain_variants) % 2 == 0 : variant % 2 == 1;
       DecodeGemvKernel kernel = register_option ? DecodeGemvKernel::kRegisterLoads : DecodeGemvKernel::kAuto;
-      if (rows_forced) {
-        pdl = forced.pdl;
-        kernel = forced.kernel;
+      if (late) {
+        pdl = late_variant.pdl;
+        kernel = late_variant.kernel;
       } else if (!register_option) {
         kernel = kernels[variant / 2];
       }
@@ -828,7 +843,8 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
                     : kernel == DecodeGemvKernel::kRegisterLoads ? "register loads"
                                                                  : "register pipelined")
                 << " second batch in shared " << second_batch_in_shared << " input read in place "
-                << input_from_global << " input widened " << widen_input << " rows a warp forced to " << forced_rows);
+                << input_from_global << " input widened " << widen_input << " rows a warp forced to " << forced_rows
+                << " second batch after staging " << shared_after_staging);
       const int rows = c.output == GemvOutput::kSwiGLU ? 2 * c.N : c.N;
       const std::vector<uint16_t> x = random_bf16(c.K, ++case_seed, 2.0f);
       const std::vector<uint16_t> W = random_bf16(size_t(rows) * c.K, ++case_seed, 1.0f / std::sqrt(float(c.K)));
@@ -890,11 +906,12 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
       // With PDL the register kernels split each row over a forced number of warps (the
       // automatic choice, 1 or 2 for these shapes, runs without PDL): 8 where K is not a
       // multiple of 64 (lanes past the row's end), else 4.
-      if (kernel != DecodeGemvKernel::kBulkStream && pdl && !rows_forced) p.split_warps = c.K % 64 != 0 ? 8 : 4;
+      if (kernel != DecodeGemvKernel::kBulkStream && pdl && !late) p.split_warps = c.K % 64 != 0 ? 8 : 4;
       p.widen_input = widen_input;
       p.rows_per_warp = forced_rows;
       if (register_option) {
         p.second_batch_in_shared = second_batch_in_shared;
+        p.second_batch_after_staging = shared_after_staging;
         p.input_from_global = input_from_global;
         p.split_warps = pdl ? 0 : 1;
       }
