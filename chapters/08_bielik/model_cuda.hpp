@@ -129,6 +129,9 @@ struct CudaModelOptions {
   bool down_second_batch_in_shared = false;
   /// With the two options above: the copy goes out once the block has staged its input,
   /// past the wait, instead of before it (DecodeGemvParams::second_batch_after_staging).
+  /// H200, 2026-12-02, three rounds: down's 954-955 against 956-957 tokens/s (its blocks,
+  /// with 36 KB more shared memory, start 2.4 us later beside gate/up's), gate/up's 923
+  /// (its shared form cannot widen its input), both 936; so off.
   /// bench_model --down-shared-after-staging / --gate-up-shared-after-staging.
   bool second_batch_after_staging = false;
   /// The down projection reads its input (the SwiGLU output) from global memory where
