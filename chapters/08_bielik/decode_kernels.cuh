@@ -161,7 +161,8 @@ struct DecodeGemvParams {
   /// rows a warp make a grid of several waves: the hardware then hands each later block
   /// to whichever SM slot frees first, so the blocks that started early (while the kernel
   /// before still ran) take more of the rows, at the price of one input staging more
-  /// per block. bench_decode_gemv and bench_model measure it.
+  /// per block. bench_decode_gemv measures it; in the decode step gate/up in several waves
+  /// lost 7% (DECODE_LOG.md, twenty-fourth session), so the model runs one wave.
   int rows_per_warp = 0;
   /// Register kernels: read W with an L2 evict-first cache hint. The weights are read
   /// once per step and then only take L2 room from what IS read again soon: the KV
