@@ -81,8 +81,46 @@ inline void add_carveout_attribute(cudaLaunchAttribute* attributes, unsigned& nu
   carveout.val.sharedMemCarveout = unsigned(percent);
 }
 
+/// The L2 access-policy window that launch_kernel attaches to the launches of this
+/// thread (num_bytes 0: none). Accesses of the launched kernel inside the window get the
+/// window's hit / miss properties, e.g. cudaAccessPropertyPersisting: L2 then keeps those
+/// lines in its set-aside part (cudaLimitPersistingL2CacheSize) instead of evicting them
+/// for streaming data. A loaded line's own cache hint (ld ... .L2::cache_hint) wins over
+/// the window, so a kernel under a window should load without one. Captured into a CUDA
+/// graph's kernel node like any launch attribute. Chapter 08's decode step measures it
+/// (CudaModelOptions::l2_persist_mb). Set it with ScopedLaunchAccessPolicy.
+inline cudaAccessPolicyWindow& launch_access_policy_window() {
+  static thread_local cudaAccessPolicyWindow window = {};
+  return window;
+}
+
+/// Sets launch_access_policy_window() for the launches of one scope, and restores it after.
+class ScopedLaunchAccessPolicy {
+ public:
+  explicit ScopedLaunchAccessPolicy(const cudaAccessPolicyWindow& window)
+      : previous_(launch_access_policy_window()) {
+    launch_access_policy_window() = window;
+  }
+  ~ScopedLaunchAccessPolicy() { launch_access_policy_window() = previous_; }
+  ScopedLaunchAccessPolicy(const ScopedLaunchAccessPolicy&) = delete;
+  ScopedLaunchAccessPolicy& operator=(const ScopedLaunchAccessPolicy&) = delete;
+
+ private:
+  cudaAccessPolicyWindow previous_;
+};
+
+/// Appends the access-policy window attribute when launch_access_policy_window() has one.
+inline void add_access_policy_attribute(cudaLaunchAttribute* attributes, unsigned& num_attrs) {
+  const cudaAccessPolicyWindow& window = launch_access_policy_window();
+  if (window.num_bytes == 0) return;
+  cudaLaunchAttribute& policy = attributes[num_attrs++];
+  policy.id = cudaLaunchAttributeAccessPolicyWindow;
+  policy.val.accessPolicyWindow = window;
+}
+
 /// Launches `kernel` through cudaLaunchKernelEx, with the PDL attribute when `pdl` is
-/// set and the device has it, and the carveout launch_shared_carveout() asks for.
+/// set and the device has it, the carveout launch_shared_carveout() asks for and the
+/// window launch_access_policy_window() holds.
 template <typename... Params, typename... Args>
 inline void launch_kernel(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
                           cudaStream_t stream, Args... args) {
@@ -91,7 +129,7 @@ inline void launch_kernel(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 b
   config.blockDim = block;
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
-  cudaLaunchAttribute attributes[2] = {};
+  cudaLaunchAttribute attributes[3] = {};
   config.attrs = attributes;
   config.numAttrs = 0;
   if (pdl && device_supports_pdl()) {
@@ -100,6 +138,7 @@ inline void launch_kernel(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 b
     programmatic.val.programmaticStreamSerializationAllowed = 1;
   }
   add_carveout_attribute(attributes, config.numAttrs);
+  add_access_policy_attribute(attributes, config.numAttrs);
   CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
 }
 

@@ -101,6 +101,8 @@ struct Args {
   int side_prefetch_blocks = CudaModelOptions{}.side_prefetch_blocks;  ///< --side-prefetch-blocks N
   int side_prefetch_fork = 0;  ///< --side-prefetch-after-qkv: 1
   int side_prefetch_stride = CudaModelOptions{}.side_prefetch_stride_bytes;  ///< --side-prefetch-stride BYTES
+  double l2_persist_mb = 0.0;  ///< --l2-persist MB[,lm_head|qkv|o|gate_up|down]
+  L2PersistTarget l2_persist_target = L2PersistTarget::kLmHead;
 };
 
 Args parse(int argc, char** argv) {
@@ -224,6 +226,24 @@ Args parse(int argc, char** argv) {
       const size_t comma = sizes.find(',');
       a.side_prefetch_gate_up_mb = std::stod(sizes.substr(0, comma));
       a.side_prefetch_down_mb = comma == std::string::npos ? 0.0 : std::stod(sizes.substr(comma + 1));
+    } else if (flag == "--l2-persist") {
+      const std::string spec = value();  // MB or MB,TARGET
+      const size_t comma = spec.find(',');
+      a.l2_persist_mb = std::stod(spec.substr(0, comma));
+      const std::string target = comma == std::string::npos ? "lm_head" : spec.substr(comma + 1);
+      const std::pair<const char*, L2PersistTarget> targets[] = {{"lm_head", L2PersistTarget::kLmHead},
+                                                                 {"qkv", L2PersistTarget::kQkv},
+                                                                 {"o", L2PersistTarget::kO},
+                                                                 {"gate_up", L2PersistTarget::kGateUp},
+                                                                 {"down", L2PersistTarget::kDown}};
+      bool known = false;
+      for (const auto& [name, value] : targets) {
+        if (target == name) {
+          a.l2_persist_target = value;
+          known = true;
+        }
+      }
+      if (!known) throw std::invalid_argument("--l2-persist takes MB[,lm_head|qkv|o|gate_up|down]; got " + spec);
     } else if (flag == "--side-prefetch-form") {
       const std::string form = value();
       if (form == "lines") {
@@ -286,7 +306,7 @@ Args parse(int argc, char** argv) {
                                   " [--rope-after-wait]"
                                   " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N]"
                                   " [--side-prefetch GATE_UP_MB[,DOWN_MB] [--side-prefetch-form lines|bulk|loads] [--side-prefetch-blocks N]"
-                                  " [--side-prefetch-stride BYTES] [--side-prefetch-after-qkv]])");
+                                  " [--side-prefetch-stride BYTES] [--side-prefetch-after-qkv]] [--l2-persist MB[,lm_head|qkv|o|gate_up|down]])");
     }
   }
   // The full run labels its numbers as the graph's and measures the persistent steps itself.
@@ -701,6 +721,8 @@ int main(int argc, char** argv) {
     options.side_prefetch_blocks = args.side_prefetch_blocks;
     options.side_prefetch_fork = args.side_prefetch_fork;
     options.side_prefetch_stride_bytes = args.side_prefetch_stride;
+    options.l2_persist_mb = args.l2_persist_mb;
+    options.l2_persist_target = args.l2_persist_target;
     options.prefill_attention_clusters = args.prefill_attention_clusters;
     options.prefill_last_layer_rows_only = !args.prefill_all_rows;
     options.decode_timeline = args.timeline;
@@ -713,6 +735,10 @@ int main(int argc, char** argv) {
     const int H = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
     std::printf("loaded in %.1f s: %s, context %d, PDL %s\n", load_s, describe(c).c_str(), model->context_size(),
                 model->uses_pdl() ? "on" : "off");
+    if (args.l2_persist_mb > 0.0) {
+      std::printf("L2 set aside for persisting weights: %.2f MB asked, %.2f MB granted\n", args.l2_persist_mb,
+                  model->l2_persist_bytes() * 1e-6);
+    }
     size_t peak_used = used_device_bytes();
     if (args.decode_only) {  // scripts/timeline_decode_step.sh: just the decode graph, replayed
       const int prompt = std::min(args.prompt_tokens, model->context_size() - 1);

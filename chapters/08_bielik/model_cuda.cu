@@ -124,6 +124,9 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
         ", " + std::to_string(options_.side_prefetch_blocks) + ", " + std::to_string(options_.side_prefetch_fork) +
         ", " + std::to_string(options_.side_prefetch_stride_bytes));
   }
+  if (!(options_.l2_persist_mb >= 0.0)) {
+    throw std::invalid_argument("l2_persist_mb must be >= 0 (0: off), got " + std::to_string(options_.l2_persist_mb));
+  }
   C_ = config_.hidden_size;
   F_ = config_.intermediate_size;
   H_ = config_.num_attention_heads;
@@ -149,6 +152,7 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
       CUDA_CHECK(cudaEventCreateWithFlags(&side_join_, cudaEventDisableTiming));
     }
     load_weights(model_dir);
+    set_aside_l2();
     rope_ = rope_table_build(D_, config_.rope_theta, context, stream_);
 
     // The decode attention reads the length on the GPU, so its grid is fixed for every
@@ -348,9 +352,90 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
   } catch (...) {
     destroy_graphs();
     destroy_side_branch();
+    restore_l2();
     cudaStreamDestroy(stream_);
     throw;
   }
+}
+
+void CudaModel::set_aside_l2() {
+  if (!(options_.l2_persist_mb > 0.0)) return;
+  int device = 0, max_persisting = 0, max_window = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&max_persisting, cudaDevAttrMaxPersistingL2CacheSize, device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&max_window, cudaDevAttrMaxAccessPolicyWindowSize, device));
+  if (max_persisting <= 0 || max_window <= 0) {
+    throw std::invalid_argument("l2_persist_mb: this GPU (" + device_name_ +
+                                ") cannot set L2 aside for persisting accesses (sm_80 or newer, not MIG)");
+  }
+  // Clamped as a double first: "everything" (1e6 MB) must not overflow size_t.
+  const size_t wanted = size_t(std::min(options_.l2_persist_mb * 1e6, double(max_persisting)));
+  CUDA_CHECK(cudaDeviceGetLimit(&l2_previous_limit_, cudaLimitPersistingL2CacheSize));
+  const cudaError_t status = cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, wanted);
+  if (status != cudaSuccess) {
+    cudaGetLastError();  // not sticky: clear it
+    throw std::invalid_argument("l2_persist_mb: the GPU refused a persisting L2 set-aside of " +
+                                std::to_string(wanted) + " bytes: " + cudaGetErrorString(status));
+  }
+  // What the driver granted (it may round): the windows below share exactly that.
+  CUDA_CHECK(cudaDeviceGetLimit(&l2_persist_bytes_, cudaLimitPersistingL2CacheSize));
+  l2_max_window_bytes_ = size_t(max_window);
+}
+
+void CudaModel::restore_l2() {
+  if (l2_persist_bytes_ == 0) return;
+  // The lines this model marked go back to normal, and the set-aside to what it was
+  // (errors ignored: this runs in the destructor).
+  cudaCtxResetPersistingL2Cache();
+  cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, l2_previous_limit_);
+  l2_persist_bytes_ = 0;
+}
+
+cudaAccessPolicyWindow CudaModel::l2_persist_window(L2PersistTarget target, const Layer* layer) const {
+  cudaAccessPolicyWindow window = {};
+  if (l2_persist_bytes_ == 0 || target != options_.l2_persist_target) return window;
+  constexpr size_t kValue = sizeof(__nv_bfloat16);
+  // The lm_head holds the whole set-aside; a layer's matrix its 1 / L share of it.
+  const size_t share = target == L2PersistTarget::kLmHead ? l2_persist_bytes_ : l2_persist_bytes_ / layers_.size();
+  const char* begin = nullptr;  // the matrix
+  size_t matrix_bytes = 0;
+  double centre = 1.0;  // where in the matrix the window sits: 0 its start, 0.5 the middle, 1 its end
+  switch (target) {
+    case L2PersistTarget::kLmHead:
+      begin = reinterpret_cast<const char*>(lm_head_);
+      matrix_bytes = size_t(V_) * C_ * kValue;
+      centre = 0.0;
+      break;
+    case L2PersistTarget::kQkv:
+      begin = reinterpret_cast<const char*>(layer->w_qkv);
+      matrix_bytes = size_t(QKV_) * C_ * kValue;
+      break;
+    case L2PersistTarget::kO:
+      begin = reinterpret_cast<const char*>(layer->w_o);
+      matrix_bytes = size_t(C_) * H_ * D_ * kValue;
+      break;
+    case L2PersistTarget::kGateUp:  // gate's last rows and up's first: the middle of (2F, C)
+      begin = reinterpret_cast<const char*>(layer->w_gate_up);
+      matrix_bytes = size_t(2) * F_ * C_ * kValue;
+      centre = 0.5;
+      break;
+    case L2PersistTarget::kDown:
+      begin = reinterpret_cast<const char*>(layer->w_down);
+      matrix_bytes = size_t(C_) * F_ * kValue;
+      break;
+  }
+  const size_t bytes = std::min({share, matrix_bytes, l2_max_window_bytes_});
+  if (bytes == 0) return window;
+  // The window's start, from `centre`: inside the matrix whatever the size.
+  const size_t offset = centre == 0.0   ? 0
+                        : centre == 1.0 ? matrix_bytes - bytes
+                                        : std::min(matrix_bytes - bytes, size_t(matrix_bytes * centre) - bytes / 2);
+  window.base_ptr = const_cast<char*>(begin + offset);
+  window.num_bytes = bytes;
+  window.hitRatio = 1.0f;
+  window.hitProp = cudaAccessPropertyPersisting;
+  window.missProp = cudaAccessPropertyStreaming;
+  return window;
 }
 
 size_t CudaModel::decode_graph_nodes() const {
@@ -412,6 +497,7 @@ CudaModel::~CudaModel() {
   cudaStreamSynchronize(stream_);
   destroy_graphs();
   destroy_side_branch();
+  restore_l2();
   cudaStreamDestroy(stream_);
 }
 
@@ -728,6 +814,14 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     p.widen_input = options_.gemv_widen_input;
     p.epilogue_inputs_settled = true;
   };
+  // options_.l2_persist_mb: the window of a GEMV of `target` (none for the others). A
+  // GEMV under a window loads without its own evict-first hint, so that the window's
+  // properties are the ones its loads get.
+  auto l2_window = [&](DecodeGemvParams& p, L2PersistTarget target, const Layer* layer) {
+    const cudaAccessPolicyWindow window = l2_persist_window(target, layer);
+    if (window.num_bytes > 0) p.stream_evict_first = false;
+    return window;
+  };
   // decode_timeline: GEMV k of layer l records into slot 4 l + k (the lm_head: 4 L);
   // then the attention of layer l (the v6 and v5 cluster paths only) into attention slot l.
   auto timeline_slot = [&](size_t slot) {
@@ -754,7 +848,10 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     qkv.allow_dependents_early = options_.qkv_allows_attention_early;
     qkv.timeline = timeline_slot(4 * l);
     qkv.start_delay_ns = options_.qkv_start_delay_ns;
-    decode_gemv(GemvInput::kRmsNorm, GemvOutput::kRopeAppend, qkv, pdl, s);
+    {
+      ScopedLaunchAccessPolicy window(l2_window(qkv, L2PersistTarget::kQkv, &L));
+      decode_gemv(GemvInput::kRmsNorm, GemvOutput::kRopeAppend, qkv, pdl, s);
+    }
     done("qkv_rope_append");
     if (side_branch && options_.side_prefetch_fork == 1) fork_side_prefetch(L);
     const unsigned skip = options_.decode_skip;
@@ -767,6 +864,11 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     o.input_from_global = options_.o_input_from_global;
     o.start_delay_ns = options_.o_start_delay_ns;
     step_gemv_settings(o);
+    const cudaAccessPolicyWindow o_policy = l2_window(o, L2PersistTarget::kO, &L);
+    auto launch_o = [&](GemvInput input) {
+      ScopedLaunchAccessPolicy window(o_policy);
+      decode_gemv(input, GemvOutput::kResidualAdd, o, pdl, s);
+    };
     // When QKV lets the attention start early, the attention (which lets O start at
     // once) may run before the previous layer's down projection has finished writing the
     // residual: O must read it after its wait.
@@ -797,7 +899,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
       done("attention_o");
     } else if (skip & (kSkipAttention | kSkipOProjection)) {
       // Measurement only (decode_skip): the attention and / or the O projection left out.
-      if (!(skip & kSkipOProjection)) decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, o, pdl, s);
+      if (!(skip & kSkipOProjection)) launch_o(GemvInput::kPlain);
     } else if (options_.decode_attention == DecodeAttentionPath::kMergeInO) {
       // The split kernel alone; the O projection merges its partials while it stages its
       // input, and adds its output into the residual stream.
@@ -815,7 +917,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
                                      attention_min_keys_,
                                      H_,
                                      D_};
-      decode_gemv(GemvInput::kAttentionMerge, GemvOutput::kResidualAdd, o, pdl, s);
+      launch_o(GemvInput::kAttentionMerge);
     } else {
       if (attention_path_ == DecodeAttentionPath::kSplitCombine) {
         decode_attention_v3_pipelined_device_length(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)),
@@ -850,7 +952,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
       }
       done("attention");
       if (options_.o_holds_for_attention_inputs) o.hold = hold_for_attention(l, INT_MAX);
-      if (!v6_fuses_o_) decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, o, pdl, s);
+      if (!v6_fuses_o_) launch_o(GemvInput::kPlain);
     }
     if (!fused_o && !v6_fuses_o_) done("o_proj");
     DecodeGemvParams gate_up{d_act_.data(), d_x_.data(), L.post_norm, L.w_gate_up, L.b_gate_up, F_, C_, eps};
@@ -864,7 +966,10 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     step_gemv_settings(gate_up);
     if (fused_o) gate_up.residual_partials = ResidualPartials{d_o_partials_.data(), Hkv_};
     const GemvInput gate_up_input = fused_o ? GemvInput::kRmsNormAddPartials : GemvInput::kRmsNorm;
-    if (!(skip & kSkipGateUp)) decode_gemv(gate_up_input, GemvOutput::kSwiGLU, gate_up, pdl, s);
+    if (!(skip & kSkipGateUp)) {
+      ScopedLaunchAccessPolicy window(l2_window(gate_up, L2PersistTarget::kGateUp, &L));
+      decode_gemv(gate_up_input, GemvOutput::kSwiGLU, gate_up, pdl, s);
+    }
     done("gate_up_swiglu");
     DecodeGemvParams down{d_x_.data(), d_act_.data(), nullptr, L.w_down, L.b_down, C_, F_, eps};
     down.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
@@ -877,7 +982,10 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     // Its row of h = the residual + the O projection: the partials were written two
     // kernels back, so they are settled before down's wait, as the residual is.
     if (fused_o) down.residual_partials = ResidualPartials{d_o_partials_.data(), Hkv_};
-    if (!(skip & kSkipDown)) decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, down, pdl, s);
+    if (!(skip & kSkipDown)) {
+      ScopedLaunchAccessPolicy window(l2_window(down, L2PersistTarget::kDown, &L));
+      decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, down, pdl, s);
+    }
     done("down");
   }
   DecodeGemvParams head{d_logits_.data(), d_x_.data(), final_norm_, lm_head_, nullptr, V_, C_, eps};
@@ -885,7 +993,10 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   head.timeline = timeline_slot(4 * layers_.size());
   head.start_delay_ns = options_.lm_head_start_delay_ns;
   step_gemv_settings(head);
-  decode_gemv(GemvInput::kRmsNorm, GemvOutput::kF32, head, pdl, s);
+  {
+    ScopedLaunchAccessPolicy window(l2_window(head, L2PersistTarget::kLmHead, nullptr));
+    decode_gemv(GemvInput::kRmsNorm, GemvOutput::kF32, head, pdl, s);
+  }
   done("lm_head");
   // The argmax overwrites the input token (the next step's input when generating) and
   // commits the step on the GPU: the device KV length += 1.

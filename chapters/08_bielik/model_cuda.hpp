@@ -73,6 +73,11 @@ enum class DecodeAttentionPath {
   kMergeInO,      ///< v3's split kernel; the O projection merges the partials (GemvInput::kAttentionMerge)
 };
 
+/// Which weights CudaModelOptions::l2_persist_mb keeps in L2 from one decode step to the
+/// next: the first rows of the lm_head, or an equal share of every layer's matrix (the
+/// last rows of QKV, O and down; gate's last and up's first rows for gate/up).
+enum class L2PersistTarget { kLmHead, kQkv, kO, kGateUp, kDown };
+
 /// Kernels CudaModelOptions::decode_skip can leave out of a decode step's layers.
 enum DecodeSkip : unsigned {
   kSkipAttention = 1u << 0,
@@ -264,6 +269,16 @@ struct CudaModelOptions {
   int side_prefetch_blocks = 8;
   int side_prefetch_stride_bytes = 128;  ///< the line-by-line form's stride: 32, 64 or 128
   int side_prefetch_fork = 0;
+  /// Keep this many MB of weights in L2 across decode steps (0: off): the model sets
+  /// aside that much of L2 for persisting lines (cudaLimitPersistingL2CacheSize, at most
+  /// the device's persistingL2CacheMaxSize; the previous limit is restored when the model
+  /// is destroyed), and the decode GEMVs of l2_persist_target launch with an access-policy
+  /// window over their share of it (persisting inside, streaming outside; those GEMVs then
+  /// load without the evict-first hint). A step reads every weight once, so the most L2
+  /// can do is spare HBM those bytes each step: ~35 MB of 3.19 GB. bench_model
+  /// --l2-persist MB[,lm_head|qkv|o|gate_up|down]; l2_persist_bytes() says what was granted.
+  double l2_persist_mb = 0.0;
+  L2PersistTarget l2_persist_target = L2PersistTarget::kLmHead;
   /// The same pause for the small GEMVs and the lm_head (0: none). Measured level
   /// (2026-12-02, against 959 / 960 tokens/s): QKV 300 ns 961 / 960, O 300 ns 957 / 957,
   /// lm_head 300 ns 959 / 960, all three 960 / 960. bench_model --qkv-start-delay NS,
@@ -377,6 +392,9 @@ class CudaModel final : public Backend {
   /// Nodes of the default decode graph (0 without one): what the tests count the side
   /// branch's prefetch kernels by.
   size_t decode_graph_nodes() const;
+  /// Bytes of L2 set aside for the weights l2_persist_mb keeps there (0: none, or the
+  /// device has no persisting L2).
+  size_t l2_persist_bytes() const { return l2_persist_bytes_; }
   /// Whether the decode step runs the O projection inside v6's clusters (options' v6_fuses_o,
   /// where the GPU can).
   bool v6_fuses_o() const { return v6_fuses_o_; }
@@ -417,6 +435,13 @@ class CudaModel final : public Backend {
   void capture_graphs(bool pdl);  // graph_, short_graph_ and long_graph_ when their splits are set
   void destroy_graphs();
   void destroy_side_branch();  // side_stream_ and its events
+  // options_.l2_persist_mb: sets the persisting L2 set-aside (l2_persist_bytes_), and
+  // restores the previous one.
+  void set_aside_l2();
+  void restore_l2();
+  // The access-policy window of one decode GEMV (num_bytes 0: none): `target` in `layer`
+  // (nullptr: the lm_head), when options_.l2_persist_target is that target.
+  cudaAccessPolicyWindow l2_persist_window(L2PersistTarget target, const Layer* layer) const;
   // Whether a step over kv_len keys takes the short attention (short_attention_splits_,
   // short_graph_): set, and at most short_attention_max_keys_ keys; or the long one
   // (long_attention_splits_, long_graph_): set, and at least long_attention_min_keys_.
@@ -447,6 +472,10 @@ class CudaModel final : public Backend {
   // that fork it from stream_ and join it back.
   cudaStream_t side_stream_ = nullptr;
   cudaEvent_t side_fork_ = nullptr, side_join_ = nullptr;
+  // options_.l2_persist_mb: the set-aside granted, and the limit before this model set it.
+  size_t l2_persist_bytes_ = 0;
+  size_t l2_previous_limit_ = 0;
+  size_t l2_max_window_bytes_ = 0;  // the device's accessPolicyMaxWindowSize
 
   DeviceBuffer<__nv_bfloat16> weights_;  // every tensor, 256-byte aligned, in one allocation
   const __nv_bfloat16* embed_ = nullptr;       // (V, C)

@@ -219,6 +219,19 @@ TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming t
     INFO(name);
     REQUIRE(refused);
   }
+  // A negative L2 set-aside.
+  {
+    CudaModelOptions options = cuda_options();
+    options.l2_persist_mb = -1.0;
+    bool refused = false;
+    try {
+      CudaModel model(dir, options);
+    } catch (const std::invalid_argument& e) {
+      INFO(e.what());
+      refused = std::string(e.what()).find("l2_persist_mb") != std::string::npos;
+    }
+    REQUIRE(refused);
+  }
   // The side branch's options: sizes, blocks, fork point, stride.
   for (int which = 0; which < 5; ++which) {
     CudaModelOptions options = cuda_options();
@@ -550,6 +563,39 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
             ++variant;
           }
         }
+      }
+    }
+    // Weights kept in L2 across steps (an access-policy window on the GEMVs of one kind,
+    // loading without the evict-first hint) change no value either: every target, a
+    // small set-aside and the largest the GPU grants, in a graph and eagerly. The model
+    // holds the set-aside while it lives and gives the previous one back when destroyed.
+    {
+      size_t before = 0;
+      CUDA_CHECK(cudaDeviceGetLimit(&before, cudaLimitPersistingL2CacheSize));
+      int variant = 0;
+      for (L2PersistTarget target : {L2PersistTarget::kLmHead, L2PersistTarget::kQkv, L2PersistTarget::kO,
+                                     L2PersistTarget::kGateUp, L2PersistTarget::kDown}) {
+        CudaModelOptions options = cuda_options(0, 1024, variant != 2, true);
+        options.l2_persist_mb = variant % 2 == 0 ? 2.0 : 1e6;
+        options.l2_persist_target = target;
+        INFO(spec.name << " L2 persistence: target " << int(target) << ", " << options.l2_persist_mb
+                       << " MB, graph " << options.use_graph);
+        {
+          CudaModel model(dir, options);
+          size_t during = 0;
+          CUDA_CHECK(cudaDeviceGetLimit(&during, cudaLimitPersistingL2CacheSize));
+          REQUIRE(model.l2_persist_bytes() > 0);
+          int device = 0, max_persisting = 0;
+          CUDA_CHECK(cudaGetDevice(&device));
+          CUDA_CHECK(cudaDeviceGetAttribute(&max_persisting, cudaDevAttrMaxPersistingL2CacheSize, device));
+          REQUIRE(model.l2_persist_bytes() <= size_t(max_persisting));
+          REQUIRE(during == model.l2_persist_bytes());
+        }
+        size_t after = 0;
+        CUDA_CHECK(cudaDeviceGetLimit(&after, cudaLimitPersistingL2CacheSize));
+        REQUIRE(after == before);
+        REQUIRE(run(options) == runs[0]);
+        ++variant;
       }
     }
     // The unfused path (attention, then the O GEMV): graph or eager, and whether the O
