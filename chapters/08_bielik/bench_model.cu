@@ -101,7 +101,7 @@ struct Args {
   int side_prefetch_blocks = CudaModelOptions{}.side_prefetch_blocks;  ///< --side-prefetch-blocks N
   int side_prefetch_fork = 0;  ///< --side-prefetch-after-qkv: 1
   int side_prefetch_stride = CudaModelOptions{}.side_prefetch_stride_bytes;  ///< --side-prefetch-stride BYTES
-  double l2_persist_mb = 0.0;  ///< --l2-persist MB[,lm_head|qkv|o|gate_up|down]
+  double l2_persist_mb = 0.0;  ///< --l2-persist MB[,lm_head|qkv|o|gate_up|down|none]
   L2PersistTarget l2_persist_target = L2PersistTarget::kLmHead;
 };
 
@@ -235,7 +235,8 @@ Args parse(int argc, char** argv) {
                                                                  {"qkv", L2PersistTarget::kQkv},
                                                                  {"o", L2PersistTarget::kO},
                                                                  {"gate_up", L2PersistTarget::kGateUp},
-                                                                 {"down", L2PersistTarget::kDown}};
+                                                                 {"down", L2PersistTarget::kDown},
+                                                                 {"none", L2PersistTarget::kNone}};
       bool known = false;
       for (const auto& [name, value] : targets) {
         if (target == name) {
@@ -243,7 +244,7 @@ Args parse(int argc, char** argv) {
           known = true;
         }
       }
-      if (!known) throw std::invalid_argument("--l2-persist takes MB[,lm_head|qkv|o|gate_up|down]; got " + spec);
+      if (!known) throw std::invalid_argument("--l2-persist takes MB[,lm_head|qkv|o|gate_up|down|none]; got " + spec);
     } else if (flag == "--side-prefetch-form") {
       const std::string form = value();
       if (form == "lines") {
@@ -306,7 +307,7 @@ Args parse(int argc, char** argv) {
                                   " [--rope-after-wait]"
                                   " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N]"
                                   " [--side-prefetch GATE_UP_MB[,DOWN_MB] [--side-prefetch-form lines|bulk|loads] [--side-prefetch-blocks N]"
-                                  " [--side-prefetch-stride BYTES] [--side-prefetch-after-qkv]] [--l2-persist MB[,lm_head|qkv|o|gate_up|down]])");
+                                  " [--side-prefetch-stride BYTES] [--side-prefetch-after-qkv]] [--l2-persist MB[,lm_head|qkv|o|gate_up|down|none]])");
     }
   }
   // The full run labels its numbers as the graph's and measures the persistent steps itself.

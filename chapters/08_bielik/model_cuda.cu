@@ -423,6 +423,8 @@ cudaAccessPolicyWindow CudaModel::l2_persist_window(L2PersistTarget target, cons
       begin = reinterpret_cast<const char*>(layer->w_down);
       matrix_bytes = size_t(C_) * F_ * kValue;
       break;
+    case L2PersistTarget::kNone:  // no GEMV asks for it (the check above)
+      return window;
   }
   const size_t bytes = std::min({share, matrix_bytes, l2_max_window_bytes_});
   if (bytes == 0) return window;

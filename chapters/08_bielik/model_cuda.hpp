@@ -75,8 +75,9 @@ enum class DecodeAttentionPath {
 
 /// Which weights CudaModelOptions::l2_persist_mb keeps in L2 from one decode step to the
 /// next: the first rows of the lm_head, or an equal share of every layer's matrix (the
-/// last rows of QKV, O and down; gate's last and up's first rows for gate/up).
-enum class L2PersistTarget { kLmHead, kQkv, kO, kGateUp, kDown };
+/// last rows of QKV, O and down; gate's last and up's first rows for gate/up). kNone sets
+/// the L2 aside and marks no weight (measurement: what the set-aside alone costs).
+enum class L2PersistTarget { kLmHead, kQkv, kO, kGateUp, kDown, kNone };
 
 /// Kernels CudaModelOptions::decode_skip can leave out of a decode step's layers.
 enum DecodeSkip : unsigned {
@@ -276,7 +277,7 @@ struct CudaModelOptions {
   /// window over their share of it (persisting inside, streaming outside; those GEMVs then
   /// load without the evict-first hint). A step reads every weight once, so the most L2
   /// can do is spare HBM those bytes each step: ~35 MB of 3.19 GB. bench_model
-  /// --l2-persist MB[,lm_head|qkv|o|gate_up|down]; l2_persist_bytes() says what was granted.
+  /// --l2-persist MB[,lm_head|qkv|o|gate_up|down|none]; l2_persist_bytes() says what was granted.
   double l2_persist_mb = 0.0;
   L2PersistTarget l2_persist_target = L2PersistTarget::kLmHead;
   /// The same pause for the small GEMVs and the lm_head (0: none). Measured level

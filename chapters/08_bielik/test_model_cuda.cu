@@ -574,7 +574,7 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       CUDA_CHECK(cudaDeviceGetLimit(&before, cudaLimitPersistingL2CacheSize));
       int variant = 0;
       for (L2PersistTarget target : {L2PersistTarget::kLmHead, L2PersistTarget::kQkv, L2PersistTarget::kO,
-                                     L2PersistTarget::kGateUp, L2PersistTarget::kDown}) {
+                                     L2PersistTarget::kGateUp, L2PersistTarget::kDown, L2PersistTarget::kNone}) {
         CudaModelOptions options = cuda_options(0, 1024, variant != 2, true);
         options.l2_persist_mb = variant % 2 == 0 ? 2.0 : 1e6;
         options.l2_persist_target = target;
