@@ -38,6 +38,7 @@ const char* kernel_name(DecodeGemvKernel kernel) {
     case DecodeGemvKernel::kRegisterLoads: return "register loads";
     case DecodeGemvKernel::kRegisterPipelined: return "register pipelined";
     case DecodeGemvKernel::kBulkStream: return "bulk stream (TMA)";
+    case DecodeGemvKernel::kTensorCores: return "tensor cores (mma.sync)";
     default: return "auto";
   }
 }
@@ -145,6 +146,12 @@ int main() {
                      fmt(100 * stream_gbs / copy_gbs, 1), fmt(graphed.median_ms * 1e3, 2), fmt(graph_gbs, 0),
                      fmt(100 * graph_gbs / copy_gbs, 1)});
     };
+    // The tensor-core kernel where it runs (K <= decode_gemv_mma_max_k(): all but down),
+    // plain and evict-first.
+    if (shape.K <= decode_gemv_mma_max_k()) {
+      add_row(kernel_name(DecodeGemvKernel::kTensorCores), DecodeGemvKernel::kTensorCores, false, 0, true);
+      add_row("tensor cores (mma.sync), evict-first", DecodeGemvKernel::kTensorCores, true, 0, false);
+    }
     for (DecodeGemvKernel kernel : kernels) {
       add_row(kernel_name(kernel), kernel, false, 0, true);
       if (kernel != DecodeGemvKernel::kRegisterLoads) continue;
@@ -217,8 +224,10 @@ int main() {
     }
     // The model's form (evict-first, the epilogue inputs before the wait, gate/up and
     // down pausing 300 ns, the input widened where the form takes it), but down's input
-    // read in place as in the pause rows above.
-    {
+    // read in place as in the pause rows above. Then the tensor-core kernel, where it runs,
+    // with the same settings (it ignores the widened input).
+    for (DecodeGemvKernel phase_kernel : {DecodeGemvKernel::kRegisterLoads, DecodeGemvKernel::kTensorCores}) {
+      if (phase_kernel == DecodeGemvKernel::kTensorCores && shape.K > decode_gemv_mma_max_k()) continue;
       constexpr int kValues = 2 * kGemvTimelineEvents;  // min / max pairs, GemvTimelineEvent order
       DeviceBuffer<unsigned long long> timeline(size_t(kValues) * kLaunches);
       cudaStream_t stream;
@@ -229,7 +238,7 @@ int main() {
         DecodeGemvParams p =
             gemv_params(i % kCopies, true, 0, false, in_place, big ? 300 : 0, CudaModelOptions{}.gemv_widen_input);
         p.timeline = timeline.data() + size_t(kValues) * i;
-        decode_gemv(shape.input, shape.output, p, true, stream, DecodeGemvKernel::kRegisterLoads);
+        decode_gemv(shape.input, shape.output, p, true, stream, phase_kernel);
       }
       CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
       cudaGraphExec_t exec;
@@ -257,7 +266,8 @@ int main() {
           ++samples;
         }
       }
-      std::vector<std::string> row{shape.name};
+      std::vector<std::string> row{std::string(shape.name) +
+                                   (phase_kernel == DecodeGemvKernel::kTensorCores ? ", tensor cores" : "")};
       for (double sum : sums) row.push_back(fmt(sum / samples * 1e-3, 2));
       phases.add_row(row);
       CUDA_CHECK(cudaGraphExecDestroy(exec));

@@ -101,6 +101,7 @@ struct Args {
   int side_prefetch_blocks = CudaModelOptions{}.side_prefetch_blocks;  ///< --side-prefetch-blocks N
   int side_prefetch_fork = 0;  ///< --side-prefetch-after-qkv: 1
   int side_prefetch_stride = CudaModelOptions{}.side_prefetch_stride_bytes;  ///< --side-prefetch-stride BYTES
+  unsigned tensor_cores = 0;    ///< --tensor-cores qkv,o,gate_up,lm_head (any of them)
   double l2_persist_mb = 0.0;  ///< --l2-persist MB[,lm_head|qkv|o|gate_up|down|none]
   L2PersistTarget l2_persist_target = L2PersistTarget::kLmHead;
 };
@@ -226,6 +227,22 @@ Args parse(int argc, char** argv) {
       const size_t comma = sizes.find(',');
       a.side_prefetch_gate_up_mb = std::stod(sizes.substr(0, comma));
       a.side_prefetch_down_mb = comma == std::string::npos ? 0.0 : std::stod(sizes.substr(comma + 1));
+    } else if (flag == "--tensor-cores") {
+      std::string list = value() + ",";
+      for (size_t comma; (comma = list.find(',')) != std::string::npos; list.erase(0, comma + 1)) {
+        const std::string name = list.substr(0, comma);
+        if (name == "qkv") {
+          a.tensor_cores |= kTensorCoreQkv;
+        } else if (name == "o") {
+          a.tensor_cores |= kTensorCoreO;
+        } else if (name == "gate_up") {
+          a.tensor_cores |= kTensorCoreGateUp;
+        } else if (name == "lm_head") {
+          a.tensor_cores |= kTensorCoreLmHead;
+        } else {
+          throw std::invalid_argument("--tensor-cores takes a list of qkv, o, gate_up, lm_head; got " + name);
+        }
+      }
     } else if (flag == "--l2-persist") {
       const std::string spec = value();  // MB or MB,TARGET
       const size_t comma = spec.find(',');
@@ -307,7 +324,8 @@ Args parse(int argc, char** argv) {
                                   " [--rope-after-wait]"
                                   " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N]"
                                   " [--side-prefetch GATE_UP_MB[,DOWN_MB] [--side-prefetch-form lines|bulk|loads] [--side-prefetch-blocks N]"
-                                  " [--side-prefetch-stride BYTES] [--side-prefetch-after-qkv]] [--l2-persist MB[,lm_head|qkv|o|gate_up|down|none]])");
+                                  " [--side-prefetch-stride BYTES] [--side-prefetch-after-qkv]] [--l2-persist MB[,lm_head|qkv|o|gate_up|down|none]]"
+                                  " [--tensor-cores qkv,o,gate_up,lm_head])");
     }
   }
   // The full run labels its numbers as the graph's and measures the persistent steps itself.
@@ -722,6 +740,7 @@ int main(int argc, char** argv) {
     options.side_prefetch_blocks = args.side_prefetch_blocks;
     options.side_prefetch_fork = args.side_prefetch_fork;
     options.side_prefetch_stride_bytes = args.side_prefetch_stride;
+    options.tensor_core_gemvs = args.tensor_cores;
     options.l2_persist_mb = args.l2_persist_mb;
     options.l2_persist_target = args.l2_persist_target;
     options.prefill_attention_clusters = args.prefill_attention_clusters;

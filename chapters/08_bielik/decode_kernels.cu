@@ -503,6 +503,10 @@ void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, 
     decode_gemv_stream(input, output, p, pdl, stream);
     return;
   }
+  if (kernel == DecodeGemvKernel::kTensorCores) {
+    decode_gemv_mma(input, output, p, pdl, stream);
+    return;
+  }
   const bool pipelined = kernel == DecodeGemvKernel::kRegisterPipelined;
   if (input == GemvInput::kAttentionMerge) {
     // Only the O projection's form is compiled: merged attention in, residual add out.

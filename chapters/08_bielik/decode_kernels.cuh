@@ -249,9 +249,14 @@ struct DecodeGemvParams {
 ///  - kBulkStream (sm_90+): the bulk-copy engine streams each block's rows through a
 ///    shared-memory ring (decode_gemv_stream.cu); throws std::invalid_argument before
 ///    sm_90;
+///  - kTensorCores: one block per 16 weight rows, the dot products by mma.sync, the 8
+///    warps splitting K, every weight loaded before the PDL wait (decode_gemv_mma.cu);
+///    kPlain and kRmsNorm inputs with K <= decode_gemv_mma_max_k() only (throws
+///    std::invalid_argument otherwise); ignores the register kernels' layout options
+///    (split_warps, rows_per_warp, the second batch, widen_input, input_from_global);
 ///  - kAuto: the one the model uses, kRegisterLoads: the fastest of the three measured
 ///    back to back on the H200 (bench_decode_gemv; DECODE_LOG.md).
-enum class DecodeGemvKernel { kAuto, kRegisterLoads, kRegisterPipelined, kBulkStream };
+enum class DecodeGemvKernel { kAuto, kRegisterLoads, kRegisterPipelined, kBulkStream, kTensorCores };
 
 void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& params, bool pdl,
                  cudaStream_t stream = 0, DecodeGemvKernel kernel = DecodeGemvKernel::kAuto);
@@ -259,6 +264,12 @@ void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& par
 /// The kBulkStream implementation, without decode_gemv's checks (called by it).
 void decode_gemv_stream(GemvInput input, GemvOutput output, const DecodeGemvParams& params, bool pdl,
                         cudaStream_t stream);
+
+/// The kTensorCores implementation (called by decode_gemv, after its checks), and the
+/// largest K it takes.
+void decode_gemv_mma(GemvInput input, GemvOutput output, const DecodeGemvParams& params, bool pdl,
+                     cudaStream_t stream);
+int decode_gemv_mma_max_k();
 
 /// The unfused form of kRopeAppend's epilogue (the model fuses it into the QKV GEMV; the
 /// test checks the fused form against this, bit for bit).

@@ -819,6 +819,13 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   // options_.l2_persist_mb: the window of a GEMV of `target` (none for the others). A
   // GEMV under a window loads without its own evict-first hint, so that the window's
   // properties are the ones its loads get.
+  // options_.tensor_core_gemvs: the kernel of a GEMV (the tensor-core one takes plain and
+  // normalized inputs only).
+  auto gemv_kernel = [&](TensorCoreGemv which, GemvInput input) {
+    const bool normal_input = input == GemvInput::kPlain || input == GemvInput::kRmsNorm;
+    return (options_.tensor_core_gemvs & which) && normal_input ? DecodeGemvKernel::kTensorCores
+                                                                : DecodeGemvKernel::kAuto;
+  };
   auto l2_window = [&](DecodeGemvParams& p, L2PersistTarget target, const Layer* layer) {
     const cudaAccessPolicyWindow window = l2_persist_window(target, layer);
     if (window.num_bytes > 0) p.stream_evict_first = false;
@@ -852,7 +859,8 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     qkv.start_delay_ns = options_.qkv_start_delay_ns;
     {
       ScopedLaunchAccessPolicy window(l2_window(qkv, L2PersistTarget::kQkv, &L));
-      decode_gemv(GemvInput::kRmsNorm, GemvOutput::kRopeAppend, qkv, pdl, s);
+      decode_gemv(GemvInput::kRmsNorm, GemvOutput::kRopeAppend, qkv, pdl, s,
+                  gemv_kernel(kTensorCoreQkv, GemvInput::kRmsNorm));
     }
     done("qkv_rope_append");
     if (side_branch && options_.side_prefetch_fork == 1) fork_side_prefetch(L);
@@ -869,7 +877,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     const cudaAccessPolicyWindow o_policy = l2_window(o, L2PersistTarget::kO, &L);
     auto launch_o = [&](GemvInput input) {
       ScopedLaunchAccessPolicy window(o_policy);
-      decode_gemv(input, GemvOutput::kResidualAdd, o, pdl, s);
+      decode_gemv(input, GemvOutput::kResidualAdd, o, pdl, s, gemv_kernel(kTensorCoreO, input));
     };
     // When QKV lets the attention start early, the attention (which lets O start at
     // once) may run before the previous layer's down projection has finished writing the
@@ -970,7 +978,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     const GemvInput gate_up_input = fused_o ? GemvInput::kRmsNormAddPartials : GemvInput::kRmsNorm;
     if (!(skip & kSkipGateUp)) {
       ScopedLaunchAccessPolicy window(l2_window(gate_up, L2PersistTarget::kGateUp, &L));
-      decode_gemv(gate_up_input, GemvOutput::kSwiGLU, gate_up, pdl, s);
+      decode_gemv(gate_up_input, GemvOutput::kSwiGLU, gate_up, pdl, s, gemv_kernel(kTensorCoreGateUp, gate_up_input));
     }
     done("gate_up_swiglu");
     DecodeGemvParams down{d_x_.data(), d_act_.data(), nullptr, L.w_down, L.b_down, C_, F_, eps};
@@ -997,7 +1005,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   step_gemv_settings(head);
   {
     ScopedLaunchAccessPolicy window(l2_window(head, L2PersistTarget::kLmHead, nullptr));
-    decode_gemv(GemvInput::kRmsNorm, GemvOutput::kF32, head, pdl, s);
+    decode_gemv(GemvInput::kRmsNorm, GemvOutput::kF32, head, pdl, s, gemv_kernel(kTensorCoreLmHead, GemvInput::kRmsNorm));
   }
   done("lm_head");
   // The argmax overwrites the input token (the next step's input when generating) and

@@ -79,6 +79,15 @@ enum class DecodeAttentionPath {
 /// the L2 aside and marks no weight (measurement: what the set-aside alone costs).
 enum class L2PersistTarget { kLmHead, kQkv, kO, kGateUp, kDown, kNone };
 
+/// Decode GEMVs CudaModelOptions::tensor_core_gemvs runs on the tensor-core kernel
+/// (DecodeGemvKernel::kTensorCores; down's K is beyond it).
+enum TensorCoreGemv : unsigned {
+  kTensorCoreQkv = 1u << 0,
+  kTensorCoreO = 1u << 1,
+  kTensorCoreGateUp = 1u << 2,
+  kTensorCoreLmHead = 1u << 3,
+};
+
 /// Kernels CudaModelOptions::decode_skip can leave out of a decode step's layers.
 enum DecodeSkip : unsigned {
   kSkipAttention = 1u << 0,
@@ -280,6 +289,12 @@ struct CudaModelOptions {
   /// --l2-persist MB[,lm_head|qkv|o|gate_up|down|none]; l2_persist_bytes() says what was granted.
   double l2_persist_mb = 0.0;
   L2PersistTarget l2_persist_target = L2PersistTarget::kLmHead;
+  /// Decode GEMVs (bits of TensorCoreGemv) whose dot products run on the tensor cores
+  /// (decode_gemv_mma.cu: a block per 16 weight rows, mma.sync, the warps splitting K)
+  /// instead of the register kernel's FMAs. Their sums come in another order, so the
+  /// logits differ from the default's in the last bits. bench_model --tensor-cores
+  /// qkv,o,gate_up,lm_head.
+  unsigned tensor_core_gemvs = 0;
   /// The same pause for the small GEMVs and the lm_head (0: none). Measured level
   /// (2026-12-02, against 959 / 960 tokens/s): QKV 300 ns 961 / 960, O 300 ns 957 / 957,
   /// lm_head 300 ns 959 / 960, all three 960 / 960. bench_model --qkv-start-delay NS,

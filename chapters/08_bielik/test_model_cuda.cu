@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -405,6 +406,15 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
                            row_of(expected, spec.V, t), spec.V, kModelTolerance);
       }
     }
+    // QKV, O, gate/up and the lm_head on the tensor-core GEMV (tensor_core_gemvs): their
+    // sums in another order, the same tolerance.
+    CudaModelOptions tensor_cores = cuda_options();
+    tensor_cores.tensor_core_gemvs = kTensorCoreQkv | kTensorCoreO | kTensorCoreGateUp | kTensorCoreLmHead;
+    CudaModel tensor_core_model(dir, tensor_cores);
+    for (size_t t = 0; t < prompt.size(); ++t) {
+      require_rows_close(std::string(spec.name) + " tensor-core GEMVs, decode step " + std::to_string(t),
+                         tensor_core_model.decode(prompt[t]), row_of(expected, spec.V, t), spec.V, kModelTolerance);
+    }
   }
 }
 
@@ -597,6 +607,15 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
         REQUIRE(run(options) == runs[0]);
         ++variant;
       }
+    }
+    // The tensor-core GEMVs (their own sums): a graph and eager launches agree bit for bit.
+    {
+      CudaModelOptions graph_options = cuda_options(), eager_options = cuda_options(0, 1024, false, true);
+      for (CudaModelOptions* options : {&graph_options, &eager_options}) {
+        options->tensor_core_gemvs = kTensorCoreQkv | kTensorCoreO | kTensorCoreGateUp | kTensorCoreLmHead;
+      }
+      INFO(spec.name << " tensor-core GEMVs: graph, then eager launches");
+      REQUIRE(run(graph_options) == run(eager_options));
     }
     // The unfused path (attention, then the O GEMV): graph or eager, and whether the O
     // GEMV lets gate/up start early, change no value either.
@@ -813,16 +832,87 @@ TEST_CASE("CUDA model: context overflow throws before touching the cache", "[ch0
   REQUIRE_THROWS_AS(CudaModel(dir, negative), std::invalid_argument);
 }
 
+namespace {
+
+// One decode_gemv case against a CPU reference (the same roundings as the kernel's
+// contract, fp64 sums): fresh random x, W, bias, norm weight and residual from case_seed,
+// outputs poisoned with NaN (or the residual, for kResidualAdd), then `launch` sets its
+// options on the filled-in parameters and runs decode_gemv, and the output is compared.
+struct GemvCase {
+  GemvInput input;
+  GemvOutput output;
+  int N, K;
+  bool bias;
+};
+void check_gemv_case(const GemvCase& c, uint64_t& case_seed, const std::function<void(DecodeGemvParams&)>& launch) {
+  const int rows = c.output == GemvOutput::kSwiGLU ? 2 * c.N : c.N;
+  const std::vector<uint16_t> x = random_bf16(c.K, ++case_seed, 2.0f);
+  const std::vector<uint16_t> W = random_bf16(size_t(rows) * c.K, ++case_seed, 1.0f / std::sqrt(float(c.K)));
+  const std::vector<uint16_t> bias = random_bf16(rows, ++case_seed, 0.5f);
+  std::vector<uint16_t> norm = random_bf16(c.K, ++case_seed, 0.2f);
+  for (auto& v : norm) v = float_to_bf16_bits(1.0f + bf16_bits_to_float(v));
+  const std::vector<uint16_t> residual = random_bf16(c.N, ++case_seed, 1.0f);
+
+  // Reference: the same roundings as the kernel's contract, fp64 sums.
+  std::vector<float> input(c.K);
+  double sum_squares = 0;
+  for (int k = 0; k < c.K; ++k) sum_squares += double(bf16_bits_to_float(x[k])) * bf16_bits_to_float(x[k]);
+  const double inverse_rms = 1.0 / std::sqrt(sum_squares / c.K + 1e-6);
+  for (int k = 0; k < c.K; ++k) {
+    input[k] = c.input == GemvInput::kRmsNorm
+                   ? round_to_bf16(float(bf16_bits_to_float(x[k]) * inverse_rms * bf16_bits_to_float(norm[k])))
+                   : bf16_bits_to_float(x[k]);
+  }
+  auto dot = [&](int row) {
+    double acc = 0;
+    for (int k = 0; k < c.K; ++k) acc += double(bf16_bits_to_float(W[size_t(row) * c.K + k])) * input[k];
+    return acc + (c.bias ? bf16_bits_to_float(bias[row]) : 0.0);
+  };
+  std::vector<float> expected(c.N);
+  for (int n = 0; n < c.N; ++n) {
+    if (c.output == GemvOutput::kSwiGLU) {
+      const float g = round_to_bf16(float(dot(n))), u = round_to_bf16(float(dot(c.N + n)));
+      expected[n] = g / (1.0f + std::exp(-g)) * u;
+    } else if (c.output == GemvOutput::kResidualAdd) {
+      expected[n] = bf16_bits_to_float(residual[n]) + round_to_bf16(float(dot(n)));
+    } else {
+      expected[n] = float(dot(n));
+    }
+  }
+
+  DeviceBuffer<uint16_t> d_x(x), d_W(W), d_bias(bias), d_norm(norm);
+  DeviceBuffer<uint16_t> d_y16(size_t(c.N));
+  DeviceBuffer<float> d_y32(size_t(c.N));
+  if (c.output == GemvOutput::kResidualAdd) {
+    d_y16.copy_from_host(residual);
+  } else {
+    d_y16.fill_bytes(0xFF);
+    d_y32.fill_bytes(0xFF);
+  }
+  DecodeGemvParams p{};
+  p.y = c.output == GemvOutput::kF32 ? static_cast<void*>(d_y32.data()) : static_cast<void*>(d_y16.data());
+  p.x = reinterpret_cast<const __nv_bfloat16*>(d_x.data());
+  p.norm_weight = reinterpret_cast<const __nv_bfloat16*>(d_norm.data());
+  p.W = reinterpret_cast<const __nv_bfloat16*>(d_W.data());
+  p.bias = c.bias ? reinterpret_cast<const __nv_bfloat16*>(d_bias.data()) : nullptr;
+  p.N = c.N;
+  p.K = c.K;
+  p.eps = 1e-6f;
+  launch(p);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  CompareResult r = c.output == GemvOutput::kF32
+                        ? compare("decode_gemv f32", d_y32.to_host(), expected, 1e-3)
+                        : compare_bf16("decode_gemv bf16", d_y16.to_host(), expected, tolerance::kBf16Output);
+  INFO(r.report);
+  REQUIRE(r.passed);
+}
+
+}  // namespace
+
 TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][kernels]") {
   const uint64_t seed = fresh_seed();
   INFO("seed " << seed);
-  struct Case {
-    GemvInput input;
-    GemvOutput output;
-    int N, K;
-    bool bias;
-  };
-  const Case cases[] = {
+  const GemvCase cases[] = {
       {GemvInput::kRmsNorm, GemvOutput::kBf16, 2048, 1536, true},       // Bielik QKV
       {GemvInput::kPlain, GemvOutput::kResidualAdd, 1536, 1536, true},  // O
       {GemvInput::kRmsNorm, GemvOutput::kSwiGLU, 8960, 1536, true},     // gate/up
@@ -838,7 +928,7 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
   std::vector<DecodeGemvKernel> kernels = {DecodeGemvKernel::kRegisterLoads, DecodeGemvKernel::kRegisterPipelined};
   if (weight_stream_supported()) kernels.push_back(DecodeGemvKernel::kBulkStream);
   uint64_t case_seed = seed;
-  for (const Case& c : cases) {
+  for (const GemvCase& c : cases) {
     // Each kernel without and with PDL; then the register kernel with the second batch in
     // shared memory (down's and gate/up's forms take it, the others ignore it), and with
     // the input read in place (down's form takes it), each with PDL and the automatic
@@ -891,85 +981,71 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
                 << " second batch in shared " << second_batch_in_shared << " input read in place "
                 << input_from_global << " input widened " << widen_input << " rows a warp forced to " << forced_rows
                 << " second batch after staging " << shared_after_staging);
-      const int rows = c.output == GemvOutput::kSwiGLU ? 2 * c.N : c.N;
-      const std::vector<uint16_t> x = random_bf16(c.K, ++case_seed, 2.0f);
-      const std::vector<uint16_t> W = random_bf16(size_t(rows) * c.K, ++case_seed, 1.0f / std::sqrt(float(c.K)));
-      const std::vector<uint16_t> bias = random_bf16(rows, ++case_seed, 0.5f);
-      std::vector<uint16_t> norm = random_bf16(c.K, ++case_seed, 0.2f);
-      for (auto& v : norm) v = float_to_bf16_bits(1.0f + bf16_bits_to_float(v));
-      const std::vector<uint16_t> residual = random_bf16(c.N, ++case_seed, 1.0f);
-
-      // Reference: the same roundings as the kernel's contract, fp64 sums.
-      std::vector<float> input(c.K);
-      double sum_squares = 0;
-      for (int k = 0; k < c.K; ++k) sum_squares += double(bf16_bits_to_float(x[k])) * bf16_bits_to_float(x[k]);
-      const double inverse_rms = 1.0 / std::sqrt(sum_squares / c.K + 1e-6);
-      for (int k = 0; k < c.K; ++k) {
-        input[k] = c.input == GemvInput::kRmsNorm
-                       ? round_to_bf16(float(bf16_bits_to_float(x[k]) * inverse_rms * bf16_bits_to_float(norm[k])))
-                       : bf16_bits_to_float(x[k]);
-      }
-      auto dot = [&](int row) {
-        double acc = 0;
-        for (int k = 0; k < c.K; ++k) acc += double(bf16_bits_to_float(W[size_t(row) * c.K + k])) * input[k];
-        return acc + (c.bias ? bf16_bits_to_float(bias[row]) : 0.0);
-      };
-      std::vector<float> expected(c.N);
-      for (int n = 0; n < c.N; ++n) {
-        if (c.output == GemvOutput::kSwiGLU) {
-          const float g = round_to_bf16(float(dot(n))), u = round_to_bf16(float(dot(c.N + n)));
-          expected[n] = g / (1.0f + std::exp(-g)) * u;
-        } else if (c.output == GemvOutput::kResidualAdd) {
-          expected[n] = bf16_bits_to_float(residual[n]) + round_to_bf16(float(dot(n)));
-        } else {
-          expected[n] = float(dot(n));
+      check_gemv_case(c, case_seed, [&](DecodeGemvParams& p) {
+        // The evict-first hint (a cache hint: it must not change a value) on half the
+        // variants; the bulk-stream kernel ignores it. On the same half, the residual is
+        // loaded before the PDL wait (the copy that wrote it is long done).
+        p.stream_evict_first = pdl;
+        p.epilogue_inputs_settled = pdl;
+        // With PDL the register kernels split each row over a forced number of warps (the
+        // automatic choice, 1 or 2 for these shapes, runs without PDL): 8 where K is not a
+        // multiple of 64 (lanes past the row's end), else 4.
+        if (kernel != DecodeGemvKernel::kBulkStream && pdl && !late) p.split_warps = c.K % 64 != 0 ? 8 : 4;
+        p.widen_input = widen_input;
+        p.rows_per_warp = forced_rows;
+        if (register_option) {
+          p.second_batch_in_shared = second_batch_in_shared;
+          p.second_batch_after_staging = shared_after_staging;
+          p.input_from_global = input_from_global;
+          p.split_warps = pdl ? 0 : 1;
         }
-      }
-
-      DeviceBuffer<uint16_t> d_x(x), d_W(W), d_bias(bias), d_norm(norm);
-      DeviceBuffer<uint16_t> d_y16(size_t(c.N));
-      DeviceBuffer<float> d_y32(size_t(c.N));
-      if (c.output == GemvOutput::kResidualAdd) {
-        d_y16.copy_from_host(residual);
-      } else {
-        d_y16.fill_bytes(0xFF);
-        d_y32.fill_bytes(0xFF);
-      }
-      DecodeGemvParams p{};
-      p.y = c.output == GemvOutput::kF32 ? static_cast<void*>(d_y32.data()) : static_cast<void*>(d_y16.data());
-      p.x = reinterpret_cast<const __nv_bfloat16*>(d_x.data());
-      p.norm_weight = reinterpret_cast<const __nv_bfloat16*>(d_norm.data());
-      p.W = reinterpret_cast<const __nv_bfloat16*>(d_W.data());
-      p.bias = c.bias ? reinterpret_cast<const __nv_bfloat16*>(d_bias.data()) : nullptr;
-      p.N = c.N;
-      p.K = c.K;
-      p.eps = 1e-6f;
-      // The evict-first hint (a cache hint: it must not change a value) on half the
-      // variants; the bulk-stream kernel ignores it. On the same half, the residual is
-      // loaded before the PDL wait (the copy that wrote it is long done).
-      p.stream_evict_first = pdl;
-      p.epilogue_inputs_settled = pdl;
-      // With PDL the register kernels split each row over a forced number of warps (the
-      // automatic choice, 1 or 2 for these shapes, runs without PDL): 8 where K is not a
-      // multiple of 64 (lanes past the row's end), else 4.
-      if (kernel != DecodeGemvKernel::kBulkStream && pdl && !late) p.split_warps = c.K % 64 != 0 ? 8 : 4;
-      p.widen_input = widen_input;
-      p.rows_per_warp = forced_rows;
-      if (register_option) {
-        p.second_batch_in_shared = second_batch_in_shared;
-        p.second_batch_after_staging = shared_after_staging;
-        p.input_from_global = input_from_global;
-        p.split_warps = pdl ? 0 : 1;
-      }
-      decode_gemv(c.input, c.output, p, pdl, 0, kernel);
-      CUDA_CHECK(cudaDeviceSynchronize());
-      CompareResult r = c.output == GemvOutput::kF32
-                            ? compare("decode_gemv f32", d_y32.to_host(), expected, 1e-3)
-                            : compare_bf16("decode_gemv bf16", d_y16.to_host(), expected, tolerance::kBf16Output);
-      INFO(r.report);
-      REQUIRE(r.passed);
+        decode_gemv(c.input, c.output, p, pdl, 0, kernel);
+      });
     }
   }
+}
+
+TEST_CASE("decode_gemv on the tensor cores: every form it takes matches a CPU reference", "[ch08][gpu][kernels]") {
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  const GemvCase cases[] = {
+      {GemvInput::kRmsNorm, GemvOutput::kBf16, 2048, 1536, true},       // Bielik QKV's rows
+      {GemvInput::kPlain, GemvOutput::kResidualAdd, 1536, 1536, true},  // O
+      {GemvInput::kRmsNorm, GemvOutput::kSwiGLU, 8960, 1536, true},     // gate/up
+      {GemvInput::kRmsNorm, GemvOutput::kF32, 32000, 1536, false},      // lm_head
+      {GemvInput::kPlain, GemvOutput::kF32, 1003, 200, false},   // a last tile of 11 rows; K not a multiple of 32
+      {GemvInput::kRmsNorm, GemvOutput::kSwiGLU, 43, 344, false},
+      {GemvInput::kPlain, GemvOutput::kBf16, 7, 8, true},        // one tile, one step of one warp, mostly padding
+      {GemvInput::kRmsNorm, GemvOutput::kSwiGLU, 129, 2048, true},      // the largest K: 8 steps a warp
+      {GemvInput::kPlain, GemvOutput::kResidualAdd, 300, 2040, false},  // the last warp's last step short
+      {GemvInput::kRmsNorm, GemvOutput::kSwiGLU, 4001, 1000, true},
+  };
+  uint64_t case_seed = seed;
+  for (const GemvCase& c : cases) {
+    for (bool pdl : {false, true}) {
+      INFO("N=" << c.N << " K=" << c.K << " output " << int(c.output) << " pdl " << pdl);
+      check_gemv_case(c, case_seed, [&](DecodeGemvParams& p) {
+        p.stream_evict_first = pdl;  // a cache hint, and the residual loaded before the wait
+        p.epilogue_inputs_settled = pdl;
+        decode_gemv(c.input, c.output, p, pdl, 0, DecodeGemvKernel::kTensorCores);
+      });
+    }
+  }
+  // What it does not take: K past its registers, an input it does not stage.
+  DeviceBuffer<uint16_t> x(4096), W(64 * 4096), y(64);
+  DecodeGemvParams p{};
+  p.y = y.data();
+  p.x = reinterpret_cast<const __nv_bfloat16*>(x.data());
+  p.W = reinterpret_cast<const __nv_bfloat16*>(W.data());
+  p.N = 64;
+  p.K = decode_gemv_mma_max_k() + 8;
+  REQUIRE_THROWS_AS(decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false, 0, DecodeGemvKernel::kTensorCores),
+                    std::invalid_argument);
+  p.K = 64;
+  p.residual_partials = ResidualPartials{reinterpret_cast<const float*>(W.data()), 1};
+  REQUIRE_THROWS_AS(
+      decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, p, false, 0, DecodeGemvKernel::kTensorCores),
+      std::invalid_argument);
 }
 
 TEST_CASE("decode_gemv refuses a split or a row count it cannot run", "[ch08][gpu][kernels]") {
@@ -1555,19 +1631,26 @@ TEST_CASE("decode_gemv kRopeAppend equals the QKV GEMV then decode_rope_append, 
       INFO("H=" << shape.H << " Hkv=" << shape.Hkv << " D=" << shape.D << " K=" << shape.K << " pos=" << pos);
       DeviceBuffer<int> d_length(std::vector<int>{pos});
       auto as_bf16 = [](DeviceBuffer<uint16_t>& b) { return reinterpret_cast<__nv_bfloat16*>(b.data()); };
-      // Unfused: the QKV GEMV (bf16 out), then RoPE + append.
+      // Unfused: the QKV GEMV (bf16 out) on `kernel`, then RoPE + append.
       DeviceBuffer<uint16_t> qkv{size_t(rows)}, k_ref{cache_elements}, v_ref{cache_elements};
-      qkv.fill_bytes(0xFF);
-      k_ref.fill_bytes(0xFF);
-      v_ref.fill_bytes(0xFF);
       DecodeGemvParams p{as_bf16(qkv), as_bf16(d_x), as_bf16(d_norm), as_bf16(d_W), as_bf16(d_bias), rows, shape.K, 1e-6f};
-      decode_gemv(GemvInput::kRmsNorm, GemvOutput::kBf16, p, false);
-      decode_rope_append(as_bf16(qkv), as_bf16(k_ref), as_bf16(v_ref), d_length.data(), table, shape.H, shape.Hkv,
-                         shape.max_context, false);
-      // Fused, both register kernels; the position read before the PDL wait or after it.
-      for (int variant = 0; variant < 4; ++variant) {
-        const DecodeGemvKernel kernel =
-            variant / 2 == 0 ? DecodeGemvKernel::kRegisterLoads : DecodeGemvKernel::kRegisterPipelined;
+      auto unfused = [&](DecodeGemvKernel kernel) {
+        qkv.fill_bytes(0xFF);
+        k_ref.fill_bytes(0xFF);
+        v_ref.fill_bytes(0xFF);
+        decode_gemv(GemvInput::kRmsNorm, GemvOutput::kBf16, p, false, 0, kernel);
+        decode_rope_append(as_bf16(qkv), as_bf16(k_ref), as_bf16(v_ref), d_length.data(), table, shape.H, shape.Hkv,
+                           shape.max_context, false);
+      };
+      unfused(DecodeGemvKernel::kAuto);
+      // Fused, both register kernels, then the tensor-core kernel (against its own unfused
+      // form: its sums come in another order); the position read before the PDL wait or
+      // after it.
+      const DecodeGemvKernel fused_kernels[] = {DecodeGemvKernel::kRegisterLoads, DecodeGemvKernel::kRegisterPipelined,
+                                                DecodeGemvKernel::kTensorCores};
+      for (int variant = 0; variant < 6; ++variant) {
+        const DecodeGemvKernel kernel = fused_kernels[variant / 2];
+        if (variant == 4) unfused(DecodeGemvKernel::kTensorCores);
         INFO("kernel " << variant / 2 << " position before the wait " << variant % 2);
         DeviceBuffer<uint16_t> q(size_t(shape.H) * shape.D), k(cache_elements), v(cache_elements);
         q.fill_bytes(0xFF);

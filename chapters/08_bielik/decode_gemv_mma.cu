@@ -1,0 +1,188 @@
+// decode_gemv on the tensor cores (DecodeGemvKernel::kTensorCores): the same GEMV, the
+// same staging and epilogues as the register kernel (decode_kernels.cu), with the dot
+// products done by mma.sync instead of FMAs.
+//
+// Why the tensor cores, for a GEMV that does 2 FLOPs per weight byte? Not for the FLOPs:
+// for the instructions. In the register kernel a lane dots a 16-byte chunk (8 weights)
+// with 8 FMAs plus the 8 shifts and masks that widen the bf16s to fp32, and every row
+// ends in a 5-step warp reduction. With 8-24 warps of an SM reaching their dot products
+// together, the sixteenth session of DECODE_LOG.md measured ~1000-2500 cycles from a
+// warp's weights in to its first row's dot summed, and found that the instructions set
+// it. One mma.sync.m16n8k16 takes 16 rows x 16 weights (256 products) from four
+// registers a lane, with no widening, and sums over k inside the instruction: the warp
+// reduction disappears too.
+//
+// The layout. A block computes one tile of 16 weight rows: 16 outputs, or 8 row pairs
+// for the pair outputs (gate row n and up row N + n; RoPE's dims j and j + D/2), which
+// then sit in rows g and g + 8 of the tile, so that one thread ends with both. The 8
+// warps split K: step s covers the 32 values 32 s .. 32 s + 31 and belongs to warp
+// s % 8. In a step, lane l (g = l / 4, t = l % 4) loads the 16 bytes at k = 32 s + 8 t of
+// tile rows g and g + 8: a warp's load touches 8 rows x 64 contiguous bytes, whole
+// 32-byte sectors. The mma's k order is free (a dot product is a sum): its logical k
+// 2t, 2t+1, 2t+8, 2t+9 are mapped onto the lane's physical values k+0..3 in the first
+// mma and k+4..7 in the second, and the input x (the B operand, the same in all 8
+// columns) gets the same map, so each lane reads its 16 bytes of x once per step, a
+// broadcast among the 8 lanes of equal t. Column j of the result is then the same dot
+// product for every j: lane (g, t) holds row g's in d[0] and row g + 8's in d[2].
+// The warps' partial dots meet in shared memory, summed in warp order (deterministic).
+//
+// As in the register kernel, every weight a warp needs is loaded before the PDL wait
+// (K <= 2048: at most 8 steps a warp, 16 loads a lane), so the dot starts as soon as the
+// input is staged. One block per 16 rows: QKV (1024 row pairs) is 128 blocks, O 96.
+#include <stdexcept>
+#include <string>
+
+#include "cuda_check.cuh"
+#include "decode_device.cuh"
+#include "decode_kernels.cuh"
+#include "matmul_ptx.cuh"  // chapter 03: mma_bf16_16x8x16
+
+namespace bielik {
+
+using namespace decode_device;
+
+namespace {
+
+constexpr int kTileRows = 16;                          // rows of one mma tile, one block
+constexpr int kStepValues = 32;                        // K values one warp covers per step
+constexpr int kMaxSteps = 8;                           // steps a warp: K <= 8 warps x 8 x 32
+constexpr int kMaxMmaK = kWarps * kMaxSteps * kStepValues;  // 2048
+
+template <GemvOutput Out>
+__host__ __device__ constexpr int units_per_tile() {
+  return kTileRows / rows_per_unit<Out>();
+}
+
+/// The weight row that tile row r (0..15) of the tile starting at unit `unit0` holds, or
+/// -1 past the last unit: pair outputs put unit unit0 + r's first row at r < 8 and its
+/// second at r + 8; single outputs unit unit0 + r.
+template <GemvOutput Out>
+__device__ __forceinline__ int tile_row(const DecodeGemvParams& p, int unit0, int r) {
+  if constexpr (rows_per_unit<Out>() == 2) {
+    const int unit = unit0 + r % 8;
+    return unit < p.N ? weight_row<Out>(p, unit, r / 8) : -1;
+  } else {
+    return unit0 + r < p.N ? unit0 + r : -1;
+  }
+}
+
+template <GemvInput In, GemvOutput Out, bool HasBias>
+__global__ void __launch_bounds__(kThreads, 2) decode_gemv_mma_kernel(DecodeGemvParams p) {
+  constexpr int kUnits = units_per_tile<Out>();
+  extern __shared__ uint4 x_shared[];               // (K/8) the input, normalized for kRmsNorm
+  __shared__ float warp_partial[kWarps][kTileRows];  // each warp's share of the 16 dots
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int unit0 = blockIdx.x * kUnits;
+  const int steps = (p.K + kStepValues - 1) / kStepValues;  // over the whole row
+  timeline_mark(p.timeline, kTimelineStart);
+  if (p.allow_dependents_early) pdl_allow_dependents();
+  hold_for_signal(p.hold);
+  delay_start(p.start_delay_ns);
+
+  // 1. Every weight this warp needs, before the wait: tile rows g and g + 8, 16 bytes of
+  //    each per step. Chunks past the row, and rows past the last unit, read as zero.
+  const uint64_t policy = l2_policy(p.stream_evict_first);
+  const int row_low = tile_row<Out>(p, unit0, g), row_high = tile_row<Out>(p, unit0, g + 8);
+  uint4 w_low[kMaxSteps], w_high[kMaxSteps];
+#pragma unroll
+  for (int i = 0; i < kMaxSteps; ++i) {
+    const int k = (warp + i * kWarps) * kStepValues + 8 * t;
+    const bool in_row = k < p.K;
+    w_low[i] = in_row && row_low >= 0 ? load_streaming(p.W + size_t(row_low) * p.K + k, policy)
+                                      : make_uint4(0, 0, 0, 0);
+    w_high[i] = in_row && row_high >= 0 ? load_streaming(p.W + size_t(row_high) * p.K + k, policy)
+                                        : make_uint4(0, 0, 0, 0);
+  }
+  uint4 norm_held[kNormHeld];
+  load_norm_weight<In>(p, norm_held);
+  // Thread u < kUnits stores unit unit0 + u: its epilogue inputs now when no running
+  // kernel writes them (the register kernel's reasoning), else after the wait.
+  constexpr bool kReadsWritten = Out == GemvOutput::kResidualAdd || Out == GemvOutput::kRopeAppend;
+  const bool early = !kReadsWritten || p.epilogue_inputs_settled;
+  const int my_unit = unit0 + int(threadIdx.x);
+  const bool stores = int(threadIdx.x) < kUnits && my_unit < p.N;
+  EpilogueInputs epilogue;
+  if (stores && early) epilogue = load_epilogue_inputs<Out, HasBias>(p, my_unit);
+
+  // 2. The wait, then the input staged (normalized for kRmsNorm) by the whole block.
+  stage_input<In>(p, x_shared, &warp_partial[0][0], norm_held);
+  timeline_mark(p.timeline, kTimelineStaged);
+  if (!p.allow_dependents_early) pdl_allow_dependents();
+  if (stores && !early) epilogue = load_epilogue_inputs<Out, HasBias>(p, my_unit);
+  if (p.timeline) {  // (measurement) thread 0's weights are in
+    timeline_fold_when_ready(p.timeline, kTimelineWeightsIn, __uint_as_float(w_low[0].x) + __uint_as_float(w_high[0].x));
+  }
+
+  // 3. The dot products: two mmas a step, on two accumulators (half the chain each).
+  float d_first[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d_second[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int i = 0; i < kMaxSteps; ++i) {
+    const int step = warp + i * kWarps;
+    if (step < steps) {  // the same for the whole warp: mma.sync needs every lane
+      const int k = step * kStepValues + 8 * t;
+      const uint4 x = k < p.K ? x_shared[k / 8] : make_uint4(0, 0, 0, 0);
+      // a = {row g, row g + 8, row g, row g + 8} x {values k+0..1, k+0..1, k+2..3, k+2..3}
+      const uint32_t a_first[4] = {w_low[i].x, w_high[i].x, w_low[i].y, w_high[i].y};
+      const uint32_t a_second[4] = {w_low[i].z, w_high[i].z, w_low[i].w, w_high[i].w};
+      ptx::mma_bf16_16x8x16(d_first, a_first, x.x, x.y);
+      ptx::mma_bf16_16x8x16(d_second, a_second, x.z, x.w);
+    }
+  }
+  if (t == 0) {  // every column holds the same dots: column 0's
+    warp_partial[warp][g] = d_first[0] + d_second[0];
+    warp_partial[warp][g + 8] = d_first[2] + d_second[2];
+  }
+  timeline_fold_when_ready(p.timeline, kTimelineFirstDot, d_first[0] + d_second[0]);  // (measurement)
+  __syncthreads();
+
+  // 4. Thread u sums unit u's rows over the warps, in warp order, and runs the epilogue.
+  if (stores) {
+    float acc[2] = {0.0f, 0.0f};
+    constexpr int kPair = rows_per_unit<Out>() == 2;
+#pragma unroll
+    for (int v = 0; v < kWarps; ++v) {
+      acc[0] += warp_partial[v][threadIdx.x];
+      if constexpr (kPair) acc[1] += warp_partial[v][threadIdx.x + 8];
+    }
+    store_output_loaded<Out>(p, my_unit, acc, epilogue);
+  }
+  timeline_mark(p.timeline, kTimelineEnd);
+}
+
+template <GemvInput In, GemvOutput Out>
+void launch_mma(const DecodeGemvParams& p, bool pdl, cudaStream_t stream) {
+  auto kernel = p.bias ? decode_gemv_mma_kernel<In, Out, true> : decode_gemv_mma_kernel<In, Out, false>;
+  const int blocks = (p.N + units_per_tile<Out>() - 1) / units_per_tile<Out>();
+  launch_kernel(pdl, kernel, dim3(blocks), dim3(kThreads), size_t(p.K) * sizeof(__nv_bfloat16), stream, p);
+}
+
+template <GemvInput In>
+void launch_mma_output(GemvOutput output, const DecodeGemvParams& p, bool pdl, cudaStream_t stream) {
+  switch (output) {
+    case GemvOutput::kBf16: launch_mma<In, GemvOutput::kBf16>(p, pdl, stream); break;
+    case GemvOutput::kF32: launch_mma<In, GemvOutput::kF32>(p, pdl, stream); break;
+    case GemvOutput::kSwiGLU: launch_mma<In, GemvOutput::kSwiGLU>(p, pdl, stream); break;
+    case GemvOutput::kResidualAdd: launch_mma<In, GemvOutput::kResidualAdd>(p, pdl, stream); break;
+    case GemvOutput::kRopeAppend: launch_mma<In, GemvOutput::kRopeAppend>(p, pdl, stream); break;
+  }
+}
+
+}  // namespace
+
+int decode_gemv_mma_max_k() { return kMaxMmaK; }
+
+void decode_gemv_mma(GemvInput input, GemvOutput output, const DecodeGemvParams& p, bool pdl, cudaStream_t stream) {
+  if ((input != GemvInput::kPlain && input != GemvInput::kRmsNorm) || p.K > kMaxMmaK ||
+      p.residual_partials.partials) {
+    throw std::invalid_argument("decode_gemv: the tensor-core kernel takes a plain or kRmsNorm input, K <= " +
+                                std::to_string(kMaxMmaK) + " and no residual partials; got K=" + std::to_string(p.K));
+  }
+  if (input == GemvInput::kRmsNorm) {
+    launch_mma_output<GemvInput::kRmsNorm>(output, p, pdl, stream);
+  } else {
+    launch_mma_output<GemvInput::kPlain>(output, p, pdl, stream);
+  }
+}
+
+}  // namespace bielik
