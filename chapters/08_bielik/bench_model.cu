@@ -101,7 +101,7 @@ struct Args {
   int side_prefetch_blocks = CudaModelOptions{}.side_prefetch_blocks;  ///< --side-prefetch-blocks N
   int side_prefetch_fork = 0;  ///< --side-prefetch-after-qkv: 1
   int side_prefetch_stride = CudaModelOptions{}.side_prefetch_stride_bytes;  ///< --side-prefetch-stride BYTES
-  unsigned tensor_cores = 0;    ///< --tensor-cores qkv,o,gate_up,lm_head (any of them)
+  unsigned tensor_cores = CudaModelOptions{}.tensor_core_gemvs;  ///< --tensor-cores qkv,o,gate_up,lm_head | none
   double l2_persist_mb = 0.0;  ///< --l2-persist MB[,lm_head|qkv|o|gate_up|down|none]
   L2PersistTarget l2_persist_target = L2PersistTarget::kLmHead;
 };
@@ -229,6 +229,8 @@ Args parse(int argc, char** argv) {
       a.side_prefetch_down_mb = comma == std::string::npos ? 0.0 : std::stod(sizes.substr(comma + 1));
     } else if (flag == "--tensor-cores") {
       std::string list = value() + ",";
+      a.tensor_cores = 0;  // the list replaces the default; "none": no GEMV on the tensor cores
+      if (list == "none,") list.clear();
       for (size_t comma; (comma = list.find(',')) != std::string::npos; list.erase(0, comma + 1)) {
         const std::string name = list.substr(0, comma);
         if (name == "qkv") {
@@ -325,7 +327,7 @@ Args parse(int argc, char** argv) {
                                   " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N]"
                                   " [--side-prefetch GATE_UP_MB[,DOWN_MB] [--side-prefetch-form lines|bulk|loads] [--side-prefetch-blocks N]"
                                   " [--side-prefetch-stride BYTES] [--side-prefetch-after-qkv]] [--l2-persist MB[,lm_head|qkv|o|gate_up|down|none]]"
-                                  " [--tensor-cores qkv,o,gate_up,lm_head])");
+                                  " [--tensor-cores qkv,o,gate_up,lm_head|none])");
     }
   }
   // The full run labels its numbers as the graph's and measures the persistent steps itself.
@@ -1012,8 +1014,8 @@ int main(int argc, char** argv) {
     std::vector<OptionVariant> option_variants = {
         {"defaults (attention v6: clusters of 4 per query head up to 256 keys, 8 up to 1023, then 16; partials "
          "pushed with st.async onto block 0's mbarrier, in the long graph O scheduled once their inputs are in; "
-         "then the O GEMV, which lets gate/up start early; gate/up and down pause 300 ns at their start; "
-         "evict-first)",
+         "then the O GEMV, which lets gate/up start early; QKV and O on the tensor cores; gate/up and down pause "
+         "300 ns at their start; evict-first)",
          true, true, Path::kClusterPerHead, 0, 0},
         // Its best form measured (H200, 2026-12-02): clusters of 16 (W_o's rows over 192
         // blocks, 24 KB each), gate/up scheduled once the attention's inputs are in.
@@ -1024,6 +1026,10 @@ int main(int argc, char** argv) {
                        o.attention_splits = 16;
                        o.attention_allows_o_after_inputs = true;
                      }),
+        defaults_but("QKV and O on the register kernel (no GEMV on the tensor cores)",
+                     [](CudaModelOptions& o) { o.tensor_core_gemvs = 0; }),
+        defaults_but("QKV, O and the lm_head on the tensor cores",
+                     [](CudaModelOptions& o) { o.tensor_core_gemvs |= kTensorCoreLmHead; }),
         defaults_but("gate/up and down start without the pause",
                      [](CudaModelOptions& o) { o.gate_up_start_delay_ns = o.down_start_delay_ns = 0; }),
         defaults_but("down starts without the pause", [](CudaModelOptions& o) { o.down_start_delay_ns = 0; }),

@@ -291,10 +291,13 @@ struct CudaModelOptions {
   L2PersistTarget l2_persist_target = L2PersistTarget::kLmHead;
   /// Decode GEMVs (bits of TensorCoreGemv) whose dot products run on the tensor cores
   /// (decode_gemv_mma.cu: a block per 16 weight rows, mma.sync, the warps splitting K)
-  /// instead of the register kernel's FMAs. Their sums come in another order, so the
-  /// logits differ from the default's in the last bits. bench_model --tensor-cores
-  /// qkv,o,gate_up,lm_head.
-  unsigned tensor_core_gemvs = 0;
+  /// instead of the register kernel's FMAs; their sums come in another order. Measured
+  /// on the H200 (2026-12-02, decode_ab.sh, two rounds, 256 tokens after 16): QKV and O
+  /// 977 / 977 tokens/s against 956 / 957 with none, a layer 31.6 against 32.4 us; QKV
+  /// alone 939-940, O alone 961, the lm_head 951-952, gate/up 781-782 (1120 blocks of 16
+  /// rows: several waves), all four 774. So QKV and O. bench_model --tensor-cores
+  /// qkv,o,gate_up,lm_head or none.
+  unsigned tensor_core_gemvs = kTensorCoreQkv | kTensorCoreO;
   /// The same pause for the small GEMVs and the lm_head (0: none). Measured level
   /// (2026-12-02, against 959 / 960 tokens/s): QKV 300 ns 961 / 960, O 300 ns 957 / 957,
   /// lm_head 300 ns 959 / 960, all three 960 / 960. bench_model --qkv-start-delay NS,

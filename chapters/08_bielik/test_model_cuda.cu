@@ -406,14 +406,18 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
                            row_of(expected, spec.V, t), spec.V, kModelTolerance);
       }
     }
-    // QKV, O, gate/up and the lm_head on the tensor-core GEMV (tensor_core_gemvs): their
-    // sums in another order, the same tolerance.
-    CudaModelOptions tensor_cores = cuda_options();
-    tensor_cores.tensor_core_gemvs = kTensorCoreQkv | kTensorCoreO | kTensorCoreGateUp | kTensorCoreLmHead;
-    CudaModel tensor_core_model(dir, tensor_cores);
-    for (size_t t = 0; t < prompt.size(); ++t) {
-      require_rows_close(std::string(spec.name) + " tensor-core GEMVs, decode step " + std::to_string(t),
-                         tensor_core_model.decode(prompt[t]), row_of(expected, spec.V, t), spec.V, kModelTolerance);
+    // The GEMVs on the tensor-core kernel (tensor_core_gemvs): none (every GEMV on the
+    // register kernel), or QKV, O, gate/up and the lm_head (the default is QKV and O).
+    // Their sums come in another order: the same tolerance.
+    for (unsigned gemvs : {0u, unsigned(kTensorCoreQkv | kTensorCoreO | kTensorCoreGateUp | kTensorCoreLmHead)}) {
+      CudaModelOptions options = cuda_options();
+      options.tensor_core_gemvs = gemvs;
+      CudaModel model(dir, options);
+      for (size_t t = 0; t < prompt.size(); ++t) {
+        require_rows_close(std::string(spec.name) + " tensor-core GEMVs " + std::to_string(gemvs) + ", decode step " +
+                               std::to_string(t),
+                           model.decode(prompt[t]), row_of(expected, spec.V, t), spec.V, kModelTolerance);
+      }
     }
   }
 }
@@ -608,13 +612,12 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
         ++variant;
       }
     }
-    // The tensor-core GEMVs (their own sums): a graph and eager launches agree bit for bit.
-    {
+    // Other GEMVs on the tensor cores (their own sums), none or all that can: a graph and
+    // eager launches agree bit for bit.
+    for (unsigned gemvs : {0u, unsigned(kTensorCoreQkv | kTensorCoreO | kTensorCoreGateUp | kTensorCoreLmHead)}) {
       CudaModelOptions graph_options = cuda_options(), eager_options = cuda_options(0, 1024, false, true);
-      for (CudaModelOptions* options : {&graph_options, &eager_options}) {
-        options->tensor_core_gemvs = kTensorCoreQkv | kTensorCoreO | kTensorCoreGateUp | kTensorCoreLmHead;
-      }
-      INFO(spec.name << " tensor-core GEMVs: graph, then eager launches");
+      for (CudaModelOptions* options : {&graph_options, &eager_options}) options->tensor_core_gemvs = gemvs;
+      INFO(spec.name << " tensor-core GEMVs " << gemvs << ": graph, then eager launches");
       REQUIRE(run(graph_options) == run(eager_options));
     }
     // The unfused path (attention, then the O GEMV): graph or eager, and whether the O
