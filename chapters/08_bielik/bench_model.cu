@@ -102,6 +102,7 @@ struct Args {
   int side_prefetch_fork = 0;  ///< --side-prefetch-after-qkv: 1
   int side_prefetch_stride = CudaModelOptions{}.side_prefetch_stride_bytes;  ///< --side-prefetch-stride BYTES
   unsigned tensor_cores = CudaModelOptions{}.tensor_core_gemvs;  ///< --tensor-cores qkv,o,gate_up,lm_head | none
+  unsigned tensor_cores_long = CudaModelOptions{}.tensor_core_gemvs_in_long_graph;  ///< --tensor-cores-long (the same)
   double l2_persist_mb = 0.0;  ///< --l2-persist MB[,lm_head|qkv|o|gate_up|down|none]
   L2PersistTarget l2_persist_target = L2PersistTarget::kLmHead;
 };
@@ -227,22 +228,24 @@ Args parse(int argc, char** argv) {
       const size_t comma = sizes.find(',');
       a.side_prefetch_gate_up_mb = std::stod(sizes.substr(0, comma));
       a.side_prefetch_down_mb = comma == std::string::npos ? 0.0 : std::stod(sizes.substr(comma + 1));
-    } else if (flag == "--tensor-cores") {
+    } else if (flag == "--tensor-cores" || flag == "--tensor-cores-long") {
+      // The list replaces the default; "none": no GEMV on the tensor cores.
       std::string list = value() + ",";
-      a.tensor_cores = 0;  // the list replaces the default; "none": no GEMV on the tensor cores
+      unsigned& gemvs = flag == "--tensor-cores" ? a.tensor_cores : a.tensor_cores_long;
+      gemvs = 0;
       if (list == "none,") list.clear();
       for (size_t comma; (comma = list.find(',')) != std::string::npos; list.erase(0, comma + 1)) {
         const std::string name = list.substr(0, comma);
         if (name == "qkv") {
-          a.tensor_cores |= kTensorCoreQkv;
+          gemvs |= kTensorCoreQkv;
         } else if (name == "o") {
-          a.tensor_cores |= kTensorCoreO;
+          gemvs |= kTensorCoreO;
         } else if (name == "gate_up") {
-          a.tensor_cores |= kTensorCoreGateUp;
+          gemvs |= kTensorCoreGateUp;
         } else if (name == "lm_head") {
-          a.tensor_cores |= kTensorCoreLmHead;
+          gemvs |= kTensorCoreLmHead;
         } else {
-          throw std::invalid_argument("--tensor-cores takes a list of qkv, o, gate_up, lm_head; got " + name);
+          throw std::invalid_argument(flag + " takes none or a list of qkv, o, gate_up, lm_head; got " + name);
         }
       }
     } else if (flag == "--l2-persist") {
@@ -327,7 +330,7 @@ Args parse(int argc, char** argv) {
                                   " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N]"
                                   " [--side-prefetch GATE_UP_MB[,DOWN_MB] [--side-prefetch-form lines|bulk|loads] [--side-prefetch-blocks N]"
                                   " [--side-prefetch-stride BYTES] [--side-prefetch-after-qkv]] [--l2-persist MB[,lm_head|qkv|o|gate_up|down|none]]"
-                                  " [--tensor-cores qkv,o,gate_up,lm_head|none])");
+                                  " [--tensor-cores qkv,o,gate_up,lm_head|none] [--tensor-cores-long LIST])");
     }
   }
   // The full run labels its numbers as the graph's and measures the persistent steps itself.
@@ -743,6 +746,7 @@ int main(int argc, char** argv) {
     options.side_prefetch_fork = args.side_prefetch_fork;
     options.side_prefetch_stride_bytes = args.side_prefetch_stride;
     options.tensor_core_gemvs = args.tensor_cores;
+    options.tensor_core_gemvs_in_long_graph = args.tensor_cores_long;
     options.l2_persist_mb = args.l2_persist_mb;
     options.l2_persist_target = args.l2_persist_target;
     options.prefill_attention_clusters = args.prefill_attention_clusters;
@@ -1014,8 +1018,8 @@ int main(int argc, char** argv) {
     std::vector<OptionVariant> option_variants = {
         {"defaults (attention v6: clusters of 4 per query head up to 256 keys, 8 up to 1023, then 16; partials "
          "pushed with st.async onto block 0's mbarrier, in the long graph O scheduled once their inputs are in; "
-         "then the O GEMV, which lets gate/up start early; QKV and O on the tensor cores; gate/up and down pause "
-         "300 ns at their start; evict-first)",
+         "then the O GEMV, which lets gate/up start early; QKV and O on the tensor cores except in the long "
+         "graph; gate/up and down pause 300 ns at their start; evict-first)",
          true, true, Path::kClusterPerHead, 0, 0},
         // Its best form measured (H200, 2026-12-02): clusters of 16 (W_o's rows over 192
         // blocks, 24 KB each), gate/up scheduled once the attention's inputs are in.
@@ -1028,6 +1032,8 @@ int main(int argc, char** argv) {
                      }),
         defaults_but("QKV and O on the register kernel (no GEMV on the tensor cores)",
                      [](CudaModelOptions& o) { o.tensor_core_gemvs = 0; }),
+        defaults_but("long graph: QKV and O on the tensor cores too",
+                     [](CudaModelOptions& o) { o.tensor_core_gemvs_in_long_graph = kTensorCoreQkv | kTensorCoreO; }),
         defaults_but("QKV, O and the lm_head on the tensor cores",
                      [](CudaModelOptions& o) { o.tensor_core_gemvs |= kTensorCoreLmHead; }),
         defaults_but("gate/up and down start without the pause",

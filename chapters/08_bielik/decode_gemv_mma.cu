@@ -7,10 +7,18 @@
 // with 8 FMAs plus the 8 shifts and masks that widen the bf16s to fp32, and every row
 // ends in a 5-step warp reduction. With 8-24 warps of an SM reaching their dot products
 // together, the sixteenth session of DECODE_LOG.md measured ~1000-2500 cycles from a
-// warp's weights in to its first row's dot summed, and found that the instructions set
-// it. One mma.sync.m16n8k16 takes 16 rows x 16 weights (256 products) from four
-// registers a lane, with no widening, and sums over k inside the instruction: the warp
-// reduction disappears too.
+// warp's weights in to its first row's dot summed, and read the instructions in it. One
+// mma.sync.m16n8k16 takes 16 rows x 16 weights (256 products) from four registers a
+// lane, with no widening, and sums over k inside the instruction: the warp reduction
+// disappears too.
+//
+// What the H200 said (DECODE_LOG.md, twenty-fifth session): that stretch did NOT get
+// shorter (0.67-0.75 us in bench_decode_gemv's chain, as the register kernel's), so it is
+// not the instructions. But in the decode step QKV and O on this kernel take a layer
+// from 32.4 to 31.6 us (977-981 against 957-962 tokens/s): with 128 and 96 blocks
+// instead of ~1000-1500 warps spread over every SM, the attention's inputs arrive
+// sooner and O's wait returns 0.5 us earlier. Gate/up (1120 blocks, several waves) and
+// the lm_head lose on it, and so does the step after a 2048-token prompt.
 //
 // The layout. A block computes one tile of 16 weight rows: 16 outputs, or 8 row pairs
 // for the pair outputs (gate row n and up row N + n; RoPE's dims j and j + D/2), which

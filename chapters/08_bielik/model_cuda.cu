@@ -819,12 +819,13 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   // options_.l2_persist_mb: the window of a GEMV of `target` (none for the others). A
   // GEMV under a window loads without its own evict-first hint, so that the window's
   // properties are the ones its loads get.
-  // options_.tensor_core_gemvs: the kernel of a GEMV (the tensor-core one takes plain and
-  // normalized inputs only).
+  // options_.tensor_core_gemvs (in the long graph tensor_core_gemvs_in_long_graph): the
+  // kernel of a GEMV (the tensor-core one takes plain and normalized inputs only).
+  const unsigned tensor_core_gemvs =
+      long_graph ? options_.tensor_core_gemvs_in_long_graph : options_.tensor_core_gemvs;
   auto gemv_kernel = [&](TensorCoreGemv which, GemvInput input) {
     const bool normal_input = input == GemvInput::kPlain || input == GemvInput::kRmsNorm;
-    return (options_.tensor_core_gemvs & which) && normal_input ? DecodeGemvKernel::kTensorCores
-                                                                : DecodeGemvKernel::kAuto;
+    return (tensor_core_gemvs & which) && normal_input ? DecodeGemvKernel::kTensorCores : DecodeGemvKernel::kAuto;
   };
   auto l2_window = [&](DecodeGemvParams& p, L2PersistTarget target, const Layer* layer) {
     const cudaAccessPolicyWindow window = l2_persist_window(target, layer);

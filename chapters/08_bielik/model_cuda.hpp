@@ -298,6 +298,10 @@ struct CudaModelOptions {
   /// rows: several waves), all four 774. So QKV and O. bench_model --tensor-cores
   /// qkv,o,gate_up,lm_head or none.
   unsigned tensor_core_gemvs = kTensorCoreQkv | kTensorCoreO;
+  /// The same in the third (long) decode graph. After a 2048-token prompt QKV and O on
+  /// the tensor cores measured 846 against 858 tokens/s (H200, 2026-12-02, one round), so
+  /// none there. bench_model --tensor-cores-long LIST.
+  unsigned tensor_core_gemvs_in_long_graph = 0;
   /// The same pause for the small GEMVs and the lm_head (0: none). Measured level
   /// (2026-12-02, against 959 / 960 tokens/s): QKV 300 ns 961 / 960, O 300 ns 957 / 957,
   /// lm_head 300 ns 959 / 960, all three 960 / 960. bench_model --qkv-start-delay NS,

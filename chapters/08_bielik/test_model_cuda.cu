@@ -655,6 +655,17 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
     INFO(spec.name << " the same, O after the attention's inputs from 16 keys on: graph, then eager launches");
     REQUIRE(run(switching) == three_graphs);
     REQUIRE(run(switching_eager) == three_graphs);
+    // QKV and O on the tensor cores in the long graph too (their own sums there): graph
+    // and eager launches still agree.
+    for (CudaModelOptions* options : {&switching, &switching_eager}) {
+      options->tensor_core_gemvs_in_long_graph = kTensorCoreQkv | kTensorCoreO;
+    }
+    INFO(spec.name << " the same, QKV and O on the tensor cores in the long graph too: graph, then eager launches");
+    const std::vector<float> tensor_cores_long = run(switching);
+    REQUIRE(run(switching_eager) == tensor_cores_long);
+    for (CudaModelOptions* options : {&switching, &switching_eager}) {
+      options->tensor_core_gemvs_in_long_graph = CudaModelOptions{}.tensor_core_gemvs_in_long_graph;
+    }
     // The O projection inside v6's clusters: its heads' shares summed in a fixed order by
     // whichever block arrives last, so graph and eager launches agree bit for bit, at
     // each of the three cluster sizes.
