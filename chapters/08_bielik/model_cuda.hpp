@@ -285,8 +285,12 @@ struct CudaModelOptions {
   /// is destroyed), and the decode GEMVs of l2_persist_target launch with an access-policy
   /// window over their share of it (persisting inside, streaming outside; those GEMVs then
   /// load without the evict-first hint). A step reads every weight once, so the most L2
-  /// can do is spare HBM those bytes each step: ~35 MB of 3.19 GB. bench_model
-  /// --l2-persist MB[,lm_head|qkv|o|gate_up|down|none]; l2_persist_bytes() says what was granted.
+  /// can do is spare HBM those bytes each step: ~39 MB of 3.19 GB. Measured slower at
+  /// every size on the H200 (2026-12-02, DECODE_LOG.md): 879-883 against 962 tokens/s at
+  /// the 39.32 MB the GPU grants, whatever the target, and 884 with nothing marked; 951-958
+  /// at 4-24 MB. The set-aside itself takes the room the step's streams need. Off.
+  /// bench_model --l2-persist MB[,lm_head|qkv|o|gate_up|down|none]; l2_persist_bytes()
+  /// says what was granted.
   double l2_persist_mb = 0.0;
   L2PersistTarget l2_persist_target = L2PersistTarget::kLmHead;
   /// Decode GEMVs (bits of TensorCoreGemv) whose dot products run on the tensor cores
