@@ -87,8 +87,9 @@ inline void add_carveout_attribute(cudaLaunchAttribute* attributes, unsigned& nu
 /// lines in its set-aside part (cudaLimitPersistingL2CacheSize) instead of evicting them
 /// for streaming data. How a load's own cache hint (ld ... .L2::cache_hint) combines with
 /// the window is not documented; the kernels put under a window here load without one.
-/// Captured into a CUDA graph's kernel node like any launch attribute. Chapter 08's decode step measures it
-/// (CudaModelOptions::l2_persist_mb). Set it with ScopedLaunchAccessPolicy.
+/// Captured into a CUDA graph's kernel node like any launch attribute. Chapter 08's
+/// decode step measures it (CudaModelOptions::l2_persist_mb). Set it with
+/// ScopedLaunchAccessPolicy.
 inline cudaAccessPolicyWindow& launch_access_policy_window() {
   static thread_local cudaAccessPolicyWindow window = {};
   return window;

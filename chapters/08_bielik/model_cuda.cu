@@ -816,9 +816,6 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     p.widen_input = options_.gemv_widen_input;
     p.epilogue_inputs_settled = true;
   };
-  // options_.l2_persist_mb: the window of a GEMV of `target` (none for the others). A
-  // GEMV under a window loads without its own evict-first hint, so that the window's
-  // properties are the ones its loads get.
   // options_.tensor_core_gemvs (in the long graph tensor_core_gemvs_in_long_graph): the
   // kernel of a GEMV (the tensor-core one takes plain and normalized inputs only).
   const unsigned tensor_core_gemvs =
@@ -827,6 +824,9 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     const bool normal_input = input == GemvInput::kPlain || input == GemvInput::kRmsNorm;
     return (tensor_core_gemvs & which) && normal_input ? DecodeGemvKernel::kTensorCores : DecodeGemvKernel::kAuto;
   };
+  // options_.l2_persist_mb: the window of a GEMV of `target` (none for the others). A
+  // GEMV under a window loads without its own evict-first hint, so that the window's
+  // properties are the ones its loads get.
   auto l2_window = [&](DecodeGemvParams& p, L2PersistTarget target, const Layer* layer) {
     const cudaAccessPolicyWindow window = l2_persist_window(target, layer);
     if (window.num_bytes > 0) p.stream_evict_first = false;
