@@ -101,7 +101,7 @@ struct Args {
   int side_prefetch_blocks = CudaModelOptions{}.side_prefetch_blocks;  ///< --side-prefetch-blocks N
   int side_prefetch_fork = 0;  ///< --side-prefetch-after-qkv: 1
   int side_prefetch_stride = CudaModelOptions{}.side_prefetch_stride_bytes;  ///< --side-prefetch-stride BYTES
-  unsigned tensor_cores = CudaModelOptions{}.tensor_core_gemvs;  ///< --tensor-cores qkv,o,gate_up,lm_head | none
+  unsigned tensor_cores = CudaModelOptions{}.tensor_core_gemvs;  ///< --tensor-cores qkv,o,gate_up,lm_head,down | none
   unsigned tensor_cores_long = CudaModelOptions{}.tensor_core_gemvs_in_long_graph;  ///< --tensor-cores-long (the same)
   double l2_persist_mb = 0.0;  ///< --l2-persist MB[,lm_head|qkv|o|gate_up|down|none]
   L2PersistTarget l2_persist_target = L2PersistTarget::kLmHead;
@@ -244,8 +244,10 @@ Args parse(int argc, char** argv) {
           gemvs |= kTensorCoreGateUp;
         } else if (name == "lm_head") {
           gemvs |= kTensorCoreLmHead;
+        } else if (name == "down") {
+          gemvs |= kTensorCoreDown;
         } else {
-          throw std::invalid_argument(flag + " takes none or a list of qkv, o, gate_up, lm_head; got " + name);
+          throw std::invalid_argument(flag + " takes none or a list of qkv, o, gate_up, lm_head, down; got " + name);
         }
       }
     } else if (flag == "--l2-persist") {
@@ -330,7 +332,7 @@ Args parse(int argc, char** argv) {
                                   " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N]"
                                   " [--side-prefetch GATE_UP_MB[,DOWN_MB] [--side-prefetch-form lines|bulk|loads] [--side-prefetch-blocks N]"
                                   " [--side-prefetch-stride BYTES] [--side-prefetch-after-qkv]] [--l2-persist MB[,lm_head|qkv|o|gate_up|down|none]]"
-                                  " [--tensor-cores qkv,o,gate_up,lm_head|none] [--tensor-cores-long LIST])");
+                                  " [--tensor-cores qkv,o,gate_up,lm_head,down|none] [--tensor-cores-long LIST])");
     }
   }
   // The full run labels its numbers as the graph's and measures the persistent steps itself.

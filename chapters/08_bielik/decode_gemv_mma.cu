@@ -37,6 +37,16 @@
 // As in the register kernel, every weight a warp needs is loaded before the PDL wait
 // (K <= 2048: at most 8 steps a warp, 16 loads a lane), so the dot starts as soon as the
 // input is staged. One block per 16 rows: QKV (1024 row pairs) is 128 blocks, O 96.
+//
+// Longer rows (the down projection, K = 8960: 35 steps a warp, 280 bytes a lane) do not
+// fit a lane's registers. There the kernel streams: a warp's steps come in batches of 9
+// (18 loads a lane), two batches in flight, the next asked for as soon as the mma has
+// taken the one before (kStreamBatches batches, K <= 9216). Two buffers of 18 loads take
+// ~150 registers, one block an SM: down's 96 blocks leave 36 SMs to the kernel after it
+// (the next layer's QKV), whose blocks can then start and load while down still runs.
+// Why try it: the register kernel fills every SM with down's 384 blocks, so QKV's blocks
+// start only as down's leave, and their weights arrive ~2 us after down has ended
+// (DECODE_LOG.md, twenty-fifth session's timeline).
 #include <stdexcept>
 #include <string>
 
@@ -51,10 +61,15 @@ using namespace decode_device;
 
 namespace {
 
-constexpr int kTileRows = 16;                          // rows of one mma tile, one block
-constexpr int kStepValues = 32;                        // K values one warp covers per step
-constexpr int kMaxSteps = 8;                           // steps a warp: K <= 8 warps x 8 x 32
-constexpr int kMaxMmaK = kWarps * kMaxSteps * kStepValues;  // 2048
+constexpr int kTileRows = 16;    // rows of one mma tile, one block
+constexpr int kStepValues = 32;  // K values one warp covers per step
+// A warp's steps come in batches: the whole row at once (one batch of up to 8 steps,
+// K <= 2048), or streamed in kStreamBatches batches of kStreamBatchSteps, two in flight.
+constexpr int kWholeRowSteps = 8;
+constexpr int kStreamBatchSteps = 9;
+constexpr int kStreamBatches = 4;
+constexpr int kMaxMmaK = kWarps * kWholeRowSteps * kStepValues;                       // 2048
+constexpr int kMaxStreamK = kWarps * kStreamBatches * kStreamBatchSteps * kStepValues;  // 9216
 
 template <GemvOutput Out>
 __host__ __device__ constexpr int units_per_tile() {
@@ -74,34 +89,67 @@ __device__ __forceinline__ int tile_row(const DecodeGemvParams& p, int unit0, in
   }
 }
 
-template <GemvInput In, GemvOutput Out, bool HasBias>
-__global__ void __launch_bounds__(kThreads, 2) decode_gemv_mma_kernel(DecodeGemvParams p) {
+/// Loads batch `batch` of this warp's steps into (low, high): 16 bytes of tile rows g and
+/// g + 8 a step (-1: a row past the last unit). Chunks past the row read as zero.
+template <int kSteps>
+__device__ __forceinline__ void load_batch(uint4 (&low)[kSteps], uint4 (&high)[kSteps], const DecodeGemvParams& p,
+                                           int row_low, int row_high, int warp, int t, int batch, uint64_t policy) {
+#pragma unroll
+  for (int i = 0; i < kSteps; ++i) {
+    const int k = (warp + (batch * kSteps + i) * kWarps) * kStepValues + 8 * t;
+    const bool in_row = k < p.K;
+    low[i] = in_row && row_low >= 0 ? load_streaming(p.W + size_t(row_low) * p.K + k, policy) : make_uint4(0, 0, 0, 0);
+    high[i] =
+        in_row && row_high >= 0 ? load_streaming(p.W + size_t(row_high) * p.K + k, policy) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+/// The dot products of batch `batch`: two mmas a step, on two accumulators (half the
+/// chain each), against the staged input.
+template <int kSteps>
+__device__ __forceinline__ void mma_batch(float (&d_first)[4], float (&d_second)[4], const uint4 (&low)[kSteps],
+                                          const uint4 (&high)[kSteps], const uint4* x_shared, int K, int warp, int t,
+                                          int batch) {
+  const int steps = (K + kStepValues - 1) / kStepValues;  // over the whole row
+#pragma unroll
+  for (int i = 0; i < kSteps; ++i) {
+    const int step = warp + (batch * kSteps + i) * kWarps;
+    if (step < steps) {  // the same for the whole warp: mma.sync needs every lane
+      const int k = step * kStepValues + 8 * t;
+      const uint4 x = k < K ? x_shared[k / 8] : make_uint4(0, 0, 0, 0);
+      // a = {row g, row g + 8, row g, row g + 8} x {values k+0..1, k+0..1, k+2..3, k+2..3}
+      const uint32_t a_first[4] = {low[i].x, high[i].x, low[i].y, high[i].y};
+      const uint32_t a_second[4] = {low[i].z, high[i].z, low[i].w, high[i].w};
+      ptx::mma_bf16_16x8x16(d_first, a_first, x.x, x.y);
+      ptx::mma_bf16_16x8x16(d_second, a_second, x.z, x.w);
+    }
+  }
+}
+
+// kBatchSteps x kBatches: a warp's steps. One batch: all of them loaded before the wait
+// (two blocks an SM). Several: two batches loaded before the wait, the third asked for
+// once the first has been multiplied, and so on (one block an SM: two buffers).
+template <GemvInput In, GemvOutput Out, bool HasBias, int kBatchSteps, int kBatches>
+__global__ void __launch_bounds__(kThreads, kBatches == 1 ? 2 : 1) decode_gemv_mma_kernel(DecodeGemvParams p) {
   constexpr int kUnits = units_per_tile<Out>();
+  constexpr int kBuffers = kBatches == 1 ? 1 : 2;
   extern __shared__ uint4 x_shared[];               // (K/8) the input, normalized for kRmsNorm
   __shared__ float warp_partial[kWarps][kTileRows];  // each warp's share of the 16 dots
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int unit0 = blockIdx.x * kUnits;
-  const int steps = (p.K + kStepValues - 1) / kStepValues;  // over the whole row
   timeline_mark(p.timeline, kTimelineStart);
   if (p.allow_dependents_early) pdl_allow_dependents();
   hold_for_signal(p.hold);
   delay_start(p.start_delay_ns);
 
-  // 1. Every weight this warp needs, before the wait: tile rows g and g + 8, 16 bytes of
-  //    each per step. Chunks past the row, and rows past the last unit, read as zero.
+  // 1. Weights before the wait: every step of the row (one batch), or the first two
+  //    batches. Tile rows g and g + 8, 16 bytes of each per step.
   const uint64_t policy = l2_policy(p.stream_evict_first);
   const int row_low = tile_row<Out>(p, unit0, g), row_high = tile_row<Out>(p, unit0, g + 8);
-  uint4 w_low[kMaxSteps], w_high[kMaxSteps];
+  uint4 w_low[kBuffers][kBatchSteps], w_high[kBuffers][kBatchSteps];
 #pragma unroll
-  for (int i = 0; i < kMaxSteps; ++i) {
-    const int k = (warp + i * kWarps) * kStepValues + 8 * t;
-    const bool in_row = k < p.K;
-    w_low[i] = in_row && row_low >= 0 ? load_streaming(p.W + size_t(row_low) * p.K + k, policy)
-                                      : make_uint4(0, 0, 0, 0);
-    w_high[i] = in_row && row_high >= 0 ? load_streaming(p.W + size_t(row_high) * p.K + k, policy)
-                                        : make_uint4(0, 0, 0, 0);
-  }
+  for (int b = 0; b < kBuffers; ++b) load_batch(w_low[b], w_high[b], p, row_low, row_high, warp, t, b, policy);
   uint4 norm_held[kNormHeld];
   load_norm_weight<In>(p, norm_held);
   // Thread u < kUnits stores unit unit0 + u: its epilogue inputs now when no running
@@ -119,22 +167,18 @@ __global__ void __launch_bounds__(kThreads, 2) decode_gemv_mma_kernel(DecodeGemv
   if (!p.allow_dependents_early) pdl_allow_dependents();
   if (stores && !early) epilogue = load_epilogue_inputs<Out, HasBias>(p, my_unit);
   if (p.timeline) {  // (measurement) thread 0's weights are in
-    timeline_fold_when_ready(p.timeline, kTimelineWeightsIn, __uint_as_float(w_low[0].x) + __uint_as_float(w_high[0].x));
+    timeline_fold_when_ready(p.timeline, kTimelineWeightsIn,
+                             __uint_as_float(w_low[0][0].x) + __uint_as_float(w_high[0][0].x));
   }
 
-  // 3. The dot products: two mmas a step, on two accumulators (half the chain each).
+  // 3. The dot products, batch by batch; a buffer is refilled with the batch after next
+  //    as soon as the mma has read it.
   float d_first[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d_second[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-  for (int i = 0; i < kMaxSteps; ++i) {
-    const int step = warp + i * kWarps;
-    if (step < steps) {  // the same for the whole warp: mma.sync needs every lane
-      const int k = step * kStepValues + 8 * t;
-      const uint4 x = k < p.K ? x_shared[k / 8] : make_uint4(0, 0, 0, 0);
-      // a = {row g, row g + 8, row g, row g + 8} x {values k+0..1, k+0..1, k+2..3, k+2..3}
-      const uint32_t a_first[4] = {w_low[i].x, w_high[i].x, w_low[i].y, w_high[i].y};
-      const uint32_t a_second[4] = {w_low[i].z, w_high[i].z, w_low[i].w, w_high[i].w};
-      ptx::mma_bf16_16x8x16(d_first, a_first, x.x, x.y);
-      ptx::mma_bf16_16x8x16(d_second, a_second, x.z, x.w);
+  for (int b = 0; b < kBatches; ++b) {
+    mma_batch(d_first, d_second, w_low[b % kBuffers], w_high[b % kBuffers], x_shared, p.K, warp, t, b);
+    if (b + kBuffers < kBatches) {
+      load_batch(w_low[b % kBuffers], w_high[b % kBuffers], p, row_low, row_high, warp, t, b + kBuffers, policy);
     }
   }
   if (t == 0) {  // every column holds the same dots: column 0's
@@ -158,9 +202,15 @@ __global__ void __launch_bounds__(kThreads, 2) decode_gemv_mma_kernel(DecodeGemv
   timeline_mark(p.timeline, kTimelineEnd);
 }
 
+template <GemvInput In, GemvOutput Out, bool HasBias>
+auto mma_kernel_for(int K) {
+  return K <= kMaxMmaK ? decode_gemv_mma_kernel<In, Out, HasBias, kWholeRowSteps, 1>
+                       : decode_gemv_mma_kernel<In, Out, HasBias, kStreamBatchSteps, kStreamBatches>;
+}
+
 template <GemvInput In, GemvOutput Out>
 void launch_mma(const DecodeGemvParams& p, bool pdl, cudaStream_t stream) {
-  auto kernel = p.bias ? decode_gemv_mma_kernel<In, Out, true> : decode_gemv_mma_kernel<In, Out, false>;
+  auto kernel = p.bias ? mma_kernel_for<In, Out, true>(p.K) : mma_kernel_for<In, Out, false>(p.K);
   const int blocks = (p.N + units_per_tile<Out>() - 1) / units_per_tile<Out>();
   launch_kernel(pdl, kernel, dim3(blocks), dim3(kThreads), size_t(p.K) * sizeof(__nv_bfloat16), stream, p);
 }
@@ -178,13 +228,13 @@ void launch_mma_output(GemvOutput output, const DecodeGemvParams& p, bool pdl, c
 
 }  // namespace
 
-int decode_gemv_mma_max_k() { return kMaxMmaK; }
+int decode_gemv_mma_max_k() { return kMaxStreamK; }
 
 void decode_gemv_mma(GemvInput input, GemvOutput output, const DecodeGemvParams& p, bool pdl, cudaStream_t stream) {
-  if ((input != GemvInput::kPlain && input != GemvInput::kRmsNorm) || p.K > kMaxMmaK ||
+  if ((input != GemvInput::kPlain && input != GemvInput::kRmsNorm) || p.K > kMaxStreamK ||
       p.residual_partials.partials) {
     throw std::invalid_argument("decode_gemv: the tensor-core kernel takes a plain or kRmsNorm input, K <= " +
-                                std::to_string(kMaxMmaK) + " and no residual partials; got K=" + std::to_string(p.K));
+                                std::to_string(kMaxStreamK) + " and no residual partials; got K=" + std::to_string(p.K));
   }
   if (input == GemvInput::kRmsNorm) {
     launch_mma_output<GemvInput::kRmsNorm>(output, p, pdl, stream);

@@ -250,7 +250,8 @@ struct DecodeGemvParams {
 ///    shared-memory ring (decode_gemv_stream.cu); throws std::invalid_argument before
 ///    sm_90;
 ///  - kTensorCores: one block per 16 weight rows, the dot products by mma.sync, the 8
-///    warps splitting K, every weight loaded before the PDL wait (decode_gemv_mma.cu);
+///    warps splitting K, every weight loaded before the PDL wait for K <= 2048, streamed
+///    in batches (two in flight, one block an SM) beyond (decode_gemv_mma.cu);
 ///    kPlain and kRmsNorm inputs with K <= decode_gemv_mma_max_k() only (throws
 ///    std::invalid_argument otherwise); ignores the register kernels' layout options
 ///    (split_warps, rows_per_warp, the second batch, widen_input, input_from_global);

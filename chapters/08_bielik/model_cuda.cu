@@ -995,7 +995,11 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     if (fused_o) down.residual_partials = ResidualPartials{d_o_partials_.data(), Hkv_};
     if (!(skip & kSkipDown)) {
       ScopedLaunchAccessPolicy window(l2_window(down, L2PersistTarget::kDown, &L));
-      decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, down, pdl, s);
+      // The tensor-core kernel does not add residual partials: down stays on the
+      // register kernel beside the fused attention + O.
+      const DecodeGemvKernel down_kernel = fused_o ? DecodeGemvKernel::kAuto
+                                                   : gemv_kernel(kTensorCoreDown, GemvInput::kPlain);
+      decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, down, pdl, s, down_kernel);
     }
     done("down");
   }

@@ -80,12 +80,14 @@ enum class DecodeAttentionPath {
 enum class L2PersistTarget { kLmHead, kQkv, kO, kGateUp, kDown, kNone };
 
 /// Decode GEMVs CudaModelOptions::tensor_core_gemvs runs on the tensor-core kernel
-/// (DecodeGemvKernel::kTensorCores; down's K is beyond it).
+/// (DecodeGemvKernel::kTensorCores; down's long rows on its streamed form).
 enum TensorCoreGemv : unsigned {
   kTensorCoreQkv = 1u << 0,
   kTensorCoreO = 1u << 1,
   kTensorCoreGateUp = 1u << 2,
   kTensorCoreLmHead = 1u << 3,
+  kTensorCoreDown = 1u << 4,  ///< not with the fused attention + O (its residual partials)
+  kTensorCoreEvery = kTensorCoreQkv | kTensorCoreO | kTensorCoreGateUp | kTensorCoreLmHead | kTensorCoreDown,
 };
 
 /// Kernels CudaModelOptions::decode_skip can leave out of a decode step's layers.
@@ -300,7 +302,7 @@ struct CudaModelOptions {
   /// 977 / 977 tokens/s against 956 / 957 with none, a layer 31.6 against 32.4 us; QKV
   /// alone 939-940, O alone 961, the lm_head 951-952, gate/up 781-782 (1120 blocks of 16
   /// rows: several waves), all four 774. So QKV and O. bench_model --tensor-cores
-  /// qkv,o,gate_up,lm_head or none.
+  /// qkv,o,gate_up,lm_head,down or none.
   unsigned tensor_core_gemvs = kTensorCoreQkv | kTensorCoreO;
   /// The same in the third (long) decode graph. After a 2048-token prompt QKV and O on
   /// the tensor cores measured 846 against 858 tokens/s (H200, 2026-12-02, one round), so
