@@ -9,11 +9,17 @@
 // may suspend the thread, or test_wait polling). Compared with the device-to-device copy
 // bandwidth measured in the same run (bytes read + written) and with a plain kernel of
 // 16-byte register loads over the same buffer.
+//
+// A second table asks how much of HBM's bandwidth one SM can draw: the register loads
+// from 8 to all SMs, one block an SM, with 32 KB to 256 KB of loads in flight an SM. A
+// kernel that streams from fewer SMs than the GPU has (a block per 16 rows of a small
+// grid, a persistent kernel that leaves SMs to others) is capped by that rate.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <string>
+#include <tuple>
 
 #include "bench.cuh"
 #include "cuda_check.cuh"
@@ -82,18 +88,41 @@ __global__ void __launch_bounds__(kThreads) stream_only_kernel(const unsigned ch
   if (acc == 1234.5f) *sink = acc;  // never true for the zero buffer: keeps the reads alive
 }
 
-// The register-load reference: grid-stride 16-byte loads, 8 in flight per thread.
-__global__ void __launch_bounds__(kThreads) register_loads_kernel(const uint4* source, size_t vectors, float* sink) {
+// The register-load reference: grid-stride 16-byte loads, kLoads in flight per thread.
+template <int kLoads>
+__global__ void __launch_bounds__(1024) register_loads_kernel(const uint4* source, size_t vectors, float* sink) {
   float acc = 0.0f;
-  const size_t stride = size_t(gridDim.x) * kThreads;
-  for (size_t i = blockIdx.x * size_t(kThreads) + threadIdx.x; i < vectors; i += 8 * stride) {
-    uint4 v[8];
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < vectors; i += kLoads * stride) {
+    uint4 v[kLoads];
 #pragma unroll
-    for (int u = 0; u < 8; ++u) v[u] = i + u * stride < vectors ? __ldg(source + i + u * stride) : make_uint4(0, 0, 0, 0);
+    for (int u = 0; u < kLoads; ++u) {
+      v[u] = i + u * stride < vectors ? __ldg(source + i + u * stride) : make_uint4(0, 0, 0, 0);
+    }
 #pragma unroll
-    for (int u = 0; u < 8; ++u) acc += __uint_as_float(v[u].x);
+    for (int u = 0; u < kLoads; ++u) acc += __uint_as_float(v[u].x);
   }
   if (acc == 1234.5f) *sink = acc;
+}
+
+// The register loads from `blocks` blocks of `threads` threads, kLoads loads each, every
+// block asking for `shared` bytes of shared memory that it does not use (120 KB: one
+// block an SM, and an L1 of what the SM's 256 KB leave).
+template <int kLoads>
+double register_stream_gbs(const DeviceBuffer<unsigned char>& source, size_t bytes, int blocks, int threads,
+                           int shared, float* sink) {
+  static const bool allowed = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(register_loads_kernel<kLoads>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    160 * 1024));
+    return true;
+  }();
+  (void)allowed;
+  const BenchTiming t = time_gpu([&] {
+    register_loads_kernel<kLoads><<<blocks, threads, shared>>>(reinterpret_cast<const uint4*>(source.data()),
+                                                               bytes / 16, sink);
+  });
+  CUDA_CHECK(cudaGetLastError());
+  return gb_per_s(double(bytes), t.median_ms);
 }
 
 }  // namespace
@@ -120,7 +149,7 @@ int main() {
                    {"blocks/SM", "stage KB", "ring slots", "KB in flight/SM", "wait", "GB/s", "% of copy BW"});
   {
     const BenchTiming t = time_gpu([&] {
-      register_loads_kernel<<<sms * 4, kThreads>>>(reinterpret_cast<const uint4*>(source.data()), bytes / 16,
+      register_loads_kernel<8><<<sms * 4, kThreads>>>(reinterpret_cast<const uint4*>(source.data()), bytes / 16,
                                                    sink.data());
     });
     const double gbs = gb_per_s(double(bytes), t.median_ms);
@@ -155,5 +184,40 @@ int main() {
     }
   }
   table.print();
+
+  // The register loads from fewer SMs: GB/s an SM, against the loads in flight an SM.
+  BenchTable per_sm("sm_stream_rate", {"SMs", "threads/SM", "16 B loads in flight/thread", "KB in flight/SM",
+                                       "GB/s", "GB/s per SM", "% of copy BW"});
+  const size_t sm_bytes = size_t(256) << 20;  // 256 MiB: 4x the L2, and short enough from 8 SMs
+  for (int used : {8, 33, 66, 99, sms}) {
+    for (int threads : {256, 1024}) {
+      for (int loads : {2, 8, 16}) {
+        if (threads == 256 && loads == 2) continue;
+        constexpr int kOneBlockPerSm = 120 * 1024;
+        float* out = sink.data();
+        const double gbs = loads == 2   ? register_stream_gbs<2>(source, sm_bytes, used, threads, kOneBlockPerSm, out)
+                           : loads == 8 ? register_stream_gbs<8>(source, sm_bytes, used, threads, kOneBlockPerSm, out)
+                                        : register_stream_gbs<16>(source, sm_bytes, used, threads, kOneBlockPerSm, out);
+        per_sm.add_row({std::to_string(used), std::to_string(threads), std::to_string(loads),
+                        std::to_string(threads * loads * 16 / 1024), fmt(gbs, 0), fmt(gbs / used, 1),
+                        fmt(100.0 * gbs / copy_gbs, 1)});
+      }
+    }
+  }
+  per_sm.print();
+
+  // The same 128 KB in flight an SM, in one block or four, with and without shared
+  // memory taken from the L1: does the split of the SM's 256 KB matter to a stream?
+  BenchTable carveout("stream_rate_by_block_shape", {"blocks/SM", "threads/block", "shared KB/block (unused)",
+                                                     "GB/s", "% of copy BW"});
+  for (const auto& [per_sm_blocks, threads, shared_kb] :
+       {std::tuple{1, 1024, 0}, std::tuple{1, 1024, 120}, std::tuple{2, 512, 0}, std::tuple{2, 512, 80},
+        std::tuple{4, 256, 0}, std::tuple{4, 256, 40}}) {
+    const double gbs = register_stream_gbs<8>(source, sm_bytes, sms * per_sm_blocks, threads, shared_kb * 1024,
+                                              sink.data());
+    carveout.add_row({std::to_string(per_sm_blocks), std::to_string(threads), std::to_string(shared_kb), fmt(gbs, 0),
+                      fmt(100.0 * gbs / copy_gbs, 1)});
+  }
+  carveout.print();
   return 0;
 }

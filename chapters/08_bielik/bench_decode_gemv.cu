@@ -92,6 +92,8 @@ int main() {
     // big GEMVs (gate/up, down) pause 300 ns at each block's start, as in the model.
     const bool in_place = shape.output == GemvOutput::kResidualAdd && shape.K > 2048;
     const bool big = shape.output == GemvOutput::kSwiGLU || in_place;
+    // The tensor-core rows' layout of K over the warps (set around their add_row).
+    bool mma_contiguous_steps = false;
     // The arguments of one launch on weight copy `copy`.
     auto gemv_params = [&](int copy, bool evict_first, int split, bool second_batch_in_shared,
                            bool input_from_global, int start_delay_ns, bool widen_input = false,
@@ -118,6 +120,7 @@ int main() {
       p.max_blocks_per_sm = max_blocks_per_sm;
       p.rows_per_warp = rows_per_warp;
       p.second_batch_after_staging = shared_after_staging;
+      p.mma_contiguous_steps = mma_contiguous_steps;
       return p;
     };
     // One row: `label`, the chain timed from the host and as a graph, and alone when asked.
@@ -146,11 +149,14 @@ int main() {
                      fmt(100 * stream_gbs / copy_gbs, 1), fmt(graphed.median_ms * 1e3, 2), fmt(graph_gbs, 0),
                      fmt(100 * graph_gbs / copy_gbs, 1)});
     };
-    // The tensor-core kernel where it runs (K <= decode_gemv_mma_max_k(): all but down),
-    // plain and evict-first.
+    // The tensor-core kernel (down's long rows streamed), plain and evict-first; then
+    // with each warp on a contiguous run of K (DecodeGemvParams::mma_contiguous_steps).
     if (shape.K <= decode_gemv_mma_max_k()) {
       add_row(kernel_name(DecodeGemvKernel::kTensorCores), DecodeGemvKernel::kTensorCores, false, 0, true);
       add_row("tensor cores (mma.sync), evict-first", DecodeGemvKernel::kTensorCores, true, 0, false);
+      mma_contiguous_steps = true;
+      add_row("tensor cores (mma.sync), evict-first, contiguous steps", DecodeGemvKernel::kTensorCores, true, 0, false);
+      mma_contiguous_steps = false;
     }
     for (DecodeGemvKernel kernel : kernels) {
       add_row(kernel_name(kernel), kernel, false, 0, true);

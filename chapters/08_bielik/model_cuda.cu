@@ -814,6 +814,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   auto step_gemv_settings = [&](DecodeGemvParams& p) {
     p.stream_evict_first = options_.gemv_evict_first;
     p.widen_input = options_.gemv_widen_input;
+    p.mma_contiguous_steps = options_.mma_contiguous_steps;
     p.epilogue_inputs_settled = true;
   };
   // options_.tensor_core_gemvs (in the long graph tensor_core_gemvs_in_long_graph): the

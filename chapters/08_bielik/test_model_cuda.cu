@@ -409,13 +409,15 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
     // The GEMVs on the tensor-core kernel (tensor_core_gemvs): none (every GEMV on the
     // register kernel), or all five, down streamed (the default is QKV and O).
     // Their sums come in another order: the same tolerance.
-    for (unsigned gemvs : {0u, unsigned(kTensorCoreEvery)}) {
+    // All five again with each warp on a contiguous run of K (mma_contiguous_steps).
+    for (unsigned variant : {0u, 1u, 2u}) {
       CudaModelOptions options = cuda_options();
-      options.tensor_core_gemvs = gemvs;
+      options.tensor_core_gemvs = variant == 0 ? 0u : unsigned(kTensorCoreEvery);
+      options.mma_contiguous_steps = variant == 2;
       CudaModel model(dir, options);
       for (size_t t = 0; t < prompt.size(); ++t) {
-        require_rows_close(std::string(spec.name) + " tensor-core GEMVs " + std::to_string(gemvs) + ", decode step " +
-                               std::to_string(t),
+        require_rows_close(std::string(spec.name) + " tensor-core GEMVs, variant " + std::to_string(variant) +
+                               ", decode step " + std::to_string(t),
                            model.decode(prompt[t]), row_of(expected, spec.V, t), spec.V, kModelTolerance);
       }
     }
@@ -614,10 +616,13 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
     }
     // Other GEMVs on the tensor cores (their own sums), none or all that can: a graph and
     // eager launches agree bit for bit.
-    for (unsigned gemvs : {0u, unsigned(kTensorCoreEvery)}) {
+    for (unsigned variant : {0u, 1u, 2u}) {  // none, all five, all five on contiguous runs of K
       CudaModelOptions graph_options = cuda_options(), eager_options = cuda_options(0, 1024, false, true);
-      for (CudaModelOptions* options : {&graph_options, &eager_options}) options->tensor_core_gemvs = gemvs;
-      INFO(spec.name << " tensor-core GEMVs " << gemvs << ": graph, then eager launches");
+      for (CudaModelOptions* options : {&graph_options, &eager_options}) {
+        options->tensor_core_gemvs = variant == 0 ? 0u : unsigned(kTensorCoreEvery);
+        options->mma_contiguous_steps = variant == 2;
+      }
+      INFO(spec.name << " tensor-core GEMVs, variant " << variant << ": graph, then eager launches");
       REQUIRE(run(graph_options) == run(eager_options));
     }
     // The unfused path (attention, then the O GEMV): graph or eager, and whether the O
@@ -1042,12 +1047,16 @@ TEST_CASE("decode_gemv on the tensor cores: every form it takes matches a CPU re
   uint64_t case_seed = seed;
   for (const GemvCase& c : cases) {
     for (bool pdl : {false, true}) {
-      INFO("N=" << c.N << " K=" << c.K << " output " << int(c.output) << " pdl " << pdl);
-      check_gemv_case(c, case_seed, [&](DecodeGemvParams& p) {
-        p.stream_evict_first = pdl;  // a cache hint, and the residual loaded before the wait
-        p.epilogue_inputs_settled = pdl;
-        decode_gemv(c.input, c.output, p, pdl, 0, DecodeGemvKernel::kTensorCores);
-      });
+      for (bool contiguous : {false, true}) {  // every 8th step a warp, or a contiguous run of K
+        INFO("N=" << c.N << " K=" << c.K << " output " << int(c.output) << " pdl " << pdl << " contiguous "
+                  << contiguous);
+        check_gemv_case(c, case_seed, [&](DecodeGemvParams& p) {
+          p.stream_evict_first = pdl;  // a cache hint, and the residual loaded before the wait
+          p.epilogue_inputs_settled = pdl;
+          p.mma_contiguous_steps = contiguous;
+          decode_gemv(c.input, c.output, p, pdl, 0, DecodeGemvKernel::kTensorCores);
+        });
+      }
     }
   }
   // What it does not take: K past its batches, an input it does not stage.
