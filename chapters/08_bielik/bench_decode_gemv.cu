@@ -92,8 +92,9 @@ int main() {
     // big GEMVs (gate/up, down) pause 300 ns at each block's start, as in the model.
     const bool in_place = shape.output == GemvOutput::kResidualAdd && shape.K > 2048;
     const bool big = shape.output == GemvOutput::kSwiGLU || in_place;
-    // The tensor-core rows' layout of K over the warps (set around their add_row).
-    bool mma_contiguous_steps = false;
+    // x staged by one bulk copy (DecodeGemvParams::stage_input_bulk; set around the rows
+    // that take it).
+    bool bulk_staging = false;
     // The arguments of one launch on weight copy `copy`.
     auto gemv_params = [&](int copy, bool evict_first, int split, bool second_batch_in_shared,
                            bool input_from_global, int start_delay_ns, bool widen_input = false,
@@ -120,7 +121,7 @@ int main() {
       p.max_blocks_per_sm = max_blocks_per_sm;
       p.rows_per_warp = rows_per_warp;
       p.second_batch_after_staging = shared_after_staging;
-      p.mma_contiguous_steps = mma_contiguous_steps;
+      p.stage_input_bulk = bulk_staging;
       return p;
     };
     // One row: `label`, the chain timed from the host and as a graph, and alone when asked.
@@ -149,14 +150,17 @@ int main() {
                      fmt(100 * stream_gbs / copy_gbs, 1), fmt(graphed.median_ms * 1e3, 2), fmt(graph_gbs, 0),
                      fmt(100 * graph_gbs / copy_gbs, 1)});
     };
-    // The tensor-core kernel (down's long rows streamed), plain and evict-first; then
-    // with each warp on a contiguous run of K (DecodeGemvParams::mma_contiguous_steps).
+    // The tensor-core kernel where it runs (K <= decode_gemv_mma_max_k(): all but down),
+    // plain and evict-first.
     if (shape.K <= decode_gemv_mma_max_k()) {
       add_row(kernel_name(DecodeGemvKernel::kTensorCores), DecodeGemvKernel::kTensorCores, false, 0, true);
       add_row("tensor cores (mma.sync), evict-first", DecodeGemvKernel::kTensorCores, true, 0, false);
-      mma_contiguous_steps = true;
-      add_row("tensor cores (mma.sync), evict-first, contiguous steps", DecodeGemvKernel::kTensorCores, true, 0, false);
-      mma_contiguous_steps = false;
+      if (weight_stream_supported()) {
+        bulk_staging = true;
+        add_row("tensor cores (mma.sync), evict-first, x staged by a bulk copy", DecodeGemvKernel::kTensorCores, true,
+                0, false);
+        bulk_staging = false;
+      }
     }
     for (DecodeGemvKernel kernel : kernels) {
       add_row(kernel_name(kernel), kernel, false, 0, true);
@@ -164,6 +168,13 @@ int main() {
       // The model's form: the weights read evict-first. Then the rows split over a forced
       // number of warps (decode_gemv picks 1 for K <= 2048, else 2 for Bielik's down).
       add_row("register loads, evict-first (the model's)", kernel, true, 0, false);
+      if (weight_stream_supported()) {
+        bulk_staging = true;
+        add_row(std::string("register loads, evict-first") + (big ? ", 300 ns pause" : "") +
+                    ", x staged by a bulk copy",
+                kernel, true, 0, false, false, false, big ? 300 : 0);
+        bulk_staging = false;
+      }
       for (int split : {1, 2, 4, 8}) {
         add_row("register loads, evict-first, " + std::to_string(split) + " warps/row", kernel, true, split, false);
       }

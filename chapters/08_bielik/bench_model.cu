@@ -87,7 +87,7 @@ struct Args {
   int lm_head_delay = CudaModelOptions{}.lm_head_start_delay_ns;        ///< --lm-head-start-delay NS
   bool qkv_early = CudaModelOptions{}.qkv_allows_attention_early;
   bool widen_input = CudaModelOptions{}.gemv_widen_input;  ///< --widen-input / --no-widen-input
-  bool mma_contiguous_steps = CudaModelOptions{}.mma_contiguous_steps;  ///< --mma-contiguous-steps
+  bool bulk_staging = CudaModelOptions{}.gemv_stage_input_bulk;  ///< --bulk-staging
   bool down_shared = CudaModelOptions{}.down_second_batch_in_shared;
   bool gate_up_shared = CudaModelOptions{}.gate_up_second_batch_in_shared;
   bool shared_after_staging = CudaModelOptions{}.second_batch_after_staging;
@@ -210,8 +210,8 @@ Args parse(int argc, char** argv) {
       a.widen_input = true;
     } else if (flag == "--no-widen-input") {
       a.widen_input = false;
-    } else if (flag == "--mma-contiguous-steps") {
-      a.mma_contiguous_steps = true;
+    } else if (flag == "--bulk-staging") {
+      a.bulk_staging = true;
     } else if (flag == "--long-min-keys") {
       a.long_min_keys = std::stoi(value());
     } else if (flag == "--long-splits") {
@@ -328,7 +328,7 @@ Args parse(int argc, char** argv) {
                                   " [--v6-handover pull|barrier|mbarrier] [--[no-]v6-with-o] [--streamed [--ring-slots N] [--slot-bytes N]] [--v6-with-o-late-weights] [--o-after-attention-inputs] [--[no-]o-after-attention-inputs-long]"
                                   " [--carveout PERCENT] [--hold-o] [--hold-gate-up BLOCKS] [--hold-until-attention-end] [--hold-gate-up-from N]"
                                   " [--gate-up-start-delay NS] [--down-start-delay NS] [--qkv-start-delay NS] [--o-start-delay NS]"
-                                  " [--lm-head-start-delay NS] [--[no-]widen-input] [--mma-contiguous-steps] [--qkv-early] [--gate-up-after-o]"
+                                  " [--lm-head-start-delay NS] [--[no-]widen-input] [--bulk-staging] [--qkv-early] [--gate-up-after-o]"
                                   " [--down-shared] [--down-shared-after-staging] [--gate-up-shared-after-staging]"
                                   " [--down-global-input|--down-staged-input] [--o-global-input]"
                                   " [--rope-after-wait]"
@@ -736,7 +736,7 @@ int main(int argc, char** argv) {
     options.lm_head_start_delay_ns = args.lm_head_delay;
     options.qkv_allows_attention_early = args.qkv_early;
     options.gemv_widen_input = args.widen_input;
-    options.mma_contiguous_steps = args.mma_contiguous_steps;
+    options.gemv_stage_input_bulk = args.bulk_staging;
     options.down_second_batch_in_shared = args.down_shared;
     options.gate_up_second_batch_in_shared = args.gate_up_shared;
     options.second_batch_after_staging = args.shared_after_staging;

@@ -15,6 +15,7 @@
 #include "decode_kernels.cuh"
 #include "globaltimer.cuh"
 #include "pdl.cuh"
+#include "weight_stream.cuh"  // chapter 03: the mbarrier helpers (stage_input_bulk)
 
 namespace bielik::decode_device {
 
@@ -557,18 +558,58 @@ __device__ __forceinline__ void load_norm_weight(const DecodeGemvParams& p, uint
 /// x_widened (decode_gemv_kernel's): the same values also written as fp32 in two planes
 /// of K/8 float4 each, the first four and the last four values of each chunk (see
 /// accumulate_batch_widened), by the thread that stages the chunk; nullptr: none.
+/// Chunk c of the staged input, widened into x_widened's two planes (nullptr: none).
+__device__ __forceinline__ void store_widened_chunk(float4* x_widened, int chunks, int c, uint4 packed) {
+  if (x_widened == nullptr) return;
+  float f[8];
+  unpack_8(f, packed);
+  x_widened[c] = make_float4(f[0], f[1], f[2], f[3]);
+  x_widened[chunks + c] = make_float4(f[4], f[5], f[6], f[7]);
+}
+
+/// The norm of a staged input: x_shared holds x, each thread has summed the squares of
+/// the chunks c = threadIdx.x + j kThreads (the ones it staged); the block sums them and
+/// each thread writes its chunks back as bf16(x * inverse_rms * norm_weight), widened too
+/// where x_widened is given. Ends on a barrier.
+__device__ __forceinline__ void normalize_staged(const DecodeGemvParams& p, uint4* x_shared, float* scratch,
+                                                 const uint4 (&norm_held)[kNormHeld], float sum_squares,
+                                                 float4* x_widened) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int chunks = p.K / 8;
+  sum_squares = warp_sum(sum_squares);
+  if (lane == 0) scratch[warp] = sum_squares;
+  __syncthreads();
+  float total = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kWarps; ++i) total += scratch[i];
+  const float inverse_rms = rsqrtf(total / float(p.K) + p.eps);
+  // Each thread normalizes the chunks it staged (no barrier needed between the two).
+  auto normalize = [&](int c, uint4 weight) {
+    float f[8], g[8];
+    unpack_8(f, x_shared[c]);
+    unpack_8(g, weight);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) f[e] = f[e] * inverse_rms * g[e];
+    const uint4 packed = pack_8(f);  // rounded to bf16 once, as chapter 02's norm stores it
+    x_shared[c] = packed;
+    store_widened_chunk(x_widened, chunks, c, packed);
+  };
+#pragma unroll
+  for (int j = 0; j < kNormHeld; ++j) {
+    const int c = threadIdx.x + j * kThreads;
+    if (c < chunks) normalize(c, norm_held[j]);
+  }
+  for (int c = threadIdx.x + kNormHeld * kThreads; c < chunks; c += kThreads) {
+    normalize(c, __ldg(reinterpret_cast<const uint4*>(p.norm_weight) + c));
+  }
+  __syncthreads();  // scratch may be reused by the caller
+}
+
 template <GemvInput In, bool kCoherent = false>
 __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_shared, float* scratch,
                                             const uint4 (&norm_held)[kNormHeld], float4* x_widened = nullptr) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int chunks = p.K / 8;
-  auto store_widened = [&](int c, uint4 packed) {
-    if (x_widened == nullptr) return;
-    float f[8];
-    unpack_8(f, packed);
-    x_widened[c] = make_float4(f[0], f[1], f[2], f[3]);
-    x_widened[chunks + c] = make_float4(f[4], f[5], f[6], f[7]);
-  };
+  auto store_widened = [&](int c, uint4 packed) { store_widened_chunk(x_widened, chunks, c, packed); };
   if constexpr (In == GemvInput::kAttentionMerge) {
     // The attention's combine, done here instead of in a kernel of its own: one launch
     // (and one drain) fewer per layer. The length first, before the wait: an earlier step
@@ -663,34 +704,61 @@ __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_
       }
     }
   }
-  if constexpr (kNormalized) {
-    sum_squares = warp_sum(sum_squares);
-    if (lane == 0) scratch[warp] = sum_squares;
-    __syncthreads();
-    float total = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kWarps; ++i) total += scratch[i];
-    const float inverse_rms = rsqrtf(total / float(p.K) + p.eps);
-    // Each thread normalizes the chunks it staged (no barrier needed between the two).
-    auto normalize = [&](int c, uint4 weight) {
-      float f[8], g[8];
+  if constexpr (kNormalized) normalize_staged(p, x_shared, scratch, norm_held, sum_squares, x_widened);
+  __syncthreads();
+}
+
+/// DecodeGemvParams::stage_input_bulk: stage_input for kPlain and kRmsNorm inputs with x
+/// copied into shared memory by the bulk-copy engine (one cp.async.bulk of K * 2 bytes,
+/// issued by thread 0 after the wait) instead of by every thread's loads. `arrived` is
+/// an mbarrier in shared memory that thread 0 initialized for one arrival before a
+/// barrier of the block (init_input_arrival). Why: the threads' own loads of x leave
+/// the SM behind the weight loads it issued before the wait, and the bench's phase
+/// table has them arriving 0.3-1.1 us (6 us for the streamed tensor-core down) after
+/// the wait returned; the copy engine has its own path to L2.
+template <GemvInput In>
+__device__ __forceinline__ void stage_input_bulk(const DecodeGemvParams& p, uint4* x_shared, float* scratch,
+                                                 const uint4 (&norm_held)[kNormHeld], uint64_t* arrived,
+                                                 float4* x_widened = nullptr) {
+  static_assert(In == GemvInput::kPlain || In == GemvInput::kRmsNorm, "a plain or normalized input");
+  pdl_wait();
+  timeline_mark(p.timeline, kTimelineWaitReturned);
+  const int chunks = p.K / 8;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (threadIdx.x == 0) {
+    const uint32_t bytes = uint32_t(p.K) * sizeof(__nv_bfloat16);  // a multiple of 16: K % 8 == 0
+    stream_ptx::barrier_expect_bytes(arrived, bytes);
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     stream_ptx::shared_address(x_shared)),
+                 "l"(p.x), "r"(bytes), "r"(stream_ptx::shared_address(arrived))
+                 : "memory");
+  }
+  stream_ptx::barrier_wait(arrived, 0);
+#else
+  __trap();  // the host refuses stage_input_bulk before sm_90
+#endif
+  if constexpr (In == GemvInput::kRmsNorm) {
+    float sum_squares = 0.0f;
+    for (int c = threadIdx.x; c < chunks; c += kThreads) {
+      float f[8];
       unpack_8(f, x_shared[c]);
-      unpack_8(g, weight);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) f[e] = f[e] * inverse_rms * g[e];
-      const uint4 packed = pack_8(f);  // rounded to bf16 once, as chapter 02's norm stores it
-      x_shared[c] = packed;
-      store_widened(c, packed);
-    };
-#pragma unroll
-    for (int j = 0; j < kNormHeld; ++j) {
-      const int c = threadIdx.x + j * kThreads;
-      if (c < chunks) normalize(c, norm_held[j]);
+      for (int e = 0; e < 8; ++e) sum_squares += f[e] * f[e];
     }
-    for (int c = threadIdx.x + kNormHeld * kThreads; c < chunks; c += kThreads) {
-      normalize(c, __ldg(reinterpret_cast<const uint4*>(p.norm_weight) + c));
-    }
-    __syncthreads();  // scratch may be reused by the caller
+    normalize_staged(p, x_shared, scratch, norm_held, sum_squares, x_widened);
+  } else {
+    for (int c = threadIdx.x; c < chunks; c += kThreads) store_widened_chunk(x_widened, chunks, c, x_shared[c]);
+  }
+  __syncthreads();
+}
+
+/// stage_input_bulk's mbarrier, set up by thread 0 when p.stage_input_bulk asks for it;
+/// the block then meets at a barrier (the same condition for every thread).
+__device__ __forceinline__ void init_input_arrival(const DecodeGemvParams& p, uint64_t* arrived) {
+  if (!p.stage_input_bulk) return;
+  if (threadIdx.x == 0) {
+    stream_ptx::barrier_init(arrived, 1);
+    stream_ptx::barrier_init_fence();
   }
   __syncthreads();
 }

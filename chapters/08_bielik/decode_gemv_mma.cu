@@ -24,8 +24,7 @@
 // for the pair outputs (gate row n and up row N + n; RoPE's dims j and j + D/2), which
 // then sit in rows g and g + 8 of the tile, so that one thread ends with both. The 8
 // warps split K: step s covers the 32 values 32 s .. 32 s + 31 and belongs to warp
-// s % 8 (or, with DecodeGemvParams::mma_contiguous_steps, each warp takes a contiguous
-// eighth of the steps, so that its loads of a row follow each other). In a step, lane l (g = l / 4, t = l % 4) loads the 16 bytes at k = 32 s + 8 t of
+// s % 8. In a step, lane l (g = l / 4, t = l % 4) loads the 16 bytes at k = 32 s + 8 t of
 // tile rows g and g + 8: a warp's load touches 8 rows x 64 contiguous bytes, whole
 // 32-byte sectors. The mma's k order is free (a dot product is a sum): its logical k
 // 2t, 2t+1, 2t+8, 2t+9 are mapped onto the lane's physical values k+0..3 in the first
@@ -90,20 +89,6 @@ __device__ __forceinline__ int tile_row(const DecodeGemvParams& p, int unit0, in
   }
 }
 
-/// Step `local` of this warp (its batch * kSteps + i), as a step of the row (32 values
-/// each), or -1 where the warp has no such step: interleaved, step local * 8 + warp;
-/// with p.mma_contiguous_steps, step warp * (steps / 8) + local, the warp's run of K.
-__device__ __forceinline__ int warp_step(const DecodeGemvParams& p, int warp, int local) {
-  const int steps = (p.K + kStepValues - 1) / kStepValues;  // over the whole row
-  if (p.mma_contiguous_steps) {
-    const int per_warp = (steps + kWarps - 1) / kWarps;
-    const int step = warp * per_warp + local;
-    return local < per_warp && step < steps ? step : -1;
-  }
-  const int step = warp + local * kWarps;
-  return step < steps ? step : -1;
-}
-
 /// Loads batch `batch` of this warp's steps into (low, high): 16 bytes of tile rows g and
 /// g + 8 a step (-1: a row past the last unit). Chunks past the row read as zero.
 template <int kSteps>
@@ -111,9 +96,8 @@ __device__ __forceinline__ void load_batch(uint4 (&low)[kSteps], uint4 (&high)[k
                                            int row_low, int row_high, int warp, int t, int batch, uint64_t policy) {
 #pragma unroll
   for (int i = 0; i < kSteps; ++i) {
-    const int step = warp_step(p, warp, batch * kSteps + i);
-    const int k = step * kStepValues + 8 * t;
-    const bool in_row = step >= 0 && k < p.K;
+    const int k = (warp + (batch * kSteps + i) * kWarps) * kStepValues + 8 * t;
+    const bool in_row = k < p.K;
     low[i] = in_row && row_low >= 0 ? load_streaming(p.W + size_t(row_low) * p.K + k, policy) : make_uint4(0, 0, 0, 0);
     high[i] =
         in_row && row_high >= 0 ? load_streaming(p.W + size_t(row_high) * p.K + k, policy) : make_uint4(0, 0, 0, 0);
@@ -124,14 +108,15 @@ __device__ __forceinline__ void load_batch(uint4 (&low)[kSteps], uint4 (&high)[k
 /// chain each), against the staged input.
 template <int kSteps>
 __device__ __forceinline__ void mma_batch(float (&d_first)[4], float (&d_second)[4], const uint4 (&low)[kSteps],
-                                          const uint4 (&high)[kSteps], const uint4* x_shared,
-                                          const DecodeGemvParams& p, int warp, int t, int batch) {
+                                          const uint4 (&high)[kSteps], const uint4* x_shared, int K, int warp, int t,
+                                          int batch) {
+  const int steps = (K + kStepValues - 1) / kStepValues;  // over the whole row
 #pragma unroll
   for (int i = 0; i < kSteps; ++i) {
-    const int step = warp_step(p, warp, batch * kSteps + i);
-    if (step >= 0) {  // the same for the whole warp: mma.sync needs every lane
+    const int step = warp + (batch * kSteps + i) * kWarps;
+    if (step < steps) {  // the same for the whole warp: mma.sync needs every lane
       const int k = step * kStepValues + 8 * t;
-      const uint4 x = k < p.K ? x_shared[k / 8] : make_uint4(0, 0, 0, 0);
+      const uint4 x = k < K ? x_shared[k / 8] : make_uint4(0, 0, 0, 0);
       // a = {row g, row g + 8, row g, row g + 8} x {values k+0..1, k+0..1, k+2..3, k+2..3}
       const uint32_t a_first[4] = {low[i].x, high[i].x, low[i].y, high[i].y};
       const uint32_t a_second[4] = {low[i].z, high[i].z, low[i].w, high[i].w};
@@ -150,10 +135,12 @@ __global__ void __launch_bounds__(kThreads, kBatches == 1 ? 2 : 1) decode_gemv_m
   constexpr int kBuffers = kBatches == 1 ? 1 : 2;
   extern __shared__ uint4 x_shared[];               // (K/8) the input, normalized for kRmsNorm
   __shared__ float warp_partial[kWarps][kTileRows];  // each warp's share of the 16 dots
+  __shared__ uint64_t input_arrived;                 // (stage_input_bulk) the copy of x
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int unit0 = blockIdx.x * kUnits;
   timeline_mark(p.timeline, kTimelineStart);
+  init_input_arrival(p, &input_arrived);
   if (p.allow_dependents_early) pdl_allow_dependents();
   hold_for_signal(p.hold);
   delay_start(p.start_delay_ns);
@@ -176,8 +163,13 @@ __global__ void __launch_bounds__(kThreads, kBatches == 1 ? 2 : 1) decode_gemv_m
   EpilogueInputs epilogue;
   if (stores && early) epilogue = load_epilogue_inputs<Out, HasBias>(p, my_unit);
 
-  // 2. The wait, then the input staged (normalized for kRmsNorm) by the whole block.
-  stage_input<In>(p, x_shared, &warp_partial[0][0], norm_held);
+  // 2. The wait, then the input staged (normalized for kRmsNorm) by the whole block, or
+  //    copied in by the bulk-copy engine.
+  if (p.stage_input_bulk) {
+    stage_input_bulk<In>(p, x_shared, &warp_partial[0][0], norm_held, &input_arrived);
+  } else {
+    stage_input<In>(p, x_shared, &warp_partial[0][0], norm_held);
+  }
   timeline_mark(p.timeline, kTimelineStaged);
   if (!p.allow_dependents_early) pdl_allow_dependents();
   if (stores && !early) epilogue = load_epilogue_inputs<Out, HasBias>(p, my_unit);
@@ -191,7 +183,7 @@ __global__ void __launch_bounds__(kThreads, kBatches == 1 ? 2 : 1) decode_gemv_m
   float d_first[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d_second[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
   for (int b = 0; b < kBatches; ++b) {
-    mma_batch(d_first, d_second, w_low[b % kBuffers], w_high[b % kBuffers], x_shared, p, warp, t, b);
+    mma_batch(d_first, d_second, w_low[b % kBuffers], w_high[b % kBuffers], x_shared, p.K, warp, t, b);
     if (b + kBuffers < kBatches) {
       load_batch(w_low[b % kBuffers], w_high[b % kBuffers], p, row_low, row_high, warp, t, b + kBuffers, policy);
     }

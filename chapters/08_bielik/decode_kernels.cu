@@ -72,7 +72,10 @@ __global__ void __launch_bounds__(kThreads, 3)
   const int chunks = p.K / 8;
   const int first = (blockIdx.x * (kWarps / split) + warp / split) * rows_per_warp;
   const int base_first = part * 32 + lane, stride = 32 * split;
+  __shared__ uint64_t input_arrived;  // (stage_input_bulk) the copy of x
   timeline_mark(p.timeline, kTimelineStart);
+  constexpr bool kBulkStaging = !kInputFromGlobal && (In == GemvInput::kPlain || In == GemvInput::kRmsNorm);
+  if constexpr (kBulkStaging) init_input_arrival(p, &input_arrived);
   if (p.allow_dependents_early) pdl_allow_dependents();
   hold_for_signal(p.hold);  // (off unless asked for) until the kernel before has its inputs
   delay_start(p.start_delay_ns);  // (0 unless asked for; the model's gate/up and down: 300 ns)
@@ -123,6 +126,12 @@ __global__ void __launch_bounds__(kThreads, 3)
   if constexpr (kInputFromGlobal) {
     pdl_wait();
     timeline_mark(p.timeline, kTimelineWaitReturned);
+  } else if constexpr (kBulkStaging) {
+    if (p.stage_input_bulk) {
+      stage_input_bulk<In>(p, x_shared, &warp_partial[0][0], norm_held, &input_arrived, x_widened);
+    } else {
+      stage_input<In>(p, x_shared, &warp_partial[0][0], norm_held, x_widened);
+    }
   } else {
     stage_input<In>(p, x_shared, &warp_partial[0][0], norm_held, x_widened);
   }
@@ -498,6 +507,9 @@ void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, 
   static const bool have_bulk_copy = weight_stream_supported();
   if (kernel == DecodeGemvKernel::kBulkStream && !have_bulk_copy) {
     throw std::invalid_argument("decode_gemv: the bulk-stream kernel needs sm_90 or newer");
+  }
+  if (p.stage_input_bulk && !have_bulk_copy) {
+    throw std::invalid_argument("decode_gemv: stage_input_bulk needs sm_90 or newer (the bulk-copy engine)");
   }
   if (kernel == DecodeGemvKernel::kBulkStream) {
     decode_gemv_stream(input, output, p, pdl, stream);

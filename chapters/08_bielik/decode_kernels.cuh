@@ -213,11 +213,11 @@ struct DecodeGemvParams {
   /// x's bf16s in every warp. The same products in the same order: the same values, bit
   /// for bit. bench_model measures it.
   bool widen_input = false;
-  /// kTensorCores: each warp takes a contiguous run of K (steps 0..5 of a 1536-long row
-  /// to warp 0, 6..11 to warp 1, ...) instead of every 8th 32-value step (the default):
-  /// a warp's loads of a row then follow each other in memory. Its sums come in another
-  /// order. bench_decode_gemv and bench_model measure it.
-  bool mma_contiguous_steps = false;
+  /// sm_90+, kRegisterLoads and kTensorCores, kPlain and kRmsNorm inputs that are staged
+  /// (ignored by the others): x comes into shared memory by one bulk copy (the copy
+  /// engine, cp.async.bulk) instead of every thread's loads (stage_input_bulk in
+  /// decode_device.cuh). The same values. bench_decode_gemv and bench_model measure it.
+  bool stage_input_bulk = false;
   /// Measurement only (bench_model --timeline), register kernels: 2 *
   /// kGemvTimelineEvents values, zeroed min / max pairs (min slots start at ULLONG_MAX),
   /// %globaltimer (ns) over the blocks at each GemvTimelineEvent (thread 0 of each

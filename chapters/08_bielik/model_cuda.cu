@@ -278,6 +278,9 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     kv_.reset(stream_);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
 
+    if (options_.gemv_stage_input_bulk && !device_is_sm90_or_newer()) {
+      throw std::invalid_argument(model_dir + ": gemv_stage_input_bulk needs sm_90 or newer (the bulk-copy engine)");
+    }
     if (options_.persistent_decode) {
       if (!decode_step_persistent_supported(D_, H_, Hkv_)) {
         throw std::invalid_argument(model_dir + ": the persistent decode step cannot run here (no cooperative "
@@ -814,7 +817,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   auto step_gemv_settings = [&](DecodeGemvParams& p) {
     p.stream_evict_first = options_.gemv_evict_first;
     p.widen_input = options_.gemv_widen_input;
-    p.mma_contiguous_steps = options_.mma_contiguous_steps;
+    p.stage_input_bulk = options_.gemv_stage_input_bulk;
     p.epilogue_inputs_settled = true;
   };
   // options_.tensor_core_gemvs (in the long graph tensor_core_gemvs_in_long_graph): the

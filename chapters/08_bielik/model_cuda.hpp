@@ -128,10 +128,11 @@ struct CudaModelOptions {
   /// rounds: 954 / 955 / 954 tokens/s against 946 x 3 after a 16-token prompt, 856 against
   /// 840 after 2048 tokens. bench_model --widen-input / --no-widen-input.
   bool gemv_widen_input = true;
-  /// The GEMVs on the tensor cores give each warp a contiguous run of K
-  /// (DecodeGemvParams::mma_contiguous_steps) instead of every 8th step.
-  /// bench_model --mma-contiguous-steps.
-  bool mma_contiguous_steps = false;
+  /// Every GEMV that stages a plain or normalized input (QKV, O, gate/up, down, the
+  /// lm_head) has it copied into shared memory by one bulk copy instead of every
+  /// thread's loads (DecodeGemvParams::stage_input_bulk; sm_90+, else the model refuses
+  /// it). The same values. bench_model --bulk-staging.
+  bool gemv_stage_input_bulk = false;
   /// The O projection lets gate/up start as soon as it starts itself (DecodeGemvParams::
   /// allow_dependents_early): gate/up's weights then stream during the attention, which
   /// otherwise leaves HBM idle. bench_model measures both.

@@ -409,15 +409,13 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
     // The GEMVs on the tensor-core kernel (tensor_core_gemvs): none (every GEMV on the
     // register kernel), or all five, down streamed (the default is QKV and O).
     // Their sums come in another order: the same tolerance.
-    // All five again with each warp on a contiguous run of K (mma_contiguous_steps).
-    for (unsigned variant : {0u, 1u, 2u}) {
+    for (unsigned gemvs : {0u, unsigned(kTensorCoreEvery)}) {
       CudaModelOptions options = cuda_options();
-      options.tensor_core_gemvs = variant == 0 ? 0u : unsigned(kTensorCoreEvery);
-      options.mma_contiguous_steps = variant == 2;
+      options.tensor_core_gemvs = gemvs;
       CudaModel model(dir, options);
       for (size_t t = 0; t < prompt.size(); ++t) {
-        require_rows_close(std::string(spec.name) + " tensor-core GEMVs, variant " + std::to_string(variant) +
-                               ", decode step " + std::to_string(t),
+        require_rows_close(std::string(spec.name) + " tensor-core GEMVs " + std::to_string(gemvs) + ", decode step " +
+                               std::to_string(t),
                            model.decode(prompt[t]), row_of(expected, spec.V, t), spec.V, kModelTolerance);
       }
     }
@@ -616,14 +614,21 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
     }
     // Other GEMVs on the tensor cores (their own sums), none or all that can: a graph and
     // eager launches agree bit for bit.
-    for (unsigned variant : {0u, 1u, 2u}) {  // none, all five, all five on contiguous runs of K
+    for (unsigned gemvs : {0u, unsigned(kTensorCoreEvery)}) {
       CudaModelOptions graph_options = cuda_options(), eager_options = cuda_options(0, 1024, false, true);
-      for (CudaModelOptions* options : {&graph_options, &eager_options}) {
-        options->tensor_core_gemvs = variant == 0 ? 0u : unsigned(kTensorCoreEvery);
-        options->mma_contiguous_steps = variant == 2;
-      }
-      INFO(spec.name << " tensor-core GEMVs, variant " << variant << ": graph, then eager launches");
+      for (CudaModelOptions* options : {&graph_options, &eager_options}) options->tensor_core_gemvs = gemvs;
+      INFO(spec.name << " tensor-core GEMVs " << gemvs << ": graph, then eager launches");
       REQUIRE(run(graph_options) == run(eager_options));
+    }
+    // Every staged input copied in by the bulk-copy engine (sm_90+): the same logits as
+    // the threads' staging, bit for bit, in a graph and eagerly.
+    if (device_is_sm90_or_newer()) {
+      CudaModelOptions graph_options = cuda_options(), eager_options = cuda_options(0, 1024, false, true);
+      for (CudaModelOptions* options : {&graph_options, &eager_options}) options->gemv_stage_input_bulk = true;
+      INFO(spec.name << " bulk staging: graph, then eager launches, against the defaults");
+      const auto bulk_logits = run(graph_options);
+      REQUIRE(bulk_logits == run(eager_options));
+      REQUIRE(bulk_logits == run(cuda_options()));
     }
     // The unfused path (attention, then the O GEMV): graph or eager, and whether the O
     // GEMV lets gate/up start early, change no value either.
@@ -957,11 +962,12 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
     // (QKV's, gate/up's, O's and the lm_head's forms take it, the others ignore it).
     // Then rows a warp forced (DecodeGemvParams::rows_per_warp): 1 and 5 on the register
     // kernel (with PDL, without), 2 on the pipelined one (with PDL): grids of several
-    // waves at Bielik's big shapes, fewer blocks than one wave at the small ones. Last,
+    // waves at Bielik's big shapes, fewer blocks than one wave at the small ones. Then
     // the second batch copied into shared memory after the staging instead of before the
-    // wait (with PDL, without).
+    // wait (with PDL, without). Last (sm_90+), the input staged by one bulk copy
+    // (stage_input_bulk): with PDL and widened, without PDL and not.
     const int plain_variants = 2 * int(kernels.size());
-    for (int index = 0; index < plain_variants + 11; ++index) {
+    for (int index = 0; index < plain_variants + 13; ++index) {
       // The last variants, index - (plain_variants + 6): (rows a warp forced, PDL, kernel,
       // the second batch copied to shared memory after staging).
       struct LateVariant {
@@ -969,17 +975,22 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
         bool pdl;
         DecodeGemvKernel kernel;
         bool shared_after_staging;
+        bool bulk_staging;
       };
-      const LateVariant late_variants[] = {{1, true, DecodeGemvKernel::kRegisterLoads, false},
-                                           {5, false, DecodeGemvKernel::kRegisterLoads, false},
-                                           {2, true, DecodeGemvKernel::kRegisterPipelined, false},
-                                           {0, true, DecodeGemvKernel::kRegisterLoads, true},
-                                           {0, false, DecodeGemvKernel::kRegisterLoads, true}};
+      const LateVariant late_variants[] = {{1, true, DecodeGemvKernel::kRegisterLoads, false, false},
+                                           {5, false, DecodeGemvKernel::kRegisterLoads, false, false},
+                                           {2, true, DecodeGemvKernel::kRegisterPipelined, false, false},
+                                           {0, true, DecodeGemvKernel::kRegisterLoads, true, false},
+                                           {0, false, DecodeGemvKernel::kRegisterLoads, true, false},
+                                           {0, true, DecodeGemvKernel::kRegisterLoads, false, true},
+                                           {0, false, DecodeGemvKernel::kRegisterLoads, false, true}};
       const bool late = index >= plain_variants + 6;
       const LateVariant late_variant = late ? late_variants[index - plain_variants - 6] : LateVariant{};
+      if (late_variant.bulk_staging && !weight_stream_supported()) continue;
       const int forced_rows = late_variant.rows;
       const bool shared_after_staging = late_variant.shared_after_staging;
-      const bool widen_input = !late && index >= plain_variants + 4;
+      const bool bulk_staging = late_variant.bulk_staging;
+      const bool widen_input = (!late && index >= plain_variants + 4) || (bulk_staging && late_variant.pdl);
       const int variant = widen_input ? index - plain_variants - 4 : index;  // widened: as variants 0 and 1
       const bool second_batch_in_shared =
           shared_after_staging || (!late && (variant == plain_variants || variant == plain_variants + 1));
@@ -999,7 +1010,7 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
                                                                  : "register pipelined")
                 << " second batch in shared " << second_batch_in_shared << " input read in place "
                 << input_from_global << " input widened " << widen_input << " rows a warp forced to " << forced_rows
-                << " second batch after staging " << shared_after_staging);
+                << " second batch after staging " << shared_after_staging << " bulk staging " << bulk_staging);
       check_gemv_case(c, case_seed, [&](DecodeGemvParams& p) {
         // The evict-first hint (a cache hint: it must not change a value) on half the
         // variants; the bulk-stream kernel ignores it. On the same half, the residual is
@@ -1012,6 +1023,7 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
         if (kernel != DecodeGemvKernel::kBulkStream && pdl && !late) p.split_warps = c.K % 64 != 0 ? 8 : 4;
         p.widen_input = widen_input;
         p.rows_per_warp = forced_rows;
+        p.stage_input_bulk = bulk_staging;
         if (register_option) {
           p.second_batch_in_shared = second_batch_in_shared;
           p.second_batch_after_staging = shared_after_staging;
@@ -1046,17 +1058,16 @@ TEST_CASE("decode_gemv on the tensor cores: every form it takes matches a CPU re
   };
   uint64_t case_seed = seed;
   for (const GemvCase& c : cases) {
-    for (bool pdl : {false, true}) {
-      for (bool contiguous : {false, true}) {  // every 8th step a warp, or a contiguous run of K
-        INFO("N=" << c.N << " K=" << c.K << " output " << int(c.output) << " pdl " << pdl << " contiguous "
-                  << contiguous);
-        check_gemv_case(c, case_seed, [&](DecodeGemvParams& p) {
-          p.stream_evict_first = pdl;  // a cache hint, and the residual loaded before the wait
-          p.epilogue_inputs_settled = pdl;
-          p.mma_contiguous_steps = contiguous;
-          decode_gemv(c.input, c.output, p, pdl, 0, DecodeGemvKernel::kTensorCores);
-        });
-      }
+    for (int variant = 0; variant < 4; ++variant) {  // PDL or not; x staged by the threads or (sm_90+) one bulk copy
+      const bool pdl = variant % 2 == 1, bulk = variant >= 2;
+      if (bulk && !weight_stream_supported()) continue;
+      INFO("N=" << c.N << " K=" << c.K << " output " << int(c.output) << " pdl " << pdl << " bulk staging " << bulk);
+      check_gemv_case(c, case_seed, [&](DecodeGemvParams& p) {
+        p.stream_evict_first = pdl;  // a cache hint, and the residual loaded before the wait
+        p.epilogue_inputs_settled = pdl;
+        p.stage_input_bulk = bulk;
+        decode_gemv(c.input, c.output, p, pdl, 0, DecodeGemvKernel::kTensorCores);
+      });
     }
   }
   // What it does not take: K past its batches, an input it does not stage.
