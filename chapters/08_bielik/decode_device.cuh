@@ -712,10 +712,13 @@ __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_
 /// copied into shared memory by the bulk-copy engine (one cp.async.bulk of K * 2 bytes,
 /// issued by thread 0 after the wait) instead of by every thread's loads. `arrived` is
 /// an mbarrier in shared memory that thread 0 initialized for one arrival before a
-/// barrier of the block (init_input_arrival). Why: the threads' own loads of x leave
-/// the SM behind the weight loads it issued before the wait, and the bench's phase
-/// table has them arriving 0.3-1.1 us (6 us for the streamed tensor-core down) after
-/// the wait returned; the copy engine has its own path to L2.
+/// barrier of the block (init_input_arrival). Why it was tried: the threads' own loads
+/// of x leave the SM behind the weight loads it issued before the wait, and
+/// bench_decode_gemv's phase table has the input staged 0.3-1.4 us after the wait
+/// returned; the copy engine has its own path to L2. Measured on the H200 (2026-12-02,
+/// DECODE_LOG.md, twenty-sixth session): slower, 893 against 980 tokens/s, and in the
+/// chain every GEMV but the register kernel's gate/up lost 2.6-16 points of copy
+/// bandwidth. An option, off.
 template <GemvInput In>
 __device__ __forceinline__ void stage_input_bulk(const DecodeGemvParams& p, uint4* x_shared, float* scratch,
                                                  const uint4 (&norm_held)[kNormHeld], uint64_t* arrived,

@@ -42,11 +42,16 @@
 // fit a lane's registers. There the kernel streams: a warp's steps come in batches of 9
 // (18 loads a lane), two batches in flight, the next asked for as soon as the mma has
 // taken the one before (kStreamBatches batches, K <= 9216). Two buffers of 18 loads take
-// ~150 registers, one block an SM: down's 96 blocks leave 36 SMs to the kernel after it
+// ~190 registers, one block an SM: down's 96 blocks leave 36 SMs to the kernel after it
 // (the next layer's QKV), whose blocks can then start and load while down still runs.
-// Why try it: the register kernel fills every SM with down's 384 blocks, so QKV's blocks
-// start only as down's leave, and their weights arrive ~2 us after down has ended
-// (DECODE_LOG.md, twenty-fifth session's timeline).
+// Why it was tried: the register kernel fills every SM with down's 384 blocks, so QKV's
+// blocks start only as down's leave, and their weights arrive ~2 us after down has
+// ended (DECODE_LOG.md, twenty-fifth session's timeline). What the H200 said (twenty-
+// sixth session): QKV's first blocks did start 3.5 us sooner, but its last ones did
+// not, nor did it end sooner; down itself streamed at 55-63% of copy bandwidth in
+// bench_decode_gemv's chain against the register kernel's 80-85%, and the step fell
+// from 976 to 846 tokens/s. So down stays on the register kernel
+// (CudaModelOptions::tensor_core_gemvs' kTensorCoreDown: off).
 #include <stdexcept>
 #include <string>
 

@@ -131,7 +131,8 @@ struct CudaModelOptions {
   /// Every GEMV that stages a plain or normalized input (QKV, O, gate/up, down, the
   /// lm_head) has it copied into shared memory by one bulk copy instead of every
   /// thread's loads (DecodeGemvParams::stage_input_bulk; sm_90+, else the model refuses
-  /// it). The same values. bench_model --bulk-staging.
+  /// it). The same values. Measured on the H200 (2026-12-02, decode_ab.sh, three rounds):
+  /// 893 x 3 against 979-980 tokens/s. bench_model --bulk-staging.
   bool gemv_stage_input_bulk = false;
   /// The O projection lets gate/up start as soon as it starts itself (DecodeGemvParams::
   /// allow_dependents_early): gate/up's weights then stream during the attention, which
@@ -306,8 +307,9 @@ struct CudaModelOptions {
   /// on the H200 (2026-12-02, decode_ab.sh, two rounds, 256 tokens after 16): QKV and O
   /// 977 / 977 tokens/s against 956 / 957 with none, a layer 31.6 against 32.4 us; QKV
   /// alone 939-940, O alone 961, the lm_head 951-952, gate/up 781-782 (1120 blocks of 16
-  /// rows: several waves), all four 774. So QKV and O. bench_model --tensor-cores
-  /// qkv,o,gate_up,lm_head,down or none.
+  /// rows: several waves), all four 774. So QKV and O. Down on its streamed form
+  /// (kTensorCoreDown, twenty-sixth session): 846-847 against 976. bench_model
+  /// --tensor-cores qkv,o,gate_up,lm_head,down or none.
   unsigned tensor_core_gemvs = kTensorCoreQkv | kTensorCoreO;
   /// The same in the third (long) decode graph. After a 2048-token prompt QKV and O on
   /// the tensor cores measured 846 against 858 tokens/s (H200, 2026-12-02, one round), so
