@@ -969,7 +969,8 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
     const int plain_variants = 2 * int(kernels.size());
     for (int index = 0; index < plain_variants + 13; ++index) {
       // The last variants, index - (plain_variants + 6): (rows a warp forced, PDL, kernel,
-      // the second batch copied to shared memory after staging).
+      // the second batch copied to shared memory after staging, the input staged by a
+      // bulk copy).
       struct LateVariant {
         int rows;
         bool pdl;
