@@ -57,19 +57,22 @@ inline int& launch_shared_carveout() {
   return percent;
 }
 
-/// Sets launch_shared_carveout() for the launches of one scope, and restores it after.
-class ScopedLaunchCarveout {
+/// Sets one of this thread's launch settings (the function that returns it: Setting)
+/// for the launches of one scope, and restores it after.
+template <typename Value, Value& (*Setting)()>
+class ScopedLaunchSetting {
  public:
-  explicit ScopedLaunchCarveout(int percent) : previous_(launch_shared_carveout()) {
-    launch_shared_carveout() = percent;
-  }
-  ~ScopedLaunchCarveout() { launch_shared_carveout() = previous_; }
-  ScopedLaunchCarveout(const ScopedLaunchCarveout&) = delete;
-  ScopedLaunchCarveout& operator=(const ScopedLaunchCarveout&) = delete;
+  explicit ScopedLaunchSetting(const Value& value) : previous_(Setting()) { Setting() = value; }
+  ~ScopedLaunchSetting() { Setting() = previous_; }
+  ScopedLaunchSetting(const ScopedLaunchSetting&) = delete;
+  ScopedLaunchSetting& operator=(const ScopedLaunchSetting&) = delete;
 
  private:
-  int previous_;
+  Value previous_;
 };
+
+/// Sets launch_shared_carveout() for the launches of one scope, and restores it after.
+using ScopedLaunchCarveout = ScopedLaunchSetting<int, launch_shared_carveout>;
 
 /// Appends the carveout attribute to `attributes` (numAttrs of them used) when
 /// launch_shared_carveout() asks for one.
@@ -96,19 +99,7 @@ inline cudaAccessPolicyWindow& launch_access_policy_window() {
 }
 
 /// Sets launch_access_policy_window() for the launches of one scope, and restores it after.
-class ScopedLaunchAccessPolicy {
- public:
-  explicit ScopedLaunchAccessPolicy(const cudaAccessPolicyWindow& window)
-      : previous_(launch_access_policy_window()) {
-    launch_access_policy_window() = window;
-  }
-  ~ScopedLaunchAccessPolicy() { launch_access_policy_window() = previous_; }
-  ScopedLaunchAccessPolicy(const ScopedLaunchAccessPolicy&) = delete;
-  ScopedLaunchAccessPolicy& operator=(const ScopedLaunchAccessPolicy&) = delete;
-
- private:
-  cudaAccessPolicyWindow previous_;
-};
+using ScopedLaunchAccessPolicy = ScopedLaunchSetting<cudaAccessPolicyWindow, launch_access_policy_window>;
 
 /// Appends the access-policy window attribute when launch_access_policy_window() has one.
 inline void add_access_policy_attribute(cudaLaunchAttribute* attributes, unsigned& num_attrs) {

@@ -868,6 +868,23 @@ struct GemvCase {
   int N, K;
   bool bias;
 };
+// A decode_gemv launch over the tests' device buffers (bf16 bits): the output y, the
+// sizes, and the bias where one is given.
+DecodeGemvParams test_gemv_params(void* y, const DeviceBuffer<uint16_t>& x, const DeviceBuffer<uint16_t>& norm,
+                                  const DeviceBuffer<uint16_t>& W, const DeviceBuffer<uint16_t>* bias, int N, int K) {
+  auto bf16 = [](const DeviceBuffer<uint16_t>& b) { return reinterpret_cast<const __nv_bfloat16*>(b.data()); };
+  DecodeGemvParams p{};
+  p.y = y;
+  p.x = bf16(x);
+  p.norm_weight = bf16(norm);
+  p.W = bf16(W);
+  p.bias = bias ? bf16(*bias) : nullptr;
+  p.N = N;
+  p.K = K;
+  p.eps = 1e-6f;
+  return p;
+}
+
 void check_gemv_case(const GemvCase& c, uint64_t& case_seed, const std::function<void(DecodeGemvParams&)>& launch) {
   const int rows = c.output == GemvOutput::kSwiGLU ? 2 * c.N : c.N;
   const std::vector<uint16_t> x = random_bf16(c.K, ++case_seed, 2.0f);
@@ -913,15 +930,8 @@ void check_gemv_case(const GemvCase& c, uint64_t& case_seed, const std::function
     d_y16.fill_bytes(0xFF);
     d_y32.fill_bytes(0xFF);
   }
-  DecodeGemvParams p{};
-  p.y = c.output == GemvOutput::kF32 ? static_cast<void*>(d_y32.data()) : static_cast<void*>(d_y16.data());
-  p.x = reinterpret_cast<const __nv_bfloat16*>(d_x.data());
-  p.norm_weight = reinterpret_cast<const __nv_bfloat16*>(d_norm.data());
-  p.W = reinterpret_cast<const __nv_bfloat16*>(d_W.data());
-  p.bias = c.bias ? reinterpret_cast<const __nv_bfloat16*>(d_bias.data()) : nullptr;
-  p.N = c.N;
-  p.K = c.K;
-  p.eps = 1e-6f;
+  void* y = c.output == GemvOutput::kF32 ? static_cast<void*>(d_y32.data()) : static_cast<void*>(d_y16.data());
+  DecodeGemvParams p = test_gemv_params(y, d_x, d_norm, d_W, c.bias ? &d_bias : nullptr, c.N, c.K);
   launch(p);
   CUDA_CHECK(cudaDeviceSynchronize());
   CompareResult r = c.output == GemvOutput::kF32
@@ -1586,15 +1596,7 @@ TEST_CASE("decode_gemv with the O partials: gate/up adds them into its input, do
         INFO("kernel " << (kernel == DecodeGemvKernel::kRegisterLoads ? "register loads" : "register pipelined")
                        << " pdl " << pdl);
         d_y.fill_bytes(0xFF);
-        DecodeGemvParams p{};
-        p.y = d_y.data();
-        p.x = reinterpret_cast<const __nv_bfloat16*>(d_x.data());
-        p.norm_weight = reinterpret_cast<const __nv_bfloat16*>(d_norm.data());
-        p.W = reinterpret_cast<const __nv_bfloat16*>(d_W.data());
-        p.bias = c.bias ? reinterpret_cast<const __nv_bfloat16*>(d_bias.data()) : nullptr;
-        p.N = c.N;
-        p.K = c.K;
-        p.eps = 1e-6f;
+        DecodeGemvParams p = test_gemv_params(d_y.data(), d_x, d_norm, d_W, c.bias ? &d_bias : nullptr, c.N, c.K);
         p.residual_partials = ResidualPartials{d_partials.data(), c.count};
         decode_gemv(GemvInput::kRmsNormAddPartials, GemvOutput::kSwiGLU, p, pdl, 0, kernel);
         CUDA_CHECK(cudaDeviceSynchronize());
