@@ -174,7 +174,7 @@ __device__ __forceinline__ int weight_row(const DecodeGemvParams& p, int unit, i
     const int half = p.rope.D / 2;
     return (unit / half) * p.rope.D + unit % half + r * half;
   } else {
-    return unit + r * p.N;
+    return unit + r * (p.pair_stride > 0 ? p.pair_stride : p.N);
   }
 }
 
@@ -535,6 +535,16 @@ __device__ __forceinline__ void delay_start(int delay_ns) {
   __syncthreads();
 }
 
+/// DecodeGemvParams::ready: the tag thread 0 will store (read before the PDL wait), and
+/// the release store after it. No-ops without a signal and in threads other than 0.
+__device__ __forceinline__ unsigned ready_tag_of(const ReadySignal& ready) {
+  return ready.ready != nullptr && threadIdx.x == 0 ? unsigned(*ready.d_length) + 1u : 0u;
+}
+__device__ __forceinline__ void signal_ready(const ReadySignal& ready, unsigned tag) {
+  if (ready.ready == nullptr || threadIdx.x != 0) return;
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(ready.ready), "r"(tag) : "memory");
+}
+
 /// The norm weight's first chunks, loaded before the PDL wait (no kernel writes them).
 template <GemvInput In>
 __device__ __forceinline__ void load_norm_weight(const DecodeGemvParams& p, uint4 (&norm_held)[kNormHeld]) {
@@ -630,8 +640,10 @@ __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_
     __syncthreads();
     return;
   }
+  const unsigned ready_tag = ready_tag_of(p.ready);
   pdl_wait();
   timeline_mark(p.timeline, kTimelineWaitReturned);
+  signal_ready(p.ready, ready_tag);
   const uint4* x_vectors = reinterpret_cast<const uint4*>(p.x);
   float sum_squares = 0.0f;
   constexpr bool kNormalized = In == GemvInput::kRmsNorm || In == GemvInput::kRmsNormAddPartials;
@@ -724,8 +736,10 @@ __device__ __forceinline__ void stage_input_bulk(const DecodeGemvParams& p, uint
                                                  const uint4 (&norm_held)[kNormHeld], uint64_t* arrived,
                                                  float4* x_widened = nullptr) {
   static_assert(In == GemvInput::kPlain || In == GemvInput::kRmsNorm, "a plain or normalized input");
+  const unsigned ready_tag = ready_tag_of(p.ready);
   pdl_wait();
   timeline_mark(p.timeline, kTimelineWaitReturned);
+  signal_ready(p.ready, ready_tag);
   const int chunks = p.K / 8;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (threadIdx.x == 0) {
