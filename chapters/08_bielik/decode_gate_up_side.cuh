@@ -9,10 +9,10 @@
 /// keeps what it is given. So a small kernel on a second stream of the graph (the side
 /// kernel) takes the LAST units of gate/up away from the gate/up GEMV:
 ///
-///  1. it starts when the previous layer's down projection has finished, on a few SMs
-///     (`blocks` blocks, one an SM: each holds units_per_block row pairs, ~6 KB a pair at
-///     Bielik's K = 1536), and copies its rows of the gate and up weights into shared
-///     memory with the bulk-copy engine, while QKV and the attention run;
+///  1. it starts when the previous layer's down projection has finished (blocks of two
+///     warps, each holding units_per_block row pairs, ~6 KB a pair at Bielik's K = 1536),
+///     and copies its rows of the gate and up weights into shared memory with the
+///     bulk-copy engine, while QKV and the attention run;
 ///  2. it waits for a tag that the gate/up GEMV's blocks store once their PDL wait has
 ///     returned (O has finished and its writes are visible: the input is ready);
 ///  3. it normalizes the residual stream as the GEMV does (every block, from L2), then
@@ -21,6 +21,13 @@
 /// The gate/up GEMV runs N - side units (DecodeGemvParams::pair_stride keeps its up rows
 /// at N), and the down projection waits for the side kernel in the graph (an event: a
 /// full dependency beside its programmatic one on gate/up).
+///
+/// Measured on the H200 (2026-12-02, DECODE_LOG.md, twenty-seventh session): slower in
+/// every form, 698-880 against 951-956 tokens/s (the fork and the join alone: 949). With
+/// PDL every SM always holds the chain's next blocks, so large side blocks find room only
+/// as gate/up's leave and small ones take the slots gate/up's late blocks need; their
+/// copies slow the attention; and down starts when the side kernel ends instead of when
+/// gate/up lets it. CudaModelOptions::gate_up_side_blocks, off.
 ///
 /// A kernel that spins on another one has one more hazard: with lazy module loading
 /// (CUDA's default), a kernel's first launch loads its module, which waits for the

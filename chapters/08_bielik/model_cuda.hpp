@@ -292,7 +292,10 @@ struct CudaModelOptions {
   /// decode step, which copies their weights into shared memory while QKV and the
   /// attention run, and waits for the gate/up GEMV's signal that O has finished
   /// (decode_gate_up_side.cuh); the GEMV runs the other units, and down waits for both.
-  /// Shared memory holds what L2 did not: every prefetch into L2 lost. 0: off. sm_90+,
+  /// Shared memory holds what L2 did not: every prefetch into L2 lost. Measured slower in
+  /// every form on the H200 (2026-12-02, DECODE_LOG.md, twenty-seventh session): 698-880
+  /// against 951-956 tokens/s; the chain's kernels leave no SM free for the side blocks,
+  /// and down waits for their end. 0: off. sm_90+,
   /// with gate/up on the register kernel (not tensor_core_gemvs' kTensorCoreGateUp), not
   /// with the fused attention + O (kClusterWithO) or the persistent step. In every decode
   /// step, in a graph or eager, except the probed step. bench_model --gate-up-side
