@@ -29,11 +29,14 @@
 /// copies slow the attention; and down starts when the side kernel ends instead of when
 /// gate/up lets it. CudaModelOptions::gate_up_side_blocks, off.
 ///
-/// A kernel that spins on another one has one more hazard: with lazy module loading
-/// (CUDA's default), a kernel's first launch loads its module, which waits for the
-/// kernels still running. The model's warm-up steps (which load every kernel of the
-/// chain) therefore run without the side kernel; a spinning side kernel gives up after
-/// 2 s with a message and a trap instead of hanging the process.
+/// A kernel that spins on another one steps outside CUDA's programming model (no two
+/// kernels are promised to run at once), and it met one hazard: with lazy module loading
+/// (CUDA's default) the model's first eager step hung, the gate/up GEMV's first launch
+/// (its module loaded then) never running while the side kernel waited for it (our
+/// reading; the CUDA Programming Guide's Lazy Loading chapter describes such hazards).
+/// The model's warm-up steps (which load every kernel of the chain) therefore run without
+/// the side kernel, and a spinning side kernel gives up after 2 s with a message and a
+/// trap instead of hanging the process.
 ///
 /// The tag is the step's own, *d_length + 1 (the committed length, which no kernel of
 /// the step changes before its last, the argmax), as for HoldForSignal: a word per layer

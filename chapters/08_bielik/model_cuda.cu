@@ -303,9 +303,9 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     // attention split kernel's setup) happens outside the capture, and a kernel that
     // cannot launch fails here with its own message. Then forget it.
     // The side kernel of gate/up stays out of it: it spins until the gate/up GEMV signals,
-    // and with lazy module loading (CUDA's default) the GEMV's first launch loads its
-    // module, which waits for the kernels still running: the spinning one would wait
-    // forever (and time out). Once every kernel of the chain is loaded, it may spin.
+    // and with lazy module loading (CUDA's default) the first eager step hung, the GEMV's
+    // first launch (which loads its module) never running beside the spinning kernel
+    // (decode_gate_up_side.cuh). Once every kernel of the chain is loaded, it may spin.
     gate_up_side_paused_ = true;
     CUDA_CHECK(cudaMemsetAsync(d_token_.data(), 0, sizeof(int32_t), stream_));
     enqueue_decode_step(stream_, use_pdl_, nullptr, attention_splits_);
