@@ -872,7 +872,6 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     CUDA_CHECK(cudaEventRecord(side_join_, side_stream_));
   };
 
-
   embedding_forward(d_x_.data(), embed_, d_token_.data(), 1, C_, V_, nullptr, s);
   done("embedding");
 
