@@ -105,6 +105,7 @@ struct Args {
   int gate_up_side_blocks = 0;  ///< --gate-up-side BLOCKS[,UNITS]
   int gate_up_side_units = CudaModelOptions{}.gate_up_side_units;
   bool gate_up_side_priority = false;  ///< --gate-up-side-priority
+  bool o_polls = false;                ///< --o-polls-attention
   int gate_up_side_fork = 0;           ///< --gate-up-side-early: 1
   unsigned tensor_cores = CudaModelOptions{}.tensor_core_gemvs;  ///< --tensor-cores qkv,o,gate_up,lm_head,down | none
   unsigned tensor_cores_long = CudaModelOptions{}.tensor_core_gemvs_in_long_graph;  ///< --tensor-cores-long (the same)
@@ -235,6 +236,8 @@ Args parse(int argc, char** argv) {
       const size_t comma = sizes.find(',');
       a.side_prefetch_gate_up_mb = std::stod(sizes.substr(0, comma));
       a.side_prefetch_down_mb = comma == std::string::npos ? 0.0 : std::stod(sizes.substr(comma + 1));
+    } else if (flag == "--o-polls-attention") {
+      a.o_polls = true;
     } else if (flag == "--gate-up-side-priority") {
       a.gate_up_side_priority = true;
     } else if (flag == "--gate-up-side-early") {
@@ -347,7 +350,7 @@ Args parse(int argc, char** argv) {
                                   " [--rope-after-wait]"
                                   " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N]"
                                   " [--side-prefetch GATE_UP_MB[,DOWN_MB] [--side-prefetch-form lines|bulk|loads] [--side-prefetch-blocks N]"
-                                  " [--side-prefetch-stride BYTES] [--side-prefetch-after-qkv]] [--gate-up-side BLOCKS[,UNITS] [--gate-up-side-priority] [--gate-up-side-early]] [--l2-persist MB[,lm_head|qkv|o|gate_up|down|none]]"
+                                  " [--side-prefetch-stride BYTES] [--side-prefetch-after-qkv]] [--gate-up-side BLOCKS[,UNITS] [--gate-up-side-priority] [--gate-up-side-early]] [--o-polls-attention] [--l2-persist MB[,lm_head|qkv|o|gate_up|down|none]]"
                                   " [--tensor-cores qkv,o,gate_up,lm_head,down|none] [--tensor-cores-long LIST])");
     }
   }
@@ -767,6 +770,7 @@ int main(int argc, char** argv) {
     options.gate_up_side_blocks = args.gate_up_side_blocks;
     options.gate_up_side_units = args.gate_up_side_units;
     options.gate_up_side_priority = args.gate_up_side_priority;
+    options.o_polls_attention_end = args.o_polls;
     options.gate_up_side_fork = args.gate_up_side_fork;
     options.tensor_core_gemvs = args.tensor_cores;
     options.tensor_core_gemvs_in_long_graph = args.tensor_cores_long;

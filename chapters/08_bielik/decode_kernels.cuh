@@ -246,6 +246,16 @@ struct DecodeGemvParams {
   int pair_stride = 0;
   /// Register kernels, staged kRmsNorm inputs: the signal stored after the wait.
   ReadySignal ready;
+  /// Staged kPlain and kRmsNorm inputs (both kernels): instead of the PDL wait, thread 0
+  /// waits until *input_signal.tag equals *input_signal.d_length + 1 (an acquire load; the
+  /// kernel before writes it with release once its outputs are stored: chapter 07's v6
+  /// attention with signal_at_end), and the block then reads x through L2. The kernel
+  /// before must already be running (it has let this one be scheduled) and must not wait
+  /// for this one. tag null: the PDL wait.
+  struct {
+    const unsigned* tag = nullptr;
+    const int* d_length = nullptr;
+  } input_signal;
 };
 
 /// y = f(x W^T + b) for one token. One warp per output row (a few consecutive rows per

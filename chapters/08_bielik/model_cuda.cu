@@ -144,6 +144,13 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
           "prefetch, the persistent step or the fused attention + O (decode_attention kClusterWithO)");
     }
   }
+  if (options_.o_polls_attention_end &&
+      (options_.decode_attention != DecodeAttentionPath::kClusterPerHead || options_.v6_fuses_o ||
+       options_.o_input_from_global || options_.gemv_stage_input_bulk || options_.persistent_decode)) {
+    throw std::invalid_argument(
+        "o_polls_attention_end needs the v6 attention (kClusterPerHead) without its fused O, and O's input staged "
+        "by its threads (no o_input_from_global, no gemv_stage_input_bulk), not the persistent step");
+  }
   if (!(options_.l2_persist_mb >= 0.0)) {
     throw std::invalid_argument("l2_persist_mb must be >= 0 (0: off), got " + std::to_string(options_.l2_persist_mb));
   }
@@ -314,6 +321,9 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     gate_up_side_paused_ = false;
     kv_.reset(stream_);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
+    // The warm-up wrote the attention's tags for lengths 1-3; O may read on the strength
+    // of a tag (o_polls_attention_end), so none may stay for the sequences to come.
+    d_attention_signals_.fill_bytes(0);
 
     if (options_.gemv_stage_input_bulk && !device_is_sm90_or_newer()) {
       throw std::invalid_argument(model_dir + ": gemv_stage_input_bulk needs sm_90 or newer (the bulk-copy engine)");
@@ -654,6 +664,8 @@ void CudaModel::reset() {
   if (gate_up_side_) {
     CUDA_CHECK(cudaMemsetAsync(d_gate_up_side_ready_.data(), 0, d_gate_up_side_ready_.bytes(), stream_));
   }
+  // The same for the attention's tags (o_polls_attention_end reads on the strength of them).
+  CUDA_CHECK(cudaMemsetAsync(d_attention_signals_.data(), 0, d_attention_signals_.bytes(), stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
@@ -827,9 +839,15 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   int* d_length = kv_.device_length();
   // O and gate/up may hold their first weight loads until v6's blocks have their inputs:
   // only v6 with a pushed hand-over signals.
-  const bool attention_signals = attention_path_ == DecodeAttentionPath::kClusterPerHead && !v6_fuses_o_ &&
-                                 (options_.v6_handover != V6Handover::kPull || options_.hold_until_attention_end) &&
-                                 (options_.o_holds_for_attention_inputs || options_.gate_up_hold_blocks > 0);
+  // Or O polls the attention's end signal instead of its PDL wait (o_polls_attention_end).
+  const bool o_polls = options_.o_polls_attention_end && attention_path_ == DecodeAttentionPath::kClusterPerHead &&
+                       !v6_fuses_o_;
+  const bool signal_at_end = options_.hold_until_attention_end || o_polls;
+  const bool attention_signals =
+      attention_path_ == DecodeAttentionPath::kClusterPerHead && !v6_fuses_o_ &&
+      (((options_.v6_handover != V6Handover::kPull || signal_at_end) &&
+        (options_.o_holds_for_attention_inputs || options_.gate_up_hold_blocks > 0)) ||
+       o_polls);
   auto attention_signal = [&](size_t layer) { return d_attention_signals_.data() + 2 * layer; };
   auto hold_for_attention = [&](size_t layer, int blocks) {
     return attention_signals && blocks > 0 ? HoldForSignal{attention_signal(layer) + 1, d_length, blocks}
@@ -1030,7 +1048,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
                                                          attention_timeline_slot(l), options_.v6_handover,
                                                          attention_o_after_inputs,
                                                          attention_signals ? attention_signal(l) : nullptr,
-                                                         options_.hold_until_attention_end);
+                                                         signal_at_end);
       } else {
         decode_attention_v5_cluster_device_length_timed(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)),
                                                         d_length, 1, context, H_, Hkv_, D_, attention_splits,
@@ -1038,6 +1056,10 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
       }
       done("attention");
       if (options_.o_holds_for_attention_inputs) o.hold = hold_for_attention(l, INT_MAX);
+      if (o_polls) {
+        o.input_signal.tag = attention_signal(l) + 1;
+        o.input_signal.d_length = d_length;
+      }
       if (!v6_fuses_o_) launch_o(GemvInput::kPlain);
     }
     if (!fused_o && !v6_fuses_o_) done("o_proj");

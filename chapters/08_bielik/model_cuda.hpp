@@ -257,6 +257,17 @@ struct CudaModelOptions {
   /// With the holds: the attention signals at the end of its blocks instead of once their
   /// inputs are in (any hand-over). bench_model --hold-until-attention-end.
   bool hold_until_attention_end = false;
+  /// The O projection waits for the v6 attention's end signal (its blocks count
+  /// themselves in with release / acquire fences; the last one writes the step's tag)
+  /// instead of its PDL wait, which returns only once the attention's grid has completed
+  /// and its memory is flushed: 1.3 us after its last block ended in the timeline, where
+  /// QKV -> attention takes 0.5 us (DecodeGemvParams::input_signal). Measured slower on the
+  /// H200 (2026-12-02, DECODE_LOG.md, twenty-seventh session): 914-915 against 941-942
+  /// tokens/s. O's poll returned 0.2 us after the tag, but the ordered count at the
+  /// attention's end (a barrier, fences, one counter for 96 blocks) put its last block's
+  /// end 2.8 us later. v6 without its fused O only (refused otherwise). Off. bench_model
+  /// --o-polls-attention.
+  bool o_polls_attention_end = false;
   int gate_up_hold_first_block = 0;  ///< gate/up's blocks below this one do not hold (measurement)
   /// Gate/up's and down's blocks pause this long before their first weight loads
   /// (DecodeGemvParams::start_delay_ns; thread 0 reads %globaltimer, the block waits at a

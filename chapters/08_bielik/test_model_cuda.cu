@@ -255,6 +255,23 @@ TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming t
   }
   // The gate/up side kernel's: negative blocks, no units, every unit taken from the GEMV
   // (F = 344: 43 x 8), the combinations it does not go with, a fork point that is not one.
+  // O polling the attention's end without the v6 attention, or with O reading its input
+  // in place.
+  for (int which = 0; which < 2; ++which) {
+    CudaModelOptions options = cuda_options();
+    options.o_polls_attention_end = true;
+    if (which == 0) options.decode_attention = DecodeAttentionPath::kSplitCombine;
+    if (which == 1) options.o_input_from_global = true;
+    bool refused = false;
+    try {
+      CudaModel model(dir, options);
+    } catch (const std::invalid_argument& e) {
+      INFO(e.what());
+      refused = std::string(e.what()).find("o_polls_attention_end") != std::string::npos;
+    }
+    INFO("o_polls_attention_end refusal " << which);
+    REQUIRE(refused);
+  }
   for (int which = 0; which < 7; ++which) {
     CudaModelOptions options = cuda_options();
     if (which == 6) options.gate_up_side_fork = 2;
@@ -639,6 +656,35 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
         INFO(spec.name << " gate/up side kernel, " << blocks << " x " << units << " units, graph " << graph
                        << ", pdl " << pdl << ", priority " << priority << ", fork " << fork);
         if (graph) REQUIRE(CudaModel(dir, options).decode_graph_nodes() == plain_nodes + size_t(spec.L));
+        REQUIRE(run(options) == runs[0]);
+        CudaModel twice(dir, options);
+        for (int round = 0; round < 2; ++round) {
+          twice.reset();
+          std::vector<float> all = twice.prefill(prompt);
+          for (int32_t token : steps) {
+            const std::vector<float> step = twice.decode(token);
+            all.insert(all.end(), step.begin(), step.end());
+          }
+          INFO("round " << round << " of one model");
+          REQUIRE(all == runs[0]);
+        }
+      }
+    }
+    // O waiting for the attention's end signal instead of its PDL wait changes no value
+    // either (sm_90: v6): in a graph and eagerly, with and without PDL (without it, O
+    // starts after the attention anyway), with the pulled hand-over, and a model reset and
+    // run again (the tags repeat the first run's lengths).
+    if (device_is_sm90_or_newer()) {
+      const std::tuple<bool, bool, V6Handover> polls[] = {{true, true, kV6DefaultHandover},
+                                                          {false, true, kV6DefaultHandover},
+                                                          {true, false, kV6DefaultHandover},
+                                                          {true, true, V6Handover::kPull}};
+      for (const auto& [graph, pdl, handover] : polls) {
+        CudaModelOptions options = cuda_options(0, 1024, graph, pdl);
+        options.o_polls_attention_end = true;
+        options.v6_handover = handover;
+        INFO(spec.name << " O polls the attention's end, graph " << graph << ", pdl " << pdl << ", handover "
+                       << int(handover));
         REQUIRE(run(options) == runs[0]);
         CudaModel twice(dir, options);
         for (int round = 0; round < 2; ++round) {
