@@ -28,7 +28,7 @@ constexpr unsigned long long kSideTimeoutNs = 2000000000ull;
 // Two warps a block. A side block waits beside the chain's kernels for ~10 us, and what
 // it holds is taken from them: with 8 warps (56 registers each) a block on every SM left
 // gate/up room for 2 of its 3 blocks an SM, and the step lost 11% (DECODE_LOG.md,
-// twenty-seventh session). 2 warps x 56 registers fit beside gate/up's 3 x 8 x 80.
+// twenty-seventh session). 2 warps x 40 registers fit beside gate/up's 3 x 8 x 80.
 constexpr int kSideWarps = 2;
 constexpr int kSideThreads = kSideWarps * 32;
 

@@ -53,19 +53,15 @@
 
 namespace bielik {
 
-/// The hand-over of one layer.
-struct GateUpSideSync {
-  unsigned* ready = nullptr;       ///< (1) the tag the gate/up GEMV stores after its wait
-  const int* d_length = nullptr;   ///< (1) the committed length: the tag is *d_length + 1
-};
-
 struct GateUpSideParams {
   /// The whole gate/up GEMV: y = the SwiGLU output (N), x = the residual stream (K),
   /// norm_weight, W (2N, K), bias (2N) or nullptr, N, K, eps. Only these are read.
   DecodeGemvParams gemv;
   int first_unit = 0;       ///< the side kernel's units: first_unit .. N - 1
   int units_per_block = 0;  ///< row pairs a block holds (the last block may hold fewer)
-  GateUpSideSync sync;
+  /// The layer's hand-over: the word the gate/up GEMV stores its tag in (the same
+  /// ReadySignal it is given) and the committed length the tag is made from.
+  ReadySignal sync;
 };
 
 /// Shared memory a side block needs: its row pairs and the staged input.

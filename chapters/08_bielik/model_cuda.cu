@@ -870,7 +870,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   const bool gate_up_side =
       gate_up_side_ && !gate_up_side_paused_ && after == nullptr && !(options_.decode_skip & kSkipGateUp);
   const int side_units = gate_up_side ? gate_up_side_units_total_ : 0;
-  auto side_sync = [&](size_t layer) { return GateUpSideSync{d_gate_up_side_ready_.data() + layer, d_length}; };
+  auto side_sync = [&](size_t layer) { return ReadySignal{d_gate_up_side_ready_.data() + layer, d_length}; };
   int side_priority = 0;  // gate_up_side_priority: the greatest
   if (gate_up_side && options_.gate_up_side_priority) {
     int least = 0;
@@ -1067,8 +1067,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
                              C_, eps};
     if (gate_up_side) {  // the last side_units units are the side kernel's; it waits for this signal
       gate_up.pair_stride = F_;
-      const GateUpSideSync sync = side_sync(l);
-      gate_up.ready = ReadySignal{sync.ready, sync.d_length};
+      gate_up.ready = side_sync(l);
     }
     gate_up.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
     gate_up.second_batch_in_shared = options_.gate_up_second_batch_in_shared;

@@ -1199,7 +1199,7 @@ TEST_CASE("decode_gate_up_side: the GEMV's first units and the side kernel's las
         side.gemv = p;
         side.first_unit = p.N - c.side_units;
         side.units_per_block = c.units_per_block;
-        side.sync = GateUpSideSync{ready.data(), d_length.data()};
+        side.sync = ReadySignal{ready.data(), d_length.data()};
         // The side kernel first, on a stream of its own: it waits for the GEMV's signal.
         decode_gate_up_side(side, side_stream);
         p.N -= c.side_units;
@@ -1223,7 +1223,7 @@ TEST_CASE("decode_gate_up_side: the GEMV's first units and the side kernel's las
     side.gemv = test_gemv_params(y.data(), x, norm, W, nullptr, 8960, 1536);
     side.first_unit = which == 0 ? 8960 : which == 1 ? -1 : 8000;
     side.units_per_block = which == 2 ? 40 : 8;  // 40 pairs of 3 KB rows: 240 KB
-    side.sync = GateUpSideSync{ready.data(), which == 3 ? nullptr : d_length.data()};
+    side.sync = ReadySignal{ready.data(), which == 3 ? nullptr : d_length.data()};
     if (which == 4) side.units_per_block = 0;
     INFO("refusal " << which);
     REQUIRE_THROWS_AS(decode_gate_up_side(side, side_stream), std::invalid_argument);
