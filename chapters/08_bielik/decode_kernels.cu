@@ -54,12 +54,14 @@ __host__ __device__ constexpr int shared_batch_vectors() {
 //
 // kWidenInput (DecodeGemvParams::widen_input): the staging also writes the input as fp32
 // (stage_input's x_widened), and the dot products read that (accumulate_batch_widened).
+//
+// kMinBlocks: the resident blocks an SM the registers are budgeted for (3: 85 registers
+// a thread, 4: 64; DecodeGemvParams::four_blocks_an_sm).
 template <GemvInput In, GemvOutput Out, bool HasBias, int kBatch, bool kSecondBatchShared = false,
-          bool kInputFromGlobal = false, bool kWidenInput = false>
-__global__ void __launch_bounds__(kThreads, 3)
+          bool kInputFromGlobal = false, bool kWidenInput = false, int kMinBlocks = 3>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
     decode_gemv_kernel(DecodeGemvParams p, int rows_per_warp, int split) {
-  static_assert(!kInputFromGlobal || (In == GemvInput::kPlain && !kSecondBatchShared),
-                "only a plain input can be read in place");
+  static_assert(!kInputFromGlobal || In == GemvInput::kPlain, "only a plain input can be read in place");
   static_assert(!kWidenInput || (!kInputFromGlobal && !kSecondBatchShared), "the widened input is staged");
   constexpr int kRows = rows_per_unit<Out>();
   // (K/8) the input, normalized for kRmsNorm; with kSecondBatchShared then (kWarps,
@@ -87,7 +89,8 @@ __global__ void __launch_bounds__(kThreads, 3)
   load_batch<Out, kBatch>(w, p, first < p.N ? first : -1, base_first, stride, policy);
   // The second batch: (first, its second batch) or (first + 1, its first). The same for
   // every lane of the warp (lanes whose chunks lie past the row copy nothing).
-  uint4* second_batch = x_shared + chunks + warp * shared_batch_vectors<Out, kBatch>();
+  // (Read in place, no input is staged: the copied batches start the shared memory.)
+  uint4* second_batch = x_shared + (kInputFromGlobal ? 0 : chunks) + warp * shared_batch_vectors<Out, kBatch>();
   float4* x_widened = kWidenInput ? reinterpret_cast<float4*>(x_shared + chunks) : nullptr;
   const bool rows_take_two_batches = chunks > kBatch * stride;
   const int second_row = rows_take_two_batches ? first : first + 1;
@@ -139,6 +142,9 @@ __global__ void __launch_bounds__(kThreads, 3)
   // (second_batch_after_staging) The second batch goes out now: the kernel before has
   // finished, so it queues in front of nobody's loads, and it arrives while the first
   // batch is dotted instead of being asked for after that.
+  // (Read in place, "after staging" is right after the wait, just before the first
+  // batch's x loads: issued behind them instead, the copy's addresses beside the 72
+  // registers of weights and x made the kernel spill 120 bytes.)
   if constexpr (kSecondBatchShared) {
     if (p.second_batch_after_staging) {
       copy_batch_to_shared<Out, kBatch>(second_batch, p, second_exists ? second_row : -1, second_base, stride,
@@ -270,10 +276,10 @@ int occupancy_at(Kernel kernel, int K, size_t shared_bytes) {
 }
 
 template <GemvInput In, GemvOutput Out, bool HasBias, int kBatch, bool kSecondBatchShared = false,
-          bool kInputFromGlobal = false, bool kWidenInput = false>
+          bool kInputFromGlobal = false, bool kWidenInput = false, int kMinBlocks = 3>
 void launch_gemv(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaStream_t stream) {
   auto register_kernel =
-      decode_gemv_kernel<In, Out, HasBias, kBatch, kSecondBatchShared, kInputFromGlobal, kWidenInput>;
+      decode_gemv_kernel<In, Out, HasBias, kBatch, kSecondBatchShared, kInputFromGlobal, kWidenInput, kMinBlocks>;
   auto kernel = pipelined ? decode_gemv_pipelined_kernel<In, Out, HasBias, kBatch> : register_kernel;
   constexpr size_t kSecondBatchBytes =
       kSecondBatchShared ? size_t(kWarps) * shared_batch_vectors<Out, kBatch>() * sizeof(uint4) : 0;
@@ -349,11 +355,21 @@ void launch_gemv_bias(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaS
       // The down projection's form may copy its second batch into shared memory.
       if constexpr (Out == GemvOutput::kResidualAdd && In == GemvInput::kPlain) {
         if (p.second_batch_in_shared && !pipelined) {
-          launch_gemv<In, Out, kBias, 9, true>(p, pipelined, pdl, stream);
+          if (p.input_from_global) {
+            launch_gemv<In, Out, kBias, 9, true, true>(p, pipelined, pdl, stream);
+          } else {
+            launch_gemv<In, Out, kBias, 9, true>(p, pipelined, pdl, stream);
+          }
           return;
         }
         if (p.input_from_global && !pipelined) {
           launch_gemv<In, Out, kBias, 9, false, true>(p, pipelined, pdl, stream);
+          return;
+        }
+        // The staged form in 64 registers: 4 blocks fit an SM, one wave of down's 384
+        // blocks leaves a slot an SM to the next kernel.
+        if (p.four_blocks_an_sm && !pipelined) {
+          launch_gemv<In, Out, kBias, 9, false, false, false, 4>(p, pipelined, pdl, stream);
           return;
         }
       }

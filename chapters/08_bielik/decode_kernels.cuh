@@ -201,12 +201,14 @@ struct DecodeGemvParams {
   /// each warp's second batch of weights (the rest of down's row, gate/up's second row
   /// pair) is copied into shared memory (cp.async) before the PDL wait, so twice the
   /// bytes are requested before the wait, instead of after the first batch has arrived.
+  /// Down's form takes it with its input staged or read in place (input_from_global).
   /// bench_decode_gemv and bench_model measure it.
   bool second_batch_in_shared = false;
   /// With second_batch_in_shared: each warp's copy goes out right after its block has
-  /// staged the input (past the PDL wait) instead of before the wait. It then queues in
-  /// front of no load of the kernel before (which has finished), and arrives while the
-  /// first batch is dotted, where the plain form asks for it only after that dot.
+  /// staged the input (read in place: right after the PDL wait) instead of before the
+  /// wait. It then queues in front of no load of the kernel before (which has finished),
+  /// and arrives while the first batch is dotted, where the plain form asks for it only
+  /// after that dot.
   /// bench_decode_gemv and bench_model measure it.
   bool second_batch_after_staging = false;
   /// kRegisterLoads, the O and down projections' form (kPlain -> kResidualAdd) only:
@@ -215,6 +217,13 @@ struct DecodeGemvParams {
   /// share), right after the PDL wait. Removes the staging and its barrier from the path
   /// between the wait and the first FMA. bench_decode_gemv and bench_model measure it.
   bool input_from_global = false;
+  /// kRegisterLoads, the down projection's staged form (kPlain -> kResidualAdd, K > 2048,
+  /// no input_from_global, no second_batch_in_shared; ignored by the others): the kernel
+  /// compiled for 4 resident blocks an SM (64 registers a thread) instead of 3 (85). Its
+  /// one wave (Bielik: 384 blocks) then leaves about a slot an SM free, where the next
+  /// kernel's blocks start, and ask for their first weights, before this one's blocks
+  /// leave. bench_decode_gemv and bench_model measure it.
+  bool four_blocks_an_sm = false;
   /// kRegisterLoads, the forms of QKV and gate/up (kRmsNorm in, row pairs of K <= 1536,
   /// unless their second batch goes to shared memory), of O (kPlain -> kResidualAdd,
   /// K <= 2048, unless read in place) and of the lm_head (kRmsNorm -> kF32, K <= 2048);
