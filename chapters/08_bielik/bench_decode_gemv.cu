@@ -95,9 +95,6 @@ int main() {
     // x staged by one bulk copy (DecodeGemvParams::stage_input_bulk; set around the rows
     // that take it).
     bool bulk_staging = false;
-    // Down's staged form compiled for 4 blocks an SM (DecodeGemvParams::four_blocks_an_sm;
-    // set around the rows that take it).
-    bool four_blocks = false;
     // The arguments of one launch on weight copy `copy`.
     auto gemv_params = [&](int copy, bool evict_first, int split, bool second_batch_in_shared,
                            bool input_from_global, int start_delay_ns, bool widen_input = false,
@@ -125,7 +122,6 @@ int main() {
       p.rows_per_warp = rows_per_warp;
       p.second_batch_after_staging = shared_after_staging;
       p.stage_input_bulk = bulk_staging;
-      p.four_blocks_an_sm = four_blocks;
       return p;
     };
     // One row: `label`, the chain timed from the host and as a graph, and alone when asked.
@@ -210,18 +206,6 @@ int main() {
       // into shared memory too: before the PDL wait (the whole row in flight), or right
       // after it, behind the first batch's x loads, so that it arrives while the first
       // batch is dotted instead of being asked for after that dot.
-      // Down's staged form (the model's) in 64 registers: one wave of 384 blocks leaves
-      // a slot an SM where the next launch's blocks start early. Without a pause and with
-      // the model's 300 ns.
-      if (in_place) {
-        four_blocks = true;
-        for (int pause_ns : {0, 300}) {
-          add_row("register loads, evict-first, 4 blocks an SM (64 registers), " + std::to_string(pause_ns) +
-                      " ns pause",
-                  kernel, true, 0, false, false, false, pause_ns);
-        }
-        four_blocks = false;
-      }
       if (in_place) {
         for (bool after_wait : {false, true}) {
           add_row(std::string("register loads, evict-first, input in place, 1 ns pause, 2nd batch cp.async to "

@@ -92,7 +92,6 @@ struct Args {
   bool gate_up_shared = CudaModelOptions{}.gate_up_second_batch_in_shared;
   bool shared_after_staging = CudaModelOptions{}.second_batch_after_staging;
   bool down_global_input = CudaModelOptions{}.down_input_from_global;
-  bool down_four_blocks = CudaModelOptions{}.down_four_blocks_an_sm;  ///< --down-four-blocks
   bool o_global_input = CudaModelOptions{}.o_input_from_global;
   bool rope_after_wait = CudaModelOptions{}.qkv_rope_inputs_after_wait;
   int small_blocks = CudaModelOptions{}.small_gemv_blocks_per_sm;
@@ -168,8 +167,6 @@ Args parse(int argc, char** argv) {
       a.down_global_input = true;
     } else if (flag == "--down-staged-input") {
       a.down_global_input = false;
-    } else if (flag == "--down-four-blocks") {
-      a.down_four_blocks = true;
     } else if (flag == "--o-global-input") {
       a.o_global_input = true;
     } else if (flag == "--rope-after-wait") {
@@ -349,7 +346,7 @@ Args parse(int argc, char** argv) {
                                   " [--gate-up-start-delay NS] [--down-start-delay NS] [--qkv-start-delay NS] [--o-start-delay NS]"
                                   " [--lm-head-start-delay NS] [--[no-]widen-input] [--bulk-staging] [--qkv-early] [--gate-up-after-o]"
                                   " [--down-shared] [--down-shared-after-staging] [--gate-up-shared-after-staging]"
-                                  " [--down-global-input|--down-staged-input] [--down-four-blocks] [--o-global-input]"
+                                  " [--down-global-input|--down-staged-input] [--o-global-input]"
                                   " [--rope-after-wait]"
                                   " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N]"
                                   " [--side-prefetch GATE_UP_MB[,DOWN_MB] [--side-prefetch-form lines|bulk|loads] [--side-prefetch-blocks N]"
@@ -760,7 +757,6 @@ int main(int argc, char** argv) {
     options.gate_up_second_batch_in_shared = args.gate_up_shared;
     options.second_batch_after_staging = args.shared_after_staging;
     options.down_input_from_global = args.down_global_input;
-    options.down_four_blocks_an_sm = args.down_four_blocks;
     options.o_input_from_global = args.o_global_input;
     options.qkv_rope_inputs_after_wait = args.rope_after_wait;
     options.small_gemv_blocks_per_sm = args.small_blocks;

@@ -54,12 +54,9 @@ __host__ __device__ constexpr int shared_batch_vectors() {
 //
 // kWidenInput (DecodeGemvParams::widen_input): the staging also writes the input as fp32
 // (stage_input's x_widened), and the dot products read that (accumulate_batch_widened).
-//
-// kMinBlocks: the resident blocks an SM the registers are budgeted for (3: 85 registers
-// a thread, 4: 64; DecodeGemvParams::four_blocks_an_sm).
 template <GemvInput In, GemvOutput Out, bool HasBias, int kBatch, bool kSecondBatchShared = false,
-          bool kInputFromGlobal = false, bool kWidenInput = false, int kMinBlocks = 3>
-__global__ void __launch_bounds__(kThreads, kMinBlocks)
+          bool kInputFromGlobal = false, bool kWidenInput = false>
+__global__ void __launch_bounds__(kThreads, 3)
     decode_gemv_kernel(DecodeGemvParams p, int rows_per_warp, int split) {
   static_assert(!kInputFromGlobal || In == GemvInput::kPlain, "only a plain input can be read in place");
   static_assert(!kWidenInput || (!kInputFromGlobal && !kSecondBatchShared), "the widened input is staged");
@@ -276,10 +273,10 @@ int occupancy_at(Kernel kernel, int K, size_t shared_bytes) {
 }
 
 template <GemvInput In, GemvOutput Out, bool HasBias, int kBatch, bool kSecondBatchShared = false,
-          bool kInputFromGlobal = false, bool kWidenInput = false, int kMinBlocks = 3>
+          bool kInputFromGlobal = false, bool kWidenInput = false>
 void launch_gemv(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaStream_t stream) {
   auto register_kernel =
-      decode_gemv_kernel<In, Out, HasBias, kBatch, kSecondBatchShared, kInputFromGlobal, kWidenInput, kMinBlocks>;
+      decode_gemv_kernel<In, Out, HasBias, kBatch, kSecondBatchShared, kInputFromGlobal, kWidenInput>;
   auto kernel = pipelined ? decode_gemv_pipelined_kernel<In, Out, HasBias, kBatch> : register_kernel;
   constexpr size_t kSecondBatchBytes =
       kSecondBatchShared ? size_t(kWarps) * shared_batch_vectors<Out, kBatch>() * sizeof(uint4) : 0;
@@ -364,12 +361,6 @@ void launch_gemv_bias(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaS
         }
         if (p.input_from_global && !pipelined) {
           launch_gemv<In, Out, kBias, 9, false, true>(p, pipelined, pdl, stream);
-          return;
-        }
-        // The staged form in 64 registers: 4 blocks fit an SM, one wave of down's 384
-        // blocks leaves a slot an SM to the next kernel.
-        if (p.four_blocks_an_sm && !pipelined) {
-          launch_gemv<In, Out, kBias, 9, false, false, false, 4>(p, pipelined, pdl, stream);
           return;
         }
       }

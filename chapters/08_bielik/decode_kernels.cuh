@@ -217,13 +217,6 @@ struct DecodeGemvParams {
   /// share), right after the PDL wait. Removes the staging and its barrier from the path
   /// between the wait and the first FMA. bench_decode_gemv and bench_model measure it.
   bool input_from_global = false;
-  /// kRegisterLoads, the down projection's staged form (kPlain -> kResidualAdd, K > 2048,
-  /// no input_from_global, no second_batch_in_shared; ignored by the others): the kernel
-  /// compiled for 4 resident blocks an SM (64 registers a thread) instead of 3 (85). Its
-  /// one wave (Bielik: 384 blocks) then leaves about a slot an SM free, where the next
-  /// kernel's blocks start, and ask for their first weights, before this one's blocks
-  /// leave. bench_decode_gemv and bench_model measure it.
-  bool four_blocks_an_sm = false;
   /// kRegisterLoads, the forms of QKV and gate/up (kRmsNorm in, row pairs of K <= 1536,
   /// unless their second batch goes to shared memory), of O (kPlain -> kResidualAdd,
   /// K <= 2048, unless read in place) and of the lm_head (kRmsNorm -> kF32, K <= 2048);

@@ -1094,7 +1094,6 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     down.second_batch_in_shared = options_.down_second_batch_in_shared;
     down.second_batch_after_staging = options_.second_batch_after_staging;
     down.input_from_global = options_.down_input_from_global;
-    down.four_blocks_an_sm = options_.down_four_blocks_an_sm;
     down.timeline = timeline_slot(4 * l + 3);
     down.start_delay_ns = options_.down_start_delay_ns;
     step_gemv_settings(down);

@@ -165,11 +165,6 @@ struct CudaModelOptions {
   /// turned (2026-12-01, three interleaved A/B pairs): staged 931-932 against 913-914
   /// tokens/s, and 812 against 785 after a 2048-token prompt. Off; bench_model measures both.
   bool down_input_from_global = false;
-  /// The down projection's staged form compiled for 4 resident blocks an SM instead of 3
-  /// (DecodeGemvParams::four_blocks_an_sm): its one wave then leaves a slot an SM to the
-  /// next kernel (the next layer's QKV), whose blocks can start before down's leave.
-  /// bench_model --down-four-blocks.
-  bool down_four_blocks_an_sm = false;
   /// The same for the O projection (its input: the attention output, 1536 values), when
   /// the attention is its own kernel (kCluster, kSplitCombine). Faster alone (1.93
   /// against 2.42 us in a graph) but slower in the step (845-862 against 866-888

@@ -1097,13 +1097,11 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
     // wait (with PDL, without). Last (sm_90+), the input staged by one bulk copy
     // (stage_input_bulk): with PDL and widened, without PDL and not. Then the input read
     // in place with the second batch in shared memory (down's form takes both): copied
-    // before the wait (with PDL, without), and after it (with PDL, without). Last, down's
-    // staged form compiled for 4 blocks an SM (with PDL, without).
+    // before the wait (with PDL, without), and after it (with PDL, without).
     const int plain_variants = 2 * int(kernels.size());
     // The last variants, index - (plain_variants + 6): (rows a warp forced, PDL, kernel,
     // the second batch copied to shared memory after staging (or after the wait), the
-    // input staged by a bulk copy, the input read in place with the second batch copied,
-    // 4 blocks an SM).
+    // input staged by a bulk copy, the input read in place with the second batch copied).
     struct LateVariant {
       int rows;
       bool pdl;
@@ -1111,7 +1109,6 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
       bool shared_after_staging;
       bool bulk_staging;
       bool in_place_shared;
-      bool four_blocks = false;
     };
     const LateVariant late_variants[] = {{1, true, DecodeGemvKernel::kRegisterLoads, false, false, false},
                                          {5, false, DecodeGemvKernel::kRegisterLoads, false, false, false},
@@ -1123,9 +1120,7 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
                                          {0, true, DecodeGemvKernel::kRegisterLoads, false, false, true},
                                          {0, false, DecodeGemvKernel::kRegisterLoads, false, false, true},
                                          {0, true, DecodeGemvKernel::kRegisterLoads, true, false, true},
-                                         {0, false, DecodeGemvKernel::kRegisterLoads, true, false, true},
-                                         {0, true, DecodeGemvKernel::kRegisterLoads, false, false, false, true},
-                                         {0, false, DecodeGemvKernel::kRegisterLoads, false, false, false, true}};
+                                         {0, false, DecodeGemvKernel::kRegisterLoads, true, false, true}};
     const int late_count = int(sizeof(late_variants) / sizeof(late_variants[0]));
     for (int index = 0; index < plain_variants + 6 + late_count; ++index) {
       const bool late = index >= plain_variants + 6;
@@ -1139,7 +1134,7 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
       const bool second_batch_in_shared = shared_after_staging || late_variant.in_place_shared ||
                                           (!late && (variant == plain_variants || variant == plain_variants + 1));
       const bool input_from_global = late_variant.in_place_shared || (!late && variant >= plain_variants + 2);
-      const bool register_option = second_batch_in_shared || input_from_global || late_variant.four_blocks;
+      const bool register_option = second_batch_in_shared || input_from_global;
       bool pdl = register_option ? (variant - plain_variants) % 2 == 0 : variant % 2 == 1;
       DecodeGemvKernel kernel = register_option ? DecodeGemvKernel::kRegisterLoads : DecodeGemvKernel::kAuto;
       if (late) {
@@ -1154,8 +1149,7 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
                                                                  : "register pipelined")
                 << " second batch in shared " << second_batch_in_shared << " input read in place "
                 << input_from_global << " input widened " << widen_input << " rows a warp forced to " << forced_rows
-                << " second batch after staging " << shared_after_staging << " bulk staging " << bulk_staging
-                << " 4 blocks an SM " << late_variant.four_blocks);
+                << " second batch after staging " << shared_after_staging << " bulk staging " << bulk_staging);
       check_gemv_case(c, case_seed, [&](DecodeGemvParams& p) {
         // The evict-first hint (a cache hint: it must not change a value) on half the
         // variants; the bulk-stream kernel ignores it. On the same half, the residual is
@@ -1173,7 +1167,6 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
           p.second_batch_in_shared = second_batch_in_shared;
           p.second_batch_after_staging = shared_after_staging;
           p.input_from_global = input_from_global;
-          p.four_blocks_an_sm = late_variant.four_blocks;
           p.split_warps = pdl ? 0 : 1;
         }
         decode_gemv(c.input, c.output, p, pdl, 0, kernel);
