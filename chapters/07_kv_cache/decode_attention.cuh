@@ -245,10 +245,7 @@ void decode_attention_v5_cluster_device_length_timed(__nv_bfloat16* out, const _
 /// every block has its inputs, the count is reset and the tag set to *d_length + 1, a hint
 /// for the kernels after it (decode::WaitForPreviousKernel, chapter 08's
 /// DecodeGemvParams::hold). Never read by the attention itself. signal_at_end: each block
-/// counts itself in at its end instead (its partial handed on, or the outputs stored),
-/// with release / acquire fences, so that a kernel that reads the tag with acquire
-/// semantics may read the outputs on the strength of it (chapter 08's
-/// DecodeGemvParams::input_signal).
+/// counts itself in at its end instead (its partial handed on, or the outputs stored).
 void decode_attention_v6_per_head_device_length_timed(__nv_bfloat16* out, const __nv_bfloat16* q,
                                                       const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
                                                       const int* d_length, int new_tokens, int max_context, int H,

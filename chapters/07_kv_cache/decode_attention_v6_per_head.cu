@@ -109,23 +109,9 @@ __global__ void __launch_bounds__(kV6Warps * 32)
                                               kv_len_arg, max_context, store, timeline);
     cluster.sync();  // no block leaves while another may still read its shared memory
   }
-  if (signal_at_end && inputs_signal) {  // this block's share is handed on (pushers) or stored (block 0)
-    // Ordered for a reader of the outputs (chapter 08's O projection may read them on the
-    // strength of the tag, DecodeGemvParams::input_signal): every thread's stores, then a
-    // fence before the count (release), and the last block's fence between the count it
-    // read and the tag it writes (acquire, then the release store).
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      const int committed = d_length ? *d_length : 0;
-      const unsigned blocks = gridDim.x * gridDim.y * gridDim.z;
-      __threadfence();
-      if (atomicAdd(inputs_signal, 1u) == blocks - 1) {  // every block of the grid has counted
-        __threadfence();
-        atomicExch(inputs_signal, 0u);  // for the next step's launch
-        asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(inputs_signal + 1), "r"(unsigned(committed) + 1u)
-                     : "memory");
-      }
-    }
+  if (signal_at_end) {  // this block's share is handed on (pushers) or stored (block 0)
+    const int committed = d_length ? *d_length : 0;
+    decode::count_block_in(inputs_signal, committed);
   }
   timeline_fold(timeline, decode::kAttentionEnd);
 #else

@@ -102,11 +102,6 @@ struct Args {
   int side_prefetch_blocks = CudaModelOptions{}.side_prefetch_blocks;  ///< --side-prefetch-blocks N
   int side_prefetch_fork = 0;  ///< --side-prefetch-after-qkv: 1
   int side_prefetch_stride = CudaModelOptions{}.side_prefetch_stride_bytes;  ///< --side-prefetch-stride BYTES
-  int gate_up_side_blocks = 0;  ///< --gate-up-side BLOCKS[,UNITS]
-  int gate_up_side_units = CudaModelOptions{}.gate_up_side_units;
-  bool gate_up_side_priority = false;  ///< --gate-up-side-priority
-  bool o_polls = false;                ///< --o-polls-attention
-  int gate_up_side_fork = 0;           ///< --gate-up-side-early: 1
   unsigned tensor_cores = CudaModelOptions{}.tensor_core_gemvs;  ///< --tensor-cores qkv,o,gate_up,lm_head,down | none
   unsigned tensor_cores_long = CudaModelOptions{}.tensor_core_gemvs_in_long_graph;  ///< --tensor-cores-long (the same)
   double l2_persist_mb = 0.0;  ///< --l2-persist MB[,lm_head|qkv|o|gate_up|down|none]
@@ -236,17 +231,6 @@ Args parse(int argc, char** argv) {
       const size_t comma = sizes.find(',');
       a.side_prefetch_gate_up_mb = std::stod(sizes.substr(0, comma));
       a.side_prefetch_down_mb = comma == std::string::npos ? 0.0 : std::stod(sizes.substr(comma + 1));
-    } else if (flag == "--o-polls-attention") {
-      a.o_polls = true;
-    } else if (flag == "--gate-up-side-priority") {
-      a.gate_up_side_priority = true;
-    } else if (flag == "--gate-up-side-early") {
-      a.gate_up_side_fork = 1;
-    } else if (flag == "--gate-up-side") {
-      const std::string sizes = value();  // BLOCKS or BLOCKS,UNITS
-      const size_t comma = sizes.find(',');
-      a.gate_up_side_blocks = std::stoi(sizes.substr(0, comma));
-      if (comma != std::string::npos) a.gate_up_side_units = std::stoi(sizes.substr(comma + 1));
     } else if (flag == "--tensor-cores" || flag == "--tensor-cores-long") {
       // The list replaces the default; "none": no GEMV on the tensor cores.
       std::string list = value() + ",";
@@ -350,7 +334,7 @@ Args parse(int argc, char** argv) {
                                   " [--rope-after-wait]"
                                   " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N]"
                                   " [--side-prefetch GATE_UP_MB[,DOWN_MB] [--side-prefetch-form lines|bulk|loads] [--side-prefetch-blocks N]"
-                                  " [--side-prefetch-stride BYTES] [--side-prefetch-after-qkv]] [--gate-up-side BLOCKS[,UNITS] [--gate-up-side-priority] [--gate-up-side-early]] [--o-polls-attention] [--l2-persist MB[,lm_head|qkv|o|gate_up|down|none]]"
+                                  " [--side-prefetch-stride BYTES] [--side-prefetch-after-qkv]] [--l2-persist MB[,lm_head|qkv|o|gate_up|down|none]]"
                                   " [--tensor-cores qkv,o,gate_up,lm_head,down|none] [--tensor-cores-long LIST])");
     }
   }
@@ -767,11 +751,6 @@ int main(int argc, char** argv) {
     options.side_prefetch_blocks = args.side_prefetch_blocks;
     options.side_prefetch_fork = args.side_prefetch_fork;
     options.side_prefetch_stride_bytes = args.side_prefetch_stride;
-    options.gate_up_side_blocks = args.gate_up_side_blocks;
-    options.gate_up_side_units = args.gate_up_side_units;
-    options.gate_up_side_priority = args.gate_up_side_priority;
-    options.o_polls_attention_end = args.o_polls;
-    options.gate_up_side_fork = args.gate_up_side_fork;
     options.tensor_core_gemvs = args.tensor_cores;
     options.tensor_core_gemvs_in_long_graph = args.tensor_cores_long;
     options.l2_persist_mb = args.l2_persist_mb;

@@ -20,7 +20,6 @@ else()
     ${cuda_backend_dir}/model_cuda.cu
     ${cuda_backend_dir}/decode_kernels.cu
     ${cuda_backend_dir}/decode_side_prefetch.cu
-    ${cuda_backend_dir}/decode_gate_up_side.cu
     ${cuda_backend_dir}/decode_attention_o.cu
     ${cuda_backend_dir}/decode_attention_o_per_head.cu
     ${cuda_backend_dir}/sample_kernels.cu

@@ -9,7 +9,6 @@
 
 #include <climits>
 #include <cstdint>
-#include <cstdio>  // printf in device code
 
 #include "cuda_check.cuh"
 #include "decode_attention_device.cuh"  // chapter 07: the split ranges and the partials' merge
@@ -175,7 +174,7 @@ __device__ __forceinline__ int weight_row(const DecodeGemvParams& p, int unit, i
     const int half = p.rope.D / 2;
     return (unit / half) * p.rope.D + unit % half + r * half;
   } else {
-    return unit + r * (p.pair_stride > 0 ? p.pair_stride : p.N);
+    return unit + r * p.N;
   }
 }
 
@@ -536,38 +535,6 @@ __device__ __forceinline__ void delay_start(int delay_ns) {
   __syncthreads();
 }
 
-/// DecodeGemvParams::ready: the tag thread 0 will store (read before the PDL wait), and
-/// the release store after it. No-ops without a signal and in threads other than 0.
-__device__ __forceinline__ unsigned ready_tag_of(const ReadySignal& ready) {
-  return ready.ready != nullptr && threadIdx.x == 0 ? unsigned(*ready.d_length) + 1u : 0u;
-}
-__device__ __forceinline__ void signal_ready(const ReadySignal& ready, unsigned tag) {
-  if (ready.ready == nullptr || threadIdx.x != 0) return;
-  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(ready.ready), "r"(tag) : "memory");
-}
-
-/// DecodeGemvParams::input_signal: thread 0 waits for the step's tag (acquire), the block
-/// for thread 0. A tag still missing after 2 s means the kernel before never signals (a
-/// bug): the kernel says so and traps instead of hanging.
-__device__ __forceinline__ void wait_for_input_signal(const DecodeGemvParams& p) {
-  if (threadIdx.x == 0) {
-    const unsigned expected = unsigned(*p.input_signal.d_length) + 1u;
-    const unsigned long long give_up = globaltimer_ns() + 2000000000ull;
-    for (;;) {
-      unsigned seen;
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(p.input_signal.tag) : "memory");
-      if (seen == expected) break;
-      if (globaltimer_ns() >= give_up) {
-        printf("decode_gemv: block %d gave up after 2 s waiting for input tag %u (last seen %u)\n", int(blockIdx.x),
-               expected, seen);
-        __trap();
-      }
-      __nanosleep(32);
-    }
-  }
-  __syncthreads();
-}
-
 /// The norm weight's first chunks, loaded before the PDL wait (no kernel writes them).
 template <GemvInput In>
 __device__ __forceinline__ void load_norm_weight(const DecodeGemvParams& p, uint4 (&norm_held)[kNormHeld]) {
@@ -663,15 +630,8 @@ __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_
     __syncthreads();
     return;
   }
-  const unsigned ready_tag = ready_tag_of(p.ready);
-  const bool polled = p.input_signal.tag != nullptr;
-  if (polled) {
-    wait_for_input_signal(p);
-  } else {
-    pdl_wait();
-  }
+  pdl_wait();
   timeline_mark(p.timeline, kTimelineWaitReturned);
-  signal_ready(p.ready, ready_tag);
   const uint4* x_vectors = reinterpret_cast<const uint4*>(p.x);
   float sum_squares = 0.0f;
   constexpr bool kNormalized = In == GemvInput::kRmsNorm || In == GemvInput::kRmsNormAddPartials;
@@ -726,9 +686,7 @@ __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_
 #pragma unroll
       for (int u = 0; u < kStageLoads; ++u) {
         const int c = c0 + u * kThreads;
-        // Through L2 when x was written by a kernel running beside this one (kCoherent,
-        // or a polled input): this SM's L1 is not kept coherent with it.
-        v[u] = c < chunks ? (kCoherent || polled ? __ldcg(x_vectors + c) : x_vectors[c]) : make_uint4(0, 0, 0, 0);
+        v[u] = c < chunks ? (kCoherent ? __ldcg(x_vectors + c) : x_vectors[c]) : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
       for (int u = 0; u < kStageLoads; ++u) {
@@ -766,10 +724,8 @@ __device__ __forceinline__ void stage_input_bulk(const DecodeGemvParams& p, uint
                                                  const uint4 (&norm_held)[kNormHeld], uint64_t* arrived,
                                                  float4* x_widened = nullptr) {
   static_assert(In == GemvInput::kPlain || In == GemvInput::kRmsNorm, "a plain or normalized input");
-  const unsigned ready_tag = ready_tag_of(p.ready);
   pdl_wait();
   timeline_mark(p.timeline, kTimelineWaitReturned);
-  signal_ready(p.ready, ready_tag);
   const int chunks = p.K / 8;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (threadIdx.x == 0) {

@@ -469,25 +469,6 @@ void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, 
     throw std::invalid_argument("decode_gemv: rows_per_warp must be 0 (one wave) or more; got " +
                                 std::to_string(p.rows_per_warp));
   }
-  if (p.pair_stride != 0 && (output != GemvOutput::kSwiGLU || p.pair_stride < p.N)) {
-    throw std::invalid_argument("decode_gemv: pair_stride must be 0, or >= N with kSwiGLU; got " +
-                                std::to_string(p.pair_stride) + " with N=" + std::to_string(p.N));
-  }
-  // The signal is stored where the staging waits: the register kernels' staged inputs.
-  const bool register_kernel = kernel == DecodeGemvKernel::kAuto || kernel == DecodeGemvKernel::kRegisterLoads ||
-                               kernel == DecodeGemvKernel::kRegisterPipelined;
-  if (p.ready.ready && (!p.ready.d_length || !register_kernel || input != GemvInput::kRmsNorm)) {
-    throw std::invalid_argument("decode_gemv: a ready signal needs its length, a register kernel and kRmsNorm");
-  }
-  // A polled input replaces the PDL wait where the staging waits: not in place, not by
-  // the bulk copy, not in the merge or the bulk-stream kernel.
-  if (p.input_signal.tag &&
-      (!p.input_signal.d_length || kernel == DecodeGemvKernel::kBulkStream || p.stage_input_bulk ||
-       p.input_from_global || (input != GemvInput::kPlain && input != GemvInput::kRmsNorm))) {
-    throw std::invalid_argument(
-        "decode_gemv: an input signal needs its length, a kPlain or kRmsNorm input staged by the block's threads "
-        "(no stage_input_bulk, no input_from_global) and a register or tensor-core kernel");
-  }
   if (output == GemvOutput::kRopeAppend) {
     const RopeAppendTarget& t = p.rope;
     if (!t.k_cache || !t.v_cache || !t.d_length || !t.cos || !t.sin || t.D <= 0 || t.D % 2 != 0 || t.H <= 0 ||

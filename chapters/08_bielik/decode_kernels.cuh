@@ -141,16 +141,6 @@ enum GemvTimelineEvent {
   kGemvTimelineEvents = 6
 };
 
-/// DecodeGemvParams::ready: after its PDL wait has returned, thread 0 of every block
-/// stores the step's tag, *d_length + 1, into *ready with release semantics: the input
-/// is ready (the kernel before has finished and its writes are visible). The gate/up GEMV
-/// tells the side kernel that holds its last rows (decode_gate_up_side.cuh). The length
-/// is read before the wait (an earlier step committed it).
-struct ReadySignal {
-  unsigned* ready = nullptr;       ///< (1) or nullptr: no signal
-  const int* d_length = nullptr;   ///< (1)
-};
-
 /// Arguments of one decode GEMV.
 struct DecodeGemvParams {
   void* y;                           ///< (N) bf16, or float for kF32; in/out for kResidualAdd
@@ -242,22 +232,6 @@ struct DecodeGemvParams {
   /// model's gate/up and down pause 300 ns (CudaModelOptions::gate_up_start_delay_ns:
   /// measured faster, not yet explained).
   int start_delay_ns = 0;
-  /// kSwiGLU: weight rows between a unit's gate row and its up row; 0: N. The gate/up
-  /// GEMV that leaves its last units to the side kernel (decode_gate_up_side.cuh) runs
-  /// N' < N units of the (2N, K) weight, its up rows still N rows down.
-  int pair_stride = 0;
-  /// Register kernels, staged kRmsNorm inputs: the signal stored after the wait.
-  ReadySignal ready;
-  /// Staged kPlain and kRmsNorm inputs (both kernels): instead of the PDL wait, thread 0
-  /// waits until *input_signal.tag equals *input_signal.d_length + 1 (an acquire load; the
-  /// kernel before writes it with release once its outputs are stored: chapter 07's v6
-  /// attention with signal_at_end), and the block then reads x through L2. The kernel
-  /// before must already be running (it has let this one be scheduled) and must not wait
-  /// for this one. tag null: the PDL wait.
-  struct {
-    const unsigned* tag = nullptr;
-    const int* d_length = nullptr;
-  } input_signal;
 };
 
 /// y = f(x W^T + b) for one token. One warp per output row (a few consecutive rows per

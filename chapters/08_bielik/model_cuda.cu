@@ -15,7 +15,6 @@
 #include "cuda_check.cuh"
 #include "decode_attention_o.cuh"
 #include "decode_kernels.cuh"
-#include "decode_gate_up_side.cuh"
 #include "decode_side_prefetch.cuh"
 #include "embedding.cuh"
 #include "matmul.cuh"
@@ -125,32 +124,6 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
         ", " + std::to_string(options_.side_prefetch_blocks) + ", " + std::to_string(options_.side_prefetch_fork) +
         ", " + std::to_string(options_.side_prefetch_stride_bytes));
   }
-  if (options_.gate_up_side_blocks < 0 || options_.gate_up_side_units < 1 ||
-      (options_.gate_up_side_fork != 0 && options_.gate_up_side_fork != 1)) {
-    throw std::invalid_argument("gate_up_side_blocks must be >= 0 (0: off), gate_up_side_units >= 1 and "
-                                "gate_up_side_fork 0 or 1; got " +
-                                std::to_string(options_.gate_up_side_blocks) + ", " +
-                                std::to_string(options_.gate_up_side_units) + ", " +
-                                std::to_string(options_.gate_up_side_fork));
-  }
-  if (options_.gate_up_side_blocks > 0) {
-    const bool side_prefetch = options_.side_prefetch_gate_up_mb > 0.0 || options_.side_prefetch_down_mb > 0.0;
-    const bool tensor_core_gate_up =
-        ((options_.tensor_core_gemvs | options_.tensor_core_gemvs_in_long_graph) & kTensorCoreGateUp) != 0;
-    if (!device_is_sm90_or_newer() || tensor_core_gate_up || side_prefetch || options_.persistent_decode ||
-        options_.decode_attention == DecodeAttentionPath::kClusterWithO) {
-      throw std::invalid_argument(
-          "gate_up_side_blocks needs sm_90 and gate/up on the register kernel, and does not go with the side "
-          "prefetch, the persistent step or the fused attention + O (decode_attention kClusterWithO)");
-    }
-  }
-  if (options_.o_polls_attention_end &&
-      (options_.decode_attention != DecodeAttentionPath::kClusterPerHead || options_.v6_fuses_o ||
-       options_.o_input_from_global || options_.gemv_stage_input_bulk || options_.persistent_decode)) {
-    throw std::invalid_argument(
-        "o_polls_attention_end needs the v6 attention (kClusterPerHead) without its fused O, and O's input staged "
-        "by its threads (no o_input_from_global, no gemv_stage_input_bulk), not the persistent step");
-  }
   if (!(options_.l2_persist_mb >= 0.0)) {
     throw std::invalid_argument("l2_persist_mb must be >= 0 (0: off), got " + std::to_string(options_.l2_persist_mb));
   }
@@ -173,8 +146,7 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
 
   try {
-    if (options_.side_prefetch_gate_up_mb > 0.0 || options_.side_prefetch_down_mb > 0.0 ||
-        options_.gate_up_side_blocks > 0) {
+    if (options_.side_prefetch_gate_up_mb > 0.0 || options_.side_prefetch_down_mb > 0.0) {
       CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking));
       CUDA_CHECK(cudaEventCreateWithFlags(&side_fork_, cudaEventDisableTiming));
       CUDA_CHECK(cudaEventCreateWithFlags(&side_join_, cudaEventDisableTiming));
@@ -266,16 +238,6 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     d_o_arrivals_.fill_bytes(0);  // every launch leaves them at 0 again
     d_attention_signals_ = DeviceBuffer<unsigned>(2 * layers_.size());
     d_attention_signals_.fill_bytes(0);  // count 0, tag 0: no step's (tags start at 1)
-    if (options_.gate_up_side_blocks > 0) {
-      gate_up_side_units_total_ = options_.gate_up_side_blocks * options_.gate_up_side_units;
-      if (gate_up_side_units_total_ >= F_) {
-        throw std::invalid_argument("gate_up_side_blocks x gate_up_side_units must leave the gate/up GEMV a unit: " +
-                                    std::to_string(gate_up_side_units_total_) + " of " + std::to_string(F_));
-      }
-      gate_up_side_ = true;
-      d_gate_up_side_ready_ = DeviceBuffer<unsigned>(layers_.size());
-      d_gate_up_side_ready_.fill_bytes(0);  // tags start at 1
-    }
     if (options_.decode_timeline) {
       d_timeline_ = DeviceBuffer<unsigned long long>(kTimelineValues * (4 * layers_.size() + 1) +
                                                      kAttentionTimelineValues * layers_.size());
@@ -309,21 +271,12 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     // One eager step first: every launcher's one-time host work (occupancy queries, the
     // attention split kernel's setup) happens outside the capture, and a kernel that
     // cannot launch fails here with its own message. Then forget it.
-    // The side kernel of gate/up stays out of it: it spins until the gate/up GEMV signals,
-    // and with lazy module loading (CUDA's default) the first eager step hung, the GEMV's
-    // first launch (which loads its module) never running beside the spinning kernel
-    // (decode_gate_up_side.cuh). Once every kernel of the chain is loaded, it may spin.
-    gate_up_side_paused_ = true;
     CUDA_CHECK(cudaMemsetAsync(d_token_.data(), 0, sizeof(int32_t), stream_));
     enqueue_decode_step(stream_, use_pdl_, nullptr, attention_splits_);
     if (short_attention_splits_ > 0) enqueue_decode_step(stream_, use_pdl_, nullptr, short_attention_splits_);
     if (long_attention_splits_ > 0) enqueue_decode_step(stream_, use_pdl_, nullptr, long_attention_splits_);
-    gate_up_side_paused_ = false;
     kv_.reset(stream_);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
-    // The warm-up wrote the attention's tags for lengths 1-3; O may read on the strength
-    // of a tag (o_polls_attention_end), so none may stay for the sequences to come.
-    d_attention_signals_.fill_bytes(0);
 
     if (options_.gemv_stage_input_bulk && !device_is_sm90_or_newer()) {
       throw std::invalid_argument(model_dir + ": gemv_stage_input_bulk needs sm_90 or newer (the bulk-copy engine)");
@@ -533,10 +486,7 @@ void CudaModel::capture_graph(bool pdl, int attention_splits, cudaGraph_t& graph
   }
   CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
   try {
-    // The side kernel's priority (gate_up_side_priority) holds in a graph only when the
-    // graph runs with its nodes' own priorities.
-    const bool node_priorities = gate_up_side_ && options_.gate_up_side_priority;
-    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, node_priorities ? cudaGraphInstantiateFlagUseNodePriority : 0));
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     CUDA_CHECK(cudaGraphUpload(exec, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
   } catch (...) {
@@ -660,12 +610,6 @@ void CudaModel::check_token(int32_t token) const {
 
 void CudaModel::reset() {
   kv_.reset(stream_);
-  // The lengths start again: no tag of the sequence before may be found at the same length.
-  if (gate_up_side_) {
-    CUDA_CHECK(cudaMemsetAsync(d_gate_up_side_ready_.data(), 0, d_gate_up_side_ready_.bytes(), stream_));
-  }
-  // The same for the attention's tags (o_polls_attention_end reads on the strength of them).
-  CUDA_CHECK(cudaMemsetAsync(d_attention_signals_.data(), 0, d_attention_signals_.bytes(), stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
@@ -839,15 +783,9 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   int* d_length = kv_.device_length();
   // O and gate/up may hold their first weight loads until v6's blocks have their inputs:
   // only v6 with a pushed hand-over signals.
-  // Or O polls the attention's end signal instead of its PDL wait (o_polls_attention_end).
-  const bool o_polls = options_.o_polls_attention_end && attention_path_ == DecodeAttentionPath::kClusterPerHead &&
-                       !v6_fuses_o_;
-  const bool signal_at_end = options_.hold_until_attention_end || o_polls;
-  const bool attention_signals =
-      attention_path_ == DecodeAttentionPath::kClusterPerHead && !v6_fuses_o_ &&
-      (((options_.v6_handover != V6Handover::kPull || signal_at_end) &&
-        (options_.o_holds_for_attention_inputs || options_.gate_up_hold_blocks > 0)) ||
-       o_polls);
+  const bool attention_signals = attention_path_ == DecodeAttentionPath::kClusterPerHead && !v6_fuses_o_ &&
+                                 (options_.v6_handover != V6Handover::kPull || options_.hold_until_attention_end) &&
+                                 (options_.o_holds_for_attention_inputs || options_.gate_up_hold_blocks > 0);
   auto attention_signal = [&](size_t layer) { return d_attention_signals_.data() + 2 * layer; };
   auto hold_for_attention = [&](size_t layer, int blocks) {
     return attention_signals && blocks > 0 ? HoldForSignal{attention_signal(layer) + 1, d_length, blocks}
@@ -862,32 +800,6 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     CUDA_CHECK(cudaEventRecord(side_fork_, s));
     CUDA_CHECK(cudaStreamWaitEvent(side_stream_, side_fork_, 0));
     l2_prefetch(side_prefetch_plan(layer), options_.side_prefetch_blocks, side_stream_);
-  };
-
-  // options_.gate_up_side_blocks: layer l's side kernel forks from the kernel last
-  // enqueued on s (the previous layer's down projection, or the embedding) and holds the
-  // last units of its gate/up; down waits for it. Not in the probed step either.
-  const bool gate_up_side =
-      gate_up_side_ && !gate_up_side_paused_ && after == nullptr && !(options_.decode_skip & kSkipGateUp);
-  const int side_units = gate_up_side ? gate_up_side_units_total_ : 0;
-  auto side_sync = [&](size_t layer) { return ReadySignal{d_gate_up_side_ready_.data() + layer, d_length}; };
-  int side_priority = 0;  // gate_up_side_priority: the greatest
-  if (gate_up_side && options_.gate_up_side_priority) {
-    int least = 0;
-    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &side_priority));
-  }
-  auto fork_gate_up_side = [&](size_t layer) {
-    const Layer& L = layers_[layer];
-    GateUpSideParams side;
-    side.gemv = DecodeGemvParams{d_act_.data(), d_x_.data(), L.post_norm, L.w_gate_up, L.b_gate_up,
-                                 F_, C_, config_.rms_norm_eps};
-    side.first_unit = F_ - side_units;
-    side.units_per_block = options_.gate_up_side_units;
-    side.sync = side_sync(layer);
-    CUDA_CHECK(cudaEventRecord(side_fork_, s));
-    CUDA_CHECK(cudaStreamWaitEvent(side_stream_, side_fork_, 0));
-    decode_gate_up_side(side, side_stream_, side_priority);
-    CUDA_CHECK(cudaEventRecord(side_join_, side_stream_));
   };
 
   embedding_forward(d_x_.data(), embed_, d_token_.data(), 1, C_, V_, nullptr, s);
@@ -938,7 +850,6 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     if (side_branch && options_.side_prefetch_fork == 0) fork_side_prefetch(L);
-    if (gate_up_side && (options_.gate_up_side_fork == 0 || l == 0)) fork_gate_up_side(l);
     // Norm + QKV + bias + RoPE + cache append, one kernel: q lands in d_qkv_, k and v in
     // the cache at *d_length.
     DecodeGemvParams qkv{d_qkv_.data(), d_x_.data(), L.input_norm, L.w_qkv, L.b_qkv, QKV_ / 2, C_, eps};
@@ -1048,7 +959,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
                                                          attention_timeline_slot(l), options_.v6_handover,
                                                          attention_o_after_inputs,
                                                          attention_signals ? attention_signal(l) : nullptr,
-                                                         signal_at_end);
+                                                         options_.hold_until_attention_end);
       } else {
         decode_attention_v5_cluster_device_length_timed(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)),
                                                         d_length, 1, context, H_, Hkv_, D_, attention_splits,
@@ -1056,19 +967,10 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
       }
       done("attention");
       if (options_.o_holds_for_attention_inputs) o.hold = hold_for_attention(l, INT_MAX);
-      if (o_polls) {
-        o.input_signal.tag = attention_signal(l) + 1;
-        o.input_signal.d_length = d_length;
-      }
       if (!v6_fuses_o_) launch_o(GemvInput::kPlain);
     }
     if (!fused_o && !v6_fuses_o_) done("o_proj");
-    DecodeGemvParams gate_up{d_act_.data(), d_x_.data(), L.post_norm, L.w_gate_up, L.b_gate_up, F_ - side_units,
-                             C_, eps};
-    if (gate_up_side) {  // the last side_units units are the side kernel's; it waits for this signal
-      gate_up.pair_stride = F_;
-      gate_up.ready = side_sync(l);
-    }
+    DecodeGemvParams gate_up{d_act_.data(), d_x_.data(), L.post_norm, L.w_gate_up, L.b_gate_up, F_, C_, eps};
     gate_up.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
     gate_up.second_batch_in_shared = options_.gate_up_second_batch_in_shared;
     gate_up.second_batch_after_staging = options_.second_batch_after_staging;
@@ -1084,11 +986,6 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
       decode_gemv(gate_up_input, GemvOutput::kSwiGLU, gate_up, pdl, s, gemv_kernel(kTensorCoreGateUp, gate_up_input));
     }
     done("gate_up_swiglu");
-    // Down reads the side kernel's units too: a full dependency on it, beside the
-    // programmatic one on gate/up. (Waited for before the next side kernel forks: with
-    // gate_up_side_fork 1 it forks here, and down must not wait for that one.)
-    if (gate_up_side) CUDA_CHECK(cudaStreamWaitEvent(s, side_join_, 0));
-    if (gate_up_side && options_.gate_up_side_fork == 1 && l + 1 < layers_.size()) fork_gate_up_side(l + 1);
     DecodeGemvParams down{d_x_.data(), d_act_.data(), nullptr, L.w_down, L.b_down, C_, F_, eps};
     down.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
     down.second_batch_in_shared = options_.down_second_batch_in_shared;

@@ -257,17 +257,6 @@ struct CudaModelOptions {
   /// With the holds: the attention signals at the end of its blocks instead of once their
   /// inputs are in (any hand-over). bench_model --hold-until-attention-end.
   bool hold_until_attention_end = false;
-  /// The O projection waits for the v6 attention's end signal (its blocks count
-  /// themselves in with release / acquire fences; the last one writes the step's tag)
-  /// instead of its PDL wait, which returns only once the attention's grid has completed
-  /// and its memory is flushed: 1.3 us after its last block ended in the timeline, where
-  /// QKV -> attention takes 0.5 us (DecodeGemvParams::input_signal). Measured slower on the
-  /// H200 (2026-12-02, DECODE_LOG.md, twenty-seventh session): 914-915 against 941-942
-  /// tokens/s. O's poll returned 0.2 us after the tag, but the ordered count at the
-  /// attention's end (a barrier, fences, one counter for 96 blocks) put its last block's
-  /// end 2.8 us later. v6 without its fused O only (refused otherwise). Off. bench_model
-  /// --o-polls-attention.
-  bool o_polls_attention_end = false;
   int gate_up_hold_first_block = 0;  ///< gate/up's blocks below this one do not hold (measurement)
   /// Gate/up's and down's blocks pause this long before their first weight loads
   /// (DecodeGemvParams::start_delay_ns; thread 0 reads %globaltimer, the block waits at a
@@ -298,29 +287,6 @@ struct CudaModelOptions {
   int side_prefetch_blocks = 8;
   int side_prefetch_stride_bytes = 128;  ///< the line-by-line form's stride: 32, 64 or 128
   int side_prefetch_fork = 0;
-  /// The last gate_up_side_blocks x gate_up_side_units units of each layer's gate/up
-  /// (row pairs of gate and up) are computed by a side kernel on a second stream of the
-  /// decode step, which copies their weights into shared memory while QKV and the
-  /// attention run, and waits for the gate/up GEMV's signal that O has finished
-  /// (decode_gate_up_side.cuh); the GEMV runs the other units, and down waits for both.
-  /// Shared memory holds what L2 did not: every prefetch into L2 lost. Measured slower in
-  /// every form on the H200 (2026-12-02, DECODE_LOG.md, twenty-seventh session): 698-880
-  /// against 951-956 tokens/s; the chain's kernels leave no SM free for the side blocks,
-  /// and down waits for their end. 0: off. sm_90+,
-  /// with gate/up on the register kernel (not tensor_core_gemvs' kTensorCoreGateUp), not
-  /// with the fused attention + O (kClusterWithO) or the persistent step. In every decode
-  /// step, in a graph or eager, except the probed step. bench_model --gate-up-side
-  /// BLOCKS[,UNITS].
-  int gate_up_side_blocks = 0;
-  int gate_up_side_units = 32;
-  /// The side kernel launched at the device's greatest priority (its blocks placed before
-  /// the chain's; the graphs then run with per-node priorities). bench_model
-  /// --gate-up-side-priority.
-  bool gate_up_side_priority = false;
-  /// Where layer l's side kernel forks: 0 after layer l - 1's down projection, 1 after its
-  /// gate/up (the side blocks then sit beside down's and copy during down's tail).
-  /// bench_model --gate-up-side-early.
-  int gate_up_side_fork = 0;
   /// Keep this many MB of weights in L2 across decode steps (0: off): the model sets
   /// aside that much of L2 for persisting lines (cudaLimitPersistingL2CacheSize, at most
   /// the device's persistingL2CacheMaxSize; the previous limit is restored when the model
@@ -542,12 +508,6 @@ class CudaModel final : public Backend {
   // that fork it from stream_ and join it back.
   cudaStream_t side_stream_ = nullptr;
   cudaEvent_t side_fork_ = nullptr, side_join_ = nullptr;
-  // options_.gate_up_side_blocks: the tag word of each layer's hand-over, (layers)
-  // (decode_gate_up_side.cuh); zeroed when built and on every reset().
-  DeviceBuffer<unsigned> d_gate_up_side_ready_;
-  bool gate_up_side_ = false;
-  bool gate_up_side_paused_ = false;  // the warm-up steps run without it (the constructor)
-  int gate_up_side_units_total_ = 0;  // units the side kernel takes off each layer's gate/up
   // options_.l2_persist_mb: the set-aside granted, and the limit before this model set it.
   size_t l2_persist_bytes_ = 0;
   size_t l2_previous_limit_ = 0;

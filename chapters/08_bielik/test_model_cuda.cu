@@ -22,7 +22,6 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "bf16.hpp"
@@ -32,7 +31,6 @@
 #include "decode_attention_o.cuh"
 #include "decode_kernels.cuh"
 #include "decode_persistent.cuh"
-#include "decode_gate_up_side.cuh"
 #include "decode_side_prefetch.cuh"
 #include "device_buffer.cuh"
 #include "model_config.hpp"
@@ -253,43 +251,6 @@ TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming t
     INFO("side_prefetch option " << which);
     REQUIRE(refused);
   }
-  // The gate/up side kernel's: negative blocks, no units, every unit taken from the GEMV
-  // (F = 344: 43 x 8), the combinations it does not go with, a fork point that is not one.
-  // O polling the attention's end without the v6 attention, or with O reading its input
-  // in place.
-  for (int which = 0; which < 2; ++which) {
-    CudaModelOptions options = cuda_options();
-    options.o_polls_attention_end = true;
-    if (which == 0) options.decode_attention = DecodeAttentionPath::kSplitCombine;
-    if (which == 1) options.o_input_from_global = true;
-    bool refused = false;
-    try {
-      CudaModel model(dir, options);
-    } catch (const std::invalid_argument& e) {
-      INFO(e.what());
-      refused = std::string(e.what()).find("o_polls_attention_end") != std::string::npos;
-    }
-    INFO("o_polls_attention_end refusal " << which);
-    REQUIRE(refused);
-  }
-  for (int which = 0; which < 7; ++which) {
-    CudaModelOptions options = cuda_options();
-    if (which == 6) options.gate_up_side_fork = 2;
-    options.gate_up_side_blocks = which == 0 ? -1 : which == 2 ? 43 : 2;
-    options.gate_up_side_units = which == 1 ? 0 : 8;
-    if (which == 3) options.tensor_core_gemvs |= kTensorCoreGateUp;
-    if (which == 4) options.side_prefetch_gate_up_mb = 1.0;
-    if (which == 5) options.decode_attention = DecodeAttentionPath::kClusterWithO;
-    bool refused = false;
-    try {
-      CudaModel model(dir, options);
-    } catch (const std::invalid_argument& e) {
-      INFO(e.what());
-      refused = std::string(e.what()).find("gate_up_side") != std::string::npos;
-    }
-    INFO("gate_up_side option " << which);
-    REQUIRE(refused);
-  }
 }
 
 TEST_CASE("CUDA model: prefill logits match the CPU backend at every position", "[ch08][gpu][model]") {
@@ -458,23 +419,6 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
                            model.decode(prompt[t]), row_of(expected, spec.V, t), spec.V, kModelTolerance);
       }
     }
-    // The last units of gate/up on the side kernel (gate_up_side_blocks, sm_90): one
-    // block of one unit, three of 8 (eagerly), two of 40, in the long graph's split too.
-    if (device_is_sm90_or_newer()) {
-      const std::tuple<int, int, bool> sides[] = {{1, 1, true}, {3, 8, false}, {2, 40, true}};
-      for (const auto& [blocks, units, graph] : sides) {
-        CudaModelOptions options = cuda_options(0, 1024, graph, true);
-        options.gate_up_side_blocks = blocks;
-        options.gate_up_side_units = units;
-        CudaModel model(dir, options);
-        for (size_t t = 0; t < prompt.size(); ++t) {
-          require_rows_close(std::string(spec.name) + " gate/up side kernel, " + std::to_string(blocks) + " x " +
-                                 std::to_string(units) + " units, graph " + std::to_string(graph) +
-                                 ", decode step " + std::to_string(t),
-                             model.decode(prompt[t]), row_of(expected, spec.V, t), spec.V, kModelTolerance);
-        }
-      }
-    }
   }
 }
 
@@ -632,70 +576,6 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
             REQUIRE(run(options) == runs[0]);
             ++variant;
           }
-        }
-      }
-    }
-    // The last units of gate/up held by the side kernel (sm_90): its products and sums
-    // come in the GEMV's order (a lane's chunks lane, lane + 32, ..., then the warp's
-    // butterfly), so the logits are the same bit for bit, in a graph (one node more a
-    // layer) and eagerly, with or without PDL; and a model reset and run again, whose
-    // lengths (so tags) repeat the first run's.
-    if (device_is_sm90_or_newer()) {
-      const size_t plain_nodes = CudaModel(dir, cuda_options()).decode_graph_nodes();
-      // (blocks, units a block, graph, PDL, the greatest priority, forked after gate/up)
-      const std::tuple<int, int, bool, bool, bool, int> sides[] = {{1, 3, true, true, false, 0},
-                                                                    {4, 7, false, true, true, 1},
-                                                                    {2, 16, true, false, false, 1},
-                                                                    {3, 5, true, true, true, 0}};
-      for (const auto& [blocks, units, graph, pdl, priority, fork] : sides) {
-        CudaModelOptions options = cuda_options(0, 1024, graph, pdl);
-        options.gate_up_side_blocks = blocks;
-        options.gate_up_side_units = units;
-        options.gate_up_side_priority = priority;
-        options.gate_up_side_fork = fork;
-        INFO(spec.name << " gate/up side kernel, " << blocks << " x " << units << " units, graph " << graph
-                       << ", pdl " << pdl << ", priority " << priority << ", fork " << fork);
-        if (graph) REQUIRE(CudaModel(dir, options).decode_graph_nodes() == plain_nodes + size_t(spec.L));
-        REQUIRE(run(options) == runs[0]);
-        CudaModel twice(dir, options);
-        for (int round = 0; round < 2; ++round) {
-          twice.reset();
-          std::vector<float> all = twice.prefill(prompt);
-          for (int32_t token : steps) {
-            const std::vector<float> step = twice.decode(token);
-            all.insert(all.end(), step.begin(), step.end());
-          }
-          INFO("round " << round << " of one model");
-          REQUIRE(all == runs[0]);
-        }
-      }
-    }
-    // O waiting for the attention's end signal instead of its PDL wait changes no value
-    // either (sm_90: v6): in a graph and eagerly, with and without PDL (without it, O
-    // starts after the attention anyway), with the pulled hand-over, and a model reset and
-    // run again (the tags repeat the first run's lengths).
-    if (device_is_sm90_or_newer()) {
-      const std::tuple<bool, bool, V6Handover> polls[] = {{true, true, kV6DefaultHandover},
-                                                          {false, true, kV6DefaultHandover},
-                                                          {true, false, kV6DefaultHandover},
-                                                          {true, true, V6Handover::kPull}};
-      for (const auto& [graph, pdl, handover] : polls) {
-        CudaModelOptions options = cuda_options(0, 1024, graph, pdl);
-        options.o_polls_attention_end = true;
-        options.v6_handover = handover;
-        INFO(spec.name << " O polls the attention's end, graph " << graph << ", pdl " << pdl << ", handover "
-                       << int(handover));
-        REQUIRE(run(options) == runs[0]);
-        CudaModel twice(dir, options);
-        for (int round = 0; round < 2; ++round) {
-          twice.reset();
-          std::vector<float> all = twice.prefill(prompt);
-          for (int32_t token : steps) {
-            const std::vector<float> step = twice.decode(token);
-            all.insert(all.end(), step.begin(), step.end());
-          }
-          INFO("round " << round << " of one model");
-          REQUIRE(all == runs[0]);
         }
       }
     }
@@ -1173,74 +1053,6 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
       });
     }
   }
-}
-
-TEST_CASE("decode_gate_up_side: the GEMV's first units and the side kernel's last ones match a CPU reference",
-          "[ch08][gpu][kernels]") {
-  if (!device_is_sm90_or_newer()) return;  // the side kernel needs bulk copies: sm_90
-  const uint64_t seed = fresh_seed();
-  INFO("seed " << seed);
-  struct SideCase {
-    GemvCase gemv;
-    int side_units, units_per_block;
-  };
-  const SideCase cases[] = {
-      {{GemvInput::kRmsNorm, GemvOutput::kSwiGLU, 8960, 1536, true}, 48 * 32, 32},  // Bielik's gate/up
-      {{GemvInput::kRmsNorm, GemvOutput::kSwiGLU, 8960, 1536, false}, 16 * 24 + 5, 24},  // the last block holds 5
-      {{GemvInput::kRmsNorm, GemvOutput::kSwiGLU, 43, 344, false}, 12, 4},
-      {{GemvInput::kRmsNorm, GemvOutput::kSwiGLU, 4001, 1000, true}, 200, 30},  // 7 blocks, the last holds 20
-      {{GemvInput::kRmsNorm, GemvOutput::kSwiGLU, 7, 8, true}, 6, 1},  // one unit left to the GEMV
-  };
-  cudaStream_t side_stream = nullptr;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream, cudaStreamNonBlocking));
-  uint64_t case_seed = seed;
-  for (const SideCase& c : cases) {
-    for (bool pdl : {true, false}) {
-      INFO("N=" << c.gemv.N << " K=" << c.gemv.K << " side units " << c.side_units << " of " << c.units_per_block
-                << " a block, pdl " << pdl);
-      // The tag word (zero) and a length that is not 0 (the tag is length + 1).
-      const int length = int(case_seed % 1000) + 7;
-      DeviceBuffer<unsigned> ready(std::vector<unsigned>{0u});
-      DeviceBuffer<int> d_length(std::vector<int>{length});
-      check_gemv_case(c.gemv, case_seed, [&](DecodeGemvParams& p) {
-        GateUpSideParams side;
-        side.gemv = p;
-        side.first_unit = p.N - c.side_units;
-        side.units_per_block = c.units_per_block;
-        side.sync = ReadySignal{ready.data(), d_length.data()};
-        // The side kernel first, on a stream of its own: it waits for the GEMV's signal.
-        decode_gate_up_side(side, side_stream);
-        p.N -= c.side_units;
-        p.pair_stride = side.gemv.N;
-        p.ready = ReadySignal{ready.data(), d_length.data()};
-        p.stream_evict_first = pdl;
-        decode_gemv(c.gemv.input, c.gemv.output, p, pdl, 0, DecodeGemvKernel::kRegisterLoads);
-      });
-      CUDA_CHECK(cudaDeviceSynchronize());
-      REQUIRE(ready.to_host() == std::vector<unsigned>{unsigned(length) + 1u});
-    }
-  }
-  // What it cannot run is refused: no unit for it, a range past N, rows that do not fit
-  // shared memory, a missing sync word; and a pair stride below N on the GEMV.
-  DeviceBuffer<unsigned> ready(1);
-  DeviceBuffer<int> d_length(1);
-  DeviceBuffer<uint16_t> x(1536), norm(1536), W(size_t(2) * 8960 * 1536);
-  DeviceBuffer<__nv_bfloat16> y(8960);
-  for (int which = 0; which < 5; ++which) {
-    GateUpSideParams side;
-    side.gemv = test_gemv_params(y.data(), x, norm, W, nullptr, 8960, 1536);
-    side.first_unit = which == 0 ? 8960 : which == 1 ? -1 : 8000;
-    side.units_per_block = which == 2 ? 40 : 8;  // 40 pairs of 3 KB rows: 240 KB
-    side.sync = ReadySignal{ready.data(), which == 3 ? nullptr : d_length.data()};
-    if (which == 4) side.units_per_block = 0;
-    INFO("refusal " << which);
-    REQUIRE_THROWS_AS(decode_gate_up_side(side, side_stream), std::invalid_argument);
-  }
-  DecodeGemvParams short_stride = test_gemv_params(y.data(), x, norm, W, nullptr, 8960, 1536);
-  short_stride.pair_stride = 8000;
-  REQUIRE_THROWS_AS(decode_gemv(GemvInput::kRmsNorm, GemvOutput::kSwiGLU, short_stride, false),
-                    std::invalid_argument);
-  CUDA_CHECK(cudaStreamDestroy(side_stream));
 }
 
 TEST_CASE("decode_gemv on the tensor cores: every form it takes matches a CPU reference", "[ch08][gpu][kernels]") {
