@@ -204,7 +204,7 @@ int main() {
       }
       // Down in that form (input in place, the 1 ns barrier) with its second batch copied
       // into shared memory too: before the PDL wait (the whole row in flight), or right
-      // after it, behind the first batch's x loads, so that it arrives while the first
+      // after it (before the first batch's x loads), so that it arrives while the first
       // batch is dotted instead of being asked for after that dot.
       if (in_place) {
         for (bool after_wait : {false, true}) {
