@@ -67,7 +67,11 @@ constexpr int kV6Warps = decode::kClusterWarps;
 //   pull still wins from 4k keys (271.8 against 281.6 us at 4k, 415.0 against 446.8 at
 //   8k; at 1k the mbarrier, 150.5 against 161.7): the README's exercise 7 asks why.
 // The default (kV6DefaultHandover) is the mbarrier.
-template <int D, V6Handover kHandover>
+//
+// kTimed: the timeline stamps are compiled in (the launcher picks this instance when a
+// timeline is given). Tested at run time in every instance instead, they cost chapter
+// 08's default decode step a measurable share (its DECODE_LOG.md, twenty-ninth session).
+template <int D, V6Handover kHandover, bool kTimed>
 __global__ void __launch_bounds__(kV6Warps * 32)
     decode_attention_v6_kernel(__nv_bfloat16* out,            // (H, D)
                                const __nv_bfloat16* q,        // (H, D)
@@ -81,6 +85,7 @@ __global__ void __launch_bounds__(kV6Warps * 32)
                                unsigned* inputs_signal,  // (2): count, tag (pushed hand-overs), or nullptr
                                bool signal_at_end) {     // inputs_signal counts blocks at their end instead
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (!kTimed) timeline = nullptr;  // a compile-time null: every stamp folds away
   timeline_fold(timeline, decode::kAttentionStart);
   cg::cluster_group cluster = cg::this_cluster();
   const int head = blockIdx.y, kv_head = head / group;
@@ -122,18 +127,24 @@ __global__ void __launch_bounds__(kV6Warps * 32)
 using V6Kernel = void (*)(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
                           const int*, int, int, int, unsigned long long*, bool, unsigned*, bool);
 
-template <V6Handover kHandover>
+template <V6Handover kHandover, bool kTimed>
 V6Kernel v6_kernel_with(int D) {
-  return D == 128 ? decode_attention_v6_kernel<128, kHandover> : decode_attention_v6_kernel<64, kHandover>;
+  return D == 128 ? decode_attention_v6_kernel<128, kHandover, kTimed>
+                  : decode_attention_v6_kernel<64, kHandover, kTimed>;
 }
 
-V6Kernel v6_kernel(int D, V6Handover handover = kV6DefaultHandover) {
+template <V6Handover kHandover>
+V6Kernel v6_kernel_with(int D, bool timed) {
+  return timed ? v6_kernel_with<kHandover, true>(D) : v6_kernel_with<kHandover, false>(D);
+}
+
+V6Kernel v6_kernel(int D, V6Handover handover = kV6DefaultHandover, bool timed = false) {
   switch (handover) {
-    case V6Handover::kPull: return v6_kernel_with<V6Handover::kPull>(D);
-    case V6Handover::kPushBarrier: return v6_kernel_with<V6Handover::kPushBarrier>(D);
+    case V6Handover::kPull: return v6_kernel_with<V6Handover::kPull>(D, timed);
+    case V6Handover::kPushBarrier: return v6_kernel_with<V6Handover::kPushBarrier>(D, timed);
     case V6Handover::kPushMbarrier: break;
   }
-  return v6_kernel_with<V6Handover::kPushMbarrier>(D);
+  return v6_kernel_with<V6Handover::kPushMbarrier>(D, timed);
 }
 
 }  // namespace
@@ -172,7 +183,7 @@ void decode_attention_v6_per_head_device_length_timed(__nv_bfloat16* out, const 
   if (inputs_signal && handover == V6Handover::kPull && !signal_at_end) {
     throw std::invalid_argument("decode attention v6: the pulled hand-over signals only at its end (signal_at_end)");
   }
-  const V6Kernel kernel = v6_kernel(D, handover);
+  const V6Kernel kernel = v6_kernel(D, handover, timeline != nullptr);
   const int cluster = std::clamp(num_splits, 1, decode::largest_cluster_size(kernel, H, kV6Warps));
   // With PDL: the kernel reads the length and the committed keys before its wait.
   const ClusterLaunch launch(dim3(cluster, H), kV6Warps * 32, cluster, 0, stream, true);

@@ -508,6 +508,22 @@ __device__ __forceinline__ void block_argmax_commit(int32_t* token, const float*
   }
 }
 
+/// The measurement hooks of a decode GEMV (DecodeGemvParams::timeline, ::hold and
+/// ::stage_input_bulk) are compiled only into the kernels' kProbes instances, which the
+/// launchers pick when one of them is asked for. Tested at run time instead, null in the
+/// defaults, they cost the default decode step 0.5% (H200, 2026-12-03, DECODE_LOG.md,
+/// twenty-ninth session): a test and its code in the hot path still change what the
+/// compiler can do with the registers around it.
+template <bool kProbes>
+__device__ __forceinline__ unsigned long long* probe_timeline(const DecodeGemvParams& p) {
+  return kProbes ? p.timeline : nullptr;  // a compile-time null: every stamp folds away
+}
+
+/// Whether a launch needs the kProbes instance: one of the hooks is asked for.
+inline bool probes_asked(const DecodeGemvParams& p) {
+  return p.timeline != nullptr || p.hold.tag != nullptr || p.stage_input_bulk;
+}
+
 /// DecodeGemvParams::hold: thread 0 polls the tag (relaxed loads, a pause between them)
 /// until it is the step's or the time is up; the block waits for thread 0.
 __device__ __forceinline__ void hold_for_signal(const HoldForSignal& hold) {
@@ -605,10 +621,11 @@ __device__ __forceinline__ void normalize_staged(const DecodeGemvParams& p, uint
   __syncthreads();  // scratch may be reused by the caller
 }
 
-template <GemvInput In, bool kCoherent = false>
+template <GemvInput In, bool kCoherent = false, bool kProbes = true>
 __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_shared, float* scratch,
                                             const uint4 (&norm_held)[kNormHeld], float4* x_widened = nullptr) {
   const int chunks = p.K / 8;
+  unsigned long long* const timeline = probe_timeline<kProbes>(p);
   auto store_widened = [&](int c, uint4 packed) { store_widened_chunk(x_widened, chunks, c, packed); };
   if constexpr (In == GemvInput::kAttentionMerge) {
     // The attention's combine, done here instead of in a kernel of its own: one launch
@@ -619,7 +636,7 @@ __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_
     const int splits = decode::splits_with_keys(kv_len, a.num_splits, a.min_keys_per_split);
     const int vectors_per_head = a.D / 8;
     pdl_wait();  // the split kernel's partials are complete
-    timeline_mark(p.timeline, kTimelineWaitReturned);
+    timeline_mark(timeline, kTimelineWaitReturned);
     for (int c = threadIdx.x; c < chunks; c += kThreads) {
       float merged[8];
       decode::merge_split_partials_8(merged, a.partial_acc, a.partial_ml, splits, a.H, a.D, c / vectors_per_head,
@@ -631,7 +648,7 @@ __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_
     return;
   }
   pdl_wait();
-  timeline_mark(p.timeline, kTimelineWaitReturned);
+  timeline_mark(timeline, kTimelineWaitReturned);
   const uint4* x_vectors = reinterpret_cast<const uint4*>(p.x);
   float sum_squares = 0.0f;
   constexpr bool kNormalized = In == GemvInput::kRmsNorm || In == GemvInput::kRmsNormAddPartials;

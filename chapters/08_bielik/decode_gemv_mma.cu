@@ -134,7 +134,8 @@ __device__ __forceinline__ void mma_batch(float (&d_first)[4], float (&d_second)
 // kBatchSteps x kBatches: a warp's steps. One batch: all of them loaded before the wait
 // (two blocks an SM). Several: two batches loaded before the wait, the third asked for
 // once the first has been multiplied, and so on (one block an SM: two buffers).
-template <GemvInput In, GemvOutput Out, bool HasBias, int kBatchSteps, int kBatches>
+// kProbes: the measurement hooks compiled in, as in the register kernel.
+template <GemvInput In, GemvOutput Out, bool HasBias, int kBatchSteps, int kBatches, bool kProbes>
 __global__ void __launch_bounds__(kThreads, kBatches == 1 ? 2 : 1) decode_gemv_mma_kernel(DecodeGemvParams p) {
   constexpr int kUnits = units_per_tile<Out>();
   constexpr int kBuffers = kBatches == 1 ? 1 : 2;
@@ -144,10 +145,11 @@ __global__ void __launch_bounds__(kThreads, kBatches == 1 ? 2 : 1) decode_gemv_m
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int unit0 = blockIdx.x * kUnits;
-  timeline_mark(p.timeline, kTimelineStart);
-  init_input_arrival(p, &input_arrived);
+  unsigned long long* const timeline = probe_timeline<kProbes>(p);  // null unless kProbes
+  timeline_mark(timeline, kTimelineStart);
+  if constexpr (kProbes) init_input_arrival(p, &input_arrived);
   if (p.allow_dependents_early) pdl_allow_dependents();
-  hold_for_signal(p.hold);
+  if constexpr (kProbes) hold_for_signal(p.hold);
   delay_start(p.start_delay_ns);
 
   // 1. Weights before the wait: every step of the row (one batch), or the first two
@@ -170,16 +172,16 @@ __global__ void __launch_bounds__(kThreads, kBatches == 1 ? 2 : 1) decode_gemv_m
 
   // 2. The wait, then the input staged (normalized for kRmsNorm) by the whole block, or
   //    copied in by the bulk-copy engine.
-  if (p.stage_input_bulk) {
+  if (kProbes && p.stage_input_bulk) {
     stage_input_bulk<In>(p, x_shared, &warp_partial[0][0], norm_held, &input_arrived);
   } else {
-    stage_input<In>(p, x_shared, &warp_partial[0][0], norm_held);
+    stage_input<In, false, kProbes>(p, x_shared, &warp_partial[0][0], norm_held);
   }
-  timeline_mark(p.timeline, kTimelineStaged);
+  timeline_mark(timeline, kTimelineStaged);
   if (!p.allow_dependents_early) pdl_allow_dependents();
   if (stores && !early) epilogue = load_epilogue_inputs<Out, HasBias>(p, my_unit);
-  if (p.timeline) {  // (measurement) thread 0's weights are in
-    timeline_fold_when_ready(p.timeline, kTimelineWeightsIn,
+  if (timeline) {  // (measurement) thread 0's weights are in
+    timeline_fold_when_ready(timeline, kTimelineWeightsIn,
                              __uint_as_float(w_low[0][0].x) + __uint_as_float(w_high[0][0].x));
   }
 
@@ -197,7 +199,7 @@ __global__ void __launch_bounds__(kThreads, kBatches == 1 ? 2 : 1) decode_gemv_m
     warp_partial[warp][g] = d_first[0] + d_second[0];
     warp_partial[warp][g + 8] = d_first[2] + d_second[2];
   }
-  timeline_fold_when_ready(p.timeline, kTimelineFirstDot, d_first[0] + d_second[0]);  // (measurement)
+  timeline_fold_when_ready(timeline, kTimelineFirstDot, d_first[0] + d_second[0]);  // (measurement)
   __syncthreads();
 
   // 4. Thread u sums unit u's rows over the warps, in warp order, and runs the epilogue.
@@ -211,18 +213,24 @@ __global__ void __launch_bounds__(kThreads, kBatches == 1 ? 2 : 1) decode_gemv_m
     }
     store_output_loaded<Out>(p, my_unit, acc, epilogue);
   }
-  timeline_mark(p.timeline, kTimelineEnd);
+  timeline_mark(timeline, kTimelineEnd);
+}
+
+template <GemvInput In, GemvOutput Out, bool HasBias, bool kProbes>
+auto mma_kernel_for(int K) {
+  return K <= kMaxMmaK ? decode_gemv_mma_kernel<In, Out, HasBias, kWholeRowSteps, 1, kProbes>
+                       : decode_gemv_mma_kernel<In, Out, HasBias, kStreamBatchSteps, kStreamBatches, kProbes>;
 }
 
 template <GemvInput In, GemvOutput Out, bool HasBias>
-auto mma_kernel_for(int K) {
-  return K <= kMaxMmaK ? decode_gemv_mma_kernel<In, Out, HasBias, kWholeRowSteps, 1>
-                       : decode_gemv_mma_kernel<In, Out, HasBias, kStreamBatchSteps, kStreamBatches>;
+auto mma_kernel_for(int K, bool probes) {
+  return probes ? mma_kernel_for<In, Out, HasBias, true>(K) : mma_kernel_for<In, Out, HasBias, false>(K);
 }
 
 template <GemvInput In, GemvOutput Out>
 void launch_mma(const DecodeGemvParams& p, bool pdl, cudaStream_t stream) {
-  auto kernel = p.bias ? mma_kernel_for<In, Out, true>(p.K) : mma_kernel_for<In, Out, false>(p.K);
+  const bool probes = probes_asked(p);
+  auto kernel = p.bias ? mma_kernel_for<In, Out, true>(p.K, probes) : mma_kernel_for<In, Out, false>(p.K, probes);
   const int blocks = (p.N + units_per_tile<Out>() - 1) / units_per_tile<Out>();
   launch_kernel(pdl, kernel, dim3(blocks), dim3(kThreads), size_t(p.K) * sizeof(__nv_bfloat16), stream, p);
 }

@@ -54,8 +54,12 @@ __host__ __device__ constexpr int shared_batch_vectors() {
 //
 // kWidenInput (DecodeGemvParams::widen_input): the staging also writes the input as fp32
 // (stage_input's x_widened), and the dot products read that (accumulate_batch_widened).
+//
+// kProbes: the measurement hooks (the timeline stamps, hold_for_signal, the bulk-copy
+// staging) are compiled in; launch_gemv picks this instance only when one is asked for
+// (probe_timeline in decode_device.cuh says why).
 template <GemvInput In, GemvOutput Out, bool HasBias, int kBatch, bool kSecondBatchShared = false,
-          bool kInputFromGlobal = false, bool kWidenInput = false>
+          bool kInputFromGlobal = false, bool kWidenInput = false, bool kProbes = false>
 __global__ void __launch_bounds__(kThreads, 3)
     decode_gemv_kernel(DecodeGemvParams p, int rows_per_warp, int split) {
   static_assert(!kInputFromGlobal || In == GemvInput::kPlain, "only a plain input can be read in place");
@@ -72,11 +76,13 @@ __global__ void __launch_bounds__(kThreads, 3)
   const int first = (blockIdx.x * (kWarps / split) + warp / split) * rows_per_warp;
   const int base_first = part * 32 + lane, stride = 32 * split;
   __shared__ uint64_t input_arrived;  // (stage_input_bulk) the copy of x
-  timeline_mark(p.timeline, kTimelineStart);
-  constexpr bool kBulkStaging = !kInputFromGlobal && (In == GemvInput::kPlain || In == GemvInput::kRmsNorm);
+  unsigned long long* const timeline = probe_timeline<kProbes>(p);  // null unless kProbes
+  timeline_mark(timeline, kTimelineStart);
+  constexpr bool kBulkStaging =
+      kProbes && !kInputFromGlobal && (In == GemvInput::kPlain || In == GemvInput::kRmsNorm);
   if constexpr (kBulkStaging) init_input_arrival(p, &input_arrived);
   if (p.allow_dependents_early) pdl_allow_dependents();
-  hold_for_signal(p.hold);  // (off unless asked for) until the kernel before has its inputs
+  if constexpr (kProbes) hold_for_signal(p.hold);  // (off unless asked for) until the kernel before has its inputs
   delay_start(p.start_delay_ns);  // (0 unless asked for; the model's gate/up and down: 300 ns)
 
   // 1. Weights first (the first batch of the first row, the norm weight): no kernel
@@ -125,17 +131,17 @@ __global__ void __launch_bounds__(kThreads, 3)
   //    with kInputFromGlobal only waits: each lane then reads its x chunks in place.
   if constexpr (kInputFromGlobal) {
     pdl_wait();
-    timeline_mark(p.timeline, kTimelineWaitReturned);
+    timeline_mark(timeline, kTimelineWaitReturned);
   } else if constexpr (kBulkStaging) {
     if (p.stage_input_bulk) {
       stage_input_bulk<In>(p, x_shared, &warp_partial[0][0], norm_held, &input_arrived, x_widened);
     } else {
-      stage_input<In>(p, x_shared, &warp_partial[0][0], norm_held, x_widened);
+      stage_input<In, false, kProbes>(p, x_shared, &warp_partial[0][0], norm_held, x_widened);
     }
   } else {
-    stage_input<In>(p, x_shared, &warp_partial[0][0], norm_held, x_widened);
+    stage_input<In, false, kProbes>(p, x_shared, &warp_partial[0][0], norm_held, x_widened);
   }
-  timeline_mark(p.timeline, kTimelineStaged);
+  timeline_mark(timeline, kTimelineStaged);
   // (second_batch_after_staging) The second batch goes out now: the kernel before has
   // finished, so it queues in front of nobody's loads, and it arrives while the first
   // batch is dotted instead of being asked for after that.
@@ -154,14 +160,14 @@ __global__ void __launch_bounds__(kThreads, 3)
   // (measurement) thread 0's first batch is in: a sum of a word of each of its loads (a
   // value the loads produce, not a loaded one: see value_has_arrived). Here, where thread
   // 0 is about to use them anyway, the stamp delays none of its loads or signals.
-  if (p.timeline) {
+  if (timeline) {
     float arrived = 0.0f;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) arrived += __uint_as_float(w[r][u].x);
     }
-    timeline_fold_when_ready(p.timeline, kTimelineWeightsIn, arrived);
+    timeline_fold_when_ready(timeline, kTimelineWeightsIn, arrived);
   }
 
   // 3. The rows: dot products against the staged input, then the epilogue. The trip
@@ -194,10 +200,10 @@ __global__ void __launch_bounds__(kThreads, 3)
       }
     }
     loaded = false;
-    if (i == 0) timeline_fold_when_ready(p.timeline, kTimelineFirstDot, acc[0] + acc[1]);  // (measurement)
+    if (i == 0) timeline_fold_when_ready(timeline, kTimelineFirstDot, acc[0] + acc[1]);  // (measurement)
     finish_row<Out, HasBias>(p, valid ? row : -1, acc, warp_partial, split, &epilogue);
   }
-  timeline_mark(p.timeline, kTimelineEnd);
+  timeline_mark(timeline, kTimelineEnd);
 }
 
 // The same work layout, software-pipelined: a warp's work is a flat sequence of steps
@@ -275,8 +281,11 @@ int occupancy_at(Kernel kernel, int K, size_t shared_bytes) {
 template <GemvInput In, GemvOutput Out, bool HasBias, int kBatch, bool kSecondBatchShared = false,
           bool kInputFromGlobal = false, bool kWidenInput = false>
 void launch_gemv(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaStream_t stream) {
-  auto register_kernel =
-      decode_gemv_kernel<In, Out, HasBias, kBatch, kSecondBatchShared, kInputFromGlobal, kWidenInput>;
+  auto lean_kernel = decode_gemv_kernel<In, Out, HasBias, kBatch, kSecondBatchShared, kInputFromGlobal, kWidenInput>;
+  auto probed_kernel =
+      decode_gemv_kernel<In, Out, HasBias, kBatch, kSecondBatchShared, kInputFromGlobal, kWidenInput, true>;
+  const bool probes = probes_asked(p);
+  auto register_kernel = probes ? probed_kernel : lean_kernel;
   auto kernel = pipelined ? decode_gemv_pipelined_kernel<In, Out, HasBias, kBatch> : register_kernel;
   constexpr size_t kSecondBatchBytes =
       kSecondBatchShared ? size_t(kWarps) * shared_batch_vectors<Out, kBatch>() * sizeof(uint4) : 0;
@@ -292,16 +301,18 @@ void launch_gemv(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaStream
   // default (allowed once), and what fits an SM depends on K.
   constexpr bool kSharedGrows = kSecondBatchShared || kWidenInput;
   static const bool allowed = !kSharedGrows || [&] {
-    CUDA_CHECK(cudaFuncSetAttribute(register_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    int(register_shared_bytes(kMaxK))));
+    for (auto instance : {lean_kernel, probed_kernel}) {
+      CUDA_CHECK(cudaFuncSetAttribute(instance, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      int(register_shared_bytes(kMaxK))));
+    }
     return true;
   }();
   (void)allowed;
   // One wave: as many blocks as fit on the GPU at once.
-  static const int blocks_per_sm_of[2] = {occupancy(register_kernel),
+  static const int blocks_per_sm_of[3] = {occupancy(lean_kernel), occupancy(probed_kernel),
                                           occupancy(decode_gemv_pipelined_kernel<In, Out, HasBias, kBatch>)};
   const int occupancy_blocks = kSharedGrows && !pipelined ? occupancy_at(register_kernel, p.K, shared_bytes)
-                                                                 : blocks_per_sm_of[pipelined ? 1 : 0];
+                                                                 : blocks_per_sm_of[pipelined ? 2 : probes ? 1 : 0];
   const int blocks_per_sm =
       p.max_blocks_per_sm > 0 ? std::min(occupancy_blocks, p.max_blocks_per_sm) : occupancy_blocks;
   const long long wave_warps = (long long)multiprocessor_count() * blocks_per_sm * kWarps;

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <functional>
 #include <cstdio>
@@ -885,7 +886,11 @@ DecodeGemvParams test_gemv_params(void* y, const DeviceBuffer<uint16_t>& x, cons
   return p;
 }
 
-void check_gemv_case(const GemvCase& c, uint64_t& case_seed, const std::function<void(DecodeGemvParams&)>& launch) {
+// Fresh inputs and their reference, then `launches` launches of the GEMV on them, each
+// into a freshly poisoned output (or the residual), each compared with the reference:
+// launch(p, i) sets the options of launch i and runs it.
+void check_gemv_case(const GemvCase& c, uint64_t& case_seed,
+                     const std::function<void(DecodeGemvParams&, int)>& launch, int launches = 1) {
   const int rows = c.output == GemvOutput::kSwiGLU ? 2 * c.N : c.N;
   const std::vector<uint16_t> x = random_bf16(c.K, ++case_seed, 2.0f);
   const std::vector<uint16_t> W = random_bf16(size_t(rows) * c.K, ++case_seed, 1.0f / std::sqrt(float(c.K)));
@@ -924,22 +929,40 @@ void check_gemv_case(const GemvCase& c, uint64_t& case_seed, const std::function
   DeviceBuffer<uint16_t> d_x(x), d_W(W), d_bias(bias), d_norm(norm);
   DeviceBuffer<uint16_t> d_y16(size_t(c.N));
   DeviceBuffer<float> d_y32(size_t(c.N));
-  if (c.output == GemvOutput::kResidualAdd) {
-    d_y16.copy_from_host(residual);
-  } else {
-    d_y16.fill_bytes(0xFF);
-    d_y32.fill_bytes(0xFF);
+  for (int i = 0; i < launches; ++i) {
+    if (c.output == GemvOutput::kResidualAdd) {
+      d_y16.copy_from_host(residual);
+    } else {
+      d_y16.fill_bytes(0xFF);
+      d_y32.fill_bytes(0xFF);
+    }
+    void* y = c.output == GemvOutput::kF32 ? static_cast<void*>(d_y32.data()) : static_cast<void*>(d_y16.data());
+    DecodeGemvParams p = test_gemv_params(y, d_x, d_norm, d_W, c.bias ? &d_bias : nullptr, c.N, c.K);
+    launch(p, i);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CompareResult r = c.output == GemvOutput::kF32
+                          ? compare("decode_gemv f32", d_y32.to_host(), expected, 1e-3)
+                          : compare_bf16("decode_gemv bf16", d_y16.to_host(), expected, tolerance::kBf16Output);
+    INFO("launch " << i << ": " << r.report);
+    REQUIRE(r.passed);
   }
-  void* y = c.output == GemvOutput::kF32 ? static_cast<void*>(d_y32.data()) : static_cast<void*>(d_y16.data());
-  DecodeGemvParams p = test_gemv_params(y, d_x, d_norm, d_W, c.bias ? &d_bias : nullptr, c.N, c.K);
-  launch(p);
-  CUDA_CHECK(cudaDeviceSynchronize());
-  CompareResult r = c.output == GemvOutput::kF32
-                        ? compare("decode_gemv f32", d_y32.to_host(), expected, 1e-3)
-                        : compare_bf16("decode_gemv bf16", d_y16.to_host(), expected, tolerance::kBf16Output);
-  INFO(r.report);
-  REQUIRE(r.passed);
 }
+
+// A GEMV timeline (DecodeGemvParams::timeline) for the kernel tests. Giving one makes
+// the launcher pick the kernels' kProbes instances; reset() puts the min slots at
+// ULLONG_MAX and the max slots at 0, so that an event no block stamped is seen.
+struct TestGemvTimeline {
+  DeviceBuffer<unsigned long long> values{size_t(2 * kGemvTimelineEvents)};
+  void reset() {
+    std::vector<unsigned long long> fresh(values.size(), 0);
+    for (size_t e = 0; e < fresh.size(); e += 2) fresh[e] = ULLONG_MAX;
+    values.copy_from_host(fresh);
+  }
+  bool stamped(GemvTimelineEvent event) const {
+    const std::vector<unsigned long long> t = values.to_host();
+    return t[2 * event] != ULLONG_MAX && t[2 * event + 1] >= t[2 * event];
+  }
+};
 
 }  // namespace
 
@@ -1002,6 +1025,8 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
                                          {0, true, DecodeGemvKernel::kRegisterLoads, true, false, true},
                                          {0, false, DecodeGemvKernel::kRegisterLoads, true, false, true}};
     const int late_count = int(sizeof(late_variants) / sizeof(late_variants[0]));
+    // Every variant is launched twice on the same inputs: as it is (the lean instances),
+    // then with a timeline (the kProbes ones).
     for (int index = 0; index < plain_variants + 6 + late_count; ++index) {
       const bool late = index >= plain_variants + 6;
       const LateVariant late_variant = late ? late_variants[index - plain_variants - 6] : LateVariant{};
@@ -1030,7 +1055,9 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
                 << " second batch in shared " << second_batch_in_shared << " input read in place "
                 << input_from_global << " input widened " << widen_input << " rows a warp forced to " << forced_rows
                 << " second batch after staging " << shared_after_staging << " bulk staging " << bulk_staging);
-      check_gemv_case(c, case_seed, [&](DecodeGemvParams& p) {
+      TestGemvTimeline timeline;
+      timeline.reset();
+      check_gemv_case(c, case_seed, [&](DecodeGemvParams& p, int launch) {
         // The evict-first hint (a cache hint: it must not change a value) on half the
         // variants; the bulk-stream kernel ignores it. On the same half, the residual is
         // loaded before the PDL wait (the copy that wrote it is long done).
@@ -1049,8 +1076,16 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
           p.input_from_global = input_from_global;
           p.split_warps = pdl ? 0 : 1;
         }
+        if (launch == 1) p.timeline = timeline.values.data();
         decode_gemv(c.input, c.output, p, pdl, 0, kernel);
-      });
+      }, 2);
+      // The timed launch stamped: every kernel its wait, the register kernels (whose
+      // hooks are compiled out unless asked for) their start and end too.
+      REQUIRE(timeline.stamped(kTimelineWaitReturned));
+      if (kernel == DecodeGemvKernel::kRegisterLoads) {
+        REQUIRE(timeline.stamped(kTimelineStart));
+        REQUIRE(timeline.stamped(kTimelineEnd));
+      }
     }
   }
 }
@@ -1077,16 +1112,27 @@ TEST_CASE("decode_gemv on the tensor cores: every form it takes matches a CPU re
   };
   uint64_t case_seed = seed;
   for (const GemvCase& c : cases) {
-    for (int variant = 0; variant < 4; ++variant) {  // PDL or not; x staged by the threads or (sm_90+) one bulk copy
+    // PDL or not; x staged by the threads or (sm_90+) one bulk copy. The threads'
+    // staging is launched twice on the same inputs: as it is (the lean instances), then
+    // with a timeline (the kProbes ones, which bulk staging takes too).
+    for (int variant = 0; variant < 4; ++variant) {
       const bool pdl = variant % 2 == 1, bulk = variant >= 2;
       if (bulk && !weight_stream_supported()) continue;
       INFO("N=" << c.N << " K=" << c.K << " output " << int(c.output) << " pdl " << pdl << " bulk staging " << bulk);
-      check_gemv_case(c, case_seed, [&](DecodeGemvParams& p) {
+      TestGemvTimeline timeline;
+      timeline.reset();
+      check_gemv_case(c, case_seed, [&](DecodeGemvParams& p, int launch) {
         p.stream_evict_first = pdl;  // a cache hint, and the residual loaded before the wait
         p.epilogue_inputs_settled = pdl;
         p.stage_input_bulk = bulk;
+        if (launch == 1) p.timeline = timeline.values.data();
         decode_gemv(c.input, c.output, p, pdl, 0, DecodeGemvKernel::kTensorCores);
-      });
+      }, bulk ? 1 : 2);
+      if (!bulk) {
+        REQUIRE(timeline.stamped(kTimelineStart));
+        REQUIRE(timeline.stamped(kTimelineWaitReturned));
+        REQUIRE(timeline.stamped(kTimelineEnd));
+      }
     }
   }
   // What it does not take: K past its batches, an input it does not stage.
