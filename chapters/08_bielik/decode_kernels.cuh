@@ -223,7 +223,9 @@ struct DecodeGemvParams {
   /// Measurement only (bench_model --timeline), register kernels: 2 *
   /// kGemvTimelineEvents values, zeroed min / max pairs (min slots start at ULLONG_MAX),
   /// %globaltimer (ns) over the blocks at each GemvTimelineEvent (thread 0 of each
-  /// block). nullptr: off.
+  /// block). nullptr: off. A timeline, a hold or stage_input_bulk makes the launcher
+  /// pick the kernels' kProbes instances, the only ones with these hooks compiled in
+  /// (probes_asked in decode_device.cuh).
   unsigned long long* timeline = nullptr;
   /// Register kernels: hold the first weight loads until a signal (HoldForSignal).
   HoldForSignal hold;
