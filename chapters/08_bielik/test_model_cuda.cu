@@ -1025,8 +1025,9 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
                                          {0, true, DecodeGemvKernel::kRegisterLoads, true, false, true},
                                          {0, false, DecodeGemvKernel::kRegisterLoads, true, false, true}};
     const int late_count = int(sizeof(late_variants) / sizeof(late_variants[0]));
-    // Every variant is launched twice on the same inputs: as it is (the lean instances),
-    // then with a timeline (the kProbes ones).
+    // Every variant is launched twice on the same inputs: as it is (the lean instances,
+    // unless the variant stages by a bulk copy, which takes the kProbes ones too), then
+    // with a timeline (the kProbes ones).
     for (int index = 0; index < plain_variants + 6 + late_count; ++index) {
       const bool late = index >= plain_variants + 6;
       const LateVariant late_variant = late ? late_variants[index - plain_variants - 6] : LateVariant{};
