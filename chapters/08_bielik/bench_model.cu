@@ -84,8 +84,6 @@ struct Args {
   int down_delay = CudaModelOptions{}.down_start_delay_ns;              ///< --down-start-delay NS
   int qkv_delay = CudaModelOptions{}.qkv_start_delay_ns;                ///< --qkv-start-delay NS
   int o_delay = CudaModelOptions{}.o_start_delay_ns;                    ///< --o-start-delay NS
-  bool o_polls_values = CudaModelOptions{}.o_polls_attention_values;    ///< --o-polls-values | --no-o-polls-values
-  int o_poll_pause = CudaModelOptions{}.o_poll_pause_ns;                ///< --o-poll-pause NS
   int lm_head_delay = CudaModelOptions{}.lm_head_start_delay_ns;        ///< --lm-head-start-delay NS
   bool qkv_early = CudaModelOptions{}.qkv_allows_attention_early;
   bool widen_input = CudaModelOptions{}.gemv_widen_input;  ///< --widen-input / --no-widen-input
@@ -206,12 +204,6 @@ Args parse(int argc, char** argv) {
       a.qkv_delay = std::stoi(value());
     } else if (flag == "--o-start-delay") {
       a.o_delay = std::stoi(value());
-    } else if (flag == "--o-polls-values") {
-      a.o_polls_values = true;
-    } else if (flag == "--no-o-polls-values") {
-      a.o_polls_values = false;
-    } else if (flag == "--o-poll-pause") {
-      a.o_poll_pause = std::stoi(value());
     } else if (flag == "--lm-head-start-delay") {
       a.lm_head_delay = std::stoi(value());
     } else if (flag == "--widen-input") {
@@ -336,7 +328,6 @@ Args parse(int argc, char** argv) {
                                   " [--v6-handover pull|barrier|mbarrier] [--[no-]v6-with-o] [--streamed [--ring-slots N] [--slot-bytes N]] [--v6-with-o-late-weights] [--o-after-attention-inputs] [--[no-]o-after-attention-inputs-long]"
                                   " [--carveout PERCENT] [--hold-o] [--hold-gate-up BLOCKS] [--hold-until-attention-end] [--hold-gate-up-from N]"
                                   " [--gate-up-start-delay NS] [--down-start-delay NS] [--qkv-start-delay NS] [--o-start-delay NS]"
-                                  " [--o-polls-values|--no-o-polls-values] [--o-poll-pause NS]"
                                   " [--lm-head-start-delay NS] [--[no-]widen-input] [--bulk-staging] [--qkv-early] [--gate-up-after-o]"
                                   " [--down-shared] [--down-shared-after-staging] [--gate-up-shared-after-staging]"
                                   " [--down-global-input|--down-staged-input] [--o-global-input]"
@@ -742,8 +733,6 @@ int main(int argc, char** argv) {
     options.down_start_delay_ns = args.down_delay;
     options.qkv_start_delay_ns = args.qkv_delay;
     options.o_start_delay_ns = args.o_delay;
-    options.o_polls_attention_values = args.o_polls_values;
-    options.o_poll_pause_ns = args.o_poll_pause;
     options.lm_head_start_delay_ns = args.lm_head_delay;
     options.qkv_allows_attention_early = args.qkv_early;
     options.gemv_widen_input = args.widen_input;

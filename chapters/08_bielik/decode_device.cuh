@@ -551,59 +551,6 @@ __device__ __forceinline__ void delay_start(int delay_ns) {
   __syncthreads();
 }
 
-/// DecodeGemvParams::poison / input_polled: a bf16 value of 0xFFFF marks "not written
-/// yet" (a NaN no kernel stores: __float2bfloat16 writes a NaN as 0x7FFF).
-__device__ __forceinline__ bool holds_poison(uint4 v) {
-  auto poisoned = [](uint32_t word) { return (word & 0xFFFFu) == 0xFFFFu || (word >> 16) == 0xFFFFu; };
-  return poisoned(v.x) || poisoned(v.y) || poisoned(v.z) || poisoned(v.w);
-}
-
-/// A 16-byte load from L2 (relaxed, gpu scope): never an old copy from this SM's L1.
-__device__ __forceinline__ uint4 load_relaxed_gpu(const uint4* address) {
-  uint4 v;
-  asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(address)
-               : "memory");
-  return v;
-}
-
-/// DecodeGemvParams::poison: block 0 fills the poisoned range with 0xFFFF and fences, and
-/// the block meets at a barrier, so that every value is poisoned in L2 before any thread
-/// of the block lets the next kernel be scheduled. Call after the PDL wait.
-__device__ __forceinline__ void poison_next_input(const DecodeGemvParams& p) {
-  if (blockIdx.x != 0) return;  // the same for the whole block: the barrier below is safe
-  uint4* vectors = reinterpret_cast<uint4*>(p.poison);
-  for (int i = threadIdx.x; i < p.poison_values / 8; i += kThreads) {
-    vectors[i] = make_uint4(0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu);
-  }
-  __threadfence();
-  __syncthreads();
-}
-
-/// DecodeGemvParams::input_polled, a kPlain input: stage_input without the PDL wait. Each
-/// thread reads its chunks from L2 until none holds a poisoned value; the barrier at the
-/// end makes x_shared complete for every thread.
-template <bool kProbes>
-__device__ __forceinline__ void stage_polled_input(const DecodeGemvParams& p, uint4* x_shared) {
-  const int chunks = p.K / 8;
-  const uint4* x_vectors = reinterpret_cast<const uint4*>(p.x);
-  for (int c = threadIdx.x; c < chunks; c += kThreads) {
-    uint4 v = load_relaxed_gpu(x_vectors + c);
-    if (holds_poison(v)) {
-      const unsigned long long give_up = globaltimer_ns() + kPolledInputTimeoutNs;
-      do {
-        __nanosleep(unsigned(p.poll_pause_ns));
-        if (globaltimer_ns() >= give_up) __trap();  // the writer never came: a bug
-        v = load_relaxed_gpu(x_vectors + c);
-      } while (holds_poison(v));
-    }
-    x_shared[c] = v;
-  }
-  __syncthreads();
-  timeline_mark(probe_timeline<kProbes>(p), kTimelineWaitReturned);  // (measurement) the input is in
-}
-
 /// The norm weight's first chunks, loaded before the PDL wait (no kernel writes them).
 template <GemvInput In>
 __device__ __forceinline__ void load_norm_weight(const DecodeGemvParams& p, uint4 (&norm_held)[kNormHeld]) {

@@ -52,7 +52,6 @@
 // bench_decode_gemv's chain against the register kernel's 80-85%, and the step fell
 // from 976 to 846 tokens/s. So down stays on the register kernel
 // (CudaModelOptions::tensor_core_gemvs' kTensorCoreDown: off).
-#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -76,12 +75,6 @@ constexpr int kStreamBatchSteps = 9;
 constexpr int kStreamBatches = 4;
 constexpr int kMaxMmaK = kWarps * kWholeRowSteps * kStepValues;                       // 2048
 constexpr int kMaxStreamK = kWarps * kStreamBatches * kStreamBatchSteps * kStepValues;  // 9216
-
-// The value hand-over from the attention to O (DecodeGemvParams::poison and
-// ::input_polled): QKV's launch poisons the attention's output buffer after its wait, O's
-// launch polls its input's values instead of waiting for the attention's grid. Each role
-// is an instance of its own, compiled only for the form that plays it.
-enum class ValueHandover { kNone, kPoisonsNext, kPollsInput };
 
 template <GemvOutput Out>
 __host__ __device__ constexpr int units_per_tile() {
@@ -141,12 +134,9 @@ __device__ __forceinline__ void mma_batch(float (&d_first)[4], float (&d_second)
 // kBatchSteps x kBatches: a warp's steps. One batch: all of them loaded before the wait
 // (two blocks an SM). Several: two batches loaded before the wait, the third asked for
 // once the first has been multiplied, and so on (one block an SM: two buffers).
-// kProbes: the measurement hooks compiled in, as in the register kernel. kHandover: the
-// launch's part in the value hand-over (ValueHandover above).
-template <GemvInput In, GemvOutput Out, bool HasBias, int kBatchSteps, int kBatches, bool kProbes,
-          ValueHandover kHandover = ValueHandover::kNone>
+// kProbes: the measurement hooks compiled in, as in the register kernel.
+template <GemvInput In, GemvOutput Out, bool HasBias, int kBatchSteps, int kBatches, bool kProbes>
 __global__ void __launch_bounds__(kThreads, kBatches == 1 ? 2 : 1) decode_gemv_mma_kernel(DecodeGemvParams p) {
-  static_assert(kHandover != ValueHandover::kPollsInput || In == GemvInput::kPlain, "only a plain input is polled");
   constexpr int kUnits = units_per_tile<Out>();
   constexpr int kBuffers = kBatches == 1 ? 1 : 2;
   extern __shared__ uint4 x_shared[];               // (K/8) the input, normalized for kRmsNorm
@@ -181,17 +171,12 @@ __global__ void __launch_bounds__(kThreads, kBatches == 1 ? 2 : 1) decode_gemv_m
   if (stores && early) epilogue = load_epilogue_inputs<Out, HasBias>(p, my_unit);
 
   // 2. The wait, then the input staged (normalized for kRmsNorm) by the whole block, or
-  //    copied in by the bulk-copy engine; or, polled, no wait: the input's values say
-  //    when they are there.
-  if constexpr (kHandover == ValueHandover::kPollsInput) {
-    stage_polled_input<kProbes>(p, x_shared);
-  } else if (kProbes && p.stage_input_bulk) {
+  //    copied in by the bulk-copy engine.
+  if (kProbes && p.stage_input_bulk) {
     stage_input_bulk<In>(p, x_shared, &warp_partial[0][0], norm_held, &input_arrived);
   } else {
     stage_input<In, false, kProbes>(p, x_shared, &warp_partial[0][0], norm_held);
   }
-  // The next kernel's input poisoned before that kernel may be scheduled (below).
-  if constexpr (kHandover == ValueHandover::kPoisonsNext) poison_next_input(p);
   timeline_mark(timeline, kTimelineStaged);
   if (!p.allow_dependents_early) pdl_allow_dependents();
   if (stores && !early) epilogue = load_epilogue_inputs<Out, HasBias>(p, my_unit);
@@ -242,26 +227,10 @@ auto mma_kernel_for(int K, bool probes) {
   return probes ? mma_kernel_for<In, Out, HasBias, true>(K) : mma_kernel_for<In, Out, HasBias, false>(K);
 }
 
-// The value hand-over's instances: the whole-row form only (K <= kMaxMmaK, checked by
-// decode_gemv_mma), for the forms that play a role (QKV poisons, O polls).
-template <GemvInput In, GemvOutput Out, bool HasBias>
-auto mma_handover_kernel_for(bool probes) {
-  constexpr ValueHandover kRole = In == GemvInput::kPlain ? ValueHandover::kPollsInput : ValueHandover::kPoisonsNext;
-  return probes ? decode_gemv_mma_kernel<In, Out, HasBias, kWholeRowSteps, 1, true, kRole>
-                : decode_gemv_mma_kernel<In, Out, HasBias, kWholeRowSteps, 1, false, kRole>;
-}
-
 template <GemvInput In, GemvOutput Out>
 void launch_mma(const DecodeGemvParams& p, bool pdl, cudaStream_t stream) {
   const bool probes = probes_asked(p);
   auto kernel = p.bias ? mma_kernel_for<In, Out, true>(p.K, probes) : mma_kernel_for<In, Out, false>(p.K, probes);
-  constexpr bool kPolls = In == GemvInput::kPlain && Out == GemvOutput::kResidualAdd;
-  constexpr bool kPoisons = In == GemvInput::kRmsNorm && Out == GemvOutput::kRopeAppend;
-  if constexpr (kPolls || kPoisons) {
-    if (kPolls ? p.input_polled : p.poison != nullptr) {
-      kernel = p.bias ? mma_handover_kernel_for<In, Out, true>(probes) : mma_handover_kernel_for<In, Out, false>(probes);
-    }
-  }
   const int blocks = (p.N + units_per_tile<Out>() - 1) / units_per_tile<Out>();
   launch_kernel(pdl, kernel, dim3(blocks), dim3(kThreads), size_t(p.K) * sizeof(__nv_bfloat16), stream, p);
 }
@@ -286,21 +255,6 @@ void decode_gemv_mma(GemvInput input, GemvOutput output, const DecodeGemvParams&
       p.residual_partials.partials) {
     throw std::invalid_argument("decode_gemv: the tensor-core kernel takes a plain or kRmsNorm input, K <= " +
                                 std::to_string(kMaxStreamK) + " and no residual partials; got K=" + std::to_string(p.K));
-  }
-  if (p.input_polled && (input != GemvInput::kPlain || output != GemvOutput::kResidualAdd || p.K > kMaxMmaK ||
-                         p.stage_input_bulk || p.poll_pause_ns < 0)) {
-    throw std::invalid_argument("decode_gemv: a polled input (input_polled) needs kPlain -> kResidualAdd, K <= " +
-                                std::to_string(kMaxMmaK) + ", no stage_input_bulk and poll_pause_ns >= 0; got K=" +
-                                std::to_string(p.K));
-  }
-  if (p.poison && (input != GemvInput::kRmsNorm || output != GemvOutput::kRopeAppend || p.K > kMaxMmaK ||
-                   p.poison_values <= 0 || p.poison_values % 8 != 0 ||
-                   reinterpret_cast<uintptr_t>(p.poison) % 16 != 0 || p.allow_dependents_early)) {
-    throw std::invalid_argument(
-        "decode_gemv: poison needs kRmsNorm -> kRopeAppend, K <= " + std::to_string(kMaxMmaK) +
-        ", poison_values a positive multiple of 8 at a 16-byte aligned pointer, and no allow_dependents_early "
-        "(the next kernel must not start before the poison is in); got poison_values=" +
-        std::to_string(p.poison_values));
   }
   if (input == GemvInput::kRmsNorm) {
     launch_mma_output<GemvInput::kRmsNorm>(output, p, pdl, stream);

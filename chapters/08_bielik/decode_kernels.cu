@@ -529,9 +529,6 @@ void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, 
   if (p.stage_input_bulk && !have_bulk_copy) {
     throw std::invalid_argument("decode_gemv: stage_input_bulk needs sm_90 or newer (the bulk-copy engine)");
   }
-  if ((p.poison || p.input_polled) && kernel != DecodeGemvKernel::kTensorCores) {
-    throw std::invalid_argument("decode_gemv: the value hand-over (poison, input_polled) needs the tensor-core kernel");
-  }
   if (kernel == DecodeGemvKernel::kBulkStream) {
     decode_gemv_stream(input, output, p, pdl, stream);
     return;
@@ -540,7 +537,6 @@ void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, 
     decode_gemv_mma(input, output, p, pdl, stream);
     return;
   }
-
   const bool pipelined = kernel == DecodeGemvKernel::kRegisterPipelined;
   if (input == GemvInput::kAttentionMerge) {
     // Only the O projection's form is compiled: merged attention in, residual add out.

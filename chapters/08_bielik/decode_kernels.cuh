@@ -234,31 +234,7 @@ struct DecodeGemvParams {
   /// model's gate/up and down pause 300 ns (CudaModelOptions::gate_up_start_delay_ns:
   /// measured faster, not yet explained).
   int start_delay_ns = 0;
-  /// The value hand-over from the attention to the O projection, both GEMVs on the
-  /// tensor-core kernel (CudaModelOptions::o_polls_attention_values). O then does not
-  /// wait for the attention's grid to complete (griddepcontrol.wait returns only once the
-  /// grid has ended and its memory is flushed, ~1 us after the attention's last stores);
-  /// its input's values are their own ready flags. Two halves:
-  ///  * poison (the QKV launch of the same layer): once its PDL wait has returned (so the
-  ///    previous layer's O has finished reading), block 0 fills these poison_values bf16
-  ///    with 0xFFFF, a NaN that no kernel stores (__float2bfloat16 stores a NaN as
-  ///    0x7FFF), fences, and only then lets the next kernel (the attention) be
-  ///    scheduled. Needs poison_values % 8 == 0, a 16-byte aligned pointer and no
-  ///    allow_dependents_early.
-  ///  * input_polled (the O launch, kPlain in, kResidualAdd out): no PDL wait; every
-  ///    thread reads its chunks of x through L2 (ld.relaxed.gpu) again, pausing
-  ///    poll_pause_ns between reads, until none of its values is 0xFFFF. Each value is
-  ///    written once (by the attention, after the poison), so a value that is not 0xFFFF
-  ///    is final. The attention must already have been scheduled when O starts, so that
-  ///    the polls cannot hold an SM it needs. A value still poisoned after
-  ///    kPolledInputTimeoutNs traps (a bug, never a hang).
-  /// Both are compiled into instances of their own (the defaults carry no code of them).
-  __nv_bfloat16* poison = nullptr;
-  int poison_values = 0;
-  bool input_polled = false;
-  int poll_pause_ns = 64;
 };
-constexpr unsigned long long kPolledInputTimeoutNs = 2000000000ull;  // 2 s
 
 /// y = f(x W^T + b) for one token. One warp per output row (a few consecutive rows per
 /// warp when N is large, 2-8 warps per row when K > 2048 and N alone would not fill one

@@ -124,13 +124,6 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
         ", " + std::to_string(options_.side_prefetch_blocks) + ", " + std::to_string(options_.side_prefetch_fork) +
         ", " + std::to_string(options_.side_prefetch_stride_bytes));
   }
-  if (options_.o_polls_attention_values &&
-      (options_.qkv_allows_attention_early || options_.o_input_from_global || options_.gemv_stage_input_bulk ||
-       options_.o_poll_pause_ns < 0)) {
-    throw std::invalid_argument(
-        "o_polls_attention_values goes with neither qkv_allows_attention_early (the attention could start before QKV "
-        "has poisoned its output) nor o_input_from_global nor gemv_stage_input_bulk, and needs o_poll_pause_ns >= 0");
-  }
   if (!(options_.l2_persist_mb >= 0.0)) {
     throw std::invalid_argument("l2_persist_mb must be >= 0 (0: off), got " + std::to_string(options_.l2_persist_mb));
   }
@@ -854,14 +847,6 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
                : nullptr;
   };
 
-  // options_.o_polls_attention_values: where QKV and O run on the tensor cores around v6
-  // and neither the attention nor O is left out (a poisoned input nobody writes would
-  // trap), QKV poisons the attention's output and O polls it.
-  const bool value_handover =
-      options_.o_polls_attention_values && attention_path_ == DecodeAttentionPath::kClusterPerHead && !v6_fuses_o_ &&
-      (tensor_core_gemvs & kTensorCoreQkv) && (tensor_core_gemvs & kTensorCoreO) &&
-      !(options_.decode_skip & (kSkipAttention | kSkipOProjection)) && device_is_sm90_or_newer();
-
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     if (side_branch && options_.side_prefetch_fork == 0) fork_side_prefetch(L);
@@ -877,10 +862,6 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     qkv.allow_dependents_early = options_.qkv_allows_attention_early;
     qkv.timeline = timeline_slot(4 * l);
     qkv.start_delay_ns = options_.qkv_start_delay_ns;
-    if (value_handover) {  // the previous layer's O has read it by QKV's wait; this layer's attention writes it
-      qkv.poison = d_attn_.data();
-      qkv.poison_values = H_ * D_;
-    }
     {
       ScopedLaunchAccessPolicy window(l2_window(qkv, L2PersistTarget::kQkv, &L));
       decode_gemv(GemvInput::kRmsNorm, GemvOutput::kRopeAppend, qkv, pdl, s,
@@ -897,8 +878,6 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     o.timeline = timeline_slot(4 * l + 1);
     o.input_from_global = options_.o_input_from_global;
     o.start_delay_ns = options_.o_start_delay_ns;
-    o.input_polled = value_handover;
-    o.poll_pause_ns = options_.o_poll_pause_ns;
     step_gemv_settings(o);
     const cudaAccessPolicyWindow o_policy = l2_window(o, L2PersistTarget::kO, &L);
     auto launch_o = [&](GemvInput input) {

@@ -321,18 +321,6 @@ struct CudaModelOptions {
   /// --o-start-delay NS, --lm-head-start-delay NS.
   int qkv_start_delay_ns = 0;
   int o_start_delay_ns = 0;
-  /// The O projection does not wait for the attention's grid to complete: QKV poisons the
-  /// attention's output buffer after its wait, and O reads its input's values through
-  /// L2 until none is poisoned (DecodeGemvParams::poison and ::input_polled). In the
-  /// timelines O's PDL wait returns ~1 us after the attention's last stores, the grid's
-  /// end and memory flush, where QKV -> attention takes 0.5 us. Only where QKV and O run
-  /// on the tensor cores after the v6 attention (its own kernel, sm_90+): the graphs of
-  /// tensor_core_gemvs, not the long one by default. Refused with
-  /// qkv_allows_attention_early (the attention could start before the poison is in),
-  /// o_input_from_global and gemv_stage_input_bulk. bench_model --o-polls-values [NS]
-  /// (NS: o_poll_pause_ns, the pause between a thread's reads).
-  bool o_polls_attention_values = false;
-  int o_poll_pause_ns = 64;
   int lm_head_start_delay_ns = 0;
   /// kClusterWithO: clusters per kv head, each computing the same attention and
   /// projecting 1 / replicas of the O rows (decode_attention_o; bench_model sweeps it).

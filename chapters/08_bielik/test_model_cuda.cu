@@ -234,24 +234,6 @@ TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming t
     }
     REQUIRE(refused);
   }
-  // O polling the attention's values with what it does not go with.
-  for (int which = 0; which < 4; ++which) {
-    CudaModelOptions options = cuda_options();
-    options.o_polls_attention_values = true;
-    options.qkv_allows_attention_early = which == 0;
-    options.o_input_from_global = which == 1;
-    options.gemv_stage_input_bulk = which == 2;
-    options.o_poll_pause_ns = which == 3 ? -1 : 64;
-    bool refused = false;
-    try {
-      CudaModel model(dir, options);
-    } catch (const std::invalid_argument& e) {
-      INFO(e.what());
-      refused = std::string(e.what()).find("o_polls_attention_values") != std::string::npos;
-    }
-    INFO("o_polls_attention_values with option " << which);
-    REQUIRE(refused);
-  }
   // The side branch's options: sizes, blocks, fork point, stride.
   for (int which = 0; which < 5; ++which) {
     CudaModelOptions options = cuda_options();
@@ -569,34 +551,6 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       INFO(spec.name << " run " << i
                      << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early; then the input widened or not; then O after the attention's inputs; then carveouts 0 (graph) and 100 (eager); then O and gate/up held, gate/up blocks 1-2 held, no hold and no pause, 500 ns pauses, then gate/up held to the pulled attention's end; then the second batches in shared memory, copied before the wait, then after the staging)");
       REQUIRE(runs[i] == runs[0]);
-    }
-    // O reading the attention's output values as they come instead of waiting for the
-    // attention's grid to end (o_polls_attention_values; sm_90: v6, QKV and O on the
-    // tensor cores) changes no value either: in a graph and eagerly, with and without
-    // PDL, and one model reset and run again, polling without a pause.
-    if (device_is_sm90_or_newer()) {
-      for (bool graph : {true, false}) {
-        for (bool pdl : {true, false}) {
-          CudaModelOptions options = cuda_options(0, 1024, graph, pdl);
-          options.o_polls_attention_values = true;
-          INFO(spec.name << " O polls the attention's values, graph " << graph << ", pdl " << pdl);
-          REQUIRE(run(options) == runs[0]);
-        }
-      }
-      CudaModelOptions options = cuda_options();
-      options.o_polls_attention_values = true;
-      options.o_poll_pause_ns = 0;
-      CudaModel twice(dir, options);
-      for (int round = 0; round < 2; ++round) {
-        twice.reset();
-        std::vector<float> all = twice.prefill(prompt);
-        for (int32_t token : steps) {
-          const std::vector<float> step = twice.decode(token);
-          all.insert(all.end(), step.begin(), step.end());
-        }
-        INFO(spec.name << " O polls the attention's values, round " << round << " of one model");
-        REQUIRE(all == runs[0]);
-      }
     }
     // The side branch that asks L2 for gate/up's and down's last rows changes no value:
     // a few rows or every row (the sizes clamp), line by line, in bulk or by loads, forked before or
@@ -1199,130 +1153,6 @@ TEST_CASE("decode_gemv on the tensor cores: every form it takes matches a CPU re
       std::invalid_argument);
 }
 
-namespace {
-
-// Stands for the attention in the value hand-over's test: `delay_ns` after it starts it
-// writes src into dst, the last value first, one bf16 at a time (2-byte stores, as the
-// attention stores its outputs), and records its start in *started.
-__global__ void delayed_write_kernel(uint16_t* dst, const uint16_t* src, int n, unsigned long long delay_ns,
-                                     unsigned long long* started) {
-  if (threadIdx.x == 0) {
-    unsigned long long now = 0;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    const unsigned long long until = now + delay_ns;
-    *started = now;
-    while (now < until) {
-      __nanosleep(1000);
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    }
-  }
-  __syncthreads();
-  for (int i = n - 1 - int(threadIdx.x); i >= 0; i -= int(blockDim.x)) dst[i] = src[i];
-}
-
-}  // namespace
-
-TEST_CASE("decode_gemv's value hand-over: O polls its input until the values come", "[ch08][gpu][kernels]") {
-  const uint64_t seed = fresh_seed();
-  INFO("seed " << seed);
-  const GemvCase cases[] = {
-      {GemvInput::kPlain, GemvOutput::kResidualAdd, 1536, 1536, true},  // Bielik's O
-      {GemvInput::kPlain, GemvOutput::kResidualAdd, 300, 2040, false},  // the whole-row form's largest K, a short tile
-      {GemvInput::kPlain, GemvOutput::kResidualAdd, 45, 200, true},     // fewer chunks than threads
-  };
-  cudaStream_t gemv_stream = nullptr, writer_stream = nullptr;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&gemv_stream, cudaStreamNonBlocking));
-  CUDA_CHECK(cudaStreamCreateWithFlags(&writer_stream, cudaStreamNonBlocking));
-  DeviceBuffer<unsigned long long> writer_started(1);
-  // Loaded now (lazy module loading waits for running kernels: a first launch of the
-  // writer while the GEMV polls would wait for a GEMV that waits for it).
-  delayed_write_kernel<<<1, 256, 0, writer_stream>>>(nullptr, nullptr, 0, 0, writer_started.data());
-  CUDA_CHECK(cudaStreamSynchronize(writer_stream));
-  constexpr unsigned long long kWriteDelayNs = 200000;  // 200 us: far longer than the GEMV alone
-  uint64_t case_seed = seed;
-  for (const GemvCase& c : cases) {
-    DeviceBuffer<uint16_t> saved_x(size_t(c.K));
-    // 0: the input written before the launch (with PDL, as the model launches it);
-    // 1: poisoned, and written by a kernel on another stream 200 us after the GEMV was
-    //    launched (without PDL: nothing orders the two but the values). Each launched
-    //    lean, then with a timeline (the kProbes instance).
-    for (int variant = 0; variant < 2; ++variant) {
-      const bool delayed = variant == 1;
-      INFO("N=" << c.N << " K=" << c.K << " input written " << (delayed ? "200 us after the launch" : "before"));
-      TestGemvTimeline timeline;
-      timeline.reset();
-      check_gemv_case(c, case_seed, [&](DecodeGemvParams& p, int launch) {
-        p.input_polled = true;
-        p.stream_evict_first = true;
-        p.epilogue_inputs_settled = !delayed;
-        if (launch == 1) p.timeline = timeline.values.data();
-        if (!delayed) {
-          decode_gemv(c.input, c.output, p, true, 0, DecodeGemvKernel::kTensorCores);
-          return;
-        }
-        uint16_t* x = reinterpret_cast<uint16_t*>(const_cast<__nv_bfloat16*>(p.x));
-        CUDA_CHECK(cudaMemcpy(saved_x.data(), x, size_t(c.K) * 2, cudaMemcpyDeviceToDevice));
-        CUDA_CHECK(cudaMemset(x, 0xFF, size_t(c.K) * 2));
-        CUDA_CHECK(cudaDeviceSynchronize());
-        decode_gemv(c.input, c.output, p, false, gemv_stream, DecodeGemvKernel::kTensorCores);
-        delayed_write_kernel<<<1, 256, 0, writer_stream>>>(x, saved_x.data(), c.K, kWriteDelayNs,
-                                                            writer_started.data());
-        CUDA_CHECK(cudaGetLastError());
-      }, 2);
-      REQUIRE(timeline.stamped(kTimelineStart));
-      REQUIRE(timeline.stamped(kTimelineWaitReturned));
-      REQUIRE(timeline.stamped(kTimelineEnd));
-      if (delayed) {  // every block had its input only after the writer's delay
-        const unsigned long long first_input = timeline.values.to_host()[2 * kTimelineWaitReturned];
-        REQUIRE(first_input >= writer_started.to_host()[0] + kWriteDelayNs);
-      }
-    }
-  }
-  CUDA_CHECK(cudaStreamDestroy(gemv_stream));
-  CUDA_CHECK(cudaStreamDestroy(writer_stream));
-
-  // Refused: either half on another kernel or form, a poison that is not whole vectors,
-  // a poisoning launch that lets the next kernel start before its poison is in.
-  DeviceBuffer<uint16_t> x(1536), W(1536 * 1536), y(1536), norm(1536), poison(1536);
-  DecodeGemvParams p{};
-  p.y = y.data();
-  p.x = reinterpret_cast<const __nv_bfloat16*>(x.data());
-  p.W = reinterpret_cast<const __nv_bfloat16*>(W.data());
-  p.norm_weight = reinterpret_cast<const __nv_bfloat16*>(norm.data());
-  p.N = 1536;
-  p.K = 1536;
-  p.input_polled = true;
-  REQUIRE_THROWS_AS(decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, p, false, 0,
-                                DecodeGemvKernel::kRegisterLoads),
-                    std::invalid_argument);
-  REQUIRE_THROWS_AS(decode_gemv(GemvInput::kRmsNorm, GemvOutput::kBf16, p, false, 0, DecodeGemvKernel::kTensorCores),
-                    std::invalid_argument);
-  p.input_polled = false;
-  p.poison = reinterpret_cast<__nv_bfloat16*>(poison.data());
-  p.poison_values = 1536;
-  REQUIRE_THROWS_AS(decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, p, false, 0,
-                                DecodeGemvKernel::kTensorCores),
-                    std::invalid_argument);
-  p.N = 1024;  // kRopeAppend's rotation pairs: (12 + 2 * 2) * 128 / 2
-  RopeTable table = rope_table_build(128, 1e6f, 8);
-  DeviceBuffer<uint16_t> cache(2 * 8 * 128);
-  DeviceBuffer<int> length(std::vector<int>{0});
-  p.rope = RopeAppendTarget{reinterpret_cast<__nv_bfloat16*>(cache.data()), reinterpret_cast<__nv_bfloat16*>(cache.data()),
-                            length.data(), table.cos.data(), table.sin.data(), 12, 2, 128, 8, table.max_positions};
-  p.poison_values = 1532;
-  REQUIRE_THROWS_AS(decode_gemv(GemvInput::kRmsNorm, GemvOutput::kRopeAppend, p, false, 0,
-                                DecodeGemvKernel::kTensorCores),
-                    std::invalid_argument);
-  p.poison_values = 1536;
-  p.allow_dependents_early = true;
-  REQUIRE_THROWS_AS(decode_gemv(GemvInput::kRmsNorm, GemvOutput::kRopeAppend, p, false, 0,
-                                DecodeGemvKernel::kTensorCores),
-                    std::invalid_argument);
-  REQUIRE_THROWS_AS(decode_gemv(GemvInput::kRmsNorm, GemvOutput::kRopeAppend, p, false, 0,
-                                DecodeGemvKernel::kRegisterLoads),
-                    std::invalid_argument);
-}
-
 TEST_CASE("decode_gemv refuses a split or a row count it cannot run", "[ch08][gpu][kernels]") {
   DeviceBuffer<uint16_t> x(64), W(64 * 64), y(64);
   DecodeGemvParams p{};
@@ -1912,17 +1742,13 @@ TEST_CASE("decode_gemv kRopeAppend equals the QKV GEMV then decode_rope_append, 
       unfused(DecodeGemvKernel::kAuto);
       // Fused, both register kernels, then the tensor-core kernel (against its own unfused
       // form: its sums come in another order); the position read before the PDL wait or
-      // after it. Last, the tensor-core kernel poisoning another buffer after its wait
-      // (DecodeGemvParams::poison, the value hand-over's QKV half): the same outputs, and
-      // every value of that buffer 0xFFFF.
+      // after it.
       const DecodeGemvKernel fused_kernels[] = {DecodeGemvKernel::kRegisterLoads, DecodeGemvKernel::kRegisterPipelined,
-                                                DecodeGemvKernel::kTensorCores, DecodeGemvKernel::kTensorCores};
-      const std::vector<uint16_t> unpoisoned = random_bf16(size_t(shape.H) * shape.D, ++case_seed, 1.0f);
-      for (int variant = 0; variant < 8; ++variant) {
+                                                DecodeGemvKernel::kTensorCores};
+      for (int variant = 0; variant < 6; ++variant) {
         const DecodeGemvKernel kernel = fused_kernels[variant / 2];
-        const bool poisons = variant >= 6;
         if (variant == 4) unfused(DecodeGemvKernel::kTensorCores);
-        INFO("kernel " << variant / 2 << " position before the wait " << variant % 2 << " poisons " << poisons);
+        INFO("kernel " << variant / 2 << " position before the wait " << variant % 2);
         DeviceBuffer<uint16_t> q(size_t(shape.H) * shape.D), k(cache_elements), v(cache_elements);
         q.fill_bytes(0xFF);
         k.fill_bytes(0xFF);
@@ -1933,18 +1759,8 @@ TEST_CASE("decode_gemv kRopeAppend equals the QKV GEMV then decode_rope_append, 
         f.rope = RopeAppendTarget{as_bf16(k), as_bf16(v), d_length.data(), table.cos.data(), table.sin.data(),
                                   shape.H, shape.Hkv, shape.D, shape.max_context, table.max_positions};
         f.epilogue_inputs_settled = variant % 2 == 1;
-        DeviceBuffer<uint16_t> poisoned(unpoisoned);
-        if (poisons) {
-          f.poison = as_bf16(poisoned);
-          f.poison_values = shape.H * shape.D;
-        }
         decode_gemv(GemvInput::kRmsNorm, GemvOutput::kRopeAppend, f, true, 0, kernel);
         CUDA_CHECK(cudaDeviceSynchronize());
-        if (poisons) {
-          for (uint16_t bits : poisoned.to_host()) REQUIRE(bits == 0xFFFF);
-        } else {
-          REQUIRE(poisoned.to_host() == unpoisoned);  // nobody else touches it
-        }
         const std::vector<uint16_t> q_fused = q.to_host(), q_ref = qkv.to_host();
         if (pos < shape.max_context) {
           REQUIRE(std::equal(q_fused.begin(), q_fused.end(), q_ref.begin()));
