@@ -56,6 +56,7 @@ struct Args {
   bool ttft_rows_ab = false;  ///< with ttft_only: A/B the last layer's rows only (on / off), not the attention
   bool prefill_all_rows = false;  ///< --prefill-all-rows: prefill_last_layer_rows_only off
   bool timeline = false;     ///< load, print the decode GEMVs' timeline (one step), stop
+  bool timeline_attention = true;  ///< --timeline-gemvs-only: false (the attention's stamps left out)
   bool sampling_only = false;  ///< load, print the sampling table, stop
   bool gate_up_after_o = false;  ///< o_allows_gate_up_early = false
   bool prefill_attention_clusters = true;  ///< --prefill-attention v6 (default) or v5
@@ -140,6 +141,9 @@ Args parse(int argc, char** argv) {
       a.sampling_only = true;
     } else if (flag == "--timeline") {
       a.timeline = true;
+    } else if (flag == "--timeline-gemvs-only") {
+      a.timeline = true;
+      a.timeline_attention = false;
     } else if (flag == "--prefill-attention") {
       const std::string version = value();
       if (version != "v5" && version != "v6") {
@@ -321,7 +325,7 @@ Args parse(int argc, char** argv) {
     } else {
       throw std::invalid_argument("unknown argument " + flag +
                                   " (usage: bench_model [--model DIR] [--out FILE] [--decode-tokens N] [--context N]"
-                                  " [--decode-only [--prompt-tokens N]] [--ttft-only] [--ttft-rows-ab] [--prefill-all-rows] [--timeline] [--sampling-only] [--prefill-attention v5|v6]"
+                                  " [--decode-only [--prompt-tokens N]] [--ttft-only] [--ttft-rows-ab] [--prefill-all-rows] [--timeline|--timeline-gemvs-only] [--sampling-only] [--prefill-attention v5|v6]"
                                   " [--attention cluster_o|cluster|cluster_per_head|split_combine|merge_in_o]"
                                   " [--replicas N] [--splits N] [--short-max-keys N] [--short-splits N] [--long-min-keys N]"
                                   " [--long-splits N]"
@@ -758,6 +762,7 @@ int main(int argc, char** argv) {
     options.prefill_attention_clusters = args.prefill_attention_clusters;
     options.prefill_last_layer_rows_only = !args.prefill_all_rows;
     options.decode_timeline = args.timeline;
+    options.decode_timeline_attention = args.timeline_attention;
     options.o_allows_gate_up_early = !args.gate_up_after_o;
     const double load_start = now_ms();
     auto model = std::make_unique<CudaModel>(args.model, options);

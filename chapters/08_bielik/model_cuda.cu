@@ -842,7 +842,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     return options_.decode_timeline ? d_timeline_.data() + kTimelineValues * slot : nullptr;
   };
   auto attention_timeline_slot = [&](size_t layer) {
-    return options_.decode_timeline
+    return options_.decode_timeline && options_.decode_timeline_attention
                ? d_timeline_.data() + kTimelineValues * (4 * layers_.size() + 1) + kAttentionTimelineValues * layer
                : nullptr;
   };

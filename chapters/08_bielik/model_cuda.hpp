@@ -352,6 +352,11 @@ struct CudaModelOptions {
   /// start, pass their wait and end (DecodeGemvParams::timeline), read back with
   /// CudaModel::decode_timeline().
   bool decode_timeline = false;
+  /// With decode_timeline: the attention stamps its timeline too (its kTimed instance).
+  /// false: the GEMVs alone are timed, and the attention runs its lean instance, so that
+  /// a run can tell what the attention's own stamps cost the boundaries around it
+  /// (bench_model --timeline-gemvs-only; the attention's table is then empty).
+  bool decode_timeline_attention = true;
 };
 
 class CudaModel final : public Backend {
