@@ -752,6 +752,22 @@ TEST_CASE("CUDA model: the decode timeline changes no value and stamps every GEM
       }
     }
   }
+  // The GEMVs timed alone (decode_timeline_attention false: the attention runs its lean
+  // instance): every GEMV pair written, every attention pair as it was reset, the same
+  // logits.
+  CudaModelOptions options = cuda_options();
+  options.decode_timeline = true;
+  options.decode_timeline_attention = false;
+  CudaModel gemvs_timed(dir, options);
+  CudaModel plain(dir, cuda_options());
+  REQUIRE(gemvs_timed.prefill(prompt) == plain.prefill(prompt));
+  const std::vector<unsigned long long> t = gemvs_timed.decode_timeline(prompt.back());
+  plain.decode_greedy(prompt.back());
+  for (int32_t next : random_prompt(3, spec.V, seed + 2)) REQUIRE(gemvs_timed.decode(next) == plain.decode(next));
+  const int L = gemvs_timed.config().num_hidden_layers;
+  constexpr int kValues = 2 * kGemvTimelineEvents;
+  for (int e = 0; e < kValues * (4 * L + 1); ++e) REQUIRE((t[e] != 0 && t[e] != ~0ull));
+  for (size_t e = size_t(kValues) * (4 * L + 1); e < t.size(); ++e) REQUIRE(t[e] == (e % 2 == 0 ? ~0ull : 0ull));
 }
 
 TEST_CASE("CUDA model: greedy tokens equal the CPU backend's", "[ch08][gpu][model]") {
