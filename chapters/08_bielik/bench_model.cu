@@ -636,7 +636,9 @@ std::pair<double, double> streamed_logit_difference(const std::string& model_dir
 // 16-token prompt and 64 warm-up tokens. Then the same for the attention between them
 // (chapter 07's v6 or v5: start, wait returned, inputs arrived, states updated, warps merged,
 // partial done, outputs stored, end).
-void print_decode_timeline(CudaModel& model) {
+// With attention_timed false (--timeline-gemvs-only) the attention records nothing and its
+// table is left out.
+void print_decode_timeline(CudaModel& model, bool attention_timed) {
   const int L = model.config().num_hidden_layers;
   model.reset();
   const std::vector<float> logits = model.prefill(random_prompt(16, model.config().vocab_size, 7));
@@ -690,7 +692,7 @@ void print_decode_timeline(CudaModel& model) {
     attention_table.add_row({events[e], fmt(attention_sums[2 * e] / samples, 2),
                              fmt(attention_sums[2 * e + 1] / samples, 2)});
   }
-  attention_table.print();
+  if (attention_timed) attention_table.print();
   std::printf("a layer: %.2f us (mean over layers 1..%d, 5 steps); QKV's last block ends -> %s first passes its "
               "wait (the attention and two kernel boundaries): %.2f us\n",
               period / samples, L - 1, fused_o ? "gate/up's (O inside the attention)" : "O's", attention / samples);
@@ -797,7 +799,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (args.timeline) {
-      print_decode_timeline(*model);
+      print_decode_timeline(*model, args.timeline_attention);
       return 0;
     }
     if (args.ttft_only) {  // a prefill A/B: two models, alternating rounds
