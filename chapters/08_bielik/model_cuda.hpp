@@ -355,7 +355,7 @@ struct CudaModelOptions {
   /// With decode_timeline: the attention stamps its timeline too (its kTimed instance).
   /// false: the GEMVs alone are timed, and the attention runs its lean instance, so that
   /// a run can tell what the attention's own stamps cost the boundaries around it
-  /// (bench_model --timeline-gemvs-only; the attention's table is then empty).
+  /// (bench_model --timeline-gemvs-only, which then leaves the attention's table out).
   bool decode_timeline_attention = true;
 };
 
