@@ -26,6 +26,7 @@ else()
     ${cuda_backend_dir}/prefill_kernels.cu
     ${cuda_backend_dir}/decode_gemv_stream.cu
     ${cuda_backend_dir}/decode_gemv_mma.cu
+    ${cuda_backend_dir}/decode_mlp_fused.cu
     ${cuda_backend_dir}/decode_step_persistent.cu
     ${cuda_backend_dir}/decode_step_streamed.cu)
   target_include_directories(bielik_ch08_cuda PUBLIC ${cuda_backend_dir})
@@ -37,6 +38,9 @@ else()
                   SOURCES ${cuda_backend_dir}/test_model_cuda.cu ${cuda_backend_dir}/test_checkpoint_edit.cpp
                   LIBS bielik_ch08_cuda nlohmann_json::nlohmann_json GOLDEN 08_bielik)
   set_tests_properties(test_ch08_model_cuda PROPERTIES TIMEOUT 300)
+  # The decode step's MLP in one kernel (decode_mlp_fused) and the transpose it needs.
+  bielik_add_test(test_ch08_mlp_fused CHAPTER 08 GPU SOURCES ${cuda_backend_dir}/test_decode_mlp_fused.cu
+                  LIBS bielik_ch08_cuda)
 
   # bench_model --model DIR [--out build/bench/model.json]
   bielik_add_bench(bench_model SOURCES ${cuda_backend_dir}/bench_model.cu
@@ -45,6 +49,8 @@ else()
 
   # bench_decode_gemv: the decode GEMV implementations on Bielik's shapes.
   bielik_add_bench(bench_decode_gemv SOURCES ${cuda_backend_dir}/bench_decode_gemv.cu LIBS bielik_ch08_cuda)
+  # bench_fused_mlp: the MLP as gate/up + down against decode_mlp_fused, in a graph chain.
+  bielik_add_bench(bench_fused_mlp SOURCES ${cuda_backend_dir}/bench_fused_mlp.cu LIBS bielik_ch08_cuda)
   # bench_kernel_boundary: what a kernel boundary costs, griddepcontrol.wait against a counter.
   bielik_add_bench(bench_kernel_boundary SOURCES ${cuda_backend_dir}/bench_kernel_boundary.cu)
   # bench_l2_prefetch: whether an L2 prefetch lands, and what it is worth to the next read.
