@@ -98,6 +98,15 @@ int matmul_v5_pick_tile(int T, int C_out);
 void matmul_cublaslt(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W, const __nv_bfloat16* bias,
                      int T, int C_in, int C_out, cudaStream_t stream = 0);
 
+/// The same product with the weights stored the other way round: y = x W + b with
+/// W_in_out (C_in, C_out) row-major, which cuBLAS reads as a column-major C_out x C_in
+/// matrix, so no operand is transposed (the NN GEMM). Chapter 08 keeps its down
+/// projection in that layout when its fused decode MLP needs W_down's columns contiguous
+/// (decode_mlp_fused.cuh). Throws std::invalid_argument where cuBLASLt refuses the call
+/// (no kernel of ours reads that layout): pass 16-byte aligned tensors.
+void matmul_cublaslt_w_in_out(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W_in_out,
+                              const __nv_bfloat16* bias, int T, int C_in, int C_out, cudaStream_t stream = 0);
+
 /// Largest T the GEMV kernels take.
 inline constexpr int kGemvMaxTokens = 8;
 

@@ -36,6 +36,8 @@
 #include <cublasLt.h>
 
 #include <map>
+#include <stdexcept>
+#include <string>
 #include <mutex>
 #include <tuple>
 
@@ -61,9 +63,10 @@ struct PlanKey {
   int T, C_in, C_out;
   bool has_bias;
   int align_y, align_x, align_W, align_bias;
+  bool w_in_out;  ///< W stored (C_in, C_out) (matmul_cublaslt_w_in_out), not (C_out, C_in)
   bool operator<(const PlanKey& o) const {
-    return std::tie(T, C_in, C_out, has_bias, align_y, align_x, align_W, align_bias) <
-           std::tie(o.T, o.C_in, o.C_out, o.has_bias, o.align_y, o.align_x, o.align_W, o.align_bias);
+    return std::tie(T, C_in, C_out, has_bias, align_y, align_x, align_W, align_bias, w_in_out) <
+           std::tie(o.T, o.C_in, o.C_out, o.has_bias, o.align_y, o.align_x, o.align_W, o.align_bias, o.w_in_out);
   }
 };
 
@@ -82,10 +85,10 @@ class CublasLt {
   }
 
   void matmul(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W, const __nv_bfloat16* bias, int T,
-              int C_in, int C_out, cudaStream_t stream) {
+              int C_in, int C_out, cudaStream_t stream, bool w_in_out = false) {
     std::lock_guard<std::mutex> lock(mutex_);  // the plans and the workspace are shared
     PlanKey key{T, C_in, C_out, bias != nullptr, alignment_of(y), alignment_of(x), alignment_of(W),
-                bias ? alignment_of(bias) : 16};
+                bias ? alignment_of(bias) : 16, w_in_out};
     auto found = plans_.find(key);
     if (found == plans_.end()) found = plans_.emplace(key, make_plan(key)).first;
     Plan& plan = found->second;
@@ -102,6 +105,11 @@ class CublasLt {
         return;
       }
       plan.supported = false;
+    }
+    if (w_in_out) {  // no kernel of ours reads that layout
+      throw std::invalid_argument("matmul_cublaslt_w_in_out: cuBLASLt refused T=" + std::to_string(T) + " C_in=" +
+                                  std::to_string(C_in) + " C_out=" + std::to_string(C_out) +
+                                  " at these alignments (pass 16-byte aligned tensors)");
     }
     matmul_v4_tensor_cores(y, x, W, bias, T, C_in, C_out, stream);
   }
@@ -123,9 +131,10 @@ class CublasLt {
     Plan plan;
     // fp32 accumulation and fp32 alpha/beta; inputs and output bf16.
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.operation, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    // W stored (C_in, C_out) is column-major C_out x C_in already: A as is (the NN GEMM).
     cublasOperation_t transpose = CUBLAS_OP_T, as_is = CUBLAS_OP_N;
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_TRANSA, &transpose,
-                                                sizeof(transpose)));
+    const cublasOperation_t op_a = key.w_in_out ? as_is : transpose;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_TRANSB, &as_is, sizeof(as_is)));
     cublasLtEpilogue_t epilogue = key.has_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
@@ -136,7 +145,11 @@ class CublasLt {
                                                   sizeof(bias_type)));
     }
     // Column-major views (see the comment at the top): rows, columns, leading dimension.
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_16BF, key.C_in, key.C_out, key.C_in));  // W^T
+    if (key.w_in_out) {
+      CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_16BF, key.C_out, key.C_in, key.C_out));  // W
+    } else {
+      CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_16BF, key.C_in, key.C_out, key.C_in));  // W^T
+    }
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_16BF, key.C_in, key.T, key.C_in));      // x^T
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.d, CUDA_R_16BF, key.C_out, key.T, key.C_out));    // y^T
 
@@ -180,6 +193,12 @@ void matmul_cublaslt(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat
                      int T, int C_in, int C_out, cudaStream_t stream) {
   if (T == 0 || C_out == 0) return;
   CublasLt::instance().matmul(y, x, W, bias, T, C_in, C_out, stream);
+}
+
+void matmul_cublaslt_w_in_out(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W_in_out,
+                              const __nv_bfloat16* bias, int T, int C_in, int C_out, cudaStream_t stream) {
+  if (T == 0 || C_out == 0) return;
+  CublasLt::instance().matmul(y, x, W_in_out, bias, T, C_in, C_out, stream, true);
 }
 
 }  // namespace bielik

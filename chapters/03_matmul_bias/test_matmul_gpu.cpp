@@ -231,6 +231,40 @@ TEST_CASE("every matmul version matches the CPU reference on fresh random inputs
   }
 }
 
+#ifndef BIELIK_TEST_ONLY_WGMMA
+TEST_CASE("matmul_cublaslt_w_in_out: the weights stored (C_in, C_out) give the same product", "[ch03][gpu]") {
+  uint64_t seed = fresh_seed();
+  // T = 1 and the decode sizes too: chapter 08 runs its prefill's down projection here
+  // at any T, Bielik's (8960 -> 1536) among them.
+  for (auto [T, C_in, C_out] : {std::tuple{1, 8960, 1536}, std::tuple{3, 40, 24}, std::tuple{19, 200, 333},
+                                std::tuple{9, 8960, 1536}}) {
+    INFO("seed " << seed << " T=" << T << " C_in=" << C_in << " C_out=" << C_out);
+    std::vector<uint16_t> x = random_bf16(size_t(T) * C_in, seed);
+    std::vector<uint16_t> W = random_bf16(size_t(C_out) * C_in, seed + 1, 0.05f);
+    std::vector<uint16_t> b = random_bf16(C_out, seed + 2, 0.5f);
+    std::vector<uint16_t> W_in_out(W.size());  // (C_in, C_out): W transposed
+    for (int n = 0; n < C_out; ++n) {
+      for (int k = 0; k < C_in; ++k) W_in_out[size_t(k) * C_out + n] = W[size_t(n) * C_in + k];
+    }
+    DeviceBuffer<uint16_t> dx(x), dW(W_in_out), db(b), dy(size_t(T) * C_out + 8);
+    for (bool with_bias : {true, false}) {
+      std::vector<float> expected = cpu_reference(x, W, with_bias ? &b : nullptr, T, C_in, C_out);
+      dy.fill_bytes(0xFF);
+      matmul_cublaslt_w_in_out(bf16(dy.data()), bf16(dx.data()), bf16(dW.data()), with_bias ? bf16(db.data()) : nullptr,
+                               T, C_in, C_out, 0);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      std::vector<uint16_t> out = dy.to_host();
+      std::vector<uint16_t> got(out.begin(), out.begin() + size_t(T) * C_out);
+      CompareResult result = compare_bf16(std::string("w_in_out") + (with_bias ? " bias" : " no bias"), got, expected,
+                                          tolerance::kBf16Output);
+      INFO(result.report);
+      CHECK(result.passed);
+      CHECK(std::all_of(out.begin() + size_t(T) * C_out, out.end(), [](uint16_t v) { return v == 0xFFFF; }));
+    }
+  }
+}
+#endif
+
 TEST_CASE("misaligned pointers take the scalar paths and stay correct", "[ch03][gpu]") {
   // Every tensor starts one element (2 bytes) into its buffer: no 16-byte access is
   // legal, so each version must notice and take its element-by-element path.

@@ -59,6 +59,9 @@ struct Args {
   bool timeline_attention = true;  ///< --timeline-gemvs-only: false (the attention's stamps left out)
   bool sampling_only = false;  ///< load, print the sampling table, stop
   bool gate_up_after_o = false;  ///< o_allows_gate_up_early = false
+  bool fused_mlp = CudaModelOptions{}.fused_mlp;  ///< --fused-mlp / --no-fused-mlp
+  int fused_mlp_before_wait = CudaModelOptions{}.fused_mlp_values_before_wait;  ///< --fused-mlp-before-wait N
+  int fused_mlp_block_warps = CudaModelOptions{}.fused_mlp_block_warps;  ///< --fused-mlp-block-warps N
   bool prefill_attention_clusters = true;  ///< --prefill-attention v6 (default) or v5
   bool decode_only = false;  ///< load, decode, print tokens/s, stop (for a profiler's timeline)
   DecodeAttentionPath attention = CudaModelOptions{}.decode_attention;
@@ -156,6 +159,14 @@ Args parse(int argc, char** argv) {
       a.qkv_early = true;
     } else if (flag == "--gate-up-after-o") {
       a.gate_up_after_o = true;
+    } else if (flag == "--fused-mlp") {
+      a.fused_mlp = true;
+    } else if (flag == "--no-fused-mlp") {
+      a.fused_mlp = false;
+    } else if (flag == "--fused-mlp-before-wait") {
+      a.fused_mlp_before_wait = std::stoi(value());
+    } else if (flag == "--fused-mlp-block-warps") {
+      a.fused_mlp_block_warps = std::stoi(value());
     } else if (flag == "--down-shared") {
       a.down_shared = true;
     } else if (flag == "--down-shared-after-staging") {
@@ -333,6 +344,7 @@ Args parse(int argc, char** argv) {
                                   " [--carveout PERCENT] [--hold-o] [--hold-gate-up BLOCKS] [--hold-until-attention-end] [--hold-gate-up-from N]"
                                   " [--gate-up-start-delay NS] [--down-start-delay NS] [--qkv-start-delay NS] [--o-start-delay NS]"
                                   " [--lm-head-start-delay NS] [--[no-]widen-input] [--bulk-staging] [--qkv-early] [--gate-up-after-o]"
+                                  " [--[no-]fused-mlp] [--fused-mlp-before-wait N] [--fused-mlp-block-warps 4|8]"
                                   " [--down-shared] [--down-shared-after-staging] [--gate-up-shared-after-staging]"
                                   " [--down-global-input|--down-staged-input] [--o-global-input]"
                                   " [--rope-after-wait]"
@@ -737,6 +749,9 @@ int main(int argc, char** argv) {
     options.gate_up_hold_first_block = args.hold_gate_up_from;
     options.gate_up_start_delay_ns = args.gate_up_delay;
     options.down_start_delay_ns = args.down_delay;
+    options.fused_mlp = args.fused_mlp;
+    options.fused_mlp_values_before_wait = args.fused_mlp_before_wait;
+    options.fused_mlp_block_warps = args.fused_mlp_block_warps;
     options.qkv_start_delay_ns = args.qkv_delay;
     options.o_start_delay_ns = args.o_delay;
     options.lm_head_start_delay_ns = args.lm_head_delay;

@@ -147,7 +147,8 @@ __global__ void __launch_bounds__(kThreads, kBatches == 1 ? 2 : 1) decode_gemv_m
   const int unit0 = blockIdx.x * kUnits;
   unsigned long long* const timeline = probe_timeline<kProbes>(p);  // null unless kProbes
   timeline_mark(timeline, kTimelineStart);
-  if constexpr (kProbes) init_input_arrival(p, &input_arrived);
+  constexpr bool kBulkStaging = kProbes && (In == GemvInput::kPlain || In == GemvInput::kRmsNorm);
+  if constexpr (kBulkStaging) init_input_arrival(p, &input_arrived);
   if (p.allow_dependents_early) pdl_allow_dependents();
   if constexpr (kProbes) hold_for_signal(p.hold);
   delay_start(p.start_delay_ns);
@@ -172,8 +173,12 @@ __global__ void __launch_bounds__(kThreads, kBatches == 1 ? 2 : 1) decode_gemv_m
 
   // 2. The wait, then the input staged (normalized for kRmsNorm) by the whole block, or
   //    copied in by the bulk-copy engine.
-  if (kProbes && p.stage_input_bulk) {
-    stage_input_bulk<In>(p, x_shared, &warp_partial[0][0], norm_held, &input_arrived);
+  if constexpr (kBulkStaging) {
+    if (p.stage_input_bulk) {
+      stage_input_bulk<In>(p, x_shared, &warp_partial[0][0], norm_held, &input_arrived);
+    } else {
+      stage_input<In, false, kProbes>(p, x_shared, &warp_partial[0][0], norm_held);
+    }
   } else {
     stage_input<In, false, kProbes>(p, x_shared, &warp_partial[0][0], norm_held);
   }
@@ -251,12 +256,19 @@ void launch_mma_output(GemvOutput output, const DecodeGemvParams& p, bool pdl, c
 int decode_gemv_mma_max_k() { return kMaxStreamK; }
 
 void decode_gemv_mma(GemvInput input, GemvOutput output, const DecodeGemvParams& p, bool pdl, cudaStream_t stream) {
-  if ((input != GemvInput::kPlain && input != GemvInput::kRmsNorm) || p.K > kMaxStreamK ||
-      p.residual_partials.partials) {
-    throw std::invalid_argument("decode_gemv: the tensor-core kernel takes a plain or kRmsNorm input, K <= " +
-                                std::to_string(kMaxStreamK) + " and no residual partials; got K=" + std::to_string(p.K));
+  // Residual partials (the fused MLP's accumulator, decode_mlp_fused.cuh): QKV adds them
+  // into its input (kRmsNormAddPartials -> kRopeAppend), O into its residual.
+  const bool partial_input = input == GemvInput::kRmsNormAddPartials && output == GemvOutput::kRopeAppend;
+  const bool partials_read = partial_input || (input == GemvInput::kPlain && output == GemvOutput::kResidualAdd);
+  if ((input != GemvInput::kPlain && input != GemvInput::kRmsNorm && !partial_input) || p.K > kMaxStreamK ||
+      (p.residual_partials.partials && !partials_read)) {
+    throw std::invalid_argument("decode_gemv: the tensor-core kernel takes a plain or kRmsNorm input (or "
+                                "kRmsNormAddPartials for kRopeAppend), K <= " + std::to_string(kMaxStreamK) +
+                                " and residual partials only where it reads them; got K=" + std::to_string(p.K));
   }
-  if (input == GemvInput::kRmsNorm) {
+  if (partial_input) {
+    launch_mma<GemvInput::kRmsNormAddPartials, GemvOutput::kRopeAppend>(p, pdl, stream);
+  } else if (input == GemvInput::kRmsNorm) {
     launch_mma_output<GemvInput::kRmsNorm>(output, p, pdl, stream);
   } else {
     launch_mma_output<GemvInput::kPlain>(output, p, pdl, stream);

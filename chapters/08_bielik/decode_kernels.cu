@@ -352,7 +352,7 @@ void launch_gemv_bias(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaS
         }
       }
       // QKV's and gate/up's forms may widen their input (DecodeGemvParams::widen_input).
-      if constexpr (In == GemvInput::kRmsNorm) {
+      if constexpr (In == GemvInput::kRmsNorm || In == GemvInput::kRmsNormAddPartials) {
         if (p.widen_input && !pipelined) {
           launch_gemv<In, Out, kBias, 6, false, false, true>(p, pipelined, pdl, stream);
           return;
@@ -386,7 +386,8 @@ void launch_gemv_bias(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaS
       }
       // O's and the lm_head's forms may widen their input (DecodeGemvParams::widen_input).
       if constexpr ((Out == GemvOutput::kResidualAdd && In == GemvInput::kPlain) ||
-                    (Out == GemvOutput::kF32 && In == GemvInput::kRmsNorm)) {
+                    (Out == GemvOutput::kF32 &&
+                     (In == GemvInput::kRmsNorm || In == GemvInput::kRmsNormAddPartials))) {
         if (p.widen_input && !pipelined) {
           launch_gemv<In, Out, kBias, 8, false, false, true>(p, pipelined, pdl, stream);
           return;
@@ -506,10 +507,18 @@ void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, 
     }
   }
   if (input == GemvInput::kRmsNormAddPartials) {
+    // gate/up after the fused attention + O (kSwiGLU); QKV (kRopeAppend) and the lm_head
+    // (kF32) after the fused MLP (decode_mlp_fused.cuh), QKV on the tensor cores too.
     const ResidualPartials& rp = p.residual_partials;
-    if (output != GemvOutput::kSwiGLU || kernel == DecodeGemvKernel::kBulkStream || !rp.partials) {
+    const bool compiled = output == GemvOutput::kSwiGLU || output == GemvOutput::kRopeAppend ||
+                          output == GemvOutput::kF32;
+    const bool tensor_cores_take_it = output == GemvOutput::kRopeAppend;
+    if (!compiled || kernel == DecodeGemvKernel::kBulkStream ||
+        (kernel == DecodeGemvKernel::kTensorCores && !tensor_cores_take_it) || !rp.partials || !p.norm_weight ||
+        !aligned_16(p.norm_weight)) {
       throw std::invalid_argument(
-          "decode_gemv kRmsNormAddPartials: needs kSwiGLU, a register kernel and the partials pointer");
+          "decode_gemv kRmsNormAddPartials: needs kSwiGLU, kRopeAppend or kF32 (on the tensor cores kRopeAppend "
+          "only), a register kernel, the partials pointer and a 16-byte aligned norm weight");
     }
   }
   if (p.residual_partials.partials) {
@@ -542,8 +551,14 @@ void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, 
     // Only the O projection's form is compiled: merged attention in, residual add out.
     launch_gemv_bias<GemvInput::kAttentionMerge, GemvOutput::kResidualAdd>(p, pipelined, pdl, stream);
   } else if (input == GemvInput::kRmsNormAddPartials) {
-    // Only the gate/up form is compiled: the residual plus the O partials in, SwiGLU out.
-    launch_gemv_bias<GemvInput::kRmsNormAddPartials, GemvOutput::kSwiGLU>(p, pipelined, pdl, stream);
+    // Three forms are compiled: gate/up (SwiGLU out), QKV (RoPE + append) and the lm_head.
+    if (output == GemvOutput::kSwiGLU) {
+      launch_gemv_bias<GemvInput::kRmsNormAddPartials, GemvOutput::kSwiGLU>(p, pipelined, pdl, stream);
+    } else if (output == GemvOutput::kRopeAppend) {
+      launch_gemv_bias<GemvInput::kRmsNormAddPartials, GemvOutput::kRopeAppend>(p, pipelined, pdl, stream);
+    } else {
+      launch_gemv_bias<GemvInput::kRmsNormAddPartials, GemvOutput::kF32>(p, pipelined, pdl, stream);
+    }
   } else if (input == GemvInput::kRmsNorm) {
     launch_gemv_output<GemvInput::kRmsNorm>(output, p, pipelined, pdl, stream);
   } else {

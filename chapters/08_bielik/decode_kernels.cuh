@@ -49,15 +49,19 @@ enum class GemvInput {
   kRmsNorm,         ///< bf16(rmsnorm(x) * norm_weight), computed by every block from x (K values)
   kAttentionMerge,  ///< the attention output, merged by every block from the split
                     ///< partials of chapter 07's split kernel (AttentionMergeSource; x unused)
-  kRmsNormAddPartials,  ///< x is the residual stream before the O projection, which comes as
-                        ///< partial sums (ResidualPartials, decode_attention_o.cuh): every
+  kRmsNormAddPartials,  ///< x is the residual stream before a projection that comes as
+                        ///< partial sums (ResidualPartials): the O projection's
+                        ///< (decode_attention_o.cuh) for gate/up, the fused MLP's
+                        ///< accumulator (decode_mlp_fused.cuh) for QKV and the lm_head. Every
                         ///< block adds them in, h = bf16(x + bf16(sum_g partials[g])), and the
-                        ///< input is bf16(rmsnorm(h) * norm_weight). h is not stored: the down
-                        ///< projection computes its own rows of it (below)
+                        ///< input is bf16(rmsnorm(h) * norm_weight). h is not stored: the next
+                        ///< kResidualAdd GEMV computes its own rows of it (below)
 };
 
-/// The O projection as `count` partial sums (decode_attention_o writes one per kv head),
-/// not yet added into the residual stream. Two GEMVs of the decode step read them:
+/// A projection as `count` partial sums, not yet added into the residual stream: the O
+/// projection (decode_attention_o writes one per kv head), or the fused MLP's down
+/// projection (decode_mlp_fused: one fp32 accumulator, count 1, read by the next layer's
+/// QKV and O, or by the lm_head). For the O projection two GEMVs of the decode step read them:
 /// gate/up (GemvInput::kRmsNormAddPartials) adds all of them into its input, and down
 /// (GemvOutput::kResidualAdd with these set) adds its row's into the residual before its
 /// own output: y[n] = bf16(h[n] + bf16(acc + b[n])), h[n] = bf16(y[n] + bf16(sum_g
@@ -246,8 +250,9 @@ struct DecodeGemvParams {
 /// Needs K % 8 == 0, K <= 16384 (shared memory), 16-byte aligned x, W and norm_weight;
 /// kAttentionMerge only with kResidualAdd (the O projection), the register kernels, and
 /// a complete AttentionMergeSource with K = H * D, D % 8 == 0; kRmsNormAddPartials only
-/// with kSwiGLU (gate/up), the register kernels, and a complete ResidualPartials with
-/// 16-byte aligned partials; kResidualAdd's partials only on the register kernels;
+/// with kSwiGLU (gate/up), kRopeAppend (QKV) or kF32 (the lm_head), on the register
+/// kernels (kRopeAppend on the tensor cores too), and a complete ResidualPartials with
+/// 16-byte aligned partials; kResidualAdd's partials not on the bulk-stream kernel;
 /// throws std::invalid_argument otherwise. `pdl`: launch with programmatic dependent
 /// launch (ignored before sm_90).
 /// `kernel` picks the implementation (bench_decode_gemv compares them):
@@ -261,7 +266,8 @@ struct DecodeGemvParams {
 ///  - kTensorCores: one block per 16 weight rows, the dot products by mma.sync, the 8
 ///    warps splitting K, every weight loaded before the PDL wait for K <= 2048, streamed
 ///    in batches (two in flight, one block an SM) beyond (decode_gemv_mma.cu);
-///    kPlain and kRmsNorm inputs with K <= decode_gemv_mma_max_k() only (throws
+///    kPlain and kRmsNorm inputs (and kRmsNormAddPartials into kRopeAppend) with
+///    K <= decode_gemv_mma_max_k() only (throws
 ///    std::invalid_argument otherwise); ignores the register kernels' layout options
 ///    (split_warps, rows_per_warp, the second batch, widen_input, input_from_global);
 ///  - kAuto: the one the model uses, kRegisterLoads: the fastest of the three measured

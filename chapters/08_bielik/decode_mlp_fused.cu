@@ -1,6 +1,6 @@
 // The decode step's MLP in one kernel (decode_mlp_fused.cuh says why and what it costs).
 //
-// The layout. Warp w of the grid (W warps in all, one block of 8 an SM) takes the
+// The layout. Warp w of the grid (W warps in all, 8 an SM: FusedMlpParams::block_warps) takes the
 // intermediate values i = w, w + W, w + 2W, ... For each it needs three rows of C bf16:
 // gate row i, up row i (both of W_gate_up) and row i of W_down^T (column i of W_down).
 // Lane l holds the 16-byte chunks c = l, l + 32, ... of each: kChunks chunks a row, so
@@ -104,37 +104,92 @@ __device__ __forceinline__ void use_value(float (&acc)[kChunks][8], const ValueW
   }
 }
 
-template <int kChunks>
-__global__ void __launch_bounds__(kThreads, 1) decode_mlp_fused_kernel(FusedMlpParams p) {
+// C <= 1536: 192 chunks, at most 2 a thread for blocks of 128 threads.
+constexpr int kStageChunksPerThread = 2;
+
+/// Waits for the previous kernel, then stages bf16(rmsnorm(x) * norm_weight) widened to
+/// fp32 in x_widened's two planes (the first and last four values of each chunk, as
+/// decode_device's stage_input writes them), every thread its chunks t, t + threads.
+/// The same numerics as stage_input (sum of squares in fp32, rsqrtf, the normalized
+/// values rounded to bf16 once); only the order of the sum of squares differs. Ends on a
+/// barrier. decode_device's stage_input is written for blocks of 256 threads; this
+/// kernel's blocks may have 128.
+template <int kBlockWarps>
+__device__ __forceinline__ void stage_normalized_input(const FusedMlpParams& p, float4* x_widened, float* scratch,
+                                                       const uint4 (&norm_held)[kStageChunksPerThread]) {
+  constexpr int kBlockThreads = kBlockWarps * 32;
+  const int chunks = p.C / 8, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  pdl_wait();
+  const uint4* x_vectors = reinterpret_cast<const uint4*>(p.x);
+  uint4 raw[kStageChunksPerThread];
+  float sum_squares = 0.0f;
+#pragma unroll
+  for (int u = 0; u < kStageChunksPerThread; ++u) {
+    const int c = threadIdx.x + u * kBlockThreads;
+    raw[u] = c < chunks ? x_vectors[c] : make_uint4(0, 0, 0, 0);
+    float f[8];
+    unpack_8(f, raw[u]);  // zeros past the end
+#pragma unroll
+    for (int e = 0; e < 8; ++e) sum_squares += f[e] * f[e];
+  }
+  sum_squares = warp_sum(sum_squares);
+  if (lane == 0) scratch[warp] = sum_squares;
+  __syncthreads();
+  float total = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kBlockWarps; ++w) total += scratch[w];
+  const float inverse_rms = rsqrtf(total / float(p.C) + p.eps);
+#pragma unroll
+  for (int u = 0; u < kStageChunksPerThread; ++u) {
+    const int c = threadIdx.x + u * kBlockThreads;
+    if (c < chunks) {
+      float f[8], g[8];
+      unpack_8(f, raw[u]);
+      unpack_8(g, norm_held[u]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) f[e] = f[e] * inverse_rms * g[e];
+      unpack_8(f, pack_8(f));  // rounded to bf16 once, as chapter 02's norm stores it
+      x_widened[c] = make_float4(f[0], f[1], f[2], f[3]);
+      x_widened[chunks + c] = make_float4(f[4], f[5], f[6], f[7]);
+    }
+  }
+  __syncthreads();
+}
+
+// kBlockWarps warps a block, 8 / kBlockWarps blocks an SM: the same 8 warps an SM either
+// way. Blocks of 4 (~32k registers) fit beside another kernel's block of ~32k, so that
+// the kernel's blocks can start, and send for their first weights, while the attention
+// and O still hold part of each SM; blocks of 8 take a whole SM's registers.
+template <int kChunks, int kBlockWarps>
+__global__ void __launch_bounds__(kBlockWarps * 32, 8 / kBlockWarps) decode_mlp_fused_kernel(FusedMlpParams p) {
+  constexpr int kBlockThreads = kBlockWarps * 32;
   extern __shared__ __align__(16) unsigned char shared[];
   const int chunks = p.C / 8;
-  uint4* x_shared = reinterpret_cast<uint4*>(shared);                   // (C/8) the normalized input
-  float4* x_widened = reinterpret_cast<float4*>(x_shared + chunks);     // (2, C/8) the same, fp32
-  float4* warp_sums = reinterpret_cast<float4*>(x_widened + 2 * chunks);  // (kWarps, C/4) each warp's partial
-  __shared__ float scratch[kWarps];
+  float4* x_widened = reinterpret_cast<float4*>(shared);                 // (2, C/8) the normalized input, fp32
+  float4* warp_sums = x_widened + 2 * chunks;                              // (kBlockWarps, C/4) each warp's partial
+  __shared__ float scratch[kBlockWarps];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int warps = int(gridDim.x) * kWarps;
-  const int first = int(blockIdx.x) * kWarps + warp;
+  const int warps = int(gridDim.x) * kBlockWarps;
+  const int first = int(blockIdx.x) * kBlockWarps + warp;
 
   // 1. The first values' weights before the wait (no kernel writes them), and the norm's.
   const uint64_t policy = l2_policy(p.stream_evict_first);
-  DecodeGemvParams input{};  // what stage_input reads: x, its norm weight, K, eps
-  input.x = p.x;
-  input.norm_weight = p.norm_weight;
-  input.K = p.C;
-  input.eps = p.eps;
   ValueWeights<kChunks> a, b;
   if (p.units_before_wait >= 1) load_value(a, p, first, lane, policy);
   if (p.units_before_wait >= 2) load_value(b, p, first + warps, lane, policy);
-  uint4 norm_held[kNormHeld];
-  load_norm_weight<GemvInput::kRmsNorm>(input, norm_held);
+  uint4 norm_held[kStageChunksPerThread];
+#pragma unroll
+  for (int u = 0; u < kStageChunksPerThread; ++u) {
+    const int c = threadIdx.x + u * kBlockThreads;
+    norm_held[u] = c < chunks ? __ldg(reinterpret_cast<const uint4*>(p.norm_weight) + c) : make_uint4(0, 0, 0, 0);
+  }
 
   // 2. The wait, the input staged and normalized by the block; then the reset of the
   //    accumulator that an earlier kernel's readers are done with.
-  stage_input<GemvInput::kRmsNorm, false, false>(input, x_shared, scratch, norm_held, x_widened);
+  stage_normalized_input<kBlockWarps>(p, x_widened, scratch, norm_held);
   pdl_allow_dependents();
   if (p.reset) {
-    for (int c = int(blockIdx.x) * kThreads + int(threadIdx.x); c < p.C; c += int(gridDim.x) * kThreads) {
+    for (int c = int(blockIdx.x) * kBlockThreads + int(threadIdx.x); c < p.C; c += int(gridDim.x) * kBlockThreads) {
       p.reset[c] = p.reset_value ? __bfloat162float(p.reset_value[c]) : 0.0f;
     }
   }
@@ -167,10 +222,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_mlp_fused_kernel(FusedMlpP
     }
   }
   __syncthreads();
-  for (int q = threadIdx.x; q < 2 * chunks; q += kThreads) {
+  for (int q = threadIdx.x; q < 2 * chunks; q += kBlockThreads) {
     float4 sum = warp_sums[q];
 #pragma unroll
-    for (int v = 1; v < kWarps; ++v) {
+    for (int v = 1; v < kBlockWarps; ++v) {
       const float4 s = warp_sums[v * (2 * chunks) + q];
       sum.x += s.x, sum.y += s.y, sum.z += s.z, sum.w += s.w;
     }
@@ -183,13 +238,27 @@ __global__ void __launch_bounds__(kThreads, 1) decode_mlp_fused_kernel(FusedMlpP
   }
 }
 
-template <int kChunks>
+template <int kChunks, int kBlockWarps>
 void launch_fused(const FusedMlpParams& p, bool pdl, cudaStream_t stream) {
-  const size_t chunks = size_t(p.C) / 8;
-  const size_t shared_bytes = chunks * sizeof(uint4) * 3 + size_t(kWarps) * p.C * sizeof(float);
-  auto kernel = decode_mlp_fused_kernel<kChunks>;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
-  launch_kernel(pdl, kernel, dim3(multiprocessor_count()), dim3(kThreads), shared_bytes, stream, p);
+  const size_t shared_bytes = size_t(p.C) * sizeof(float) * (1 + kBlockWarps);  // x widened, the warps' sums
+  auto kernel = decode_mlp_fused_kernel<kChunks, kBlockWarps>;
+  static const bool allowed = [&] {  // beyond the 48 KB default where C needs it (once)
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(size_t(256 * kMaxChunksPerLane) * sizeof(float) * (1 + kBlockWarps))));
+    return true;
+  }();
+  (void)allowed;
+  launch_kernel(pdl, kernel, dim3(multiprocessor_count() * (8 / kBlockWarps)), dim3(kBlockWarps * 32), shared_bytes,
+                stream, p);
+}
+
+template <int kChunks>
+void launch_fused_blocks(const FusedMlpParams& p, bool pdl, cudaStream_t stream) {
+  if (p.block_warps == 8) {
+    launch_fused<kChunks, 8>(p, pdl, stream);
+  } else {
+    launch_fused<kChunks, 4>(p, pdl, stream);
+  }
 }
 
 // out (cols, rows) = in (rows, cols)^T through a 32 x 32 tile in shared memory: both
@@ -213,22 +282,25 @@ __global__ void __launch_bounds__(kTile * 8) transpose_bf16_kernel(__nv_bfloat16
 
 }  // namespace
 
+int decode_mlp_fused_max_c() { return 256 * kMaxChunksPerLane; }
+
 void decode_mlp_fused(const FusedMlpParams& p, bool pdl, cudaStream_t stream) {
   auto aligned = [](const void* q) { return q == nullptr || aligned_16(q); };
   if (p.C <= 0 || p.C % 8 != 0 || p.C > 256 * kMaxChunksPerLane || p.F < 1 || !p.x || !p.norm_weight ||
       !p.w_gate_up || !p.w_down_t || !p.accumulator || !aligned(p.x) || !aligned(p.norm_weight) ||
       !aligned(p.w_gate_up) || !aligned(p.w_down_t) || !aligned(p.accumulator) || !aligned(p.reset) ||
-      p.units_before_wait < 0 || p.units_before_wait > 2) {
+      p.units_before_wait < 0 || p.units_before_wait > 2 || (p.block_warps != 4 && p.block_warps != 8)) {
     throw std::invalid_argument("decode_mlp_fused: needs 0 < C <= " + std::to_string(256 * kMaxChunksPerLane) +
                                 ", C % 8 == 0, F >= 1, units_before_wait 0..2 and 16-byte aligned x, norm weight, "
-                                "weights and accumulators; got C=" + std::to_string(p.C) + " F=" + std::to_string(p.F) +
-                                " units_before_wait=" + std::to_string(p.units_before_wait));
+                                "weights and accumulators, block_warps 4 or 8; got C=" + std::to_string(p.C) + " F=" +
+                                std::to_string(p.F) + " units_before_wait=" + std::to_string(p.units_before_wait) +
+                                " block_warps=" + std::to_string(p.block_warps));
   }
   const int chunks_per_lane = (p.C / 8 + 31) / 32;
   if (chunks_per_lane <= 2) {
-    launch_fused<2>(p, pdl, stream);
+    launch_fused_blocks<2>(p, pdl, stream);
   } else {
-    launch_fused<6>(p, pdl, stream);  // Bielik: C = 1536
+    launch_fused_blocks<6>(p, pdl, stream);  // Bielik: C = 1536
   }
 }
 

@@ -59,16 +59,23 @@ struct FusedMlpParams {
   /// Intermediate values whose weights (gate row, up row, down column: 3 C bf16) each warp
   /// asks for before the PDL wait: 0, 1 or 2 (two are in flight from then on).
   int units_before_wait = 2;
+  /// Warps a block: 8 (one block an SM, all its registers) or 4 (two blocks an SM, each
+  /// fitting beside another kernel's block of half an SM's registers).
+  int block_warps = 4;
 };
 
 /// The fused MLP of one decode token: accumulator += W_down^T-product of
 /// bf16(silu(g) * u), with g, u = bf16(W_gate_up . bf16(rmsnorm(x) * norm_weight) + b).
-/// One block of 8 warps per SM, warp w of the grid takes intermediate values w, w + warps,
-/// ... Needs C % 8 == 0, C <= 1536, F >= 1, 16-byte aligned x, norm_weight, the weights
-/// and the accumulator (and reset); throws std::invalid_argument otherwise. `pdl`: launch
+/// Eight warps an SM (FusedMlpParams::block_warps a block), warp w of the grid takes
+/// intermediate values w, w + warps, ... Needs C % 8 == 0, C <= 1536, F >= 1, 16-byte
+/// aligned x, norm_weight, the weights and the accumulator (and reset), block_warps 4 or
+/// 8; throws std::invalid_argument otherwise. `pdl`: launch
 /// with programmatic dependent launch (ignored before sm_90): the kernel loads its first
 /// weights before its wait.
 void decode_mlp_fused(const FusedMlpParams& params, bool pdl, cudaStream_t stream = 0);
+
+/// The largest C decode_mlp_fused takes (1536).
+int decode_mlp_fused_max_c();
 
 /// out (cols, rows) = in (rows, cols) transposed, bf16, exact (the model's W_down ->
 /// FusedMlpParams::w_down_t, once at load). out and in must not overlap.

@@ -12,9 +12,11 @@
 #include <utility>
 
 #include "attention.cuh"
+#include "bf16.hpp"
 #include "cuda_check.cuh"
 #include "decode_attention_o.cuh"
 #include "decode_kernels.cuh"
+#include "decode_mlp_fused.cuh"
 #include "decode_side_prefetch.cuh"
 #include "embedding.cuh"
 #include "matmul.cuh"
@@ -110,6 +112,14 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
                                     {"lm_head_start_delay_ns", options_.lm_head_start_delay_ns}}) {
     if (value < 0) throw std::invalid_argument(std::string(name) + " must be >= 0, got " + std::to_string(value));
   }
+  if (options_.fused_mlp_values_before_wait < 0 || options_.fused_mlp_values_before_wait > 2) {
+    throw std::invalid_argument("fused_mlp_values_before_wait must be 0, 1 or 2, got " +
+                                std::to_string(options_.fused_mlp_values_before_wait));
+  }
+  if (options_.fused_mlp_block_warps != 4 && options_.fused_mlp_block_warps != 8) {
+    throw std::invalid_argument("fused_mlp_block_warps must be 4 or 8, got " +
+                                std::to_string(options_.fused_mlp_block_warps));
+  }
   if (options_.prefill_chunk < 1) {
     throw std::invalid_argument("prefill_chunk must be >= 1, got " + std::to_string(options_.prefill_chunk));
   }
@@ -151,7 +161,19 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
       CUDA_CHECK(cudaEventCreateWithFlags(&side_fork_, cudaEventDisableTiming));
       CUDA_CHECK(cudaEventCreateWithFlags(&side_join_, cudaEventDisableTiming));
     }
+    // The fused decode MLP (options' fused_mlp): where the model's shape takes it. Its
+    // down weights are kept transposed, (F, C), for the prefill's GEMM too.
+    if (options_.fused_mlp) {
+      if (options_.persistent_decode || options_.v6_fuses_o ||
+          options_.decode_attention == DecodeAttentionPath::kClusterWithO ||
+          options_.side_prefetch_down_mb > 0.0 || options_.side_prefetch_gate_up_mb > 0.0) {
+        throw std::invalid_argument(model_dir + ": fused_mlp cannot be combined with persistent_decode, v6_fuses_o, "
+                                    "the kClusterWithO attention or the side prefetch");
+      }
+      fused_mlp_ = C_ <= decode_mlp_fused_max_c() && config_.num_hidden_layers >= 2;
+    }
     load_weights(model_dir);
+    if (fused_mlp_) transpose_down_weights();
     set_aside_l2();
     rope_ = rope_table_build(D_, config_.rope_theta, context, stream_);
 
@@ -243,6 +265,18 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
                                                      kAttentionTimelineValues * layers_.size());
     }
     d_logits_ = DeviceBuffer<float>(V_);
+    if (fused_mlp_) {
+      // Each layer's accumulator starts at its down bias (every fused MLP resets the
+      // previous layer's to it again once that layer's readers are done).
+      std::vector<float> start(layers_.size() * C_, 0.0f);
+      for (size_t l = 0; l < layers_.size(); ++l) {
+        if (!layers_[l].b_down) continue;
+        std::vector<uint16_t> bias(C_);
+        CUDA_CHECK(cudaMemcpy(bias.data(), layers_[l].b_down, C_ * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+        for (int n = 0; n < C_; ++n) start[l * C_ + n] = bf16_bits_to_float(bias[n]);
+      }
+      d_mlp_accumulators_ = DeviceBuffer<float>(start);
+    }
     // Zeros, not whatever the allocator left: with options_.decode_skip a kernel may read
     // one of these without the kernel that writes it having run.
     d_qkv_.fill_bytes(0);
@@ -579,6 +613,17 @@ void CudaModel::load_weights(const std::string& model_dir) {
   }
 }
 
+void CudaModel::transpose_down_weights() {
+  // One layer at a time through a scratch matrix: 27.5 MB more at the peak for Bielik.
+  DeviceBuffer<__nv_bfloat16> scratch(size_t(C_) * F_);
+  for (const Layer& L : layers_) {
+    __nv_bfloat16* down = weights_.data() + (L.w_down - weights_.data());  // ours to rewrite
+    transpose_bf16(scratch.data(), down, C_, F_, stream_);
+    CUDA_CHECK(cudaMemcpyAsync(down, scratch.data(), scratch.bytes(), cudaMemcpyDeviceToDevice, stream_));
+  }
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
 size_t CudaModel::decode_weight_bytes() const {
   const size_t embed_bytes = size_t(V_) * C_ * sizeof(__nv_bfloat16);
   // Tied: the table is read in full by the lm_head, so nothing is skipped.
@@ -723,7 +768,11 @@ void CudaModel::forward_chunk(const int32_t* tokens, int T, bool all_logits, flo
     done("gate_up_gemm");
     swiglu_rows(p_act_.data(), p_gate_up_.data(), rows, F_, s, use_pdl_);
     done("swiglu");
-    matmul_forward(p_proj_.data(), p_act_.data(), L.w_down, L.b_down, rows, F_, C_, s);
+    if (fused_mlp_) {  // W_down kept transposed, (F, C), for the fused decode MLP
+      matmul_cublaslt_w_in_out(p_proj_.data(), p_act_.data(), L.w_down, L.b_down, rows, F_, C_, s);
+    } else {
+      matmul_forward(p_proj_.data(), p_act_.data(), L.w_down, L.b_down, rows, F_, C_, s);
+    }
     done("down_gemm");
   }
   kv_.commit(T, s);
@@ -825,7 +874,8 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   const unsigned tensor_core_gemvs =
       long_graph ? options_.tensor_core_gemvs_in_long_graph : options_.tensor_core_gemvs;
   auto gemv_kernel = [&](TensorCoreGemv which, GemvInput input) {
-    const bool normal_input = input == GemvInput::kPlain || input == GemvInput::kRmsNorm;
+    const bool normal_input = input == GemvInput::kPlain || input == GemvInput::kRmsNorm ||
+                              (input == GemvInput::kRmsNormAddPartials && which == kTensorCoreQkv);
     return (tensor_core_gemvs & which) && normal_input ? DecodeGemvKernel::kTensorCores : DecodeGemvKernel::kAuto;
   };
   // options_.l2_persist_mb: the window of a GEMV of `target` (none for the others). A
@@ -838,6 +888,8 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   };
   // decode_timeline: GEMV k of layer l records into slot 4 l + k (the lm_head: 4 L);
   // then the attention of layer l (the v6 and v5 cluster paths only) into attention slot l.
+  // fused_mlp_: layer l's MLP accumulator (C floats).
+  auto mlp_accumulator = [&](size_t layer) { return d_mlp_accumulators_.data() + layer * C_; };
   auto timeline_slot = [&](size_t slot) {
     return options_.decode_timeline ? d_timeline_.data() + kTimelineValues * slot : nullptr;
   };
@@ -862,10 +914,15 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     qkv.allow_dependents_early = options_.qkv_allows_attention_early;
     qkv.timeline = timeline_slot(4 * l);
     qkv.start_delay_ns = options_.qkv_start_delay_ns;
+    // After a fused MLP the residual stream is x + the MLP's accumulator, added here (and
+    // by O below) with the down projection's rounding (decode_mlp_fused.cuh).
+    const ResidualPartials mlp_partials =
+        fused_mlp_ && l > 0 ? ResidualPartials{mlp_accumulator(l - 1), 1} : ResidualPartials{};
+    qkv.residual_partials = mlp_partials;
+    const GemvInput qkv_input = mlp_partials.partials ? GemvInput::kRmsNormAddPartials : GemvInput::kRmsNorm;
     {
       ScopedLaunchAccessPolicy window(l2_window(qkv, L2PersistTarget::kQkv, &L));
-      decode_gemv(GemvInput::kRmsNorm, GemvOutput::kRopeAppend, qkv, pdl, s,
-                  gemv_kernel(kTensorCoreQkv, GemvInput::kRmsNorm));
+      decode_gemv(qkv_input, GemvOutput::kRopeAppend, qkv, pdl, s, gemv_kernel(kTensorCoreQkv, qkv_input));
     }
     done("qkv_rope_append");
     if (side_branch && options_.side_prefetch_fork == 1) fork_side_prefetch(L);
@@ -878,6 +935,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     o.timeline = timeline_slot(4 * l + 1);
     o.input_from_global = options_.o_input_from_global;
     o.start_delay_ns = options_.o_start_delay_ns;
+    o.residual_partials = mlp_partials;  // written three kernels back: settled before O's wait
     step_gemv_settings(o);
     const cudaAccessPolicyWindow o_policy = l2_window(o, L2PersistTarget::kO, &L);
     auto launch_o = [&](GemvInput input) {
@@ -970,6 +1028,32 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
       if (!v6_fuses_o_) launch_o(GemvInput::kPlain);
     }
     if (!fused_o && !v6_fuses_o_) done("o_proj");
+    if (fused_mlp_) {
+      // The whole MLP in one kernel; its down projection lands in this layer's
+      // accumulator, and it resets the previous layer's, whose readers (this layer's QKV
+      // and O; for layer 0 the last step's lm_head) have finished before its wait returns.
+      if (!(skip & (kSkipGateUp | kSkipDown))) {
+        const size_t previous = (l + layers_.size() - 1) % layers_.size();
+        FusedMlpParams mlp;
+        mlp.x = d_x_.data();
+        mlp.norm_weight = L.post_norm;
+        mlp.w_gate_up = L.w_gate_up;
+        mlp.b_gate_up = L.b_gate_up;
+        mlp.w_down_t = L.w_down;
+        mlp.accumulator = mlp_accumulator(l);
+        mlp.reset = mlp_accumulator(previous);
+        mlp.reset_value = layers_[previous].b_down;
+        mlp.C = C_;
+        mlp.F = F_;
+        mlp.eps = eps;
+        mlp.stream_evict_first = options_.gemv_evict_first;
+        mlp.units_before_wait = options_.fused_mlp_values_before_wait;
+        mlp.block_warps = options_.fused_mlp_block_warps;
+        decode_mlp_fused(mlp, pdl, s);
+      }
+      done("mlp_fused");
+      continue;
+    }
     DecodeGemvParams gate_up{d_act_.data(), d_x_.data(), L.post_norm, L.w_gate_up, L.b_gate_up, F_, C_, eps};
     gate_up.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
     gate_up.second_batch_in_shared = options_.gate_up_second_batch_in_shared;
@@ -1012,9 +1096,11 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   head.timeline = timeline_slot(4 * layers_.size());
   head.start_delay_ns = options_.lm_head_start_delay_ns;
   step_gemv_settings(head);
+  if (fused_mlp_) head.residual_partials = ResidualPartials{mlp_accumulator(layers_.size() - 1), 1};
+  const GemvInput head_input = fused_mlp_ ? GemvInput::kRmsNormAddPartials : GemvInput::kRmsNorm;
   {
     ScopedLaunchAccessPolicy window(l2_window(head, L2PersistTarget::kLmHead, nullptr));
-    decode_gemv(GemvInput::kRmsNorm, GemvOutput::kF32, head, pdl, s, gemv_kernel(kTensorCoreLmHead, GemvInput::kRmsNorm));
+    decode_gemv(head_input, GemvOutput::kF32, head, pdl, s, gemv_kernel(kTensorCoreLmHead, head_input));
   }
   done("lm_head");
   // The argmax overwrites the input token (the next step's input when generating) and

@@ -357,6 +357,21 @@ struct CudaModelOptions {
   /// a run can tell what the attention's own stamps cost the boundaries around it
   /// (bench_model --timeline-gemvs-only, which then leaves the attention's table out).
   bool decode_timeline_attention = true;
+  /// The decode step's MLP as ONE kernel (decode_mlp_fused.cuh): norm, gate/up, SwiGLU
+  /// and down, the down projection split over the intermediate values and summed into a
+  /// per-layer fp32 accumulator by atomics, which the next layer's QKV and O (or the
+  /// lm_head) add into the residual stream. W_down is then kept transposed, (F, C), for
+  /// the prefill too. The sums' order varies from run to run (the last bits of fp32).
+  /// Where the model's shape takes it (C <= 1536, two layers or more); refused with
+  /// persistent_decode, v6_fuses_o, kClusterWithO and the side prefetch.
+  /// bench_model --fused-mlp.
+  bool fused_mlp = false;
+  /// With fused_mlp: the values (3 weight rows each) a warp asks for before its PDL wait,
+  /// 0, 1 or 2. bench_model --fused-mlp-before-wait N.
+  int fused_mlp_values_before_wait = 2;
+  /// With fused_mlp: warps a block, 4 or 8 (FusedMlpParams::block_warps).
+  /// bench_model --fused-mlp-block-warps N.
+  int fused_mlp_block_warps = 4;
 };
 
 class CudaModel final : public Backend {
@@ -439,6 +454,9 @@ class CudaModel final : public Backend {
   /// Whether the decode step runs the O projection inside v6's clusters (options' v6_fuses_o,
   /// where the GPU can).
   bool v6_fuses_o() const { return v6_fuses_o_; }
+  /// Whether the decode step runs the fused MLP (options' fused_mlp, where the model's
+  /// shape takes it).
+  bool fused_mlp() const { return fused_mlp_; }
 
  private:
   struct Layer {
@@ -457,6 +475,8 @@ class CudaModel final : public Backend {
   L2PrefetchPlan side_prefetch_plan(const Layer& layer) const;
 
   void load_weights(const std::string& model_dir);
+  // fused_mlp_: every layer's W_down rewritten in place as W_down^T, (F, C).
+  void transpose_down_weights();
   void check_fits(size_t count, const char* what) const;
   void check_token(int32_t token) const;
   // Runs T <= prefill_chunk tokens at positions position()..+T-1 and commits them;
@@ -567,6 +587,8 @@ class CudaModel final : public Backend {
   bool v6_fuses_o_ = false;              // options_.v6_fuses_o, where the GPU runs it at every cluster size of the step
   DeviceBuffer<unsigned> d_attention_signals_;  // (L, 2) v6's inputs signal per layer (count, tag), zeroed
   DeviceBuffer<float> d_logits_;        // (V) fp32, also the prefill's last-row logits
+  bool fused_mlp_ = false;                   // options_.fused_mlp, where the model's shape takes it
+  DeviceBuffer<float> d_mlp_accumulators_;  // (L, C) fused_mlp_: each layer's down projection + bias
 
   // Pinned host memory for the copies back (async, no staging).
   struct PinnedDeleter {

@@ -125,7 +125,9 @@ TEST_CASE("decode_mlp_fused: norm, gate/up, SwiGLU and down match a CPU referenc
       const bool pdl = variant % 2 == 0;
       const int before_wait = variant / 2;
       const bool reset_to_bias = variant % 3 == 0;
-      INFO("pdl " << pdl << " values before the wait " << before_wait << " reset to the bias " << reset_to_bias);
+      const int block_warps = variant < 3 ? 4 : 8;
+      INFO("pdl " << pdl << " values before the wait " << before_wait << " reset to the bias " << reset_to_bias
+                  << " warps a block " << block_warps);
       for (int launch = 0; launch < 2; ++launch) {
         d_acc.copy_from_host(start);
         d_reset.fill_bytes(0xFF);  // NaN: the reset must overwrite every value
@@ -143,6 +145,7 @@ TEST_CASE("decode_mlp_fused: norm, gate/up, SwiGLU and down match a CPU referenc
         p.eps = 1e-6f;
         p.stream_evict_first = pdl;
         p.units_before_wait = before_wait;
+        p.block_warps = block_warps;
         decode_mlp_fused(p, pdl);
         CUDA_CHECK(cudaDeviceSynchronize());
 
@@ -195,4 +198,7 @@ TEST_CASE("decode_mlp_fused refuses sizes and pointers it cannot run", "[ch08][g
   FusedMlpParams too_early = params(64, 4);
   too_early.units_before_wait = 3;
   REQUIRE(contains(error_of<std::invalid_argument>([&] { decode_mlp_fused(too_early, false); }), "units_before_wait"));
+  FusedMlpParams odd_block = params(64, 4);
+  odd_block.block_warps = 6;
+  REQUIRE(contains(error_of<std::invalid_argument>([&] { decode_mlp_fused(odd_block, false); }), "block_warps"));
 }

@@ -423,6 +423,80 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
   }
 }
 
+TEST_CASE("CUDA model: the fused MLP matches the CPU backend in prefill and decode", "[ch08][gpu][model]") {
+  const uint64_t seed = fresh_seed();
+  INFO("prompt seed " << seed);
+  for (const TinySpec& spec : kSpecs) {
+    const std::string dir = tiny_checkpoint(spec);
+    CpuModel cpu(dir, CpuModelOptions{2, 0});
+    const std::vector<int32_t> prompt = random_prompt(21, spec.V, seed);
+    const std::vector<float> expected = cpu.prefill(prompt, Logits::kAll);
+    // The graph with PDL and every value before the wait; eager launches without PDL and
+    // none before it; one value, with v6's third graph from 9 keys on (whose QKV runs on
+    // the register kernel) and every GEMV on the register kernel; the tensor cores
+    // wherever they run (the lm_head then stays on the register kernel: it adds the
+    // accumulator in, which only QKV's tensor-core form does).
+    struct Variant {
+      bool graph, pdl;
+      int before_wait;
+      int long_min_keys;
+      unsigned tensor_core_gemvs;
+      int block_warps;
+    };
+    const CudaModelOptions defaults;
+    const Variant variants[] = {{true, true, 2, defaults.long_attention_min_keys, defaults.tensor_core_gemvs, 4},
+                                {false, false, 0, defaults.long_attention_min_keys, defaults.tensor_core_gemvs, 8},
+                                {true, true, 1, 9, 0u, 8},
+                                {true, true, 2, defaults.long_attention_min_keys, unsigned(kTensorCoreEvery), 4}};
+    for (const Variant& v : variants) {
+      CudaModelOptions options = cuda_options(0, 1024, v.graph, v.pdl);
+      options.fused_mlp = true;
+      options.fused_mlp_values_before_wait = v.before_wait;
+      options.long_attention_min_keys = v.long_min_keys;
+      options.tensor_core_gemvs = options.tensor_core_gemvs_in_long_graph = v.tensor_core_gemvs;
+      options.fused_mlp_block_warps = v.block_warps;
+      CudaModel cuda(dir, options);
+      REQUIRE(cuda.fused_mlp());  // C <= 1536 and two layers or more: the model runs it
+      const std::string label = std::string(spec.name) + " fused MLP, graph " + std::to_string(v.graph) + " pdl " +
+                                std::to_string(v.pdl) + " values before the wait " + std::to_string(v.before_wait) +
+                                " long graph from " + std::to_string(v.long_min_keys) + " tensor cores " +
+                                std::to_string(v.tensor_core_gemvs) + " warps a block " + std::to_string(v.block_warps);
+      INFO(label);
+      // Token by token: every step's MLP adds into its accumulator, and the next step
+      // finds them reset.
+      double worst = 0;
+      for (size_t t = 0; t < prompt.size(); ++t) {
+        worst = std::max(worst, require_rows_close(label + ", decode step " + std::to_string(t), cuda.decode(prompt[t]),
+                                                   row_of(expected, spec.V, t), spec.V, kModelTolerance));
+      }
+      std::printf("%s: 21 decode steps vs CPU, worst rel err %.2e\n", label.c_str(), worst);
+      // The prefill's down GEMM reads the transposed weights (cuBLASLt, no transpose
+      // flag on them); then decode goes on from the prefilled cache.
+      cuda.reset();
+      const size_t half = prompt.size() / 2;
+      const std::vector<int32_t> first_half(prompt.begin(), prompt.begin() + long(half));
+      require_rows_close(label + ", prefill", cuda.prefill(first_half, Logits::kAll),
+                         std::vector<float>(expected.begin(), expected.begin() + long(half * spec.V)), spec.V,
+                         kModelTolerance);
+      for (size_t t = half; t < prompt.size(); ++t) {
+        require_rows_close(label + ", decode after prefill, step " + std::to_string(t), cuda.decode(prompt[t]),
+                           row_of(expected, spec.V, t), spec.V, kModelTolerance);
+      }
+    }
+  }
+  // Options it cannot run with are refused, naming the option.
+  const std::string dir = tiny_checkpoint(kSpecs[0]);
+  CudaModelOptions with_o = cuda_options();
+  with_o.fused_mlp = true;
+  with_o.decode_attention = DecodeAttentionPath::kClusterWithO;
+  REQUIRE(contains(error_of<std::invalid_argument>([&] { CudaModel model(dir, with_o); }), "fused_mlp"));
+  CudaModelOptions too_early = cuda_options();
+  too_early.fused_mlp = true;
+  too_early.fused_mlp_values_before_wait = 3;
+  REQUIRE(contains(error_of<std::invalid_argument>([&] { CudaModel model(dir, too_early); }),
+                   "fused_mlp_values_before_wait"));
+}
+
 TEST_CASE("CUDA model: prefill then decode equals prefill of the whole sequence", "[ch08][gpu][model]") {
   const uint64_t seed = fresh_seed();
   INFO("prompt seed " << seed);
