@@ -62,6 +62,7 @@ struct Args {
   bool fused_mlp = CudaModelOptions{}.fused_mlp;  ///< --fused-mlp / --no-fused-mlp
   int fused_mlp_before_wait = CudaModelOptions{}.fused_mlp_values_before_wait;  ///< --fused-mlp-before-wait N
   int fused_mlp_block_warps = CudaModelOptions{}.fused_mlp_block_warps;  ///< --fused-mlp-block-warps N
+  int fused_mlp_delay = CudaModelOptions{}.fused_mlp_start_delay_ns;    ///< --fused-mlp-start-delay NS
   bool prefill_attention_clusters = true;  ///< --prefill-attention v6 (default) or v5
   bool decode_only = false;  ///< load, decode, print tokens/s, stop (for a profiler's timeline)
   DecodeAttentionPath attention = CudaModelOptions{}.decode_attention;
@@ -167,6 +168,8 @@ Args parse(int argc, char** argv) {
       a.fused_mlp_before_wait = std::stoi(value());
     } else if (flag == "--fused-mlp-block-warps") {
       a.fused_mlp_block_warps = std::stoi(value());
+    } else if (flag == "--fused-mlp-start-delay") {
+      a.fused_mlp_delay = std::stoi(value());
     } else if (flag == "--down-shared") {
       a.down_shared = true;
     } else if (flag == "--down-shared-after-staging") {
@@ -344,7 +347,7 @@ Args parse(int argc, char** argv) {
                                   " [--carveout PERCENT] [--hold-o] [--hold-gate-up BLOCKS] [--hold-until-attention-end] [--hold-gate-up-from N]"
                                   " [--gate-up-start-delay NS] [--down-start-delay NS] [--qkv-start-delay NS] [--o-start-delay NS]"
                                   " [--lm-head-start-delay NS] [--[no-]widen-input] [--bulk-staging] [--qkv-early] [--gate-up-after-o]"
-                                  " [--[no-]fused-mlp] [--fused-mlp-before-wait N] [--fused-mlp-block-warps 4|8]"
+                                  " [--[no-]fused-mlp] [--fused-mlp-before-wait N] [--fused-mlp-block-warps 4|8] [--fused-mlp-start-delay NS]"
                                   " [--down-shared] [--down-shared-after-staging] [--gate-up-shared-after-staging]"
                                   " [--down-global-input|--down-staged-input] [--o-global-input]"
                                   " [--rope-after-wait]"
@@ -752,6 +755,7 @@ int main(int argc, char** argv) {
     options.fused_mlp = args.fused_mlp;
     options.fused_mlp_values_before_wait = args.fused_mlp_before_wait;
     options.fused_mlp_block_warps = args.fused_mlp_block_warps;
+    options.fused_mlp_start_delay_ns = args.fused_mlp_delay;
     options.qkv_start_delay_ns = args.qkv_delay;
     options.o_start_delay_ns = args.o_delay;
     options.lm_head_start_delay_ns = args.lm_head_delay;

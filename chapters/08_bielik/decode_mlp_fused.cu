@@ -172,7 +172,9 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 8 / kBlockWarps) decode_mlp_
   const int warps = int(gridDim.x) * kBlockWarps;
   const int first = int(blockIdx.x) * kBlockWarps + warp;
 
-  // 1. The first values' weights before the wait (no kernel writes them), and the norm's.
+  // 1. The first values' weights before the wait (no kernel writes them), and the norm's,
+  //    after the pause the decode GEMVs of the MLP take too (start_delay_ns).
+  delay_start(p.start_delay_ns);
   const uint64_t policy = l2_policy(p.stream_evict_first);
   ValueWeights<kChunks> a, b;
   if (p.units_before_wait >= 1) load_value(a, p, first, lane, policy);

@@ -62,6 +62,9 @@ struct FusedMlpParams {
   /// Warps a block: 8 (one block an SM, all its registers) or 4 (two blocks an SM, each
   /// fitting beside another kernel's block of half an SM's registers).
   int block_warps = 4;
+  /// Each block pauses this long before its first weight loads (as the unfused gate/up
+  /// and down do: DecodeGemvParams::start_delay_ns). 0: no pause.
+  int start_delay_ns = 0;
 };
 
 /// The fused MLP of one decode token: accumulator += W_down^T-product of

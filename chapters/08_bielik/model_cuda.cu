@@ -109,7 +109,8 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
                                     {"down_start_delay_ns", options_.down_start_delay_ns},
                                     {"qkv_start_delay_ns", options_.qkv_start_delay_ns},
                                     {"o_start_delay_ns", options_.o_start_delay_ns},
-                                    {"lm_head_start_delay_ns", options_.lm_head_start_delay_ns}}) {
+                                    {"lm_head_start_delay_ns", options_.lm_head_start_delay_ns},
+                                    {"fused_mlp_start_delay_ns", options_.fused_mlp_start_delay_ns}}) {
     if (value < 0) throw std::invalid_argument(std::string(name) + " must be >= 0, got " + std::to_string(value));
   }
   if (options_.fused_mlp_values_before_wait < 0 || options_.fused_mlp_values_before_wait > 2) {
@@ -1049,6 +1050,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
         mlp.stream_evict_first = options_.gemv_evict_first;
         mlp.units_before_wait = options_.fused_mlp_values_before_wait;
         mlp.block_warps = options_.fused_mlp_block_warps;
+        mlp.start_delay_ns = options_.fused_mlp_start_delay_ns;
         decode_mlp_fused(mlp, pdl, s);
       }
       done("mlp_fused");

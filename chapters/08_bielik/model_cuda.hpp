@@ -372,6 +372,9 @@ struct CudaModelOptions {
   /// With fused_mlp: warps a block, 4 or 8 (FusedMlpParams::block_warps).
   /// bench_model --fused-mlp-block-warps N.
   int fused_mlp_block_warps = 4;
+  /// With fused_mlp: the pause of each block before its first loads (FusedMlpParams::
+  /// start_delay_ns). bench_model --fused-mlp-start-delay NS.
+  int fused_mlp_start_delay_ns = 300;
 };
 
 class CudaModel final : public Backend {
