@@ -95,7 +95,7 @@ int main() {
         p.stream_evict_first = defaults.gemv_evict_first;
         p.units_before_wait = before_wait;
         p.block_warps = block_warps;
-        p.start_delay_ns = defaults.fused_mlp_start_delay_ns;  // the model's pause, as the pair's
+        p.start_delay_ns = defaults.fused_mlp_start_delay_ns;  // the option's default pause
         decode_mlp_fused(p, true, s);
       });
       add_row("fused (decode_mlp_fused), blocks of " + std::to_string(block_warps) + " warps, " +

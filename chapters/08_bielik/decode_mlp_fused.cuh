@@ -29,6 +29,14 @@
 /// layer's QKV while it stages its input, its O projection in its epilogue, the lm_head's
 /// staging: GemvInput::kRmsNormAddPartials, ResidualPartials with count 1).
 ///
+/// What the H200 said (2026-12-03, DECODE_LOG.md, thirty-first session): correct (its
+/// test, and the model's decode against the CPU backend), but not faster where it
+/// matters. In bench_fused_mlp's graph chain one MLP took 21.9-22.8 us against the
+/// pair's 22.9-23.1 (87-90% of the copy bandwidth against 85-86%); in the decode step it
+/// LOST: 985 (blocks of 8 warps) against 995 tokens/s, and 942-967 against 983 in a second
+/// run (blocks of 4: 942 with the 300 ns pause, 955 without; blocks of 8: 967). So the
+/// model keeps the two GEMVs, and this kernel is an option (CudaModelOptions::fused_mlp).
+///
 /// Symbols: C hidden, F intermediate (ffn) size. All pointers are device pointers.
 #pragma once
 
@@ -61,7 +69,7 @@ struct FusedMlpParams {
   int units_before_wait = 2;
   /// Warps a block: 8 (one block an SM, all its registers) or 4 (two blocks an SM, each
   /// fitting beside another kernel's block of half an SM's registers).
-  int block_warps = 4;
+  int block_warps = 8;
   /// Each block pauses this long before its first weight loads (as the unfused gate/up
   /// and down do: DecodeGemvParams::start_delay_ns). 0: no pause.
   int start_delay_ns = 0;

@@ -363,18 +363,23 @@ struct CudaModelOptions {
   /// lm_head) add into the residual stream. W_down is then kept transposed, (F, C), for
   /// the prefill too. The sums' order varies from run to run (the last bits of fp32).
   /// Where the model's shape takes it (C <= 1536, two layers or more); refused with
-  /// persistent_decode, v6_fuses_o, kClusterWithO and the side prefetch.
+  /// persistent_decode, v6_fuses_o, kClusterWithO and the side prefetch. Measured
+  /// slower on the H200 (2026-12-03, decode_ab.sh): 985 against 995 tokens/s, then
+  /// 942-967 against 983 (DECODE_LOG.md, thirty-first session), so off.
   /// bench_model --fused-mlp.
   bool fused_mlp = false;
   /// With fused_mlp: the values (3 weight rows each) a warp asks for before its PDL wait,
   /// 0, 1 or 2. bench_model --fused-mlp-before-wait N.
   int fused_mlp_values_before_wait = 2;
-  /// With fused_mlp: warps a block, 4 or 8 (FusedMlpParams::block_warps).
-  /// bench_model --fused-mlp-block-warps N.
-  int fused_mlp_block_warps = 4;
+  /// With fused_mlp: warps a block, 4 or 8 (FusedMlpParams::block_warps). Blocks of 4 fit
+  /// beside the attention's and O's blocks, yet measured slower in the step (942 against
+  /// 967 tokens/s with 8, both pausing 300 ns). bench_model --fused-mlp-block-warps N.
+  int fused_mlp_block_warps = 8;
   /// With fused_mlp: the pause of each block before its first loads (FusedMlpParams::
-  /// start_delay_ns). bench_model --fused-mlp-start-delay NS.
-  int fused_mlp_start_delay_ns = 300;
+  /// start_delay_ns). Blocks of 4: 942 tokens/s with 300 ns, 955 without; blocks of 8
+  /// without it measured the option's best, 985 against 995 (another call).
+  /// bench_model --fused-mlp-start-delay NS.
+  int fused_mlp_start_delay_ns = 0;
 };
 
 class CudaModel final : public Backend {
