@@ -1236,11 +1236,17 @@ TEST_CASE("decode_gemv on the tensor cores: every form it takes matches a CPU re
   p.K = decode_gemv_mma_max_k() + 8;
   REQUIRE_THROWS_AS(decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false, 0, DecodeGemvKernel::kTensorCores),
                     std::invalid_argument);
+  // Residual partials (the fused MLP's accumulator) only where it reads them: O's
+  // residual add and QKV's input (the model's fused-MLP test runs both); not an input
+  // that adds them into an output it has no such form for (gate/up's SwiGLU).
   p.K = 64;
+  p.norm_weight = reinterpret_cast<const __nv_bfloat16*>(x.data());
   p.residual_partials = ResidualPartials{reinterpret_cast<const float*>(W.data()), 1};
   REQUIRE_THROWS_AS(
-      decode_gemv(GemvInput::kPlain, GemvOutput::kResidualAdd, p, false, 0, DecodeGemvKernel::kTensorCores),
+      decode_gemv(GemvInput::kRmsNormAddPartials, GemvOutput::kSwiGLU, p, false, 0, DecodeGemvKernel::kTensorCores),
       std::invalid_argument);
+  REQUIRE_THROWS_AS(decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false, 0, DecodeGemvKernel::kTensorCores),
+                    std::invalid_argument);
 }
 
 TEST_CASE("decode_gemv refuses a split or a row count it cannot run", "[ch08][gpu][kernels]") {
@@ -2223,7 +2229,11 @@ TEST_CASE("gpu_sample draws what the CPU sampler draws from the same logits and 
           // Only where u lies on a border between two tokens, within the sums' rounding:
           // a draw a hair away must then give the GPU's token.
           const int32_t below = cpu.sample_with_uniform(set.logits.data(), V, std::max(0.0, u - 1e-12));
-          const int32_t above = cpu.sample_with_uniform(set.logits.data(), V, std::min(1.0 - 0x1.0p-53, u + 1e-12));
+          // At the top end (u = 1 - 2^-53) a hair above is u = 1: the walk's end, the last
+          // token with a weight (H200, 2026-12-03: the GPU drew the last of 32000 tokens,
+          // whose weight lies below the double sum's last bit, where the CPU drew the one
+          // before it).
+          const int32_t above = cpu.sample_with_uniform(set.logits.data(), V, std::min(1.0, u + 1e-12));
           INFO("GPU " << gpu << ", CPU " << expected << " (u - 1e-12: " << below << ", u + 1e-12: " << above << ")");
           REQUIRE((gpu == below || gpu == above));
           ++near_border;
