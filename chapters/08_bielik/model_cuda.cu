@@ -289,7 +289,8 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
                          p_gate_up_.bytes(), p_act_.bytes(), p_k_gathered_.bytes(), p_v_gathered_.bytes(),
                          p_logits_.bytes(), d_token_.bytes(), d_x_.bytes(), d_qkv_.bytes(), d_attn_.bytes(),
                          d_act_.bytes(), d_logits_.bytes(), attention_workspace_->partial_acc.bytes(),
-                         attention_workspace_->partial_ml.bytes(), rope_.cos.bytes(), rope_.sin.bytes()}) {
+                         attention_workspace_->partial_ml.bytes(), rope_.cos.bytes(), rope_.sin.bytes(),
+                         d_mlp_accumulators_.bytes()}) {
       scratch_bytes_ += bytes;
     }
 
