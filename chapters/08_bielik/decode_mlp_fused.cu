@@ -1,10 +1,10 @@
 // The decode step's MLP in one kernel (decode_mlp_fused.cuh says why and what it costs).
 //
-// The layout. Warp w of the grid (W warps in all, 8 an SM: FusedMlpParams::block_warps) takes the
-// intermediate values i = w, w + W, w + 2W, ... For each it needs three rows of C bf16:
-// gate row i, up row i (both of W_gate_up) and row i of W_down^T (column i of W_down).
-// Lane l holds the 16-byte chunks c = l, l + 32, ... of each: kChunks chunks a row, so
-// C <= 256 kChunks (kChunks = 2 or 6), and the three rows of one value are 3 kChunks loads a lane.
+// The layout. Warp w of the grid (W warps in all, 8 an SM, FusedMlpParams::block_warps a
+// block) takes the intermediate values i = w, w + W, w + 2W, ... For each it needs three
+// rows of C bf16: gate row i, up row i (both of W_gate_up) and row i of W_down^T (column i
+// of W_down). Lane l holds the 16-byte chunks c = l, l + 32, ... of each: kChunks chunks a
+// row, so C <= 256 kChunks (kChunks = 2 or 6), and one value is 3 kChunks loads a lane.
 //
 // The pipeline. Two values are in flight a warp: while the warp uses value i (its two
 // dot products, a warp sum each, the SwiGLU, then h_i times its down row added into the
@@ -14,7 +14,7 @@
 // enough for a block an SM to stream at ~97% of the copy bandwidth.
 //
 // The same numerics as the unfused pair (gate/up's kSwiGLU epilogue, then down): the
-// input is staged and normalized by decode_device's stage_input (bf16(rmsnorm(x) * w)),
+// input is staged and normalized as decode_device's stage_input does (bf16(rmsnorm(x) * w)),
 // g and u are rounded to bf16 after their bias, h_i = bf16(silu(g) u), and the products
 // h_i W_down[:, i] are summed in fp32. Only the order of that sum differs.
 #include <stdexcept>

@@ -16,10 +16,10 @@
 /// up row i and down COLUMN i together, dot, SwiGLU, and add h_i times the column into
 /// its own accumulator of the C outputs. Nothing waits for anything but its own loads:
 /// the kernel is one stream of 82.6 MB. Down's columns must be contiguous for that, so
-/// the model keeps W_down transposed, (F, C) (transpose_bf16, once at load; the prefill's
-/// GEMM reads the same buffer with the other transpose flag).
+/// with the option on the model keeps W_down transposed, (F, C) (transpose_bf16, once at
+/// load; the prefill's GEMM reads the same buffer with the other transpose flag).
 ///
-/// The price. Each warp ends with a partial y over all C outputs. The block sums its 8
+/// The price. Each warp ends with a partial y over all C outputs. The block sums its
 /// warps' partials in shared memory (in warp order), then adds the block's into a global
 /// fp32 accumulator with atomics (C / 4 vector atomics a block): the order in which the
 /// blocks' sums arrive is not fixed, so the result may differ in the last bits of fp32
@@ -31,11 +31,12 @@
 ///
 /// What the H200 said (2026-12-03, DECODE_LOG.md, thirty-first session): correct (its
 /// test, and the model's decode against the CPU backend), but not faster where it
-/// matters. In bench_fused_mlp's graph chain one MLP took 21.9-22.8 us against the
-/// pair's 22.9-23.1 (87-90% of the copy bandwidth against 85-86%); in the decode step it
-/// LOST: 985 (blocks of 8 warps) against 995 tokens/s, and 942-967 against 983 in a second
-/// run (blocks of 4: 942 with the 300 ns pause, 955 without; blocks of 8: 967). So the
-/// model keeps the two GEMVs, and this kernel is an option (CudaModelOptions::fused_mlp).
+/// matters. In bench_fused_mlp's graph chain one MLP took 21.9-22.9 us in its best forms
+/// against the pair's 22.9-23.1 (87-90% of the copy bandwidth against 85-86%); in the
+/// decode step it LOST in three calls: blocks of 8 warps 985 against 995 tokens/s and 983
+/// against 986; with the 300 ns pause 967-970 against 983-986; blocks of 4 942-955 against
+/// 983. So the model keeps the two GEMVs, and this kernel is an option
+/// (CudaModelOptions::fused_mlp).
 ///
 /// Symbols: C hidden, F intermediate (ffn) size. All pointers are device pointers.
 #pragma once

@@ -110,7 +110,9 @@ TEST_CASE("decode_mlp_fused: norm, gate/up, SwiGLU and down match a CPU referenc
     const std::vector<double> expected_acc = reference_mlp(c, x, norm, w_gate_up, b_gate_up, w_down, b_down);
     // What the next kernel makes of it: the residual plus the projection rounded to bf16.
     std::vector<double> expected_h(c.C);
-    for (int n = 0; n < c.C; ++n) expected_h[n] = bf16_bits_to_float(residual[n]) + round_to_bf16(float(expected_acc[n]));
+    for (int n = 0; n < c.C; ++n) {
+      expected_h[n] = bf16_bits_to_float(residual[n]) + round_to_bf16(float(expected_acc[n]));
+    }
 
     DeviceBuffer<uint16_t> d_x(x), d_norm(norm), d_w_gate_up(w_gate_up), d_b_gate_up(b_gate_up), d_w_down(w_down),
         d_b_down(b_down), d_w_down_t(size_t(c.C) * c.F);
