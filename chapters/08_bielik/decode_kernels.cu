@@ -517,8 +517,8 @@ void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, 
         (kernel == DecodeGemvKernel::kTensorCores && !tensor_cores_take_it) || !rp.partials || !p.norm_weight ||
         !aligned_16(p.norm_weight)) {
       throw std::invalid_argument(
-          "decode_gemv kRmsNormAddPartials: needs kSwiGLU, kRopeAppend or kF32 (on the tensor cores kRopeAppend "
-          "only), a register kernel, the partials pointer and a 16-byte aligned norm weight");
+          "decode_gemv kRmsNormAddPartials: needs kSwiGLU, kRopeAppend or kF32 on a register kernel (kRopeAppend "
+          "on the tensor cores too), the partials pointer and a 16-byte aligned norm weight");
     }
   }
   if (p.residual_partials.partials) {
