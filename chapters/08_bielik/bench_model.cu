@@ -55,6 +55,8 @@ struct Args {
   bool ttft_only = false;    ///< load, compare TTFT with v6 and v5 prefill attention, stop
   bool ttft_rows_ab = false;  ///< with ttft_only: A/B the last layer's rows only (on / off), not the attention
   bool prefill_all_rows = false;  ///< --prefill-all-rows: prefill_last_layer_rows_only off
+  bool ttft_graph_ab = false;      ///< with ttft_only: A/B the prefill graphs (on / off)
+  bool no_prefill_graphs = false;  ///< --no-prefill-graphs: prefill_graphs off
   bool timeline = false;     ///< load, print the decode GEMVs' timeline (one step), stop
   bool timeline_attention = true;  ///< --timeline-gemvs-only: false (the attention's stamps left out)
   bool sampling_only = false;  ///< load, print the sampling table, stop
@@ -139,6 +141,11 @@ Args parse(int argc, char** argv) {
     } else if (flag == "--ttft-rows-ab") {
       a.ttft_only = true;
       a.ttft_rows_ab = true;
+    } else if (flag == "--ttft-graph-ab") {
+      a.ttft_only = true;
+      a.ttft_graph_ab = true;
+    } else if (flag == "--no-prefill-graphs") {
+      a.no_prefill_graphs = true;
     } else if (flag == "--prefill-all-rows") {
       a.prefill_all_rows = true;
     } else if (flag == "--sampling-only") {
@@ -339,7 +346,7 @@ Args parse(int argc, char** argv) {
     } else {
       throw std::invalid_argument("unknown argument " + flag +
                                   " (usage: bench_model [--model DIR] [--out FILE] [--decode-tokens N] [--context N]"
-                                  " [--decode-only [--prompt-tokens N]] [--ttft-only] [--ttft-rows-ab] [--prefill-all-rows] [--timeline|--timeline-gemvs-only] [--sampling-only] [--prefill-attention v5|v6]"
+                                  " [--decode-only [--prompt-tokens N]] [--ttft-only] [--ttft-rows-ab|--ttft-graph-ab] [--prefill-all-rows] [--no-prefill-graphs] [--timeline|--timeline-gemvs-only] [--sampling-only] [--prefill-attention v5|v6]"
                                   " [--attention cluster_o|cluster|cluster_per_head|split_combine|merge_in_o]"
                                   " [--replicas N] [--splits N] [--short-max-keys N] [--short-splits N] [--long-min-keys N]"
                                   " [--long-splits N]"
@@ -782,6 +789,7 @@ int main(int argc, char** argv) {
     options.l2_persist_target = args.l2_persist_target;
     options.prefill_attention_clusters = args.prefill_attention_clusters;
     options.prefill_last_layer_rows_only = !args.prefill_all_rows;
+    options.prefill_graphs = !args.no_prefill_graphs;
     options.decode_timeline = args.timeline;
     options.decode_timeline_attention = args.timeline_attention;
     options.o_allows_gate_up_early = !args.gate_up_after_o;
@@ -831,11 +839,17 @@ int main(int argc, char** argv) {
         o.prefill_last_layer_rows_only = !options.prefill_last_layer_rows_only;
         name = options.prefill_last_layer_rows_only ? "last layer, last row only" : "last layer, every row";
         other_name = options.prefill_last_layer_rows_only ? "last layer, every row" : "last layer, last row only";
+      } else if (args.ttft_graph_ab) {
+        o.prefill_graphs = !options.prefill_graphs;
+        name = options.prefill_graphs ? "graph" : "eager";
+        other_name = options.prefill_graphs ? "eager" : "graph";
       } else {
         o.prefill_attention_clusters = !options.prefill_attention_clusters;
       }
       CudaModel other(args.model, o);
-      BenchTable table(args.ttft_rows_ab ? "model_prefill_last_layer_ab" : "model_prefill_attention",
+      BenchTable table(args.ttft_rows_ab    ? "model_prefill_last_layer_ab"
+                       : args.ttft_graph_ab ? "model_prefill_graph_ab"
+                                            : "model_prefill_attention",
                        {"round", "prompt tokens", std::string("TTFT ms, ") + name,
                                                    std::string("TTFT ms, ") + other_name, "ratio"});
       for (int round = 0; round < 2; ++round) {
@@ -887,6 +901,27 @@ int main(int argc, char** argv) {
         const double every = options.prefill_last_layer_rows_only ? other : mine;
         ttft_every_row[std::to_string(n)] = every;
         last_layer_table.add_row({std::to_string(n), fmt(rows_only, 3), fmt(every, 3), fmt(every / rows_only, 3) + "x"});
+      }
+    }
+
+    // Prefill graphs (prefill_graphs): the timed runs above replay one graph per prompt
+    // length (the two warm-ups ran it eagerly, then captured it). Without them every run
+    // launches its kernels from the host, as a shape's first run always does.
+    BenchTable prefill_graph_table("model_prefill_graph",
+                                   {"prompt tokens", "TTFT ms, graph replayed", "TTFT ms, launched from the host",
+                                    "host / graph"});
+    nlohmann::json ttft_eager = nlohmann::json::object();
+    {
+      CudaModelOptions o = options;
+      o.prefill_graphs = !options.prefill_graphs;
+      CudaModel m(args.model, o);
+      for (int n : {16, 128, 512, 2048}) {
+        if (n > model->context_size()) continue;
+        const double mine = ttft_ms(*model, n), other = ttft_ms(m, n);
+        const double graph = options.prefill_graphs ? mine : other;
+        const double eager = options.prefill_graphs ? other : mine;
+        ttft_eager[std::to_string(n)] = eager;
+        prefill_graph_table.add_row({std::to_string(n), fmt(graph, 3), fmt(eager, 3), fmt(eager / graph, 3) + "x"});
       }
     }
 
@@ -1218,6 +1253,7 @@ int main(int argc, char** argv) {
                   options.prefill_attention_clusters ? "v6" : "v5", double(ttft[n]));
     }
     last_layer_table.print();
+    prefill_graph_table.print();
     prefill_step_table.print();
     std::printf("prefill pass (sum of the table) %.1f us\n", prefill_pass_us);
     decode_table.print();
@@ -1336,6 +1372,7 @@ int main(int argc, char** argv) {
         {"prefill_attention", options.prefill_attention_clusters ? "v6" : "v5"},
         {"ttft_other_prefill_attention_ms", ttft_other_attention},
         {"ttft_last_layer_every_row_ms", ttft_every_row},
+        {"ttft_eager_ms", ttft_eager},
         {"decode_tokens", tokens},
         {"decode_tok_s", tok_s},
         {"decode_ms_per_token", ms_per_token},

@@ -124,6 +124,9 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
   if (options_.prefill_chunk < 1) {
     throw std::invalid_argument("prefill_chunk must be >= 1, got " + std::to_string(options_.prefill_chunk));
   }
+  if (options_.prefill_graph_cache < 1) {
+    throw std::invalid_argument("prefill_graph_cache must be >= 1, got " + std::to_string(options_.prefill_graph_cache));
+  }
   if (!(options_.side_prefetch_gate_up_mb >= 0.0) || !(options_.side_prefetch_down_mb >= 0.0) ||
       options_.side_prefetch_blocks < 1 || (options_.side_prefetch_fork != 0 && options_.side_prefetch_fork != 1) ||
       (options_.side_prefetch_stride_bytes != 32 && options_.side_prefetch_stride_bytes != 64 &&
@@ -536,6 +539,7 @@ void CudaModel::capture_graph(bool pdl, int attention_splits, cudaGraph_t& graph
 
 CudaModel::~CudaModel() {
   cudaStreamSynchronize(stream_);
+  destroy_prefill_graphs();
   destroy_graphs();
   destroy_side_branch();
   restore_l2();
@@ -696,6 +700,121 @@ void CudaModel::prefill_probed(const std::vector<int32_t>& tokens,
 
 void CudaModel::forward_chunk(const int32_t* tokens, int T, bool all_logits, float* logits,
                               const std::function<void(const char*)>* after) {
+  cudaStream_t s = stream_;
+  // The ids go in before the graph or the launches that read them: a graph holds no host
+  // pointer, so replaying one for new ids of the same shape is correct.
+  CUDA_CHECK(cudaMemcpyAsync(p_tokens_.data(), tokens, size_t(T) * sizeof(int32_t), cudaMemcpyHostToDevice, s));
+  const bool want_logits = logits != nullptr;
+  if (after == nullptr && !all_logits) {
+    launch_chunk(T, want_logits);
+  } else {
+    enqueue_chunk(T, all_logits, want_logits, after);
+  }
+  kv_.commit_host(T);  // the device length advanced inside the chunk's work
+
+  if (want_logits) {
+    const size_t V = size_t(V_);
+    if (all_logits) {
+      std::vector<uint16_t> bits(size_t(kLogitRows) * V);
+      for (int first = 0; first < T; first += kLogitRows) {
+        const int rows = std::min(kLogitRows, T - first);
+        matmul_forward(p_logits_.data(), p_h_.data() + size_t(first) * C_, lm_head_, nullptr, rows, C_, V_, s);
+        CUDA_CHECK(cudaMemcpyAsync(bits.data(), p_logits_.data(), size_t(rows) * V * sizeof(uint16_t),
+                                   cudaMemcpyDeviceToHost, s));
+        CUDA_CHECK(cudaStreamSynchronize(s));
+        for (size_t i = 0; i < size_t(rows) * V; ++i) {
+          const uint32_t wide = uint32_t(bits[i]) << 16;
+          std::memcpy(&logits[size_t(first) * V + i], &wide, sizeof(float));
+        }
+      }
+    } else {
+      CUDA_CHECK(cudaMemcpyAsync(h_logits_.get(), d_logits_.data(), V * sizeof(float), cudaMemcpyDeviceToHost, s));
+      CUDA_CHECK(cudaStreamSynchronize(s));
+      std::memcpy(logits, h_logits_.get(), V * sizeof(float));
+    }
+  }
+  CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+void CudaModel::launch_chunk(int T, bool want_logits) {
+  if (!options_.prefill_graphs || prefill_graphs_broken_) {
+    enqueue_chunk(T, false, want_logits, nullptr);
+    return;
+  }
+  const PrefillShape shape{T, kv_.length(), want_logits};
+  const uint64_t now = ++prefill_graph_clock_;
+  auto found = prefill_graphs_.find(shape);
+  if (found == prefill_graphs_.end()) {
+    // First sight of the shape: launch eagerly and remember it (the oldest memory goes
+    // once there are many: a long chat sees a new shape every turn).
+    auto seen = prefill_shapes_seen_.find(shape);
+    if (seen == prefill_shapes_seen_.end()) {
+      if (prefill_shapes_seen_.size() >= 64) {
+        auto oldest = prefill_shapes_seen_.begin();
+        for (auto it = prefill_shapes_seen_.begin(); it != prefill_shapes_seen_.end(); ++it) {
+          if (it->second < oldest->second) oldest = it;
+        }
+        prefill_shapes_seen_.erase(oldest);
+      }
+      prefill_shapes_seen_.emplace(shape, now);
+      enqueue_chunk(T, false, want_logits, nullptr);
+      return;
+    }
+    prefill_shapes_seen_.erase(seen);
+    // Second sight: capture. Nothing runs while the stream captures; the graph runs below.
+    PrefillGraph captured;
+    CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    try {
+      enqueue_chunk(T, false, want_logits, nullptr);
+    } catch (const std::exception& error) {
+      cudaGraph_t broken = nullptr;
+      cudaStreamEndCapture(stream_, &broken);
+      if (broken) cudaGraphDestroy(broken);
+      cudaGetLastError();
+      std::fprintf(stderr, "CudaModel: capturing a prefill graph failed (%s); prefill launches eagerly from now on\n",
+                   error.what());
+      prefill_graphs_broken_ = true;
+      enqueue_chunk(T, false, want_logits, nullptr);
+      return;
+    }
+    CUDA_CHECK(cudaStreamEndCapture(stream_, &captured.graph));
+    const cudaError_t instantiated = cudaGraphInstantiate(&captured.exec, captured.graph, 0);
+    if (instantiated != cudaSuccess) {
+      cudaGraphDestroy(captured.graph);
+      cudaGetLastError();
+      std::fprintf(stderr, "CudaModel: instantiating a prefill graph failed (%s); prefill launches eagerly from now on\n",
+                   cudaGetErrorString(instantiated));
+      prefill_graphs_broken_ = true;
+      enqueue_chunk(T, false, want_logits, nullptr);
+      return;
+    }
+    if (prefill_graphs_.size() >= size_t(options_.prefill_graph_cache)) {
+      auto oldest = prefill_graphs_.begin();
+      for (auto it = prefill_graphs_.begin(); it != prefill_graphs_.end(); ++it) {
+        if (it->second.last_used < oldest->second.last_used) oldest = it;
+      }
+      // No launch of it is pending: every prefill ends with a stream sync.
+      cudaGraphExecDestroy(oldest->second.exec);
+      cudaGraphDestroy(oldest->second.graph);
+      prefill_graphs_.erase(oldest);
+    }
+    found = prefill_graphs_.emplace(shape, captured).first;
+  }
+  found->second.last_used = now;
+  CUDA_CHECK(cudaGraphLaunch(found->second.exec, stream_));
+}
+
+void CudaModel::destroy_prefill_graphs() {
+  for (auto& [shape, graph] : prefill_graphs_) {
+    if (graph.exec) cudaGraphExecDestroy(graph.exec);
+    if (graph.graph) cudaGraphDestroy(graph.graph);
+  }
+  prefill_graphs_.clear();
+  prefill_shapes_seen_.clear();
+}
+
+void CudaModel::enqueue_chunk(int T, bool all_logits, bool want_logits,
+                              const std::function<void(const char*)>* after) {
   auto done = [&](const char* name) {
     if (after) (*after)(name);
   };
@@ -705,10 +824,8 @@ void CudaModel::forward_chunk(const int32_t* tokens, int T, bool all_logits, flo
   const float eps = config_.rms_norm_eps;
   const int HD = H_ * D_;
 
-  CUDA_CHECK(cudaMemcpyAsync(p_tokens_.data(), tokens, size_t(T) * sizeof(int32_t), cudaMemcpyHostToDevice, s));
   embedding_forward(p_x_.data(), embed_, p_tokens_.data(), T, C_, V_, nullptr, s);
   done("embedding");
-
   // The kernels between the GEMMs (norms, split + RoPE + append, attention, SwiGLU) are
   // launched with PDL when the model uses it: each may start while the kernel before it
   // drains, and waits on the GPU for its results.
@@ -716,7 +833,7 @@ void CudaModel::forward_chunk(const int32_t* tokens, int T, bool all_logits, flo
   // are asked for: with Logits::kLast, the last token (row T - 1), and in a chunk before
   // the last, none. Every row's keys and values still go into its cache.
   const bool rows_only = options_.prefill_last_layer_rows_only && !all_logits;
-  const int last_layer_rows = logits != nullptr ? 1 : 0;
+  const int last_layer_rows = want_logits ? 1 : 0;
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     const bool trimmed = rows_only && l + 1 == layers_.size();
@@ -777,30 +894,16 @@ void CudaModel::forward_chunk(const int32_t* tokens, int T, bool all_logits, flo
     }
     done("down_gemm");
   }
-  kv_.commit(T, s);
+  kv_cache_advance_device_length(kv_.device_length(), T, s);  // kv_.commit_host follows on the host
 
-  if (logits != nullptr) {
+  if (want_logits) {
     // The last residual add, fused with the final norm (every row the last layer
     // computed: it is cheap). The last token's row of h is then row h_last.
     const int final_rows = rows_only ? last_layer_rows : T;
     const size_t h_last = size_t(final_rows - 1);
     fused_residual_rmsnorm_forward(p_h_.data(), p_x_.data() + size_t(T - final_rows) * C_, p_proj_.data(),
                                    final_norm_, final_rows, C_, eps, s);
-    const size_t V = size_t(V_);
-    if (all_logits) {
-      std::vector<uint16_t> bits(size_t(kLogitRows) * V);
-      for (int first = 0; first < T; first += kLogitRows) {
-        const int rows = std::min(kLogitRows, T - first);
-        matmul_forward(p_logits_.data(), p_h_.data() + size_t(first) * C_, lm_head_, nullptr, rows, C_, V_, s);
-        CUDA_CHECK(cudaMemcpyAsync(bits.data(), p_logits_.data(), size_t(rows) * V * sizeof(uint16_t),
-                                   cudaMemcpyDeviceToHost, s));
-        CUDA_CHECK(cudaStreamSynchronize(s));
-        for (size_t i = 0; i < size_t(rows) * V; ++i) {
-          const uint32_t wide = uint32_t(bits[i]) << 16;
-          std::memcpy(&logits[size_t(first) * V + i], &wide, sizeof(float));
-        }
-      }
-    } else {
+    if (!all_logits) {
       // Only the last token's logits: the decode path's fp32 lm_head GEMV on one row.
       DecodeGemvParams head{};
       head.y = d_logits_.data();
@@ -810,12 +913,8 @@ void CudaModel::forward_chunk(const int32_t* tokens, int T, bool all_logits, flo
       head.K = C_;
       decode_gemv(GemvInput::kPlain, GemvOutput::kF32, head, false, s);
       done("final_norm_lm_head");
-      CUDA_CHECK(cudaMemcpyAsync(h_logits_.get(), d_logits_.data(), V * sizeof(float), cudaMemcpyDeviceToHost, s));
-      CUDA_CHECK(cudaStreamSynchronize(s));
-      std::memcpy(logits, h_logits_.get(), V * sizeof(float));
     }
   }
-  CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::function<void(const char*)>* after,

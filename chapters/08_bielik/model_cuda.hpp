@@ -39,6 +39,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -112,6 +113,16 @@ struct CudaModelOptions {
   /// go into the cache). No later layer reads the other rows' outputs. Off: every row, as
   /// Logits::kAll needs. bench_model --ttft-rows-ab measures both.
   bool prefill_last_layer_rows_only = true;
+  /// Prefill replays a CUDA graph for a chunk shape it has run before: T tokens at
+  /// position P, with the last token's logits or none (Logits::kLast). A shape's first
+  /// run launches its ~300 kernels from the host, its second captures them into a graph,
+  /// and every later one is one graph launch. A chat turn (a new T and P each time) so
+  /// pays no capture; a server's or a benchmark's repeated prompt lengths stop paying the
+  /// host's launches (bench_model --ttft-graph-ab measures both). Logits::kAll and
+  /// prefill_probed always launch eagerly.
+  bool prefill_graphs = true;
+  /// Most prefill graphs kept; the least recently replayed one goes first.
+  int prefill_graph_cache = 8;
   /// Resident blocks per SM the decode GEMVs may use (0: as many as fit), for the small
   /// ones (QKV, O) and the large ones (gate/up, down, lm_head). Fewer leaves room on each
   /// SM for the NEXT kernel's blocks, which PDL then starts early: their weight loads
@@ -465,6 +476,9 @@ class CudaModel final : public Backend {
   /// Whether the decode step runs the fused MLP (options' fused_mlp, where the model's
   /// shape takes it).
   bool fused_mlp() const { return fused_mlp_; }
+  /// Prefill graphs captured and kept now (options' prefill_graphs): 0 until a chunk
+  /// shape has run twice.
+  size_t prefill_graphs_cached() const { return prefill_graphs_.size(); }
 
  private:
   struct Layer {
@@ -491,6 +505,15 @@ class CudaModel final : public Backend {
   // writes (T, V) logits when all_logits, the last token's (V) when `logits` is set.
   void forward_chunk(const int32_t* tokens, int T, bool all_logits, float* logits,
                      const std::function<void(const char*)>* after = nullptr);
+  // Enqueues the device work of one chunk of T tokens whose ids are in p_tokens_, at
+  // position P = kv_.length(): the layers, the device length's advance and, with
+  // want_logits, the final norm (every computed row) and, unless all_logits, the last
+  // row's lm_head GEMV into d_logits_. No host sync, no copy: a graph can hold it.
+  void enqueue_chunk(int T, bool all_logits, bool want_logits, const std::function<void(const char*)>* after);
+  // enqueue_chunk(T, false, want_logits, nullptr) as prefill_graphs says: eagerly the
+  // first time the shape is seen, then captured, then replayed.
+  void launch_chunk(int T, bool want_logits);
+  void destroy_prefill_graphs();
   // Enqueues one decode step on `stream`: reads d_token_ and the device KV length, writes
   // logits_ and d_token_ (the argmax), advances the device length.
   // Its attention runs with `attention_splits` (attention_splits_at(kv length)).
@@ -618,6 +641,24 @@ class CudaModel final : public Backend {
   cudaGraphExec_t short_graph_exec_ = nullptr;
   cudaGraph_t long_graph_ = nullptr;  // long_attention_splits_ > 0: the step for long caches
   cudaGraphExec_t long_graph_exec_ = nullptr;
+
+  // The prefill graphs (options_.prefill_graphs), by chunk shape.
+  struct PrefillShape {
+    int T = 0, P = 0;
+    bool logits = false;
+    bool operator<(const PrefillShape& o) const {
+      return T != o.T ? T < o.T : P != o.P ? P < o.P : logits < o.logits;
+    }
+  };
+  struct PrefillGraph {
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    uint64_t last_used = 0;  // prefill_graph_clock_ at its last replay
+  };
+  std::map<PrefillShape, PrefillGraph> prefill_graphs_;
+  std::map<PrefillShape, uint64_t> prefill_shapes_seen_;  // run once eagerly, at this clock
+  uint64_t prefill_graph_clock_ = 0;
+  bool prefill_graphs_broken_ = false;  // a capture failed: launch eagerly from then on
 };
 
 /// Why the CUDA backend cannot run a model of this shape, or "" when it can (the

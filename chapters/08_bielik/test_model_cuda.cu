@@ -221,6 +221,19 @@ TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming t
     INFO(name);
     REQUIRE(refused);
   }
+  // No room for a single prefill graph.
+  {
+    CudaModelOptions options = cuda_options();
+    options.prefill_graph_cache = 0;
+    bool refused = false;
+    try {
+      CudaModel model(dir, options);
+    } catch (const std::invalid_argument& e) {
+      INFO(e.what());
+      refused = std::string(e.what()).find("prefill_graph_cache") != std::string::npos;
+    }
+    REQUIRE(refused);
+  }
   // A negative L2 set-aside.
   {
     CudaModelOptions options = cuda_options();
@@ -517,6 +530,71 @@ TEST_CASE("CUDA model: prefill then decode equals prefill of the whole sequence"
                                                  kModelTolerance));
     }
     std::printf("%s: prefill(12) + 18 decodes vs prefill(30), worst rel err %.2e\n", spec.name, worst);
+  }
+}
+
+TEST_CASE("CUDA model: prefill graphs equal eager launches, with new ids at every replay", "[ch08][gpu][model]") {
+  const uint64_t seed = fresh_seed();
+  INFO("prompt seed " << seed);
+  for (const TinySpec& spec : kSpecs) {
+    const std::string dir = tiny_checkpoint(spec);
+    // Chunks of 16: a 37-token prompt is three chunks (16 at 0 and 16 at 16 with no logits,
+    // 5 at 32 with the last logits), a 9-token turn a fourth shape (9 at 37): every path of
+    // the chunk, the trimmed last layer with and without its row, and P > 0.
+    CudaModelOptions graphs = cuda_options(0, 16);
+    CudaModelOptions eager = graphs;
+    eager.prefill_graphs = false;
+    CudaModel with(dir, graphs), without(dir, eager);
+    CudaModelOptions small = graphs;  // room for 2 of the 4 shapes: captures evict
+    small.prefill_graph_cache = 2;
+    CudaModel evicting(dir, small);
+    std::vector<float> previous;
+    for (int round = 0; round < 4; ++round) {
+      INFO(spec.name << " round " << round << " (0: eager, 1: captured, 2-3: replayed)");
+      // Fresh ids every round, the same shapes: a graph that kept the first round's ids
+      // (or its cache contents) would differ from the eager model.
+      const std::vector<int32_t> prompt = random_prompt(37, spec.V, seed + 2 * uint64_t(round));
+      const std::vector<int32_t> turn = random_prompt(9, spec.V, seed + 2 * uint64_t(round) + 1);
+      std::vector<std::vector<float>> outputs[3];
+      CudaModel* models[3] = {&with, &without, &evicting};
+      for (int m = 0; m < 3; ++m) {
+        models[m]->reset();
+        outputs[m].push_back(models[m]->prefill(prompt));
+        outputs[m].push_back(models[m]->prefill(turn));
+        // Decode reads the cache and the device length the chunks left.
+        outputs[m].push_back(models[m]->decode(turn.back()));
+        REQUIRE(models[m]->position() == 37 + 9 + 1);
+      }
+      // The same kernels in the same order: bit for bit.
+      REQUIRE(outputs[0] == outputs[1]);
+      REQUIRE(outputs[2] == outputs[1]);
+      for (const std::vector<float>& logits : outputs[0]) {
+        REQUIRE(logits.size() == size_t(spec.V));
+        REQUIRE(std::all_of(logits.begin(), logits.end(), [](float v) { return std::isfinite(v); }));
+      }
+      REQUIRE(outputs[0][0] != previous);  // new ids, new logits: the replay read them
+      previous = outputs[0][0];
+      // Nothing is captured on a shape's first run; all four from the second on.
+      REQUIRE(with.prefill_graphs_cached() == (round == 0 ? 0u : 4u));
+      REQUIRE(without.prefill_graphs_cached() == 0u);
+      REQUIRE(evicting.prefill_graphs_cached() <= 2u);
+    }
+    // Once more against the CPU backend, every shape replayed, so that "equal to eager"
+    // is not "equal and wrong".
+    CpuModel cpu(dir, CpuModelOptions{2, 0});
+    const std::vector<int32_t> prompt = random_prompt(37, spec.V, seed + 99);
+    const std::vector<int32_t> turn = random_prompt(9, spec.V, seed + 98);
+    with.reset();
+    const std::vector<float> replayed_prompt = with.prefill(prompt);
+    const std::vector<float> replayed_turn = with.prefill(turn);
+    REQUIRE(with.prefill_graphs_cached() == 4u);
+    const std::vector<float> cpu_prompt = cpu.prefill(prompt);
+    const double worst = std::max(
+        require_rows_close(std::string(spec.name) + " replayed prompt", replayed_prompt, cpu_prompt, spec.V,
+                           kModelTolerance),
+        require_rows_close(std::string(spec.name) + " replayed turn", replayed_turn, cpu.prefill(turn), spec.V,
+                           kModelTolerance));
+    std::printf("%s: prefill graphs replayed vs CPU, worst rel err %.2e\n", spec.name, worst);
   }
 }
 
