@@ -64,6 +64,8 @@ struct Args {
   bool fused_mlp = CudaModelOptions{}.fused_mlp;  ///< --fused-mlp / --no-fused-mlp
   int fused_mlp_before_wait = CudaModelOptions{}.fused_mlp_values_before_wait;  ///< --fused-mlp-before-wait N
   int fused_mlp_block_warps = CudaModelOptions{}.fused_mlp_block_warps;  ///< --fused-mlp-block-warps N
+  int decode_graph_steps = CudaModelOptions{}.decode_graph_steps;        ///< --decode-graph-steps N
+  bool generate_copy_each_token = false;                                  ///< --copy-each-token
   int fused_mlp_delay = CudaModelOptions{}.fused_mlp_start_delay_ns;    ///< --fused-mlp-start-delay NS
   bool prefill_attention_clusters = true;  ///< --prefill-attention v6 (default) or v5
   bool decode_only = false;  ///< load, decode, print tokens/s, stop (for a profiler's timeline)
@@ -175,6 +177,10 @@ Args parse(int argc, char** argv) {
       a.fused_mlp_before_wait = std::stoi(value());
     } else if (flag == "--fused-mlp-block-warps") {
       a.fused_mlp_block_warps = std::stoi(value());
+    } else if (flag == "--decode-graph-steps") {
+      a.decode_graph_steps = std::stoi(value());
+    } else if (flag == "--copy-each-token") {
+      a.generate_copy_each_token = true;
     } else if (flag == "--fused-mlp-start-delay") {
       a.fused_mlp_delay = std::stoi(value());
     } else if (flag == "--down-shared") {
@@ -355,6 +361,7 @@ Args parse(int argc, char** argv) {
                                   " [--gate-up-start-delay NS] [--down-start-delay NS] [--qkv-start-delay NS] [--o-start-delay NS]"
                                   " [--lm-head-start-delay NS] [--[no-]widen-input] [--bulk-staging] [--qkv-early] [--gate-up-after-o]"
                                   " [--[no-]fused-mlp] [--fused-mlp-before-wait N] [--fused-mlp-block-warps 4|8] [--fused-mlp-start-delay NS]"
+                                  " [--decode-graph-steps N] [--copy-each-token]"
                                   " [--down-shared] [--down-shared-after-staging] [--gate-up-shared-after-staging]"
                                   " [--down-global-input|--down-staged-input] [--o-global-input]"
                                   " [--rope-after-wait]"
@@ -762,6 +769,8 @@ int main(int argc, char** argv) {
     options.fused_mlp = args.fused_mlp;
     options.fused_mlp_values_before_wait = args.fused_mlp_before_wait;
     options.fused_mlp_block_warps = args.fused_mlp_block_warps;
+    options.decode_graph_steps = args.decode_graph_steps;
+    options.generate_copy_each_token = args.generate_copy_each_token;
     options.fused_mlp_start_delay_ns = args.fused_mlp_delay;
     options.qkv_start_delay_ns = args.qkv_delay;
     options.o_start_delay_ns = args.o_delay;
@@ -1090,8 +1099,15 @@ int main(int argc, char** argv) {
         {"defaults (attention v6: clusters of 4 per query head up to 256 keys, 8 up to 1023, then 16; partials "
          "pushed with st.async onto block 0's mbarrier, in the long graph O scheduled once their inputs are in; "
          "then the O GEMV, which lets gate/up start early; QKV and O on the tensor cores except in the long "
-         "graph; gate/up and down pause 300 ns at their start; evict-first)",
+         "graph; gate/up and down pause 300 ns at their start; evict-first; 4 steps a graph, the tokens kept on "
+         "the GPU until the end)",
          true, true, Path::kClusterPerHead, 0, 0},
+        defaults_but("a graph a step", [](CudaModelOptions& o) { o.decode_graph_steps = 1; }),
+        defaults_but("a graph a step, each step's token copied back after it (no history on the GPU)",
+                     [](CudaModelOptions& o) {
+                       o.decode_graph_steps = 1;
+                       o.generate_copy_each_token = true;
+                     }),
         // Its best form measured (H200, 2026-12-02): clusters of 16 (W_o's rows over 192
         // blocks, 24 KB each), gate/up scheduled once the attention's inputs are in.
         defaults_but("the O projection and residual add inside v6's clusters (decode_attention_o_per_head), clusters "

@@ -462,7 +462,8 @@ __device__ __forceinline__ bool beats(float a, int ia, float b, int ib) { return
 /// logit is NaN), then *d_length += 1 when d_length is not null. The logits are read
 /// through L2 (in the persistent step other blocks wrote them in the same kernel).
 template <int kBlockThreads>
-__device__ __forceinline__ void block_argmax_commit(int32_t* token, const float* logits, int V, int* d_length) {
+__device__ __forceinline__ void block_argmax_commit(int32_t* token, const float* logits, int V, int* d_length,
+                                                    int32_t* history = nullptr, int history_size = 0) {
   constexpr int kBlockWarps = kBlockThreads / 32;
   __shared__ float s_value[kBlockWarps];
   __shared__ int s_index[kBlockWarps];
@@ -503,8 +504,14 @@ __device__ __forceinline__ void block_argmax_commit(int32_t* token, const float*
         best_index = s_index[w];
       }
     }
-    *token = s_nan || best_index == INT_MAX ? -1 : best_index;
-    if (d_length) *d_length += 1;
+    const int32_t chosen = s_nan || best_index == INT_MAX ? -1 : best_index;
+    *token = chosen;
+    if (d_length) {
+      // The token that follows position *d_length, kept where the host can fetch a whole
+      // generation with one copy (CudaModel::generate_greedy).
+      if (history && *d_length < history_size) history[*d_length] = chosen;
+      *d_length += 1;
+    }
   }
 }
 

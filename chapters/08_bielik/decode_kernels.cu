@@ -455,10 +455,12 @@ constexpr int kArgmaxThreads = 1024;
 
 __global__ void __launch_bounds__(kArgmaxThreads) decode_argmax_kernel(int32_t* token,       // (1)
                                                                        const float* logits,  // (V)
-                                                                       int V, int* d_length) {
+                                                                       int V, int* d_length,
+                                                                       int32_t* history,  // (history_size) or null
+                                                                       int history_size) {
   pdl_wait();
   pdl_allow_dependents();
-  block_argmax_commit<kArgmaxThreads>(token, logits, V, d_length);
+  block_argmax_commit<kArgmaxThreads>(token, logits, V, d_length, history, history_size);
 }
 
 }  // namespace
@@ -576,9 +578,14 @@ void decode_rope_append(__nv_bfloat16* qkv, __nv_bfloat16* k_cache, __nv_bfloat1
          max_context, table.max_positions);
 }
 
-void decode_argmax(int32_t* token, const float* logits, int V, int* d_length, bool pdl, cudaStream_t stream) {
+void decode_argmax(int32_t* token, const float* logits, int V, int* d_length, bool pdl, cudaStream_t stream,
+                   int32_t* history, int history_size) {
   if (V <= 0) throw std::invalid_argument("decode_argmax: V must be positive");
-  launch_kernel(pdl, decode_argmax_kernel, dim3(1), dim3(kArgmaxThreads), 0, stream, token, logits, V, d_length);
+  if (history && (!d_length || history_size < 1)) {
+    throw std::invalid_argument("decode_argmax: a history needs the length pointer and a size >= 1");
+  }
+  launch_kernel(pdl, decode_argmax_kernel, dim3(1), dim3(kArgmaxThreads), 0, stream, token, logits, V, d_length,
+                history, history_size);
 }
 
 int32_t decode_argmax_cpu(const float* logits, int V) {

@@ -305,7 +305,10 @@ void decode_rope_append(__nv_bfloat16* qkv, __nv_bfloat16* k_cache, __nv_bfloat1
 /// @param token    (1) written
 /// @param logits   (V)
 /// @param d_length (1) or nullptr
-void decode_argmax(int32_t* token, const float* logits, int V, int* d_length, bool pdl, cudaStream_t stream = 0);
+/// @param history  (history_size) or nullptr: with d_length, the token is also written at
+///                 history[*d_length] (before the increment) when that index is in range
+void decode_argmax(int32_t* token, const float* logits, int V, int* d_length, bool pdl, cudaStream_t stream = 0,
+                   int32_t* history = nullptr, int history_size = 0);
 
 /// Plain C++ reference of decode_argmax: -1 when a value is NaN.
 int32_t decode_argmax_cpu(const float* logits, int V);

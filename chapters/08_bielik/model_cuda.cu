@@ -124,6 +124,9 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
   if (options_.prefill_chunk < 1) {
     throw std::invalid_argument("prefill_chunk must be >= 1, got " + std::to_string(options_.prefill_chunk));
   }
+  if (options_.decode_graph_steps < 1 || options_.decode_graph_steps > 64) {
+    throw std::invalid_argument("decode_graph_steps must be 1 to 64, got " + std::to_string(options_.decode_graph_steps));
+  }
   if (options_.prefill_graph_cache < 1) {
     throw std::invalid_argument("prefill_graph_cache must be >= 1, got " + std::to_string(options_.prefill_graph_cache));
   }
@@ -249,6 +252,7 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     p_v_gathered_ = DeviceBuffer<__nv_bfloat16>(size_t(context) * Hkv_ * D_);
     p_logits_ = DeviceBuffer<__nv_bfloat16>(size_t(std::min(kLogitRows, Tc)) * V_);
     d_token_ = DeviceBuffer<int32_t>(1);
+    d_history_ = DeviceBuffer<int32_t>(size_t(context));
     d_x_ = DeviceBuffer<__nv_bfloat16>(C_);
     d_qkv_ = DeviceBuffer<__nv_bfloat16>(QKV_);
     d_attn_ = DeviceBuffer<__nv_bfloat16>(size_t(H_) * D_);
@@ -284,13 +288,14 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     // Zeros, not whatever the allocator left: with options_.decode_skip a kernel may read
     // one of these without the kernel that writes it having run.
     d_qkv_.fill_bytes(0);
+    d_history_.fill_bytes(0xff);  // -1: a token read from a position no step wrote is an error
     d_attn_.fill_bytes(0);
     d_act_.fill_bytes(0);
     d_o_partials_.fill_bytes(0);
     for (size_t bytes : {p_tokens_.bytes(), p_x_.bytes(), p_h_.bytes(), p_proj_.bytes(),
                          p_qkv_.bytes(), p_q_.bytes(), p_attn_.bytes(), p_k_.bytes(), p_v_.bytes(),
                          p_gate_up_.bytes(), p_act_.bytes(), p_k_gathered_.bytes(), p_v_gathered_.bytes(),
-                         p_logits_.bytes(), d_token_.bytes(), d_x_.bytes(), d_qkv_.bytes(), d_attn_.bytes(),
+                         p_logits_.bytes(), d_token_.bytes(), d_history_.bytes(), d_x_.bytes(), d_qkv_.bytes(), d_attn_.bytes(),
                          d_act_.bytes(), d_logits_.bytes(), attention_workspace_->partial_acc.bytes(),
                          attention_workspace_->partial_ml.bytes(), rope_.cos.bytes(), rope_.sin.bytes(),
                          d_mlp_accumulators_.bytes()}) {
@@ -500,23 +505,37 @@ void CudaModel::capture_graphs(bool pdl) {
   capture_graph(pdl, attention_splits_, graph_, graph_exec_);
   if (short_attention_splits_ > 0) capture_graph(pdl, short_attention_splits_, short_graph_, short_graph_exec_);
   if (long_attention_splits_ > 0) capture_graph(pdl, long_attention_splits_, long_graph_, long_graph_exec_);
+  const int steps = options_.decode_graph_steps;
+  if (steps > 1) {
+    capture_graph(pdl, attention_splits_, multi_step_graph_[0], multi_step_exec_[0], steps);
+    if (short_attention_splits_ > 0) {
+      capture_graph(pdl, short_attention_splits_, multi_step_graph_[1], multi_step_exec_[1], steps);
+    }
+    if (long_attention_splits_ > 0) {
+      capture_graph(pdl, long_attention_splits_, multi_step_graph_[2], multi_step_exec_[2], steps);
+    }
+  }
 }
 
 void CudaModel::destroy_graphs() {
-  for (cudaGraphExec_t* exec : {&graph_exec_, &short_graph_exec_, &long_graph_exec_}) {
+  for (cudaGraphExec_t* exec : {&graph_exec_, &short_graph_exec_, &long_graph_exec_, &multi_step_exec_[0],
+                                 &multi_step_exec_[1], &multi_step_exec_[2]}) {
     if (*exec) cudaGraphExecDestroy(*exec);
     *exec = nullptr;
   }
-  for (cudaGraph_t* graph : {&graph_, &short_graph_, &long_graph_}) {
+  for (cudaGraph_t* graph : {&graph_, &short_graph_, &long_graph_, &multi_step_graph_[0], &multi_step_graph_[1],
+                             &multi_step_graph_[2]}) {
     if (*graph) cudaGraphDestroy(*graph);
     *graph = nullptr;
   }
 }
 
-void CudaModel::capture_graph(bool pdl, int attention_splits, cudaGraph_t& graph, cudaGraphExec_t& exec) {
+void CudaModel::capture_graph(bool pdl, int attention_splits, cudaGraph_t& graph, cudaGraphExec_t& exec,
+                              int steps) {
   CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   try {
-    enqueue_decode_step(stream_, pdl, nullptr, attention_splits);
+    // Each step reads the token and the length the step before it wrote on the GPU.
+    for (int i = 0; i < steps; ++i) enqueue_decode_step(stream_, pdl, nullptr, attention_splits);
   } catch (...) {
     cudaGraph_t broken = nullptr;
     cudaStreamEndCapture(stream_, &broken);
@@ -1207,7 +1226,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   done("lm_head");
   // The argmax overwrites the input token (the next step's input when generating) and
   // commits the step on the GPU: the device KV length += 1.
-  decode_argmax(d_token_.data(), d_logits_.data(), V_, d_length, pdl, s);
+  decode_argmax(d_token_.data(), d_logits_.data(), V_, d_length, pdl, s, d_history_.data(), context);
   done("argmax");
   if (side_branch) {
     CUDA_CHECK(cudaEventRecord(side_join_, side_stream_));
@@ -1296,12 +1315,33 @@ std::vector<int32_t> CudaModel::generate_greedy(int32_t token, int count) {
   int32_t* host = h_tokens_.get();
   host[0] = token;
   CUDA_CHECK(cudaMemcpyAsync(d_token_.data(), host, sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
-  // Every step's input is the previous step's argmax, already on the GPU: the steps are
-  // queued back to back, each followed by a 4-byte copy of its token, and the host waits
-  // once at the end. (Stream order: copy i happens before step i+1 overwrites d_token_.)
-  for (int i = 0; i < count; ++i) {
-    run_decode_step(position() + i + 1);
-    CUDA_CHECK(cudaMemcpyAsync(host + i, d_token_.data(), sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+  // Every step's input is the previous step's argmax, already on the GPU, and the argmax
+  // also keeps it in d_history_ at its position: the steps are queued back to back, and
+  // one copy brings the whole generation back at the end. The persistent steps do not
+  // keep the history: their tokens come back one 4-byte copy after each step (stream
+  // order: copy i happens before step i+1 overwrites d_token_), as every step's did
+  // before the history (generate_copy_each_token measures that).
+  const bool copy_each = options_.persistent_decode || options_.generate_copy_each_token;
+  const int start = position();
+  const int steps = options_.decode_graph_steps;
+  for (int i = 0; i < count;) {
+    const int kv_len = start + i + 1;
+    const int kind = graph_kind_at(kv_len);
+    if (!copy_each && steps > 1 && count - i >= steps && multi_step_exec_[kind] &&
+        graph_kind_at(kv_len + steps - 1) == kind) {  // the kinds are intervals of kv_len
+      CUDA_CHECK(cudaGraphLaunch(multi_step_exec_[kind], stream_));
+      i += steps;
+      continue;
+    }
+    run_decode_step(kv_len);
+    if (copy_each) {
+      CUDA_CHECK(cudaMemcpyAsync(host + i, d_token_.data(), sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+    }
+    ++i;
+  }
+  if (!copy_each) {
+    CUDA_CHECK(cudaMemcpyAsync(host, d_history_.data() + start, size_t(count) * sizeof(int32_t),
+                               cudaMemcpyDeviceToHost, stream_));
   }
   CUDA_CHECK(cudaStreamSynchronize(stream_));
   kv_.commit_host(count);

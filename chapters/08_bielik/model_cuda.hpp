@@ -103,6 +103,17 @@ struct CudaModelOptions {
   int max_context = 0;       ///< KV cache length in tokens; 0: max_position_embeddings
   int prefill_chunk = 2048;  ///< most tokens per prefill pass (sizes the activation buffers)
   bool use_graph = true;     ///< decode by replaying the captured CUDA graph (else launch eagerly)
+  /// generate_greedy replays graphs of this many decode steps where the steps it has left
+  /// all take the same graph (the attention's cluster size changes with the length): one
+  /// graph launch, and no graph boundary, for several steps. 1: a graph a step. H200,
+  /// 2026-12-03, three alternating rounds (256 tokens after 16): 4 steps 1000 / 1000 /
+  /// 1000 tokens/s, 16 steps 998 / 997 / 997, 1 step 998 / 997 / 997.
+  int decode_graph_steps = 4;
+  /// generate_greedy copies each step's token back after the step (a 4-byte copy between
+  /// every two steps), as it did before the argmax kept the tokens on the GPU
+  /// (d_history_, one copy at the end). Off; it measures what the copies cost: the same
+  /// call, 988 / 989 / 987 against 998 / 997 / 997 tokens/s (a graph a step both).
+  bool generate_copy_each_token = false;
   bool use_pdl = true;       ///< programmatic dependent launch between decode kernels and between prefill's small kernels (sm_90+)
   /// Prefill attention with chapter 05's v6 on sm_90+ (each query block's key tiles split
   /// over a thread block cluster) instead of attention_forward (v5, or v3 on GPUs with
@@ -523,7 +534,7 @@ class CudaModel final : public Backend {
   // or the eager launches.
   void run_decode_step(int kv_len);
   // The decode step with `attention_splits` into `graph` / `exec`.
-  void capture_graph(bool pdl, int attention_splits, cudaGraph_t& graph, cudaGraphExec_t& exec);
+  void capture_graph(bool pdl, int attention_splits, cudaGraph_t& graph, cudaGraphExec_t& exec, int steps = 1);
   void capture_graphs(bool pdl);  // graph_, short_graph_ and long_graph_ when their splits are set
   void destroy_graphs();
   void destroy_side_branch();  // side_stream_ and its events
@@ -552,6 +563,11 @@ class CudaModel final : public Backend {
     return short_attention_step(kv_len)  ? short_graph_exec_
            : long_attention_step(kv_len) ? long_graph_exec_
                                          : graph_exec_;
+  }
+  // Which of the three graphs a step over kv_len keys replays: 0 the default, 1 the short
+  // one, 2 the long one.
+  int graph_kind_at(int kv_len) const {
+    return short_attention_step(kv_len) ? 1 : long_attention_step(kv_len) ? 2 : 0;
   }
 
   ModelConfig config_;
@@ -609,6 +625,7 @@ class CudaModel final : public Backend {
 
   // Decode buffers (one token).
   DeviceBuffer<int32_t> d_token_;       // (1) input token; the argmax overwrites it
+  DeviceBuffer<int32_t> d_history_;     // (max_context) the argmax's token after each position
   DeviceBuffer<__nv_bfloat16> d_x_;     // (C) residual stream
   DeviceBuffer<__nv_bfloat16> d_qkv_;   // ((H + 2 Hkv) D)
   DeviceBuffer<__nv_bfloat16> d_attn_;  // (H D)
@@ -641,6 +658,9 @@ class CudaModel final : public Backend {
   cudaGraphExec_t short_graph_exec_ = nullptr;
   cudaGraph_t long_graph_ = nullptr;  // long_attention_splits_ > 0: the step for long caches
   cudaGraphExec_t long_graph_exec_ = nullptr;
+  // options_.decode_graph_steps > 1: that many steps in one graph, for each kind above.
+  cudaGraph_t multi_step_graph_[3] = {nullptr, nullptr, nullptr};
+  cudaGraphExec_t multi_step_exec_[3] = {nullptr, nullptr, nullptr};
 
   // The prefill graphs (options_.prefill_graphs), by chunk shape.
   struct PrefillShape {

@@ -22,6 +22,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -219,6 +220,19 @@ TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming t
       refused = std::string(e.what()).find(name) != std::string::npos;
     }
     INFO(name);
+    REQUIRE(refused);
+  }
+  // No decode steps in a graph, or too many.
+  for (int steps : {0, 65}) {
+    CudaModelOptions options = cuda_options();
+    options.decode_graph_steps = steps;
+    bool refused = false;
+    try {
+      CudaModel model(dir, options);
+    } catch (const std::invalid_argument& e) {
+      INFO(e.what());
+      refused = std::string(e.what()).find("decode_graph_steps") != std::string::npos;
+    }
     REQUIRE(refused);
   }
   // No room for a single prefill graph.
@@ -987,6 +1001,56 @@ TEST_CASE("CUDA model: greedy tokens equal the CPU backend's", "[ch08][gpu][mode
       via_logits.push_back(argmax(step.data(), spec.V));
     }
     REQUIRE(via_logits == cuda_tokens);
+  }
+}
+
+TEST_CASE("CUDA model: generate_greedy gives the same tokens with several steps a graph and with a copy a step",
+          "[ch08][gpu][model]") {
+  const uint64_t seed = fresh_seed();
+  INFO("prompt seed " << seed);
+  for (const TinySpec& spec : kSpecs) {
+    const std::string dir = tiny_checkpoint(spec);
+    // From position 20 to 140 a generation runs in all three decode graphs: the short one
+    // up to 40 keys, the default one, the long one from 90 (thresholds moved down from
+    // Bielik's 256 and 1024 to fit the tiny models' 160 positions). With 3 and 8 steps a
+    // graph, some runs of steps straddle a switch and take single steps there.
+    const std::vector<int32_t> prompt = random_prompt(20, spec.V, seed);
+    constexpr int kSteps = 120;
+    std::vector<std::vector<int32_t>> runs;
+    for (int variant = 0; variant < 5; ++variant) {
+      CudaModelOptions options = cuda_options();
+      options.short_attention_max_keys = 40;
+      options.long_attention_min_keys = 90;
+      options.decode_graph_steps = variant == 0 ? CudaModelOptions{}.decode_graph_steps : variant == 1 ? 3 : variant == 2 ? 8 : 1;
+      options.generate_copy_each_token = variant == 3;
+      CudaModel cuda(dir, options);
+      const std::vector<float> logits = cuda.prefill(prompt);
+      const int32_t first = argmax(logits.data(), spec.V);
+      std::vector<int32_t> tokens;
+      if (variant == 4) {  // one step at a time, the reference
+        tokens.push_back(cuda.decode_greedy(first));
+        for (int i = 1; i < kSteps; ++i) tokens.push_back(cuda.decode_greedy(tokens.back()));
+      } else {
+        // In two calls: the second starts where the first left the cache and the history.
+        tokens = cuda.generate_greedy(first, 51);
+        const std::vector<int32_t> rest = cuda.generate_greedy(tokens.back(), kSteps - 51);
+        tokens.insert(tokens.end(), rest.begin(), rest.end());
+      }
+      REQUIRE(cuda.position() == int(prompt.size()) + kSteps);
+      REQUIRE(tokens.size() == size_t(kSteps));
+      REQUIRE(std::all_of(tokens.begin(), tokens.end(), [&](int32_t t) { return t >= 0 && t < spec.V; }));
+      runs.push_back(tokens);
+    }
+    for (size_t i = 0; i + 1 < runs.size(); ++i) {
+      INFO(spec.name << " variant " << i << " (0: the default steps a graph, 1: 3 steps, 2: 8 steps, 3: a step a graph and a copy a step) against "
+                     << "decode_greedy");
+      REQUIRE(runs[i] == runs.back());
+    }
+    // A sequence of few distinct tokens proves less about the order (the argmax kernel's
+    // test checks where the history puts each token).
+    const size_t distinct = std::set<int32_t>(runs[0].begin(), runs[0].end()).size();
+    if (distinct <= 3) WARN(spec.name << ": only " << distinct << " distinct tokens in the generation");
+    std::printf("%s: %d greedy steps, %zu distinct tokens, the same in all five forms\n", spec.name, kSteps, distinct);
   }
 }
 
@@ -2062,6 +2126,22 @@ TEST_CASE("decode_argmax: first maximum, NaN gives -1, commits the length", "[ch
   decode_argmax(token.data(), d_logits.data(), int(logits.size()), nullptr, false);
   REQUIRE(token.to_host()[0] == -1);
   REQUIRE(length.to_host()[0] == 42);
+  // The history: the token lands at the length before the increment, nothing else is
+  // touched, and a length past the end writes nothing (the length still advances).
+  logits[12345] = 0.0f;
+  d_logits.copy_from_host(logits);
+  DeviceBuffer<int32_t> history(std::vector<int32_t>(50, -7));
+  decode_argmax(token.data(), d_logits.data(), int(logits.size()), length.data(), true, 0, history.data(), 50);
+  std::vector<int32_t> expected(50, -7);
+  expected[42] = 777;
+  REQUIRE(history.to_host() == expected);
+  REQUIRE(length.to_host()[0] == 43);
+  length.copy_from_host(std::vector<int>{50});
+  decode_argmax(token.data(), d_logits.data(), int(logits.size()), length.data(), false, 0, history.data(), 50);
+  REQUIRE(history.to_host() == expected);
+  REQUIRE(length.to_host()[0] == 51);
+  REQUIRE_THROWS_AS(decode_argmax(token.data(), d_logits.data(), 8, nullptr, false, 0, history.data(), 50),
+                    std::invalid_argument);
 }
 
 TEST_CASE("l2_prefetch: the load form reads every byte of its ranges; bad plans are refused", "[ch08][gpu][kernels]") {
