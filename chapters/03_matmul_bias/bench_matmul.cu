@@ -91,7 +91,9 @@ struct Entry {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // --gemv-only: the GEMV table alone (T <= 16), then stop.
+  const bool gemv_only = argc > 1 && std::string(argv[1]) == "--gemv-only";
   if (!cuda_device_available()) {
     std::printf("bench_matmul: no CUDA device\n");
     return 0;
@@ -132,8 +134,8 @@ int main() {
       weights.emplace_back(w_elements);
       CUDA_CHECK(cudaMemcpy(weights[i].data(), weights[0].data(), weights[0].bytes(), cudaMemcpyDeviceToDevice));
     }
-    DeviceBuffer<uint16_t> x(random_bf16(size_t(kGemvMaxTokens) * shape.C_in, 5)), b(random_bf16(shape.C_out, 6));
-    DeviceBuffer<uint16_t> y(size_t(kGemvMaxTokens) * shape.C_out);
+    DeviceBuffer<uint16_t> x(random_bf16(size_t(kGemvV2MaxTokens) * shape.C_in, 5)), b(random_bf16(shape.C_out, 6));
+    DeviceBuffer<uint16_t> y(size_t(kGemvV2MaxTokens) * shape.C_out);
     const __nv_bfloat16* bias = shape.bias ? bf16(b.data()) : nullptr;
     // cudaMemcpy moving the same bytes (copying half of W's bytes reads and writes W's
     // size): what any kernel of this size pays for launch, ramp-up and tail.
@@ -155,10 +157,14 @@ int main() {
                     fmt(100 * batched_gbs / copy_gbs, 1), fmt(graphed.median_ms * 1e3, 1), fmt(graph_gbs, 0),
                     fmt(100 * graph_gbs / copy_gbs, 1)});
     }
-    for (int T = 1; T <= kGemvMaxTokens; ++T) {
+    for (int T = 1; T <= kGemvV2MaxTokens; ++T) {
+      if (T > kGemvMaxTokens && T != 12 && T != 16) continue;  // past v1's 8: two points
       double bytes = 2.0 * (w_elements + size_t(T) * (shape.C_in + shape.C_out) + (shape.bias ? shape.C_out : 0));
-      for (Launch launch : {Launch(gemv_v1_warp_per_row), Launch(matmul_cublaslt)}) {
-        const char* name = launch == matmul_cublaslt ? "cublaslt" : "gemv_v1";
+      for (Launch launch : {Launch(gemv_v1_warp_per_row), Launch(gemv_v2_tensor_cores), Launch(matmul_cublaslt)}) {
+        if (launch == gemv_v1_warp_per_row && T > kGemvMaxTokens) continue;
+        const char* name = launch == matmul_cublaslt        ? "cublaslt"
+                           : launch == gemv_v2_tensor_cores ? "gemv_v2 (tensor cores)"
+                                                            : "gemv_v1";
         auto run_on = [&](int i, cudaStream_t stream) {
           launch(bf16(y.data()), bf16(x.data()), bf16(weights[i].data()), bias, T, shape.C_in, shape.C_out, stream);
         };
@@ -169,7 +175,7 @@ int main() {
         std::vector<std::string> row = {shape.name, std::to_string(T), name, fmt(isolated.median_ms * 1e3, 1),
                                         fmt(gbs, 0), fmt(100 * gbs / copy_gbs, 1), fmt(batched.median_ms * 1e3, 1),
                                         fmt(batched_gbs, 0), fmt(100 * batched_gbs / copy_gbs, 1)};
-        if (launch == gemv_v1_warp_per_row) {  // cuBLASLt's plan cache is not made for capture: not graphed
+        if (launch != matmul_cublaslt) {  // cuBLASLt's plan cache is not made for capture: not graphed
           BenchTiming graphed = time_gpu_graph(run_on, copies);
           double graph_gbs = gb_per_s(bytes, graphed.median_ms);
           row.insert(row.end(), {fmt(graphed.median_ms * 1e3, 1), fmt(graph_gbs, 0), fmt(100 * graph_gbs / copy_gbs, 1)});
@@ -181,6 +187,7 @@ int main() {
     }
   }
   gemv.print();  // printed now: the tables below take longer
+  if (gemv_only) return 0;
 
   BenchTable best("best own tensor-core kernel vs cuBLASLt",
                   {"shape", "T", "cuBLASLt (us)", "best own", "own (us)", "% of cuBLASLt"});

@@ -28,6 +28,7 @@
 #include "cuda_check.cuh"
 #include "matmul.cuh"
 #include "matmul_common.cuh"
+#include "matmul_ptx.cuh"
 
 namespace bielik {
 
@@ -52,13 +53,7 @@ __device__ __forceinline__ void unpack_8(float (&v)[8], uint4 raw) {
 }
 
 // Streaming 16-byte load that does not allocate in L1 (W is read exactly once).
-__device__ __forceinline__ uint4 load_streaming(const void* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
+__device__ __forceinline__ uint4 load_streaming(const void* p) { return ptx::load_streaming_16(p); }
 
 // Chunk `chunk` (8 bf16 starting at k = 8 * chunk) of a row of length K, zeros past K.
 template <bool Vector, bool Streaming>

@@ -117,6 +117,21 @@ inline constexpr int kGemvMaxTokens = 8;
 void gemv_v1_warp_per_row(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W,
                           const __nv_bfloat16* bias, int T, int C_in, int C_out, cudaStream_t stream = 0);
 
+/// Largest T gemv_v2_tensor_cores takes: two 8-token column tiles.
+inline constexpr int kGemvV2MaxTokens = 16;
+
+/// Whether gemv_v2_tensor_cores takes this call: 1 <= T <= kGemvV2MaxTokens, C_in % 8 == 0,
+/// 16-byte aligned x and W.
+bool gemv_v2_supported(const __nv_bfloat16* x, const __nv_bfloat16* W, int T, int C_in);
+
+/// The same product for a few tokens on the tensor cores (mma.sync, sm_80+): a block per 16
+/// weight rows, the tokens as the mma's 8 (or 16) columns, every weight read once for all
+/// of them. For short prefills, where cuBLASLt's GEMMs read the weights well below the
+/// GEMV's rate. Throws std::invalid_argument where gemv_v2_supported says no (T = 0 writes
+/// nothing). Same parameters as v1.
+void gemv_v2_tensor_cores(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W,
+                          const __nv_bfloat16* bias, int T, int C_in, int C_out, cudaStream_t stream = 0);
+
 /// Every GEMM version, in order, so tests and the benchmark loop over one list.
 using MatmulLauncher = void (*)(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
                                 int, int, int, cudaStream_t);

@@ -49,6 +49,16 @@ __device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], const uint32_t (
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/// 16 bytes of a stream read once (GEMV weights): from global memory through the
+/// non-coherent path, not allocated in L1, so they do not evict what is reused (x).
+__device__ __forceinline__ uint4 load_streaming_16(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
 /// Shared-memory address (what cp.async, ldmatrix and wgmma descriptors take) of a
 /// generic pointer into shared memory.
 __device__ __forceinline__ uint32_t smem_address(const void* p) {

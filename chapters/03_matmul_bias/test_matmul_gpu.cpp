@@ -181,6 +181,10 @@ TEST_CASE("every matmul version is bit-exact on small integers", "[ch03][gpu]") 
         if (T > golden.T) continue;
         device.check("gemv_v1", device.run(gemv_v1_warp_per_row, T, with_bias), T, with_bias);
       }
+      for (int T : {1, 2, 8, 9, 16}) {  // and on the tensor cores, where it takes the shape
+        if (T > golden.T || golden.C_in % 8 != 0) continue;
+        device.check("gemv_v2", device.run(gemv_v2_tensor_cores, T, with_bias), T, with_bias);
+      }
 #endif
     }
   }
@@ -318,6 +322,63 @@ TEST_CASE("gemv_v1 matches the golden answers for every T = 1..8", "[ch03][gpu]"
       }
     }
   }
+}
+
+TEST_CASE("gemv_v2 matches the golden answers for every T = 1..16", "[ch03][gpu]") {
+  std::vector<std::string> names(std::begin(kOddCases), std::end(kOddCases));
+  names.insert(names.end(), std::begin(kBielikCases), std::end(kBielikCases));
+  int checked = 0;
+  for (const std::string& name : names) {
+    GoldenCase golden = load_case(name);
+    DeviceCase device(golden);
+    if (golden.C_in % 8 != 0) continue;  // odd_a: gemv_v2_supported says no (tested below)
+    for (int T = 1; T <= kGemvV2MaxTokens && T <= golden.T; ++T) {
+      for (bool with_bias : {true, false}) {
+        device.check("gemv_v2", device.run(gemv_v2_tensor_cores, T, with_bias), T, with_bias);
+        ++checked;
+      }
+    }
+  }
+  REQUIRE(checked == 7 * 16 * 2);  // odd_b, odd_c and the five Bielik shapes, every T
+}
+
+TEST_CASE("gemv_v2 on fresh random inputs: odd rows, long rows, both column tiles", "[ch03][gpu]") {
+  uint64_t seed = fresh_seed();
+  // C_out not a multiple of 16 (a partial last block), K not a multiple of 32 (a partial
+  // last step), long rows (blocks of 16 warps) with one and with two column tiles.
+  for (auto [T, C_in, C_out] : {std::tuple{1, 40, 24}, std::tuple{5, 1544, 257}, std::tuple{9, 8, 3},
+                                std::tuple{13, 8960, 1537}, std::tuple{16, 4104, 33}, std::tuple{8, 1536, 8960}}) {
+    INFO("seed " << seed << " T=" << T << " C_in=" << C_in << " C_out=" << C_out);
+    std::vector<uint16_t> x = random_bf16(size_t(T) * C_in, seed);
+    std::vector<uint16_t> W = random_bf16(size_t(C_out) * C_in, seed + 1, 0.05f);
+    std::vector<uint16_t> b = random_bf16(C_out, seed + 2, 0.5f);
+    DeviceBuffer<uint16_t> dx(x), dW(W), db(b), dy(size_t(T) * C_out + 8);
+    for (bool with_bias : {true, false}) {
+      std::vector<float> expected = cpu_reference(x, W, with_bias ? &b : nullptr, T, C_in, C_out);
+      dy.fill_bytes(0xFF);  // NaN everywhere: an output left unwritten fails the comparison
+      gemv_v2_tensor_cores(bf16(dy.data()), bf16(dx.data()), bf16(dW.data()), with_bias ? bf16(db.data()) : nullptr,
+                           T, C_in, C_out, 0);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      std::vector<uint16_t> out = dy.to_host();
+      for (size_t i = size_t(T) * C_out; i < out.size(); ++i) REQUIRE(out[i] == 0xFFFF);  // nothing past y
+      out.resize(size_t(T) * C_out);
+      CompareResult result = compare_bf16(std::string("gemv_v2") + (with_bias ? " bias" : " no bias"), out, expected,
+                                          tolerance::kBf16Output);
+      INFO(result.report);
+      CHECK(result.passed);
+    }
+  }
+}
+
+TEST_CASE("gemv_v2 refuses what it cannot run and writes nothing at T = 0", "[ch03][gpu]") {
+  GoldenCase golden = load_case("odd_b");
+  DeviceCase device(golden);
+  REQUIRE(device.run(gemv_v2_tensor_cores, 0, true).empty());  // run() checks that y kept its poison
+  REQUIRE_THROWS_AS(device.run(gemv_v2_tensor_cores, kGemvV2MaxTokens + 1, true), std::invalid_argument);
+  GoldenCase odd_k = load_case("odd_a");  // C_in = 100: not a multiple of 8
+  DeviceCase odd_device(odd_k);
+  REQUIRE_THROWS_AS(odd_device.run(gemv_v2_tensor_cores, 2, true), std::invalid_argument);
+  REQUIRE_FALSE(gemv_v2_supported(nullptr, nullptr, 17, 1536));
 }
 
 TEST_CASE("matmul_forward is right on both sides of the GEMV/GEMM switch", "[ch03][gpu]") {

@@ -38,6 +38,7 @@
 #include "cuda_check.cuh"
 #include "decode_kernels.cuh"  // GemvTimelineEvent
 #include "device_buffer.cuh"
+#include "matmul.cuh"         // chapter 03: kGemvV2MaxTokens
 #include "matmul_common.cuh"  // chapter 03: multiprocessor_count
 #include "model_cuda.hpp"
 #include "sample_kernels.cuh"
@@ -56,6 +57,8 @@ struct Args {
   bool ttft_rows_ab = false;  ///< with ttft_only: A/B the last layer's rows only (on / off), not the attention
   bool prefill_all_rows = false;  ///< --prefill-all-rows: prefill_last_layer_rows_only off
   bool ttft_graph_ab = false;      ///< with ttft_only: A/B the prefill graphs (on / off)
+  bool ttft_gemv_ab = false;       ///< with ttft_only: A/B gemv_v2 for short prefills (on / off)
+  int prefill_gemv_max_tokens = CudaModelOptions{}.prefill_gemv_max_tokens;  ///< --prefill-gemv N
   bool no_prefill_graphs = false;  ///< --no-prefill-graphs: prefill_graphs off
   bool timeline = false;     ///< load, print the decode GEMVs' timeline (one step), stop
   bool timeline_attention = true;  ///< --timeline-gemvs-only: false (the attention's stamps left out)
@@ -146,6 +149,11 @@ Args parse(int argc, char** argv) {
     } else if (flag == "--ttft-graph-ab") {
       a.ttft_only = true;
       a.ttft_graph_ab = true;
+    } else if (flag == "--ttft-gemv-ab") {
+      a.ttft_only = true;
+      a.ttft_gemv_ab = true;
+    } else if (flag == "--prefill-gemv") {
+      a.prefill_gemv_max_tokens = std::stoi(value());
     } else if (flag == "--no-prefill-graphs") {
       a.no_prefill_graphs = true;
     } else if (flag == "--prefill-all-rows") {
@@ -352,7 +360,7 @@ Args parse(int argc, char** argv) {
     } else {
       throw std::invalid_argument("unknown argument " + flag +
                                   " (usage: bench_model [--model DIR] [--out FILE] [--decode-tokens N] [--context N]"
-                                  " [--decode-only [--prompt-tokens N]] [--ttft-only] [--ttft-rows-ab|--ttft-graph-ab] [--prefill-all-rows] [--no-prefill-graphs] [--timeline|--timeline-gemvs-only] [--sampling-only] [--prefill-attention v5|v6]"
+                                  " [--decode-only [--prompt-tokens N]] [--ttft-only] [--ttft-rows-ab|--ttft-graph-ab|--ttft-gemv-ab] [--prefill-all-rows] [--no-prefill-graphs] [--prefill-gemv N] [--timeline|--timeline-gemvs-only] [--sampling-only] [--prefill-attention v5|v6]"
                                   " [--attention cluster_o|cluster|cluster_per_head|split_combine|merge_in_o]"
                                   " [--replicas N] [--splits N] [--short-max-keys N] [--short-splits N] [--long-min-keys N]"
                                   " [--long-splits N]"
@@ -799,6 +807,7 @@ int main(int argc, char** argv) {
     options.prefill_attention_clusters = args.prefill_attention_clusters;
     options.prefill_last_layer_rows_only = !args.prefill_all_rows;
     options.prefill_graphs = !args.no_prefill_graphs;
+    options.prefill_gemv_max_tokens = args.prefill_gemv_max_tokens;
     options.decode_timeline = args.timeline;
     options.decode_timeline_attention = args.timeline_attention;
     options.o_allows_gate_up_early = !args.gate_up_after_o;
@@ -848,6 +857,10 @@ int main(int argc, char** argv) {
         o.prefill_last_layer_rows_only = !options.prefill_last_layer_rows_only;
         name = options.prefill_last_layer_rows_only ? "last layer, last row only" : "last layer, every row";
         other_name = options.prefill_last_layer_rows_only ? "last layer, every row" : "last layer, last row only";
+      } else if (args.ttft_gemv_ab) {
+        o.prefill_gemv_max_tokens = options.prefill_gemv_max_tokens > 1 ? 0 : kGemvV2MaxTokens;  // the other one
+        name = options.prefill_gemv_max_tokens > 1 ? "gemv_v2 up to 16 rows" : "cuBLASLt";
+        other_name = options.prefill_gemv_max_tokens > 1 ? "cuBLASLt" : "gemv_v2 up to 16 rows";
       } else if (args.ttft_graph_ab) {
         o.prefill_graphs = !options.prefill_graphs;
         name = options.prefill_graphs ? "graph" : "eager";
@@ -858,11 +871,12 @@ int main(int argc, char** argv) {
       CudaModel other(args.model, o);
       BenchTable table(args.ttft_rows_ab    ? "model_prefill_last_layer_ab"
                        : args.ttft_graph_ab ? "model_prefill_graph_ab"
+                       : args.ttft_gemv_ab  ? "model_prefill_gemv_ab"
                                             : "model_prefill_attention",
                        {"round", "prompt tokens", std::string("TTFT ms, ") + name,
                                                    std::string("TTFT ms, ") + other_name, "ratio"});
       for (int round = 0; round < 2; ++round) {
-        for (int n : {16, 128, 512, 2048}) {
+        for (int n : args.ttft_gemv_ab ? std::vector<int>{4, 8, 12, 16, 128} : std::vector<int>{16, 128, 512, 2048}) {
           if (n > model->context_size()) continue;
           const double a = ttft_ms(*model, n), b = ttft_ms(other, n);
           table.add_row({std::to_string(round), std::to_string(n), fmt(a, 3), fmt(b, 3), fmt(b / a, 3) + "x"});

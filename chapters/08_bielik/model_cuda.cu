@@ -127,6 +127,10 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
   if (options_.decode_graph_steps < 1 || options_.decode_graph_steps > 64) {
     throw std::invalid_argument("decode_graph_steps must be 1 to 64, got " + std::to_string(options_.decode_graph_steps));
   }
+  if (options_.prefill_gemv_max_tokens < 0 || options_.prefill_gemv_max_tokens > kGemvV2MaxTokens) {
+    throw std::invalid_argument("prefill_gemv_max_tokens must be 0 to " + std::to_string(kGemvV2MaxTokens) +
+                                ", got " + std::to_string(options_.prefill_gemv_max_tokens));
+  }
   if (options_.prefill_graph_cache < 1) {
     throw std::invalid_argument("prefill_graph_cache must be >= 1, got " + std::to_string(options_.prefill_graph_cache));
   }
@@ -823,6 +827,15 @@ void CudaModel::launch_chunk(int T, bool want_logits) {
   CUDA_CHECK(cudaGraphLaunch(found->second.exec, stream_));
 }
 
+void CudaModel::project(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W, const __nv_bfloat16* b,
+                        int rows, int C_in, int C_out, cudaStream_t s) const {
+  if (rows >= 2 && rows <= options_.prefill_gemv_max_tokens && gemv_v2_supported(x, W, rows, C_in)) {
+    gemv_v2_tensor_cores(y, x, W, b, rows, C_in, C_out, s);
+  } else {
+    matmul_forward(y, x, W, b, rows, C_in, C_out, s);
+  }
+}
+
 void CudaModel::destroy_prefill_graphs() {
   for (auto& [shape, graph] : prefill_graphs_) {
     if (graph.exec) cudaGraphExecDestroy(graph.exec);
@@ -863,7 +876,7 @@ void CudaModel::enqueue_chunk(int T, bool all_logits, bool want_logits,
       fused_residual_rmsnorm_forward(p_h_.data(), p_x_.data(), p_proj_.data(), L.input_norm, T, C_, eps, s, use_pdl_);
     }
     done("norm");
-    matmul_forward(p_qkv_.data(), p_h_.data(), L.w_qkv, L.b_qkv, T, C_, QKV_, s);
+    project(p_qkv_.data(), p_h_.data(), L.w_qkv, L.b_qkv, T, C_, QKV_, s);
     done("qkv_gemm");
     // q, k, v apart (token-major), RoPE on q and k, k and v into the cache: one pass.
     const QkvRopeAppendOut split{p_q_.data(), p_k_.data(), p_v_.data(), kv_.k(int(l)), kv_.v(int(l)), context};
@@ -892,7 +905,7 @@ void CudaModel::enqueue_chunk(int T, bool all_logits, bool want_logits,
       attention_forward(p_attn_.data(), queries, keys, values, rows, P + T, H_, Hkv_, D_, s, use_pdl_);
     }
     done("attention");
-    matmul_forward(p_proj_.data(), p_attn_.data(), L.w_o, L.b_o, rows, HD, C_, s);
+    project(p_proj_.data(), p_attn_.data(), L.w_o, L.b_o, rows, HD, C_, s);
     done("o_gemm");
     // The residual stream's rows [first_row, T) (the others are not read again).
     __nv_bfloat16* residual = p_x_.data() + size_t(first_row) * C_;
@@ -902,14 +915,14 @@ void CudaModel::enqueue_chunk(int T, bool all_logits, bool want_logits,
     // (Chapter 06 measured its fused tensor-core SwiGLU at half of cuBLASLt's speed at
     // prefill sizes and routes T >= 5 to cuBLASLt + elementwise itself: this is that,
     // in one GEMM instead of two and without its on-demand scratch buffers.)
-    matmul_forward(p_gate_up_.data(), p_h_.data(), L.w_gate_up, L.b_gate_up, rows, C_, 2 * F_, s);
+    project(p_gate_up_.data(), p_h_.data(), L.w_gate_up, L.b_gate_up, rows, C_, 2 * F_, s);
     done("gate_up_gemm");
     swiglu_rows(p_act_.data(), p_gate_up_.data(), rows, F_, s, use_pdl_);
     done("swiglu");
     if (fused_mlp_) {  // W_down kept transposed, (F, C), for the fused decode MLP
       matmul_cublaslt_w_in_out(p_proj_.data(), p_act_.data(), L.w_down, L.b_down, rows, F_, C_, s);
     } else {
-      matmul_forward(p_proj_.data(), p_act_.data(), L.w_down, L.b_down, rows, F_, C_, s);
+      project(p_proj_.data(), p_act_.data(), L.w_down, L.b_down, rows, F_, C_, s);
     }
     done("down_gemm");
   }

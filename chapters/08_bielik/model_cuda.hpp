@@ -134,6 +134,14 @@ struct CudaModelOptions {
   bool prefill_graphs = true;
   /// Most prefill graphs kept; the least recently replayed one goes first.
   int prefill_graph_cache = 8;
+  /// Prefill projections of 2 to this many rows run on chapter 03's gemv_v2 (the tokens
+  /// as the columns of a tensor-core tile, every weight read once) instead of cuBLASLt's
+  /// GEMM. 0 or 1: cuBLASLt from 2 rows on. At most kGemvV2MaxTokens (16). Off: H200,
+  /// 2026-12-03, bench_model --ttft-gemv-ab, two rounds: TTFT at 4 / 8 / 12 / 16 tokens
+  /// 1.88-1.89 / 1.90-1.91 / 2.12-2.14 / 2.18-2.19 ms against cuBLASLt's 1.89-1.90 /
+  /// 1.84-1.85 / 1.87 / 1.88-1.89 (chapter 03's README: gemv_v2 streams gate/up and the
+  /// lm_head faster at T <= 8, down slower at every T, everything slower at T > 8).
+  int prefill_gemv_max_tokens = 0;
   /// Resident blocks per SM the decode GEMVs may use (0: as many as fit), for the small
   /// ones (QKV, O) and the large ones (gate/up, down, lm_head). Fewer leaves room on each
   /// SM for the NEXT kernel's blocks, which PDL then starts early: their weight loads
@@ -524,6 +532,10 @@ class CudaModel final : public Backend {
   // enqueue_chunk(T, false, want_logits, nullptr) as prefill_graphs says: eagerly the
   // first time the shape is seen, then captured, then replayed.
   void launch_chunk(int T, bool want_logits);
+  // A prefill projection y = x W^T + b of `rows` tokens: gemv_v2 up to
+  // options_.prefill_gemv_max_tokens rows, else matmul_forward (chapter 03).
+  void project(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W, const __nv_bfloat16* b, int rows,
+               int C_in, int C_out, cudaStream_t s) const;
   void destroy_prefill_graphs();
   // Enqueues one decode step on `stream`: reads d_token_ and the device KV length, writes
   // logits_ and d_token_ (the argmax), advances the device length.

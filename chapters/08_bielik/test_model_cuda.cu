@@ -235,6 +235,19 @@ TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming t
     }
     REQUIRE(refused);
   }
+  // gemv_v2 for more rows than it takes.
+  {
+    CudaModelOptions options = cuda_options();
+    options.prefill_gemv_max_tokens = 17;
+    bool refused = false;
+    try {
+      CudaModel model(dir, options);
+    } catch (const std::invalid_argument& e) {
+      INFO(e.what());
+      refused = std::string(e.what()).find("prefill_gemv_max_tokens") != std::string::npos;
+    }
+    REQUIRE(refused);
+  }
   // No room for a single prefill graph.
   {
     CudaModelOptions options = cuda_options();
@@ -318,6 +331,39 @@ TEST_CASE("CUDA model: prefill logits match the CPU backend at every position", 
     const std::vector<int32_t> short_prompt(prompt.begin(), prompt.begin() + 5);
     require_rows_close(std::string(spec.name) + " prefill(5)", cuda.prefill(short_prompt, Logits::kAll),
                        cpu.prefill(short_prompt, Logits::kAll), spec.V, kModelTolerance);
+  }
+}
+
+TEST_CASE("CUDA model: short prefills on gemv_v2 match the CPU backend and cuBLASLt's", "[ch08][gpu][model]") {
+  const uint64_t seed = fresh_seed();
+  INFO("prompt seed " << seed);
+  for (const TinySpec& spec : kSpecs) {
+    const std::string dir = tiny_checkpoint(spec);
+    CpuModel cpu(dir, CpuModelOptions{2, 0});
+    CudaModelOptions on = cuda_options(), off = cuda_options();
+    on.prefill_gemv_max_tokens = 16;  // gemv_v2 for every prompt below
+    off.prefill_gemv_max_tokens = 0;
+    CudaModel with_gemv(dir, on), with_gemm(dir, off);
+    // 2 to 16 tokens: one column tile, two, and the limit; then a 5-token turn at P = 16.
+    for (size_t length : {size_t(2), size_t(7), size_t(9), size_t(16)}) {
+      INFO(spec.name << " prompt of " << length);
+      const std::vector<int32_t> prompt = random_prompt(length, spec.V, seed + length);
+      cpu.reset();
+      with_gemv.reset();
+      with_gemm.reset();
+      const std::vector<float> expected = cpu.prefill(prompt, Logits::kAll);
+      require_rows_close(std::string(spec.name) + " gemv_v2 prefill", with_gemv.prefill(prompt, Logits::kAll),
+                         expected, spec.V, kModelTolerance);
+      require_rows_close(std::string(spec.name) + " cuBLASLt prefill", with_gemm.prefill(prompt, Logits::kAll),
+                         expected, spec.V, kModelTolerance);
+      if (length == 16) {
+        const std::vector<int32_t> turn = random_prompt(5, spec.V, seed + 99);
+        const std::vector<float> cpu_turn = cpu.prefill(turn);
+        const double worst = require_rows_close(std::string(spec.name) + " gemv_v2 turn", with_gemv.prefill(turn),
+                                                cpu_turn, spec.V, kModelTolerance);
+        std::printf("%s: prefill of 16 + a 5-token turn on gemv_v2 vs CPU, worst rel err %.2e\n", spec.name, worst);
+      }
+    }
   }
 }
 
