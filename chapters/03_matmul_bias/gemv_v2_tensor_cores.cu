@@ -42,7 +42,13 @@ namespace {
 constexpr int kRowsPerBlock = 16;  // the mma's M
 
 // Weights are read once: a streaming 16-byte load that does not allocate in L1.
-__device__ __forceinline__ uint4 load_weights(const __nv_bfloat16* p) { return ptx::load_streaming_16(p); }
+__device__ __forceinline__ uint4 load_weights(const __nv_bfloat16* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
 
 template <int kWarps, int kColumnTiles, bool HasBias>
 __global__ void __launch_bounds__(kWarps * 32)
