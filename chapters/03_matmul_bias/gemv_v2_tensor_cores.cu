@@ -121,11 +121,10 @@ template <int kWarps, int kColumnTiles>
 void launch_v2(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W, const __nv_bfloat16* bias, int T,
                int C_in, int C_out, cudaStream_t stream) {
   const dim3 grid((C_out + kRowsPerBlock - 1) / kRowsPerBlock);
-  if (bias) {
-    gemv_v2_kernel<kWarps, kColumnTiles, true><<<grid, kWarps * 32, 0, stream>>>(y, x, W, bias, T, C_out, C_in);
-  } else {
-    gemv_v2_kernel<kWarps, kColumnTiles, false><<<grid, kWarps * 32, 0, stream>>>(y, x, W, bias, T, C_out, C_in);
-  }
+  with_bias_flag(bias, [&](auto has_bias) {
+    constexpr bool kHasBias = decltype(has_bias)::value;
+    gemv_v2_kernel<kWarps, kColumnTiles, kHasBias><<<grid, kWarps * 32, 0, stream>>>(y, x, W, bias, T, C_out, C_in);
+  });
   CUDA_CHECK(cudaGetLastError());
 }
 

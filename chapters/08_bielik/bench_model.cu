@@ -906,47 +906,37 @@ int main(int argc, char** argv) {
       prefill_table.add_row({std::to_string(n), fmt(ms, 3), fmt(n / (ms * 1e-3), 0), fmt(tflop_per_s(flops, ms), 1)});
     }
 
-    // Prefill's last layer on every row instead of the last one (prefill_last_layer_rows_only),
-    // while `model` is loaded (it is freed before the decode variants below); the second
-    // model is gone before the next peak-memory reading.
-    BenchTable last_layer_table("model_prefill_last_layer",
-                                {"prompt tokens", "TTFT ms, last layer on the last row only",
-                                 "TTFT ms, last layer on every row", "every row / last row"});
-    nlohmann::json ttft_every_row = nlohmann::json::object();
-    {
+    // TTFT of `model` beside a second model with one prefill option flipped, while `model`
+    // is loaded (it is freed before the decode variants below; the second model is gone
+    // before the next peak-memory reading). A row: the option on, off, off / on. Returns
+    // the times with the option off.
+    auto ttft_option_table = [&](BenchTable& table, bool CudaModelOptions::*option) {
+      nlohmann::json off_ms = nlohmann::json::object();
       CudaModelOptions o = options;
-      o.prefill_last_layer_rows_only = !options.prefill_last_layer_rows_only;
+      o.*option = !(options.*option);
       CudaModel m(args.model, o);
       for (int n : {16, 128, 512, 2048}) {
         if (n > model->context_size()) continue;
         const double mine = ttft_ms(*model, n), other = ttft_ms(m, n);
-        const double rows_only = options.prefill_last_layer_rows_only ? mine : other;
-        const double every = options.prefill_last_layer_rows_only ? other : mine;
-        ttft_every_row[std::to_string(n)] = every;
-        last_layer_table.add_row({std::to_string(n), fmt(rows_only, 3), fmt(every, 3), fmt(every / rows_only, 3) + "x"});
+        const double on = options.*option ? mine : other, off = options.*option ? other : mine;
+        off_ms[std::to_string(n)] = off;
+        table.add_row({std::to_string(n), fmt(on, 3), fmt(off, 3), fmt(off / on, 3) + "x"});
       }
-    }
-
+      return off_ms;
+    };
+    // Prefill's last layer on every row instead of the last one (prefill_last_layer_rows_only).
+    BenchTable last_layer_table("model_prefill_last_layer",
+                                {"prompt tokens", "TTFT ms, last layer on the last row only",
+                                 "TTFT ms, last layer on every row", "every row / last row"});
+    const nlohmann::json ttft_every_row =
+        ttft_option_table(last_layer_table, &CudaModelOptions::prefill_last_layer_rows_only);
     // Prefill graphs (prefill_graphs): the timed runs above replay one graph per prompt
     // length (the two warm-ups ran it eagerly, then captured it). Without them every run
     // launches its kernels from the host, as a shape's first run always does.
     BenchTable prefill_graph_table("model_prefill_graph",
                                    {"prompt tokens", "TTFT ms, graph replayed", "TTFT ms, launched from the host",
                                     "host / graph"});
-    nlohmann::json ttft_eager = nlohmann::json::object();
-    {
-      CudaModelOptions o = options;
-      o.prefill_graphs = !options.prefill_graphs;
-      CudaModel m(args.model, o);
-      for (int n : {16, 128, 512, 2048}) {
-        if (n > model->context_size()) continue;
-        const double mine = ttft_ms(*model, n), other = ttft_ms(m, n);
-        const double graph = options.prefill_graphs ? mine : other;
-        const double eager = options.prefill_graphs ? other : mine;
-        ttft_eager[std::to_string(n)] = eager;
-        prefill_graph_table.add_row({std::to_string(n), fmt(graph, 3), fmt(eager, 3), fmt(eager / graph, 3) + "x"});
-      }
-    }
+    const nlohmann::json ttft_eager = ttft_option_table(prefill_graph_table, &CudaModelOptions::prefill_graphs);
 
     // --- one 512-token prefill, kernel by kernel (events between the kernel classes) ---
     std::vector<std::string> prefill_order;

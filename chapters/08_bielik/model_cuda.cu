@@ -766,6 +766,14 @@ void CudaModel::launch_chunk(int T, bool want_logits) {
   }
   const PrefillShape shape{T, kv_.length(), want_logits};
   const uint64_t now = ++prefill_graph_clock_;
+  // Where a capture fails, prefill stays on eager launches from then on.
+  auto give_up = [&](const char* what, const char* why) {
+    std::fprintf(stderr, "CudaModel: %s a prefill graph failed (%s); prefill launches eagerly from now on\n", what,
+                 why);
+    cudaGetLastError();
+    prefill_graphs_broken_ = true;
+    enqueue_chunk(T, false, want_logits, nullptr);
+  };
   auto found = prefill_graphs_.find(shape);
   if (found == prefill_graphs_.end()) {
     // First sight of the shape: launch eagerly and remember it (the oldest memory goes
@@ -773,11 +781,9 @@ void CudaModel::launch_chunk(int T, bool want_logits) {
     auto seen = prefill_shapes_seen_.find(shape);
     if (seen == prefill_shapes_seen_.end()) {
       if (prefill_shapes_seen_.size() >= 64) {
-        auto oldest = prefill_shapes_seen_.begin();
-        for (auto it = prefill_shapes_seen_.begin(); it != prefill_shapes_seen_.end(); ++it) {
-          if (it->second < oldest->second) oldest = it;
-        }
-        prefill_shapes_seen_.erase(oldest);
+        prefill_shapes_seen_.erase(std::min_element(
+            prefill_shapes_seen_.begin(), prefill_shapes_seen_.end(),
+            [](const auto& a, const auto& b) { return a.second < b.second; }));
       }
       prefill_shapes_seen_.emplace(shape, now);
       enqueue_chunk(T, false, want_logits, nullptr);
@@ -793,29 +799,20 @@ void CudaModel::launch_chunk(int T, bool want_logits) {
       cudaGraph_t broken = nullptr;
       cudaStreamEndCapture(stream_, &broken);
       if (broken) cudaGraphDestroy(broken);
-      cudaGetLastError();
-      std::fprintf(stderr, "CudaModel: capturing a prefill graph failed (%s); prefill launches eagerly from now on\n",
-                   error.what());
-      prefill_graphs_broken_ = true;
-      enqueue_chunk(T, false, want_logits, nullptr);
+      give_up("capturing", error.what());
       return;
     }
     CUDA_CHECK(cudaStreamEndCapture(stream_, &captured.graph));
     const cudaError_t instantiated = cudaGraphInstantiate(&captured.exec, captured.graph, 0);
     if (instantiated != cudaSuccess) {
       cudaGraphDestroy(captured.graph);
-      cudaGetLastError();
-      std::fprintf(stderr, "CudaModel: instantiating a prefill graph failed (%s); prefill launches eagerly from now on\n",
-                   cudaGetErrorString(instantiated));
-      prefill_graphs_broken_ = true;
-      enqueue_chunk(T, false, want_logits, nullptr);
+      give_up("instantiating", cudaGetErrorString(instantiated));
       return;
     }
     if (prefill_graphs_.size() >= size_t(options_.prefill_graph_cache)) {
-      auto oldest = prefill_graphs_.begin();
-      for (auto it = prefill_graphs_.begin(); it != prefill_graphs_.end(); ++it) {
-        if (it->second.last_used < oldest->second.last_used) oldest = it;
-      }
+      const auto oldest =
+          std::min_element(prefill_graphs_.begin(), prefill_graphs_.end(),
+                           [](const auto& a, const auto& b) { return a.second.last_used < b.second.last_used; });
       // No launch of it is pending: every prefill ends with a stream sync.
       cudaGraphExecDestroy(oldest->second.exec);
       cudaGraphDestroy(oldest->second.graph);

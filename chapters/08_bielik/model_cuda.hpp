@@ -566,20 +566,18 @@ class CudaModel final : public Backend {
   bool long_attention_step(int kv_len) const {
     return long_attention_splits_ > 0 && kv_len >= long_attention_min_keys_;
   }
-  int attention_splits_at(int kv_len) const {
-    return short_attention_step(kv_len)  ? short_attention_splits_
-           : long_attention_step(kv_len) ? long_attention_splits_
-                                         : attention_splits_;
-  }
-  cudaGraphExec_t graph_exec_at(int kv_len) const {
-    return short_attention_step(kv_len)  ? short_graph_exec_
-           : long_attention_step(kv_len) ? long_graph_exec_
-                                         : graph_exec_;
-  }
   // Which of the three graphs a step over kv_len keys replays: 0 the default, 1 the short
   // one, 2 the long one.
   int graph_kind_at(int kv_len) const {
     return short_attention_step(kv_len) ? 1 : long_attention_step(kv_len) ? 2 : 0;
+  }
+  int attention_splits_at(int kv_len) const {
+    const int splits[3] = {attention_splits_, short_attention_splits_, long_attention_splits_};
+    return splits[graph_kind_at(kv_len)];
+  }
+  cudaGraphExec_t graph_exec_at(int kv_len) const {
+    const cudaGraphExec_t execs[3] = {graph_exec_, short_graph_exec_, long_graph_exec_};
+    return execs[graph_kind_at(kv_len)];
   }
 
   ModelConfig config_;

@@ -197,6 +197,16 @@ TEST_CASE("CUDA model: a head_dim the attention kernels lack is refused at load"
 
 TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming the option", "[ch08][gpu][model]") {
   const std::string dir = tiny_checkpoint(kSpecs[0]);
+  // Whether loading with `options` throws std::invalid_argument with `name` in its message.
+  auto refused_naming = [&](const CudaModelOptions& options, const std::string& name) {
+    try {
+      CudaModel model(dir, options);
+    } catch (const std::invalid_argument& e) {
+      INFO(e.what());
+      return std::string(e.what()).find(name) != std::string::npos;
+    }
+    return false;
+  };
   for (int which = 0; which < 10; ++which) {
     CudaModelOptions options = cuda_options();
     int* option[] = {&options.attention_splits,       &options.attention_min_keys_per_split,
@@ -211,68 +221,32 @@ TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming t
                            "decode_shared_carveout", "decode_shared_carveout",       "gate_up_hold_blocks",
                            "down_start_delay_ns",    "qkv_start_delay_ns",           "o_start_delay_ns",
                            "lm_head_start_delay_ns"};
-    const std::string name = names[which];
-    bool refused = false;
-    try {
-      CudaModel model(dir, options);
-    } catch (const std::invalid_argument& e) {
-      INFO(e.what());
-      refused = std::string(e.what()).find(name) != std::string::npos;
-    }
-    INFO(name);
-    REQUIRE(refused);
+    INFO(names[which]);
+    REQUIRE(refused_naming(options, names[which]));
   }
   // No decode steps in a graph, or too many.
   for (int steps : {0, 65}) {
     CudaModelOptions options = cuda_options();
     options.decode_graph_steps = steps;
-    bool refused = false;
-    try {
-      CudaModel model(dir, options);
-    } catch (const std::invalid_argument& e) {
-      INFO(e.what());
-      refused = std::string(e.what()).find("decode_graph_steps") != std::string::npos;
-    }
-    REQUIRE(refused);
+    REQUIRE(refused_naming(options, "decode_graph_steps"));
   }
   // gemv_v2 for more rows than it takes.
   {
     CudaModelOptions options = cuda_options();
     options.prefill_gemv_max_tokens = 17;
-    bool refused = false;
-    try {
-      CudaModel model(dir, options);
-    } catch (const std::invalid_argument& e) {
-      INFO(e.what());
-      refused = std::string(e.what()).find("prefill_gemv_max_tokens") != std::string::npos;
-    }
-    REQUIRE(refused);
+    REQUIRE(refused_naming(options, "prefill_gemv_max_tokens"));
   }
   // No room for a single prefill graph.
   {
     CudaModelOptions options = cuda_options();
     options.prefill_graph_cache = 0;
-    bool refused = false;
-    try {
-      CudaModel model(dir, options);
-    } catch (const std::invalid_argument& e) {
-      INFO(e.what());
-      refused = std::string(e.what()).find("prefill_graph_cache") != std::string::npos;
-    }
-    REQUIRE(refused);
+    REQUIRE(refused_naming(options, "prefill_graph_cache"));
   }
   // A negative L2 set-aside.
   {
     CudaModelOptions options = cuda_options();
     options.l2_persist_mb = -1.0;
-    bool refused = false;
-    try {
-      CudaModel model(dir, options);
-    } catch (const std::invalid_argument& e) {
-      INFO(e.what());
-      refused = std::string(e.what()).find("l2_persist_mb") != std::string::npos;
-    }
-    REQUIRE(refused);
+    REQUIRE(refused_naming(options, "l2_persist_mb"));
   }
   // The side branch's options: sizes, blocks, fork point, stride.
   for (int which = 0; which < 5; ++which) {
@@ -282,15 +256,8 @@ TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming t
     options.side_prefetch_blocks = which == 2 ? 0 : 8;
     options.side_prefetch_fork = which == 3 ? 2 : 0;
     options.side_prefetch_stride_bytes = which == 4 ? 48 : 128;
-    bool refused = false;
-    try {
-      CudaModel model(dir, options);
-    } catch (const std::invalid_argument& e) {
-      INFO(e.what());
-      refused = std::string(e.what()).find("side_prefetch") != std::string::npos;
-    }
     INFO("side_prefetch option " << which);
-    REQUIRE(refused);
+    REQUIRE(refused_naming(options, "side_prefetch"));
   }
 }
 
