@@ -92,7 +92,7 @@ struct Entry {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // --gemv-only: the GEMV table alone (T <= 16), then stop.
+  // --gemv-only: the GEMV table alone (T <= 64: the GEMVs, v6 and cuBLASLt), then stop.
   const bool gemv_only = argc > 1 && std::string(argv[1]) == "--gemv-only";
   if (!cuda_device_available()) {
     std::printf("bench_matmul: no CUDA device\n");
@@ -113,6 +113,7 @@ int main(int argc, char** argv) {
     entries.push_back({v.name, v.launch, own_tc});
   }
   entries.push_back({"gemv_v1 (T<=8)", gemv_v1_warp_per_row, false});
+  if (matmul_v6_available()) entries.push_back({"v6 (T<=64)", matmul_v6_few_tokens, false});
   entries.push_back({"matmul_forward", matmul_forward, false});
   bool time_v5_tiles = matmul_v5_available() && std::regex_search("v5_wgmma", selected);
 
@@ -134,8 +135,9 @@ int main(int argc, char** argv) {
       weights.emplace_back(w_elements);
       CUDA_CHECK(cudaMemcpy(weights[i].data(), weights[0].data(), weights[0].bytes(), cudaMemcpyDeviceToDevice));
     }
-    DeviceBuffer<uint16_t> x(random_bf16(size_t(kGemvV2MaxTokens) * shape.C_in, 5)), b(random_bf16(shape.C_out, 6));
-    DeviceBuffer<uint16_t> y(size_t(kGemvV2MaxTokens) * shape.C_out);
+    constexpr int kMaxTokens = std::max(kGemvV2MaxTokens, kMatmulV6MaxTokens);
+    DeviceBuffer<uint16_t> x(random_bf16(size_t(kMaxTokens) * shape.C_in, 5)), b(random_bf16(shape.C_out, 6));
+    DeviceBuffer<uint16_t> y(size_t(kMaxTokens) * shape.C_out);
     const __nv_bfloat16* bias = shape.bias ? bf16(b.data()) : nullptr;
     // cudaMemcpy moving the same bytes (copying half of W's bytes reads and writes W's
     // size): what any kernel of this size pays for launch, ramp-up and tail.
@@ -157,13 +159,16 @@ int main(int argc, char** argv) {
                     fmt(100 * batched_gbs / copy_gbs, 1), fmt(graphed.median_ms * 1e3, 1), fmt(graph_gbs, 0),
                     fmt(100 * graph_gbs / copy_gbs, 1)});
     }
-    for (int T = 1; T <= kGemvV2MaxTokens; ++T) {
-      if (T > kGemvMaxTokens && T != 12 && T != 16) continue;  // past v1's 8: two points
+    for (int T : {1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 32, 64}) {  // past v1's 8: v2 to 16, v6 to 64
       double bytes = 2.0 * (w_elements + size_t(T) * (shape.C_in + shape.C_out) + (shape.bias ? shape.C_out : 0));
-      for (Launch launch : {Launch(gemv_v1_warp_per_row), Launch(gemv_v2_tensor_cores), Launch(matmul_cublaslt)}) {
+      for (Launch launch : {Launch(gemv_v1_warp_per_row), Launch(gemv_v2_tensor_cores), Launch(matmul_v6_few_tokens),
+                            Launch(matmul_cublaslt)}) {
         if (launch == gemv_v1_warp_per_row && T > kGemvMaxTokens) continue;
+        if (launch == gemv_v2_tensor_cores && T > kGemvV2MaxTokens) continue;
+        if (launch == matmul_v6_few_tokens && !matmul_v6_available()) continue;
         const char* name = launch == matmul_cublaslt        ? "cublaslt"
                            : launch == gemv_v2_tensor_cores ? "gemv_v2 (tensor cores)"
+                           : launch == matmul_v6_few_tokens ? "v6 (wgmma, few tokens)"
                                                             : "gemv_v1";
         auto run_on = [&](int i, cudaStream_t stream) {
           launch(bf16(y.data()), bf16(x.data()), bf16(weights[i].data()), bias, T, shape.C_in, shape.C_out, stream);
@@ -212,6 +217,7 @@ int main(int argc, char** argv) {
       for (const Entry& entry : entries) {
         bool is_gemv = entry.launch == gemv_v1_warp_per_row;
         if (is_gemv && T > kGemvMaxTokens) continue;
+        if (entry.launch == matmul_v6_few_tokens && T > kMatmulV6MaxTokens) continue;
         bool slow = (entry.launch == matmul_v1_naive || entry.launch == matmul_v2_smem_tiling) && flops > 2e10;
         if (slow) {
           gemm.add_row({shape.name, std::to_string(T), entry.name, "skipped: > 20 GFLOP, too slow", "", "", ""});

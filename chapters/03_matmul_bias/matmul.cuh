@@ -132,6 +132,31 @@ bool gemv_v2_supported(const __nv_bfloat16* x, const __nv_bfloat16* W, int T, in
 void gemv_v2_tensor_cores(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W,
                           const __nv_bfloat16* bias, int T, int C_in, int C_out, cudaStream_t stream = 0);
 
+/// Largest T matmul_v6_few_tokens takes: 64 tokens, the widest column tile it has.
+inline constexpr int kMatmulV6MaxTokens = 64;
+
+/// Whether this build and GPU can run v6 (sm_90a code on compute capability 9.0).
+bool matmul_v6_available();
+/// Whether matmul_v6_few_tokens takes this call: 1 <= T <= kMatmulV6MaxTokens,
+/// C_in % 8 == 0, 16-byte aligned x and W.
+bool matmul_v6_supported(const __nv_bfloat16* x, const __nv_bfloat16* W, int T, int C_in);
+/// How many blocks of a cluster v6 splits K over for this call (1..8): as many as keep
+/// its grid in one wave of the GPU.
+int matmul_v6_splits(int T, int C_in, int C_out);
+
+/// v6: a few tokens on Hopper's wgmma with the operands swapped (64 weight rows as the M
+/// side, the tokens as N = 16, 32 or 64) and K split over a thread-block cluster whose
+/// partial tiles meet in distributed shared memory. For short prefills, which read the
+/// weights once, as decode does. Call only when matmul_v6_available(); throws
+/// std::invalid_argument where matmul_v6_supported says no (T = 0 writes nothing). Same
+/// parameters as v1.
+void matmul_v6_few_tokens(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W,
+                          const __nv_bfloat16* bias, int T, int C_in, int C_out, cudaStream_t stream = 0);
+/// v6 with a fixed split count (tests and the benchmark). @param splits 1..8, or 0 for
+/// matmul_v6_splits' choice
+void matmul_v6_few_tokens_splits(int splits, __nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W,
+                                 const __nv_bfloat16* bias, int T, int C_in, int C_out, cudaStream_t stream = 0);
+
 /// Every GEMM version, in order, so tests and the benchmark loop over one list.
 using MatmulLauncher = void (*)(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
                                 int, int, int, cudaStream_t);

@@ -34,28 +34,13 @@
 #include "matmul_common.cuh"
 #include "matmul_ptx.cuh"
 #include "wgmma_ptx.cuh"
+#include "wgmma_tiles.cuh"
 
 namespace bielik {
 
 namespace {
 
 constexpr int kV5K = 64;  // k per stage: 64 bf16 = 128 bytes, one swizzle row
-
-/// Copies rows row0 .. row0+ROWS-1, columns k0 .. k0+63 of a (rows, K) matrix into the
-/// 128-byte-swizzled tile at shared address `tile`, zeros outside the matrix.
-template <int ROWS, int THREADS>
-__device__ __forceinline__ void v5_load_tile(uint32_t tile, const __nv_bfloat16* matrix, int row0, int rows, int k0,
-                                             int K, int tid) {
-  static_assert((ROWS * 8) % THREADS == 0, "every thread copies the same number of chunks");
-#pragma unroll
-  for (int i = 0; i < ROWS * 8 / THREADS; ++i) {
-    int id = tid + i * THREADS;
-    int r = id >> 3, c = id & 7;
-    int row = row0 + r, k = k0 + c * 8;
-    bool valid = row < rows && k < K;
-    ptx::cp_async_16(tile + r * 128 + ((c ^ (r & 7)) << 4), valid ? matrix + size_t(row) * K + k : matrix, valid);
-  }
-}
 
 template <int BN, int WarpGroups, int Stages>
 constexpr int v5_smem_bytes() {
@@ -86,8 +71,8 @@ __global__ void __launch_bounds__(128 * WarpGroups, 1)
 
   auto load_stage = [&](int kt) {
     uint32_t stage = smem + (kt % Stages) * kStageBytes;
-    v5_load_tile<BM, kThreads>(stage, x, m0, M, kt * kV5K, K, tid);
-    v5_load_tile<BN, kThreads>(stage + kTileABytes, W, n0, N, kt * kV5K, K, tid);
+    wgmma::load_swizzled_tile<BM, kThreads>(stage, x, m0, M, kt * kV5K, K, tid);
+    wgmma::load_swizzled_tile<BN, kThreads>(stage + kTileABytes, W, n0, N, kt * kV5K, K, tid);
   };
   for (int s = 0; s < Stages - 2; ++s) {  // one commit per tile, even empty: group kt = tile kt
     if (s < k_tiles) load_stage(s);

@@ -6,7 +6,7 @@
 // must still hold the poison afterwards, so a kernel writing out of bounds fails too.
 //
 // Built twice (CMakeLists.txt): without BIELIK_TEST_ONLY_WGMMA it tests every portable
-// version; with it, only the Hopper-only v5, in a process of its own.
+// version; with it, only the Hopper-only v5 and v6, in a process of its own.
 #include <algorithm>
 #include <functional>
 #include <string>
@@ -399,5 +399,88 @@ TEST_CASE("T = 0 writes nothing; the GEMV refuses T > 8", "[ch03][gpu]") {
     REQUIRE(device.run(version.launch, 0, true).empty());  // run() checks that y kept its poison
   }
   REQUIRE_THROWS_AS(device.run(gemv_v1_warp_per_row, kGemvMaxTokens + 1, true), std::invalid_argument);
+}
+#endif
+
+#ifdef BIELIK_TEST_ONLY_WGMMA
+// v6 (sm_90a, like v5): in the wgmma process. T up to 64: the golden cases' first rows.
+namespace {
+bool v6_runs_here() {
+  if (matmul_v6_available()) return true;
+  WARN("v6 needs compute capability 9.0 and an sm_90a build: not run");
+  return false;
+}
+}  // namespace
+
+TEST_CASE("v6 matches the golden answers at T = 1..64, every column tile", "[ch03][gpu]") {
+  if (!v6_runs_here()) return;
+  std::vector<std::string> names = {"odd_b", "odd_c", "exact_a", "exact_b"};  // odd_a, exact_c: C_in % 8 != 0
+  names.insert(names.end(), std::begin(kBielikCases), std::end(kBielikCases));
+  int checked = 0;
+  for (const std::string& name : names) {
+    GoldenCase golden = load_case(name);
+    REQUIRE(golden.C_in % 8 == 0);
+    DeviceCase device(golden);
+    for (int T : {1, 2, 3, 8, 9, 15, 16, 17, 31, 32, 33, 47, 63, 64}) {
+      if (T > golden.T) continue;
+      for (bool with_bias : {true, false}) {
+        device.check("v6", device.run(matmul_v6_few_tokens, T, with_bias), T, with_bias);
+        ++checked;
+      }
+    }
+  }
+  // 14 T values on the five Bielik shapes (T = 64), odd_c (131) and exact_b (130); 11 on
+  // odd_b (33) and exact_a (37); with and without bias.
+  REQUIRE(checked == (7 * 14 + 2 * 11) * 2);
+}
+
+TEST_CASE("v6 on fresh random inputs at every split count: odd rows, short and long K", "[ch03][gpu]") {
+  if (!v6_runs_here()) return;
+  uint64_t seed = fresh_seed();
+  // C_out not a multiple of 64 (a partial last tile), K not a multiple of 64 (a partial
+  // last k tile), K shorter than the splits (empty slices), each column tile.
+  for (auto [T, C_in, C_out] : {std::tuple{1, 8, 3}, std::tuple{5, 1544, 257}, std::tuple{17, 8960, 1537},
+                                std::tuple{33, 4104, 65}, std::tuple{64, 1536, 100}, std::tuple{16, 1536, 8960}}) {
+    std::vector<uint16_t> x = random_bf16(size_t(T) * C_in, seed);
+    std::vector<uint16_t> W = random_bf16(size_t(C_out) * C_in, seed + 1, 0.05f);
+    std::vector<uint16_t> b = random_bf16(C_out, seed + 2, 0.5f);
+    DeviceBuffer<uint16_t> dx(x), dW(W), db(b), dy(size_t(T) * C_out + 8);
+    for (bool with_bias : {true, false}) {
+      std::vector<float> expected = cpu_reference(x, W, with_bias ? &b : nullptr, T, C_in, C_out);
+      for (int splits = 1; splits <= 8; ++splits) {
+        INFO("seed " << seed << " T=" << T << " C_in=" << C_in << " C_out=" << C_out << " splits=" << splits
+                     << (with_bias ? " bias" : " no bias"));
+        dy.fill_bytes(0xFF);  // NaN everywhere: an output left unwritten fails the comparison
+        matmul_v6_few_tokens_splits(splits, bf16(dy.data()), bf16(dx.data()), bf16(dW.data()),
+                                    with_bias ? bf16(db.data()) : nullptr, T, C_in, C_out, 0);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<uint16_t> out = dy.to_host();
+        for (size_t i = size_t(T) * C_out; i < out.size(); ++i) REQUIRE(out[i] == 0xFFFF);  // nothing past y
+        out.resize(size_t(T) * C_out);
+        CompareResult result = compare_bf16("v6", out, expected, tolerance::kBf16Output);
+        INFO(result.report);
+        CHECK(result.passed);
+      }
+    }
+  }
+}
+
+TEST_CASE("v6 refuses what it cannot run and writes nothing at T = 0", "[ch03][gpu]") {
+  if (!v6_runs_here()) return;
+  GoldenCase golden = load_case("q_proj");
+  DeviceCase device(golden);
+  REQUIRE(device.run(matmul_v6_few_tokens, 0, true).empty());  // run() checks that y kept its poison
+  REQUIRE_THROWS_AS(device.run(matmul_v6_few_tokens, kMatmulV6MaxTokens + 1, true), std::invalid_argument);
+  for (int splits : {-1, 9}) {
+    auto with_splits = [splits](auto... args) { matmul_v6_few_tokens_splits(splits, args...); };
+    REQUIRE_THROWS_AS(device.run(with_splits, 4, true), std::invalid_argument);
+  }
+  GoldenCase odd_k = load_case("odd_a");  // C_in = 100: not a multiple of 8
+  DeviceCase odd_device(odd_k);
+  REQUIRE_THROWS_AS(odd_device.run(matmul_v6_few_tokens, 2, true), std::invalid_argument);
+  REQUIRE_FALSE(matmul_v6_supported(nullptr, nullptr, kMatmulV6MaxTokens + 1, 1536));
+  // Bielik's shapes: enough blocks for the GPU, never more splits than k tiles.
+  REQUIRE(matmul_v6_splits(16, 1536, 2048) >= 4);
+  REQUIRE(matmul_v6_splits(16, 8, 1536) == 1);
 }
 #endif

@@ -59,6 +59,8 @@ struct Args {
   bool ttft_graph_ab = false;      ///< with ttft_only: A/B the prefill graphs (on / off)
   bool ttft_gemv_ab = false;       ///< with ttft_only: A/B gemv_v2 for short prefills (on / off)
   int prefill_gemv_max_tokens = CudaModelOptions{}.prefill_gemv_max_tokens;  ///< --prefill-gemv N
+  bool ttft_v6_ab = false;  ///< with ttft_only: A/B chapter 03's v6 for prefills of up to 64 tokens (on / off)
+  int prefill_v6_max_tokens = CudaModelOptions{}.prefill_v6_max_tokens;  ///< --prefill-v6 N
   bool no_prefill_graphs = false;  ///< --no-prefill-graphs: prefill_graphs off
   bool timeline = false;     ///< load, print the decode GEMVs' timeline (one step), stop
   bool timeline_attention = true;  ///< --timeline-gemvs-only: false (the attention's stamps left out)
@@ -152,6 +154,11 @@ Args parse(int argc, char** argv) {
     } else if (flag == "--ttft-gemv-ab") {
       a.ttft_only = true;
       a.ttft_gemv_ab = true;
+    } else if (flag == "--ttft-v6-ab") {
+      a.ttft_only = true;
+      a.ttft_v6_ab = true;
+    } else if (flag == "--prefill-v6") {
+      a.prefill_v6_max_tokens = std::stoi(value());
     } else if (flag == "--prefill-gemv") {
       a.prefill_gemv_max_tokens = std::stoi(value());
     } else if (flag == "--no-prefill-graphs") {
@@ -360,7 +367,7 @@ Args parse(int argc, char** argv) {
     } else {
       throw std::invalid_argument("unknown argument " + flag +
                                   " (usage: bench_model [--model DIR] [--out FILE] [--decode-tokens N] [--context N]"
-                                  " [--decode-only [--prompt-tokens N]] [--ttft-only] [--ttft-rows-ab|--ttft-graph-ab|--ttft-gemv-ab] [--prefill-all-rows] [--no-prefill-graphs] [--prefill-gemv N] [--timeline|--timeline-gemvs-only] [--sampling-only] [--prefill-attention v5|v6]"
+                                  " [--decode-only [--prompt-tokens N]] [--ttft-only] [--ttft-rows-ab|--ttft-graph-ab|--ttft-gemv-ab|--ttft-v6-ab] [--prefill-all-rows] [--no-prefill-graphs] [--prefill-gemv N] [--prefill-v6 N] [--timeline|--timeline-gemvs-only] [--sampling-only] [--prefill-attention v5|v6]"
                                   " [--attention cluster_o|cluster|cluster_per_head|split_combine|merge_in_o]"
                                   " [--replicas N] [--splits N] [--short-max-keys N] [--short-splits N] [--long-min-keys N]"
                                   " [--long-splits N]"
@@ -808,6 +815,7 @@ int main(int argc, char** argv) {
     options.prefill_last_layer_rows_only = !args.prefill_all_rows;
     options.prefill_graphs = !args.no_prefill_graphs;
     options.prefill_gemv_max_tokens = args.prefill_gemv_max_tokens;
+    options.prefill_v6_max_tokens = args.prefill_v6_max_tokens;
     options.decode_timeline = args.timeline;
     options.decode_timeline_attention = args.timeline_attention;
     options.o_allows_gate_up_early = !args.gate_up_after_o;
@@ -853,14 +861,25 @@ int main(int argc, char** argv) {
       CudaModelOptions o = options;
       const char* name = options.prefill_attention_clusters ? "v6" : "v5";
       const char* other_name = options.prefill_attention_clusters ? "v5" : "v6";
+      std::string v6_rows, v6_all;  // the v6 A/B's labels
       if (args.ttft_rows_ab) {
         o.prefill_last_layer_rows_only = !options.prefill_last_layer_rows_only;
         name = options.prefill_last_layer_rows_only ? "last layer, last row only" : "last layer, every row";
         other_name = options.prefill_last_layer_rows_only ? "last layer, every row" : "last layer, last row only";
       } else if (args.ttft_gemv_ab) {
+        if (options.prefill_v6_max_tokens > 1) {
+          throw std::invalid_argument("--ttft-gemv-ab needs --prefill-v6 0: v6 takes those rows before gemv_v2");
+        }
         o.prefill_gemv_max_tokens = options.prefill_gemv_max_tokens > 1 ? 0 : kGemvV2MaxTokens;  // the other one
         name = options.prefill_gemv_max_tokens > 1 ? "gemv_v2 up to 16 rows" : "cuBLASLt";
         other_name = options.prefill_gemv_max_tokens > 1 ? "cuBLASLt" : "gemv_v2 up to 16 rows";
+      } else if (args.ttft_v6_ab) {
+        // The other one: cuBLASLt if v6 is on, else v6 up to 64 rows.
+        o.prefill_v6_max_tokens = options.prefill_v6_max_tokens > 1 ? 0 : kMatmulV6MaxTokens;
+        v6_rows = "v6 up to " + std::to_string(options.prefill_v6_max_tokens) + " rows";
+        v6_all = "v6 up to " + std::to_string(kMatmulV6MaxTokens) + " rows";
+        name = options.prefill_v6_max_tokens > 1 ? v6_rows.c_str() : "cuBLASLt";
+        other_name = options.prefill_v6_max_tokens > 1 ? "cuBLASLt" : v6_all.c_str();
       } else if (args.ttft_graph_ab) {
         o.prefill_graphs = !options.prefill_graphs;
         name = options.prefill_graphs ? "graph" : "eager";
@@ -872,11 +891,15 @@ int main(int argc, char** argv) {
       BenchTable table(args.ttft_rows_ab    ? "model_prefill_last_layer_ab"
                        : args.ttft_graph_ab ? "model_prefill_graph_ab"
                        : args.ttft_gemv_ab  ? "model_prefill_gemv_ab"
+                       : args.ttft_v6_ab    ? "model_prefill_v6_ab"
                                             : "model_prefill_attention",
                        {"round", "prompt tokens", std::string("TTFT ms, ") + name,
                                                    std::string("TTFT ms, ") + other_name, "ratio"});
       for (int round = 0; round < 2; ++round) {
-        for (int n : args.ttft_gemv_ab ? std::vector<int>{4, 8, 12, 16, 128} : std::vector<int>{16, 128, 512, 2048}) {
+        const std::vector<int> lengths = args.ttft_gemv_ab ? std::vector<int>{4, 8, 12, 16, 128}
+                                         : args.ttft_v6_ab ? std::vector<int>{4, 8, 16, 32, 48, 64, 128}
+                                                           : std::vector<int>{16, 128, 512, 2048};
+        for (int n : lengths) {
           if (n > model->context_size()) continue;
           const double a = ttft_ms(*model, n), b = ttft_ms(other, n);
           table.add_row({std::to_string(round), std::to_string(n), fmt(a, 3), fmt(b, 3), fmt(b / a, 3) + "x"});

@@ -131,6 +131,10 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     throw std::invalid_argument("prefill_gemv_max_tokens must be 0 to " + std::to_string(kGemvV2MaxTokens) +
                                 ", got " + std::to_string(options_.prefill_gemv_max_tokens));
   }
+  if (options_.prefill_v6_max_tokens < 0 || options_.prefill_v6_max_tokens > kMatmulV6MaxTokens) {
+    throw std::invalid_argument("prefill_v6_max_tokens must be 0 to " + std::to_string(kMatmulV6MaxTokens) +
+                                ", got " + std::to_string(options_.prefill_v6_max_tokens));
+  }
   if (options_.prefill_graph_cache < 1) {
     throw std::invalid_argument("prefill_graph_cache must be >= 1, got " + std::to_string(options_.prefill_graph_cache));
   }
@@ -826,7 +830,10 @@ void CudaModel::launch_chunk(int T, bool want_logits) {
 
 void CudaModel::project(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W, const __nv_bfloat16* b,
                         int rows, int C_in, int C_out, cudaStream_t s) const {
-  if (rows >= 2 && rows <= options_.prefill_gemv_max_tokens && gemv_v2_supported(x, W, rows, C_in)) {
+  if (rows >= 2 && rows <= options_.prefill_v6_max_tokens && matmul_v6_available() &&
+      matmul_v6_supported(x, W, rows, C_in)) {
+    matmul_v6_few_tokens(y, x, W, b, rows, C_in, C_out, s);
+  } else if (rows >= 2 && rows <= options_.prefill_gemv_max_tokens && gemv_v2_supported(x, W, rows, C_in)) {
     gemv_v2_tensor_cores(y, x, W, b, rows, C_in, C_out, s);
   } else {
     matmul_forward(y, x, W, b, rows, C_in, C_out, s);

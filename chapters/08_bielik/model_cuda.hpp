@@ -142,6 +142,14 @@ struct CudaModelOptions {
   /// 1.84-1.85 / 1.87 / 1.88-1.89 (chapter 03's README: gemv_v2 streams gate/up and the
   /// lm_head faster at T <= 8, down slower at every T, everything slower at T > 8).
   int prefill_gemv_max_tokens = 0;
+  /// Prefill projections of 2 to this many rows run on chapter 03's v6 (wgmma with the
+  /// weights as the tile's rows and the tokens as its columns, K split over a cluster)
+  /// instead of cuBLASLt's GEMM, where the GPU runs it (sm_90a). 0 or 1: off. At most
+  /// kMatmulV6MaxTokens (64). Checked before prefill_gemv_max_tokens. 16: H200,
+  /// 2026-12-03, bench_model --ttft-v6-ab, two rounds: TTFT at 4 / 8 / 16 tokens 1.73 /
+  /// 1.76 / 1.81 ms against cuBLASLt's 1.88 / 1.84 / 1.88 (0.92-0.96x); at 32 level, at 48
+  /// and 64 tokens 1.16-1.19x slower (v6's 32- and 64-column tiles stream worse).
+  int prefill_v6_max_tokens = 16;
   /// Resident blocks per SM the decode GEMVs may use (0: as many as fit), for the small
   /// ones (QKV, O) and the large ones (gate/up, down, lm_head). Fewer leaves room on each
   /// SM for the NEXT kernel's blocks, which PDL then starts early: their weight loads
@@ -532,8 +540,9 @@ class CudaModel final : public Backend {
   // enqueue_chunk(T, false, want_logits, nullptr) as prefill_graphs says: eagerly the
   // first time the shape is seen, then captured, then replayed.
   void launch_chunk(int T, bool want_logits);
-  // A prefill projection y = x W^T + b of `rows` tokens: gemv_v2 up to
-  // options_.prefill_gemv_max_tokens rows, else matmul_forward (chapter 03).
+  // A prefill projection y = x W^T + b of `rows` tokens: v6 up to
+  // options_.prefill_v6_max_tokens rows, gemv_v2 up to options_.prefill_gemv_max_tokens,
+  // else matmul_forward (chapter 03).
   void project(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W, const __nv_bfloat16* b, int rows,
                int C_in, int C_out, cudaStream_t s) const;
   void destroy_prefill_graphs();

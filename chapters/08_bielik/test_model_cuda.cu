@@ -40,6 +40,7 @@
 #include "model_cuda.hpp"
 #include "prefill_kernels.cuh"
 #include "kv_cache.cuh"
+#include "matmul.cuh"         // chapter 03: v6 for short prefills
 #include "matmul_common.cuh"  // chapter 03: multiprocessor_count
 #include "rope.cuh"
 #include "sampler.hpp"
@@ -236,6 +237,12 @@ TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming t
     options.prefill_gemv_max_tokens = 17;
     REQUIRE(refused_naming(options, "prefill_gemv_max_tokens"));
   }
+  // v6 for more rows than it takes.
+  {
+    CudaModelOptions options = cuda_options();
+    options.prefill_v6_max_tokens = kMatmulV6MaxTokens + 1;
+    REQUIRE(refused_naming(options, "prefill_v6_max_tokens"));
+  }
   // No room for a single prefill graph.
   {
     CudaModelOptions options = cuda_options();
@@ -310,6 +317,7 @@ TEST_CASE("CUDA model: short prefills on gemv_v2 match the CPU backend and cuBLA
     CudaModelOptions on = cuda_options(), off = cuda_options();
     on.prefill_gemv_max_tokens = 16;  // gemv_v2 for every prompt below
     off.prefill_gemv_max_tokens = 0;
+    on.prefill_v6_max_tokens = off.prefill_v6_max_tokens = 0;  // v6 would take those rows first
     CudaModel with_gemv(dir, on), with_gemm(dir, off);
     // 2 to 16 tokens: one column tile, two, and the limit; then a 5-token turn at P = 16.
     for (size_t length : {size_t(2), size_t(7), size_t(9), size_t(16)}) {
@@ -330,6 +338,46 @@ TEST_CASE("CUDA model: short prefills on gemv_v2 match the CPU backend and cuBLA
                                                 cpu_turn, spec.V, kModelTolerance);
         std::printf("%s: prefill of 16 + a 5-token turn on gemv_v2 vs CPU, worst rel err %.2e\n", spec.name, worst);
       }
+    }
+  }
+}
+
+TEST_CASE("CUDA model: short prefills on chapter 03's v6 match the CPU backend", "[ch08][gpu][model]") {
+  if (!matmul_v6_available()) {
+    WARN("v6 needs compute capability 9.0 and an sm_90a build: not run");
+    return;
+  }
+  const uint64_t seed = fresh_seed();
+  INFO("prompt seed " << seed);
+  for (const TinySpec& spec : kSpecs) {
+    const std::string dir = tiny_checkpoint(spec);
+    CpuModel cpu(dir, CpuModelOptions{2, 0});
+    CudaModelOptions on = cuda_options();
+    on.prefill_v6_max_tokens = kMatmulV6MaxTokens;  // v6 for every prompt below
+    CudaModel with_v6(dir, on);
+    // Each column tile (16, 32, 64 tokens) and its edges, every row's logits (launched
+    // eagerly); then, below, the last row's, so that the prefill graphs capture and replay
+    // v6, and a 5-token turn on top of the cache.
+    for (size_t length : {size_t(2), size_t(16), size_t(17), size_t(33), size_t(64)}) {
+      INFO(spec.name << " prompt of " << length);
+      const std::vector<int32_t> prompt = random_prompt(length, spec.V, seed + length);
+      cpu.reset();
+      with_v6.reset();
+      const std::vector<float> expected = cpu.prefill(prompt, Logits::kAll);
+      require_rows_close(std::string(spec.name) + " v6 prefill", with_v6.prefill(prompt, Logits::kAll), expected,
+                         spec.V, kModelTolerance);
+    }
+    for (int round = 0; round < 3; ++round) {  // Logits::kLast: eager, captured, replayed
+      const std::vector<int32_t> prompt = random_prompt(40, spec.V, seed + 1000 + round);
+      cpu.reset();
+      with_v6.reset();
+      const std::vector<float> expected = cpu.prefill(prompt);
+      require_rows_close(std::string(spec.name) + " v6 prefill, last logits", with_v6.prefill(prompt), expected,
+                         spec.V, kModelTolerance);
+      const std::vector<int32_t> turn = random_prompt(5, spec.V, seed + 2000 + round);
+      const double worst = require_rows_close(std::string(spec.name) + " v6 turn", with_v6.prefill(turn),
+                                              cpu.prefill(turn), spec.V, kModelTolerance);
+      if (round == 2) std::printf("%s: prefill of 40 + a 5-token turn on v6 vs CPU, worst rel err %.2e\n", spec.name, worst);
     }
   }
 }
