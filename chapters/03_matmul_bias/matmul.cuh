@@ -152,6 +152,16 @@ int matmul_v6_splits(int T, int C_in, int C_out);
 /// parameters as v1.
 void matmul_v6_few_tokens(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W,
                           const __nv_bfloat16* bias, int T, int C_in, int C_out, cudaStream_t stream = 0);
+/// v6's instances (column tile, stages, k tiles a stage), for the tests and the benchmark.
+int matmul_v6_config_count();
+const char* matmul_v6_config_name(int config);
+/// The largest T instance `config` takes (its column tile: 16, 32 or 64).
+int matmul_v6_config_max_tokens(int config);
+/// v6 on instance `config` with `splits` (0: chosen as matmul_v6_splits does). Throws
+/// std::invalid_argument for a config that does not exist or takes fewer than T tokens.
+void matmul_v6_few_tokens_config(int config, int splits, __nv_bfloat16* y, const __nv_bfloat16* x,
+                                 const __nv_bfloat16* W, const __nv_bfloat16* bias, int T, int C_in, int C_out,
+                                 cudaStream_t stream = 0);
 /// v6 with a fixed split count (tests and the benchmark). @param splits 1..8, or 0 for
 /// matmul_v6_splits' choice
 void matmul_v6_few_tokens_splits(int splits, __nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W,

@@ -465,6 +465,38 @@ TEST_CASE("v6 on fresh random inputs at every split count: odd rows, short and l
   }
 }
 
+TEST_CASE("every v6 instance on fresh random inputs, at its widest T and at T = 1", "[ch03][gpu]") {
+  if (!v6_runs_here()) return;
+  uint64_t seed = fresh_seed();
+  REQUIRE(matmul_v6_config_count() >= 3);
+  for (auto [C_in, C_out] : {std::tuple{1544, 257}, std::tuple{8960, 200}, std::tuple{520, 1537}}) {
+    for (int config = 0; config < matmul_v6_config_count(); ++config) {
+      for (int T : {1, matmul_v6_config_max_tokens(config)}) {
+        std::vector<uint16_t> x = random_bf16(size_t(T) * C_in, seed);
+        std::vector<uint16_t> W = random_bf16(size_t(C_out) * C_in, seed + 1, 0.05f);
+        std::vector<uint16_t> b = random_bf16(C_out, seed + 2, 0.5f);
+        DeviceBuffer<uint16_t> dx(x), dW(W), db(b), dy(size_t(T) * C_out + 8);
+        std::vector<float> expected = cpu_reference(x, W, &b, T, C_in, C_out);
+        for (int splits : {0, 3, 8}) {  // 0: chosen for the shape
+          INFO("seed " << seed << " " << matmul_v6_config_name(config) << " T=" << T << " C_in=" << C_in
+                       << " C_out=" << C_out << " splits=" << splits);
+          dy.fill_bytes(0xFF);
+          matmul_v6_few_tokens_config(config, splits, bf16(dy.data()), bf16(dx.data()), bf16(dW.data()),
+                                      bf16(db.data()), T, C_in, C_out, 0);
+          CUDA_CHECK(cudaDeviceSynchronize());
+          std::vector<uint16_t> out = dy.to_host();
+          for (size_t i = size_t(T) * C_out; i < out.size(); ++i) REQUIRE(out[i] == 0xFFFF);  // nothing past y
+          out.resize(size_t(T) * C_out);
+          CompareResult result = compare_bf16("v6 instance", out, expected, tolerance::kBf16Output);
+          INFO(result.report);
+          CHECK(result.passed);
+        }
+      }
+    }
+    seed += 3;
+  }
+}
+
 TEST_CASE("v6 refuses what it cannot run and writes nothing at T = 0", "[ch03][gpu]") {
   if (!v6_runs_here()) return;
   GoldenCase golden = load_case("q_proj");
@@ -479,6 +511,14 @@ TEST_CASE("v6 refuses what it cannot run and writes nothing at T = 0", "[ch03][g
   DeviceCase odd_device(odd_k);
   REQUIRE_THROWS_AS(odd_device.run(matmul_v6_few_tokens, 2, true), std::invalid_argument);
   REQUIRE_FALSE(matmul_v6_supported(nullptr, nullptr, kMatmulV6MaxTokens + 1, 1536));
+  // An instance that does not exist, or one narrower than T.
+  for (int config : {-1, matmul_v6_config_count()}) {
+    auto on_config = [config](auto... args) { matmul_v6_few_tokens_config(config, 0, args...); };
+    REQUIRE_THROWS_AS(device.run(on_config, 4, true), std::invalid_argument);
+  }
+  auto narrow = [](auto... args) { matmul_v6_few_tokens_config(0, 0, args...); };  // 16 tokens wide
+  REQUIRE(matmul_v6_config_max_tokens(0) == 16);
+  REQUIRE_THROWS_AS(device.run(narrow, 17, true), std::invalid_argument);
   // Bielik's shapes: enough blocks for the GPU, never more splits than k tiles.
   REQUIRE(matmul_v6_splits(16, 1536, 2048) >= 4);
   REQUIRE(matmul_v6_splits(16, 8, 1536) == 1);

@@ -147,8 +147,8 @@ struct CudaModelOptions {
   /// instead of cuBLASLt's GEMM, where the GPU runs it (sm_90a). 0 or 1: off. At most
   /// kMatmulV6MaxTokens (64). Checked before prefill_gemv_max_tokens. 16: H200,
   /// 2026-12-03, bench_model --ttft-v6-ab, two rounds: TTFT at 4 / 8 / 16 tokens 1.73 /
-  /// 1.76 / 1.81 ms against cuBLASLt's 1.88 / 1.84 / 1.88 (0.92-0.96x); at 32 level, at 48
-  /// and 64 tokens 1.16-1.19x slower (v6's 32- and 64-column tiles stream worse).
+  /// 1.76 / 1.82 ms against cuBLASLt's 1.89 / 1.84 / 1.89 (4-9% lower); routed up to 64,
+  /// 32 tokens level and 48-64 tokens 16-19% slower (v6's wider token tiles stream worse).
   int prefill_v6_max_tokens = 16;
   /// Resident blocks per SM the decode GEMVs may use (0: as many as fit), for the small
   /// ones (QKV, O) and the large ones (gate/up, down, lm_head). Fewer leaves room on each
