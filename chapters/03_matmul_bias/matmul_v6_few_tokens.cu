@@ -58,12 +58,7 @@ constexpr int v6_smem_bytes() {
   return Stages * KT * (kV6Rows + BN) * 128 + 1024;  // + slack to align the first tile to 1024
 }
 
-// Deep = false: as v5, the copies run Stages - 2 stages ahead and a stage's MMAs may still
-// run while the next stage's are issued (wait_group<1>). Deep = true: the MMAs of each stage
-// are waited for (wait_group<0>; at 16 tokens they are a few wgmma), so only the buffer
-// being multiplied is busy and the copies run Stages - 1 stages ahead: one more stage in
-// flight for the same shared memory.
-template <int BN, int Stages, int KT, bool Deep, bool HasBias>
+template <int BN, int Stages, int KT, bool HasBias>
 __global__ void __launch_bounds__(kV6Threads)
     matmul_v6_few_tokens_kernel(__nv_bfloat16* y,           // (T, N)
                                 const __nv_bfloat16* x,     // (T, K)
@@ -73,8 +68,7 @@ __global__ void __launch_bounds__(kV6Threads)
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();  // wgmma exists only on sm_90a; the launcher never runs this elsewhere
 #else
-  constexpr int kAhead = Deep ? Stages - 1 : Stages - 2;  // stages the copies run ahead
-  static_assert(kAhead >= 1, "at least one stage in flight while one is multiplied");
+  static_assert(Stages >= 3, "copies run Stages - 2 stages ahead");
   constexpr int kTileABytes = kV6Rows * 128, kTileBBytes = BN * 128;
   constexpr int kStageBytes = KT * (kTileABytes + kTileBBytes);  // A tiles, then B tiles
   extern __shared__ uint8_t smem_raw[];
@@ -103,7 +97,7 @@ __global__ void __launch_bounds__(kV6Threads)
                                                 tid);  // B: the tokens
     }
   };
-  for (int s = 0; s < kAhead; ++s) {  // one commit per stage, even empty: group i = stage i
+  for (int s = 0; s < Stages - 2; ++s) {  // one commit per stage, even empty: group i = stage i
     if (s < count) load_stage(s);
     ptx::cp_async_commit();
   }
@@ -113,9 +107,9 @@ __global__ void __launch_bounds__(kV6Threads)
   for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
 
   for (int i = 0; i < count; ++i) {
-    ptx::cp_async_wait<kAhead - 1>();  // this thread's copies of stage i have landed
+    ptx::cp_async_wait<Stages - 3>();  // this thread's copies of stage i have landed
     wgmma::fence_proxy_async();        // make them visible to the tensor cores' reads
-    __syncthreads();                   // everyone's copies; every warp past the last wait_group
+    __syncthreads();                   // everyone's copies; and stage i-2's MMAs are done
 
     const uint32_t stage = smem + (i % Stages) * kStageBytes;
     wgmma::fence_operands(acc);
@@ -128,11 +122,10 @@ __global__ void __launch_bounds__(kV6Threads)
       for (int ks = 0; ks < kV6K / 16; ++ks) wgmma::mma_async<BN>(acc, a + 2 * ks, b + 2 * ks);
     }
     wgmma::commit_group();
-    wgmma::wait_group<Deep ? 0 : 1>();  // stage i's (Deep) or stage i-1's MMAs are finished
+    wgmma::wait_group<1>();  // stage i-1's MMAs are finished (stage i's may still run)
     wgmma::fence_operands(acc);
 
-    // Into the buffer of stage i-1 (Deep) or i-2, whose MMAs every warp has waited for.
-    if (i + kAhead < count) load_stage(i + kAhead);
+    if (i + Stages - 2 < count) load_stage(i + Stages - 2);  // the buffer stage i-2 used
     ptx::cp_async_commit();
   }
   wgmma::wait_group<0>();
@@ -184,13 +177,13 @@ int v6_splits_for(int C_in, int C_out, int k_per_stage, int slots) {
 }
 
 /// Blocks of this instance the GPU holds at once (shared memory decides), once per instance.
-template <int BN, int Stages, int KT, bool Deep>
+template <int BN, int Stages, int KT>
 int v6_slots() {
   static const int slots = [] {
     constexpr int kSmemBytes = v6_smem_bytes<BN, Stages, KT>();
     int per_sm = 0;
-    for (auto kernel : {matmul_v6_few_tokens_kernel<BN, Stages, KT, Deep, false>,
-                        matmul_v6_few_tokens_kernel<BN, Stages, KT, Deep, true>}) {
+    for (auto kernel : {matmul_v6_few_tokens_kernel<BN, Stages, KT, false>,
+                        matmul_v6_few_tokens_kernel<BN, Stages, KT, true>}) {
       CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
       CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kV6Threads, kSmemBytes));
     }
@@ -199,20 +192,20 @@ int v6_slots() {
   return slots;
 }
 
-template <int BN, int Stages, int KT, bool Deep>
+template <int BN, int Stages, int KT>
 int v6_splits(int C_in, int C_out) {
-  return v6_splits_for(C_in, C_out, KT * kV6K, v6_slots<BN, Stages, KT, Deep>());
+  return v6_splits_for(C_in, C_out, KT * kV6K, v6_slots<BN, Stages, KT>());
 }
 
-template <int BN, int Stages, int KT, bool Deep>
+template <int BN, int Stages, int KT>
 void v6_launch(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W, const __nv_bfloat16* bias, int T,
                int C_in, int C_out, int splits, cudaStream_t stream) {
   constexpr int kSmemBytes = v6_smem_bytes<BN, Stages, KT>();
-  if (splits == 0) splits = v6_splits<BN, Stages, KT, Deep>(C_in, C_out);
-  else v6_slots<BN, Stages, KT, Deep>();  // sets the shared-memory attribute
+  if (splits == 0) splits = v6_splits<BN, Stages, KT>(C_in, C_out);
+  else v6_slots<BN, Stages, KT>();  // sets the shared-memory attribute
   const dim3 grid((C_out + kV6Rows - 1) / kV6Rows, splits);
   with_bias_flag(bias, [&](auto has_bias) {
-    auto kernel = matmul_v6_few_tokens_kernel<BN, Stages, KT, Deep, decltype(has_bias)::value>;
+    auto kernel = matmul_v6_few_tokens_kernel<BN, Stages, KT, decltype(has_bias)::value>;
     const ClusterLaunch launch(grid, dim3(kV6Threads), dim3(1, splits, 1), kSmemBytes, stream, false);
     CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, y, x, W, bias, T, C_out, C_in));
   });
@@ -236,19 +229,13 @@ struct V6Config {
 // one wave (264 slots), at 3 it does. 4 tiles a stage (one block an SM) and the 64-token
 // tile with 2 tiles a stage lose everywhere.
 constexpr V6Config kV6Configs[] = {
-    {"16 tokens, 6 stages of 1 k tile (61 KB, 3 blocks an SM)", 16, v6_launch<16, 6, 1, false>, v6_splits<16, 6, 1, false>},
-    {"32 tokens, 6 stages of 1 k tile (73 KB)", 32, v6_launch<32, 6, 1, false>, v6_splits<32, 6, 1, false>},
-    {"64 tokens, 4 stages of 1 k tile (65 KB)", 64, v6_launch<64, 4, 1, false>, v6_splits<64, 4, 1, false>},
-    {"16 tokens, 5 stages of 2 k tiles (101 KB)", 16, v6_launch<16, 5, 2, false>, v6_splits<16, 5, 2, false>},
-    {"16 tokens, 4 stages of 2 k tiles (81 KB)", 16, v6_launch<16, 4, 2, false>, v6_splits<16, 4, 2, false>},
-    {"16 tokens, 4 stages of 4 k tiles (161 KB)", 16, v6_launch<16, 4, 4, false>, v6_splits<16, 4, 4, false>},
-    {"64 tokens, 4 stages of 2 k tiles (129 KB)", 64, v6_launch<64, 4, 2, false>, v6_splits<64, 4, 2, false>},
-    // Deep: one stage more in flight for the same shared memory.
-    {"16 tokens, deep, 6 stages of 1 k tile (61 KB)", 16, v6_launch<16, 6, 1, true>, v6_splits<16, 6, 1, true>},
-    {"16 tokens, deep, 3 stages of 2 k tiles (61 KB)", 16, v6_launch<16, 3, 2, true>, v6_splits<16, 3, 2, true>},
-    {"16 tokens, deep, 4 stages of 2 k tiles (81 KB)", 16, v6_launch<16, 4, 2, true>, v6_splits<16, 4, 2, true>},
-    {"32 tokens, deep, 3 stages of 2 k tiles (97 KB)", 32, v6_launch<32, 3, 2, true>, v6_splits<32, 3, 2, true>},
-    {"64 tokens, deep, 3 stages of 1 k tile (49 KB)", 64, v6_launch<64, 3, 1, true>, v6_splits<64, 3, 1, true>},
+    {"16 tokens, 6 stages of 1 k tile (61 KB, 3 blocks an SM)", 16, v6_launch<16, 6, 1>, v6_splits<16, 6, 1>},
+    {"32 tokens, 6 stages of 1 k tile (73 KB)", 32, v6_launch<32, 6, 1>, v6_splits<32, 6, 1>},
+    {"64 tokens, 4 stages of 1 k tile (65 KB)", 64, v6_launch<64, 4, 1>, v6_splits<64, 4, 1>},
+    {"16 tokens, 5 stages of 2 k tiles (101 KB)", 16, v6_launch<16, 5, 2>, v6_splits<16, 5, 2>},
+    {"16 tokens, 4 stages of 2 k tiles (81 KB)", 16, v6_launch<16, 4, 2>, v6_splits<16, 4, 2>},
+    {"16 tokens, 4 stages of 4 k tiles (161 KB)", 16, v6_launch<16, 4, 4>, v6_splits<16, 4, 4>},
+    {"64 tokens, 4 stages of 2 k tiles (129 KB)", 64, v6_launch<64, 4, 2>, v6_splits<64, 4, 2>},
 };
 constexpr int kV6ConfigCount = int(sizeof(kV6Configs) / sizeof(kV6Configs[0]));
 
@@ -270,7 +257,7 @@ bool matmul_v6_available() {
     }
     cudaFuncAttributes attributes{};  // no image for this GPU: the query fails (as v5's)
     return properties.major == 9 && properties.minor == 0 &&
-           cudaFuncGetAttributes(&attributes, matmul_v6_few_tokens_kernel<16, 6, 1, false, false>) == cudaSuccess;
+           cudaFuncGetAttributes(&attributes, matmul_v6_few_tokens_kernel<16, 6, 1, false>) == cudaSuccess;
   }();
   return available;
 }
