@@ -224,7 +224,7 @@ struct V6Config {
 // H200, 2026-12-03 (bench_h200_v6.txt, in a graph, % of copy bandwidth at T = 1): 5 stages
 // of 2 k tiles read the lm_head at 86.5% against 76.8% with 6 stages of 1 tile, down at
 // 65.5% against 62.8%, gate/up the same (67.7%). Yet as the default it made the model's
-// TTFT at 4-16 tokens 3-9% SLOWER than cuBLASLt's, where 6 stages of 1 tile make it 4-8%
+// TTFT at 4-16 tokens 4-9% SLOWER than cuBLASLt's, where 6 stages of 1 tile make it 4-9%
 // faster: at 2 blocks an SM the model's gate/up (2 x 8960 rows, 280 tiles) no longer fits
 // one wave (264 slots), at 3 it does. 4 tiles a stage (one block an SM) and the 64-token
 // tile with 2 tiles a stage lose everywhere.
