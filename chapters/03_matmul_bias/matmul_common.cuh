@@ -77,6 +77,20 @@ __device__ __forceinline__ void store_output_pair(__nv_bfloat16* y,  // (M, N)
 }
 
 /// Number of SMs of the current GPU (read once: the book uses one GPU per process).
+/// Whether an sm_90a kernel (v5, v6) runs on this GPU: sm_90a code runs on compute
+/// capability 9.0 exactly, and the attribute query fails when the binary holds no image
+/// for this GPU.
+template <typename Kernel>
+bool sm90a_kernel_runs(Kernel kernel) {
+  int device = 0;
+  cudaDeviceProp properties{};
+  if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&properties, device) != cudaSuccess) {
+    return false;
+  }
+  cudaFuncAttributes attributes{};
+  return properties.major == 9 && properties.minor == 0 && cudaFuncGetAttributes(&attributes, kernel) == cudaSuccess;
+}
+
 inline int multiprocessor_count() {
   static const int count = [] {
     int device = 0, sms = 0;

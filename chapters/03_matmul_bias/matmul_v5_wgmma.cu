@@ -167,18 +167,7 @@ const char* matmul_v5_tile_name(int tile) { return kV5Tiles[tile].name; }
 int matmul_v5_pick_tile(int T, int C_out) { return pick_tile_shape(kV5Tiles, T, C_out); }
 
 bool matmul_v5_available() {
-  static const bool available = [] {
-    int device = 0;
-    cudaDeviceProp properties{};
-    if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&properties, device) != cudaSuccess) {
-      return false;
-    }
-    cudaFuncAttributes attributes{};
-    // sm_90a code runs on compute capability 9.0 exactly; the attribute query fails
-    // when the binary holds no image for this GPU.
-    return properties.major == 9 && properties.minor == 0 &&
-           cudaFuncGetAttributes(&attributes, matmul_v5_wgmma_kernel<128, 1, 4, false>) == cudaSuccess;
-  }();
+  static const bool available = sm90a_kernel_runs(matmul_v5_wgmma_kernel<128, 1, 4, false>);
   return available;
 }
 

@@ -201,8 +201,8 @@ template <int BN, int Stages, int KT>
 void v6_launch(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W, const __nv_bfloat16* bias, int T,
                int C_in, int C_out, int splits, cudaStream_t stream) {
   constexpr int kSmemBytes = v6_smem_bytes<BN, Stages, KT>();
-  if (splits == 0) splits = v6_splits<BN, Stages, KT>(C_in, C_out);
-  else v6_slots<BN, Stages, KT>();  // sets the shared-memory attribute
+  const int slots = v6_slots<BN, Stages, KT>();  // also sets the kernels' shared-memory attribute
+  if (splits == 0) splits = v6_splits_for(C_in, C_out, KT * kV6K, slots);
   const dim3 grid((C_out + kV6Rows - 1) / kV6Rows, splits);
   with_bias_flag(bias, [&](auto has_bias) {
     auto kernel = matmul_v6_few_tokens_kernel<BN, Stages, KT, decltype(has_bias)::value>;
@@ -249,16 +249,7 @@ int v6_default_config(int T) {
 }  // namespace
 
 bool matmul_v6_available() {
-  static const bool available = [] {
-    int device = 0;
-    cudaDeviceProp properties{};
-    if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&properties, device) != cudaSuccess) {
-      return false;
-    }
-    cudaFuncAttributes attributes{};  // no image for this GPU: the query fails (as v5's)
-    return properties.major == 9 && properties.minor == 0 &&
-           cudaFuncGetAttributes(&attributes, matmul_v6_few_tokens_kernel<16, 6, 1, false>) == cudaSuccess;
-  }();
+  static const bool available = sm90a_kernel_runs(matmul_v6_few_tokens_kernel<16, 6, 1, false>);
   return available;
 }
 

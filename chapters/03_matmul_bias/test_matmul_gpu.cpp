@@ -147,6 +147,21 @@ std::vector<float> cpu_reference(const std::vector<uint16_t>& x, const std::vect
   return y;
 }
 
+// Poisons y (NaN bits everywhere, so an output left unwritten fails), runs `launch`, and
+// checks the first `used` outputs against `expected` and that nothing past them changed.
+void check_poisoned_run(const std::string& label, DeviceBuffer<uint16_t>& y, size_t used,
+                        const std::function<void()>& launch, const std::vector<float>& expected) {
+  y.fill_bytes(0xFF);
+  launch();
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<uint16_t> out = y.to_host();
+  for (size_t i = used; i < out.size(); ++i) REQUIRE(out[i] == 0xFFFF);  // nothing past y
+  out.resize(used);
+  CompareResult result = compare_bf16(label, out, expected, tolerance::kBf16Output);
+  INFO(result.report);
+  CHECK(result.passed);
+}
+
 }  // namespace
 
 TEST_CASE("every matmul version matches the golden answers at odd and Bielik shapes", "[ch03][gpu]") {
@@ -355,17 +370,10 @@ TEST_CASE("gemv_v2 on fresh random inputs: odd rows, long rows, both column tile
     DeviceBuffer<uint16_t> dx(x), dW(W), db(b), dy(size_t(T) * C_out + 8);
     for (bool with_bias : {true, false}) {
       std::vector<float> expected = cpu_reference(x, W, with_bias ? &b : nullptr, T, C_in, C_out);
-      dy.fill_bytes(0xFF);  // NaN everywhere: an output left unwritten fails the comparison
-      gemv_v2_tensor_cores(bf16(dy.data()), bf16(dx.data()), bf16(dW.data()), with_bias ? bf16(db.data()) : nullptr,
-                           T, C_in, C_out, 0);
-      CUDA_CHECK(cudaDeviceSynchronize());
-      std::vector<uint16_t> out = dy.to_host();
-      for (size_t i = size_t(T) * C_out; i < out.size(); ++i) REQUIRE(out[i] == 0xFFFF);  // nothing past y
-      out.resize(size_t(T) * C_out);
-      CompareResult result = compare_bf16(std::string("gemv_v2") + (with_bias ? " bias" : " no bias"), out, expected,
-                                          tolerance::kBf16Output);
-      INFO(result.report);
-      CHECK(result.passed);
+      check_poisoned_run(std::string("gemv_v2") + (with_bias ? " bias" : " no bias"), dy, size_t(T) * C_out, [&] {
+        gemv_v2_tensor_cores(bf16(dy.data()), bf16(dx.data()), bf16(dW.data()), with_bias ? bf16(db.data()) : nullptr,
+                             T, C_in, C_out, 0);
+      }, expected);
     }
   }
 }
@@ -450,16 +458,10 @@ TEST_CASE("v6 on fresh random inputs at every split count: odd rows, short and l
       for (int splits = 1; splits <= 8; ++splits) {
         INFO("seed " << seed << " T=" << T << " C_in=" << C_in << " C_out=" << C_out << " splits=" << splits
                      << (with_bias ? " bias" : " no bias"));
-        dy.fill_bytes(0xFF);  // NaN everywhere: an output left unwritten fails the comparison
-        matmul_v6_few_tokens_splits(splits, bf16(dy.data()), bf16(dx.data()), bf16(dW.data()),
-                                    with_bias ? bf16(db.data()) : nullptr, T, C_in, C_out, 0);
-        CUDA_CHECK(cudaDeviceSynchronize());
-        std::vector<uint16_t> out = dy.to_host();
-        for (size_t i = size_t(T) * C_out; i < out.size(); ++i) REQUIRE(out[i] == 0xFFFF);  // nothing past y
-        out.resize(size_t(T) * C_out);
-        CompareResult result = compare_bf16("v6", out, expected, tolerance::kBf16Output);
-        INFO(result.report);
-        CHECK(result.passed);
+        check_poisoned_run("v6", dy, size_t(T) * C_out, [&] {
+          matmul_v6_few_tokens_splits(splits, bf16(dy.data()), bf16(dx.data()), bf16(dW.data()),
+                                      with_bias ? bf16(db.data()) : nullptr, T, C_in, C_out, 0);
+        }, expected);
       }
     }
   }
@@ -480,16 +482,10 @@ TEST_CASE("every v6 instance on fresh random inputs, at its widest T and at T = 
         for (int splits : {0, 3, 8}) {  // 0: chosen for the shape
           INFO("seed " << seed << " " << matmul_v6_config_name(config) << " T=" << T << " C_in=" << C_in
                        << " C_out=" << C_out << " splits=" << splits);
-          dy.fill_bytes(0xFF);
-          matmul_v6_few_tokens_config(config, splits, bf16(dy.data()), bf16(dx.data()), bf16(dW.data()),
-                                      bf16(db.data()), T, C_in, C_out, 0);
-          CUDA_CHECK(cudaDeviceSynchronize());
-          std::vector<uint16_t> out = dy.to_host();
-          for (size_t i = size_t(T) * C_out; i < out.size(); ++i) REQUIRE(out[i] == 0xFFFF);  // nothing past y
-          out.resize(size_t(T) * C_out);
-          CompareResult result = compare_bf16("v6 instance", out, expected, tolerance::kBf16Output);
-          INFO(result.report);
-          CHECK(result.passed);
+          check_poisoned_run("v6 instance", dy, size_t(T) * C_out, [&] {
+            matmul_v6_few_tokens_config(config, splits, bf16(dy.data()), bf16(dx.data()), bf16(dW.data()),
+                                        bf16(db.data()), T, C_in, C_out, 0);
+          }, expected);
         }
       }
     }
