@@ -534,7 +534,7 @@ void print_sampling_table(CudaModel& model, int tokens) {
   for (const auto& [label, options] :
        {std::make_pair("temperature 0.7, top-k 40, top-p 0.9 (the chat's defaults)", chat),
         std::make_pair("temperature 1, no cut", unranked),
-        std::make_pair("top-p 0.9 with no top-k (the GPU sampler does not rank all V: host either way)",
+        std::make_pair("top-p 0.9 with no top-k (the GPU ranks the top 1024; a longer nucleus is drawn on the host)",
                        nucleus_only)}) {
     Sampler on_gpu(options), on_host(options);
     row(std::string("sampled on the GPU (decode_sample), ") + label, rate([&](int32_t t) {
@@ -544,6 +544,14 @@ void print_sampling_table(CudaModel& model, int tokens) {
         rate([&](int32_t t) { return on_host.sample(model.decode(t)); }));
   }
   table.print();
+  // Which top-p path the rows above took: this checkpoint's nucleus after the prompt.
+  {
+    model.reset();
+    const std::vector<float> logits = model.prefill(prompt);
+    const size_t nucleus = Sampler(nucleus_only).candidates(logits.data(), int(logits.size())).size();
+    std::printf("top-p 0.9 (temperature 0.7) on this checkpoint's logits: a nucleus of %zu tokens (%s)\n", nucleus,
+                nucleus > size_t(kGpuSamplerMaxTopK) ? "past the GPU's 1024: drawn on the host" : "drawn on the GPU");
+  }
   std::fflush(stdout);
 }
 
@@ -570,7 +578,8 @@ void print_sampler_kernel_table(int V) {
       {"greedy (temperature 0)", greedy},
       {"temperature 1, no cut (the softmax walked)", unranked},
       {"temperature 0.7, top-k 40, top-p 0.9 (the chat's)", chat},
-      {"temperature 0.7, top-k 1024", wide}};
+      {"temperature 0.7, top-k 1024", wide},
+      {"temperature 0.7, top-p 0.9, no top-k (the top 1024 ranked)", SamplerOptions{0.7f, 0, 0.9f, 1}}};
   BenchOptions no_flush;  // the logits stay in L2, as the lm_head leaves them
   no_flush.flush_l2 = false;
   no_flush.repeats = 50;

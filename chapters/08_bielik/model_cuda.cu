@@ -1316,6 +1316,14 @@ int32_t CudaModel::decode_sample(int32_t token, Sampler& sampler) {
                              stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
   kv_.commit_host(1);  // the step ran, as decode() + a throwing sample() would have it
+  if (sample_needs_host(exchange->result)) {
+    // Top-p over a nucleus of more than kGpuSamplerMaxTopK tokens (a flat distribution):
+    // the logits are still on the device; the host draws from them with the same u.
+    CUDA_CHECK(cudaMemcpyAsync(h_logits_.get(), d_logits_.data(), size_t(V_) * sizeof(float), cudaMemcpyDeviceToHost,
+                               stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return sampler.sample_with_uniform(h_logits_.get(), V_, exchange->uniform);
+  }
   return checked_token(exchange->result);
 }
 

@@ -436,8 +436,9 @@ class CudaModel final : public Backend {
   std::vector<float> decode(int32_t token) override;
   /// The step and the draw on the GPU (sample_kernels.cuh): 12 bytes come back instead
   /// of the (V) logits, and the host does no pass over them. Options the GPU sampler does
-  /// not run (top-p with no top-k, or top-k above kGpuSamplerMaxTopK) take the host path,
-  /// Backend::decode_sample.
+  /// not run (top-k above kGpuSamplerMaxTopK) take the host path, Backend::decode_sample;
+  /// top-p over a nucleus of more than kGpuSamplerMaxTopK tokens copies the logits back
+  /// after the kernel says so and draws on the host with the same u.
   int32_t decode_sample(int32_t token, Sampler& sampler) override;
   void reset() override;
   int position() const override { return kv_.length(); }

@@ -31,7 +31,7 @@ constexpr size_t kMaxCachedLogitBytes = size_t(160) << 10;
 __host__ __device__ constexpr int padded_index(int i) { return i + i / 32; }
 __host__ __device__ constexpr size_t cached_logit_bytes(int V) { return size_t(padded_index(V)) * sizeof(float); }
 
-enum class Mode : int { kGreedy = 0, kUnranked = 1, kTopK = 2 };
+enum class Mode : int { kGreedy = 0, kUnranked = 1, kTopK = 2, kTopP = 3 };
 
 // Logits a thread loads before it uses one (step 1).
 constexpr int kLoadBatch = 16;
@@ -247,8 +247,10 @@ __global__ void __launch_bounds__(kSampleThreads)
     return;
   }
 
-  // 2b. Top-k. Two ways to the k most likely tokens; both leave candidates in `ranked`
-  //     for one bitonic sort (step 4), and the first k after it are the answer.
+  // 2b. Top-k, and top-p over every token. Two ways to the k most likely tokens; both
+  //     leave candidates in `ranked` for one bitonic sort (step 4), and the first k after
+  //     it are the answer. Top-p over every token ranks the most likely
+  //     min(V, kSortSlots) (the radix select) and cuts the nucleus from them (step 5).
   // One shared buffer for the phases that never overlap (48 KB of static shared memory is
   // the limit): the radix select's histograms, then the candidates.
   __shared__ __align__(16) unsigned char scratch[kSampleWarps * 256 * sizeof(unsigned)];
@@ -258,6 +260,17 @@ __global__ void __launch_bounds__(kSampleThreads)
   auto candidate = [&](int i) {
     return Candidate{exp((double(logit(i)) - max_double) * inverse_temperature), int32_t(i)};
   };
+  // Top-p over every token cuts where the running sum of weight / (the mass of all V)
+  // reaches top_p: that mass first, each thread's chunk in id order, then the chunks'
+  // sums (the CPU adds all V one by one in id order: the two differ by rounding).
+  const int select_k = mode == Mode::kTopP ? min(V, kSortSlots) : top_k;
+  double all_mass = 0;
+  if (mode == Mode::kTopP) {
+    double local = 0;
+    for (int i = begin; i < end; ++i) local += candidate(i).weight;
+    block_exclusive_scan(local, double_sums, &double_total);
+    all_mass = double_total;  // (read after the scan's last barrier; step 5 reuses double_total)
+  }
 
   //  The short way: a shortlist. The k most likely are the tokens closest to the largest
   //  logit. Every thread counts its tokens within kDistances distances of it (0.5, 1, 2,
@@ -275,7 +288,8 @@ __global__ void __launch_bounds__(kSampleThreads)
   int lower_count = 0;  // tokens within `lower` (fewer than k)
   int listed = 0;       // candidates in `ranked`: the shortlist's size, or k after the radix select
   float shortlist_within = -1.0f;
-  for (int round = 0; round <= kShortlistRefinements && top_k <= kShortlistMaxTopK; ++round) {
+  for (int round = 0; round <= kShortlistRefinements && mode == Mode::kTopK && top_k <= kShortlistMaxTopK;
+       ++round) {
     // (lower, upper and the counts are the same in every thread: the loop is block-uniform)
     const float step = (upper - lower) / float(kDistances);
     auto distance_at = [&](int m) { return round == 0 ? shortlist_distance(m) : fmaf(step, float(m + 1), lower); };
@@ -333,7 +347,7 @@ __global__ void __launch_bounds__(kSampleThreads)
     __shared__ uint32_t selected_prefix;
     __shared__ int selected_remaining;
     uint32_t prefix = 0, mask = 0;
-    int remaining = top_k;  // the rank of the wanted key among those matching `prefix`
+    int remaining = select_k;  // the rank of the wanted key among those matching `prefix`
     for (int shift = 24; shift >= 0; shift -= 8) {
       for (int i = tid; i < kSampleWarps * 256; i += kSampleThreads) (&histogram[0][0])[i] = 0;
       __syncthreads();
@@ -402,7 +416,7 @@ __global__ void __launch_bounds__(kSampleThreads)
         ++equal_rank;
       }
     }
-    listed = top_k;
+    listed = select_k;
   }
   int sorted = 2;  // the sort's width: the power of two >= the candidates
   while (sorted < listed) sorted *= 2;
@@ -430,30 +444,54 @@ __global__ void __launch_bounds__(kSampleThreads)
 
   // 5. Normalize, cut the nucleus, renormalize, draw: the CPU's sums, in its order, by
   //    one thread; the divisions (exact per element) by all.
-  __shared__ int nucleus;
-  if (tid == 0) {
-    double mass = 0;
-    for (int s = 0; s < top_k; ++s) mass += ranked[s].weight;
-    double_total = mass;
-  }
-  __syncthreads();
-  if (tid < top_k) ranked[tid].weight /= double_total;
-  __syncthreads();
-  if (tid == 0) {
-    int kept = top_k;
-    if (top_p < 1.0f) {
+  __shared__ int nucleus, beyond_ranked;
+  if (mode == Mode::kTopP) {
+    // Sampler::candidates' top-p over every token: the running sum of weight / all_mass
+    // in ranked order until it reaches top_p, then the nucleus normalized by its own sum.
+    if (tid == 0) {
       double cumulative = 0;
-      kept = 0;
-      while (kept < top_k && cumulative < double(top_p)) cumulative += ranked[kept++].weight;
+      int kept = 0;
+      while (kept < listed && cumulative < double(top_p)) cumulative += ranked[kept++].weight / all_mass;
+      // Not reached within the ranked tokens, and tokens are left: the nucleus goes on.
+      beyond_ranked = cumulative < double(top_p) && listed < V;
       double mass = 0;
       for (int s = 0; s < kept; ++s) mass += ranked[s].weight;
       double_total = mass;
+      nucleus = kept;
     }
-    nucleus = kept;
+    __syncthreads();
+    if (beyond_ranked) {  // a flat distribution: the caller samples on the host (sample_needs_host)
+      if (tid == 0) *result = SampleResult{-1, int32_t(GpuSampleStatus::kNucleusBeyondRanked), -1, 0, 0};
+      stamp(timeline, SampleTimelineEvent::kDrawn);
+      return;
+    }
+    if (tid < nucleus) ranked[tid].weight /= double_total;
+    __syncthreads();
+  } else {
+    if (tid == 0) {
+      double mass = 0;
+      for (int s = 0; s < top_k; ++s) mass += ranked[s].weight;
+      double_total = mass;
+    }
+    __syncthreads();
+    if (tid < top_k) ranked[tid].weight /= double_total;
+    __syncthreads();
+    if (tid == 0) {
+      int kept = top_k;
+      if (top_p < 1.0f) {
+        double cumulative = 0;
+        kept = 0;
+        while (kept < top_k && cumulative < double(top_p)) cumulative += ranked[kept++].weight;
+        double mass = 0;
+        for (int s = 0; s < kept; ++s) mass += ranked[s].weight;
+        double_total = mass;
+      }
+      nucleus = kept;
+    }
+    __syncthreads();
+    if (top_p < 1.0f && tid < nucleus) ranked[tid].weight /= double_total;
+    __syncthreads();
   }
-  __syncthreads();
-  if (top_p < 1.0f && tid < nucleus) ranked[tid].weight /= double_total;
-  __syncthreads();
   if (tid == 0) {
     int32_t token = ranked[nucleus - 1].id;  // u in the rounding slack of the sum: the last
     double cumulative = 0;
@@ -471,7 +509,8 @@ __global__ void __launch_bounds__(kSampleThreads)
 
 Mode mode_for(const SamplerOptions& o, int V) {
   if (o.temperature <= 0.0f || o.top_k == 1) return Mode::kGreedy;
-  if ((o.top_k <= 0 || o.top_k >= V) && o.top_p >= 1.0f) return Mode::kUnranked;
+  const bool every_token = o.top_k <= 0 || o.top_k >= V;
+  if (every_token) return o.top_p >= 1.0f ? Mode::kUnranked : Mode::kTopP;
   return Mode::kTopK;
 }
 
@@ -512,6 +551,10 @@ int32_t checked_token(const SampleResult& r) {
   }
   if (r.status == int32_t(GpuSampleStatus::kAllInfinite)) {
     throw std::invalid_argument("sampler: every logit is -inf");
+  }
+  if (sample_needs_host(r)) {
+    throw std::logic_error("gpu_sample: the nucleus holds more than " + std::to_string(kGpuSamplerMaxTopK) +
+                           " tokens; the caller samples on the host (sample_needs_host)");
   }
   if (r.status != int32_t(GpuSampleStatus::kOk) || r.token < 0) {
     throw std::runtime_error("gpu_sample: no token (status " + std::to_string(r.status) + ")");

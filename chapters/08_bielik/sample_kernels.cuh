@@ -29,8 +29,16 @@
 ///     in id order (ties at the threshold: the lowest ids, as the CPU's sort keeps them);
 ///     then the candidates ranked by a bitonic sort in shared memory, the first k kept;
 ///  3. the draw.
-/// Top-p with no top-k (or k > kGpuSamplerMaxTopK) could need thousands of tokens ranked:
-/// that stays on the host (gpu_sampler_supports says so).
+/// Top-p over every token (no top-k, or k >= V) ranks the min(V, kGpuSamplerMaxTopK) most
+/// likely tokens (the radix select and the sort of step 2) and walks them as
+/// Sampler::candidates does: the running sum of weight / (the mass of all V) until it
+/// reaches top_p. The mass is summed in chunks, not in id order one by one, so the cut
+/// can differ from the CPU's only where that running sum lies within rounding of top_p.
+/// When the ranked tokens do not reach top_p (a flat distribution: a nucleus of more
+/// than kGpuSamplerMaxTopK tokens), the kernel draws nothing and says so
+/// (GpuSampleStatus::kNucleusBeyondRanked): the caller samples on the host, from the
+/// same logits with the same u. A top-k above kGpuSamplerMaxTopK stays on the host
+/// (gpu_sampler_supports says so).
 #pragma once
 
 #include <cstdint>
@@ -47,7 +55,10 @@ constexpr int kGpuSamplerMaxTopK = 1024;
 enum class GpuSampleStatus : int32_t {
   kOk = 0,
   kBadLogit = 1,    ///< a NaN or +inf logit; SampleResult::bad_index is the first, bad_is_nan which
-  kAllInfinite = 2  ///< every logit is -inf
+  kAllInfinite = 2,  ///< every logit is -inf
+  /// top-p over every token: the nucleus holds more than kGpuSamplerMaxTopK tokens, none
+  /// drawn; the caller samples on the host (sample_needs_host)
+  kNucleusBeyondRanked = 3
 };
 
 /// The kernel's output, copied back to the host in one piece.
@@ -73,8 +84,9 @@ enum class SampleTimelineEvent : int {
 constexpr int kSampleTimelineEvents = 6;
 
 /// Whether gpu_sample runs these options for a vocabulary of V (otherwise the caller
-/// samples on the host): greedy, the unranked softmax, or top-k up to
-/// kGpuSamplerMaxTopK with any top-p.
+/// samples on the host): greedy, the unranked softmax, top-k up to kGpuSamplerMaxTopK
+/// with any top-p, or top-p over every token (which may still leave a draw to the host:
+/// sample_needs_host).
 bool gpu_sampler_supports(const SamplerOptions& options, int V);
 
 /// Samples one token from `logits` (V, device) into `result` (device), with the draw
@@ -84,8 +96,16 @@ bool gpu_sampler_supports(const SamplerOptions& options, int V);
 void gpu_sample(SampleResult* result, const float* logits, int V, const SamplerOptions& options,
                 const double* uniform, cudaStream_t stream, unsigned long long* timeline = nullptr);
 
+/// Whether gpu_sample left this draw to the host: top-p over every token with a nucleus
+/// of more than kGpuSamplerMaxTopK tokens. The caller then samples the same logits on the
+/// host with the same u (Sampler::sample_with_uniform).
+inline bool sample_needs_host(const SampleResult& result) {
+  return result.status == int32_t(GpuSampleStatus::kNucleusBeyondRanked);
+}
+
 /// Throws std::invalid_argument, worded as the CPU sampler's, when a result reports a
-/// bad logit; returns the token otherwise.
+/// bad logit, and std::logic_error when it left the draw to the host (ask
+/// sample_needs_host first); returns the token otherwise.
 int32_t checked_token(const SampleResult& result);
 
 }  // namespace bielik

@@ -2411,19 +2411,28 @@ TEST_CASE("gpu_sample draws what the CPU sampler draws from the same logits and 
       {0.5f, 0, 1.0f, 0},     // nothing to cut: the unranked walk
       {1.0f, 4, 0.3f, 0},     {0.0f, 0, 1.0f, 0},  // greedy by temperature
       {1.0f, 1, 1.0f, 0},     // greedy by top-k
+      {0.7f, 0, 0.9f, 0},     // top-p over every token: ranked on the GPU, or left to the host
+      {1.3f, 0, 0.6f, 0},     {0.8f, 1 << 20, 0.95f, 0},  // (k >= V: top-p over every token too)
   };
   DeviceBuffer<double> d_u(1);
   DeviceBuffer<SampleResult> d_result(1);
   int checked = 0, near_border = 0, shortlisted = 0, radix_selected = 0;  // top-k draws by the way taken
+  int nucleus_ranked = 0, nucleus_beyond = 0;  // top-p over every token: drawn on the GPU, left to the host
   for (const LogitSet& set : sets) {
     const int V = int(set.logits.size());
     DeviceBuffer<float> d_logits(set.logits);
     for (const SamplerOptions& options : option_sets) {
       INFO(set.name << ": temperature " << options.temperature << ", top_k " << options.top_k << ", top_p "
                     << options.top_p);
-      if (options.top_k >= V) continue;  // (V = 5 with a larger k: the unranked case, covered by k = 0)
+      const bool every_token = options.top_k <= 0 || options.top_k >= V;
+      // (V = 5 with a larger k and no top-p: the unranked case, covered by k = 0)
+      if (options.top_k >= V && options.top_p >= 1.0f) continue;
       REQUIRE(gpu_sampler_supports(options, V));
       const Sampler cpu(options);
+      // Top-p over every token: the CPU's nucleus decides whether the GPU may draw.
+      const bool top_p_all = options.temperature > 0.0f && every_token && options.top_p < 1.0f;
+      const size_t cpu_nucleus = top_p_all ? cpu.candidates(set.logits.data(), V).size() : 0;
+      const bool beyond = cpu_nucleus > size_t(kGpuSamplerMaxTopK);
       std::vector<double> draws = {0.0, 1.0 - 0x1.0p-53};  // the ends of [0, 1)
       for (int d = 0; d < 24; ++d) draws.push_back(double(engine() >> 11) * 0x1.0p-53);
       for (double u : draws) {
@@ -2433,6 +2442,15 @@ TEST_CASE("gpu_sample draws what the CPU sampler draws from the same logits and 
         gpu_sample(d_result.data(), d_logits.data(), V, options, d_u.data(), 0);
         CUDA_CHECK(cudaDeviceSynchronize());
         const SampleResult result = d_result.to_host()[0];
+        INFO("the CPU's nucleus: " << cpu_nucleus << " tokens");
+        REQUIRE(sample_needs_host(result) == beyond);
+        if (beyond) {
+          REQUIRE(result.token == -1);  // nothing drawn
+          REQUIRE_THROWS_AS(checked_token(result), std::logic_error);
+          ++nucleus_beyond;
+          continue;
+        }
+        nucleus_ranked += top_p_all;
         const int32_t gpu = checked_token(result);
         const int32_t expected = cpu.sample_with_uniform(set.logits.data(), V, u);
         ++checked;
@@ -2463,10 +2481,16 @@ TEST_CASE("gpu_sample draws what the CPU sampler draws from the same logits and 
   std::printf("gpu_sample: %d draws against the CPU sampler, %d on a border within 1e-12; top-k: %d from a shortlist, "
               "%d by radix select\n",
               checked, near_border, shortlisted, radix_selected);
+  std::printf("gpu_sample: top-p over every token: %d draws on the GPU, %d left to the host (nucleus > %d)\n",
+              nucleus_ranked, nucleus_beyond, kGpuSamplerMaxTopK);
   REQUIRE(near_border <= 1);
   // Both ways to the top k ran (the flat and the 1000-wide cases need the radix select).
   REQUIRE(shortlisted > 0);
   REQUIRE(radix_selected > 0);
+  // Top-p over every token both drew on the GPU (N(0, 3^2) at 0.7: a nucleus of tens) and
+  // left flat distributions to the host.
+  REQUIRE(nucleus_ranked > 0);
+  REQUIRE(nucleus_beyond > 0);
 
   // The timeline (bench_model's, measurement only) changes no token and stamps the points
   // each path passes, in order; the ones it skips stay untouched.
@@ -2504,7 +2528,8 @@ TEST_CASE("gpu_sample draws what the CPU sampler draws from the same logits and 
 
 TEST_CASE("gpu_sample refuses what it does not rank, and reports bad logits as the CPU sampler does",
           "[ch08][gpu][kernels]") {
-  REQUIRE_FALSE(gpu_sampler_supports({0.7f, 0, 0.9f, 0}, 32000));     // top-p over every token: host
+  REQUIRE(gpu_sampler_supports({0.7f, 0, 0.9f, 0}, 32000));  // top-p over every token: ranked on the GPU
+  REQUIRE_FALSE(gpu_sampler_supports({0.7f, 1025, 0.9f, 0}, 32000));  // above kGpuSamplerMaxTopK, with top-p
   REQUIRE_FALSE(gpu_sampler_supports({0.7f, 1025, 1.0f, 0}, 32000));  // above kGpuSamplerMaxTopK
   REQUIRE(gpu_sampler_supports({0.7f, 32000, 1.0f, 0}, 32000));       // k >= V, p = 1: nothing to cut
   REQUIRE_FALSE(gpu_sampler_supports({0.7f, 40, 0.9f, 0}, 0));
@@ -2512,8 +2537,14 @@ TEST_CASE("gpu_sample refuses what it does not rank, and reports bad logits as t
   DeviceBuffer<SampleResult> d_result(1);
   std::vector<float> logits(3001, 0.25f);
   DeviceBuffer<float> d_logits(logits);
-  REQUIRE_THROWS_AS(gpu_sample(d_result.data(), d_logits.data(), 3001, {0.7f, 0, 0.9f, 0}, d_u.data(), 0),
+  REQUIRE_THROWS_AS(gpu_sample(d_result.data(), d_logits.data(), 3001, {0.7f, 1025, 0.9f, 0}, d_u.data(), 0),
                     std::invalid_argument);
+  // 3001 equal logits: the nucleus of top-p 0.9 is 2701 tokens, past the ranked 1024.
+  d_result.fill_bytes(0);
+  gpu_sample(d_result.data(), d_logits.data(), 3001, {0.7f, 0, 0.9f, 0}, d_u.data(), 0);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  REQUIRE(sample_needs_host(d_result.to_host()[0]));
+  REQUIRE_THROWS_AS(checked_token(d_result.to_host()[0]), std::logic_error);
   auto message = [&](const std::vector<float>& values, const SamplerOptions& options) {
     DeviceBuffer<float> d(values);
     gpu_sample(d_result.data(), d.data(), int(values.size()), options, d_u.data(), 0);
@@ -2552,7 +2583,7 @@ TEST_CASE("CUDA model: decode_sample draws the tokens the host draws from decode
   for (const TinySpec& spec : kSpecs) {
     const std::string dir = tiny_checkpoint(spec);
     const std::vector<int32_t> prompt = random_prompt(9, spec.V, seed);
-    // The chat's defaults; the unranked walk; top-p alone (the host path); greedy.
+    // The chat's defaults; the unranked walk; top-p alone (ranked on the GPU: V <= 1024); greedy.
     for (const SamplerOptions& options : {SamplerOptions{0.8f, 40, 0.9f, seed}, SamplerOptions{1.0f, 0, 1.0f, seed},
                                           SamplerOptions{0.7f, 0, 0.9f, seed}, SamplerOptions{0.0f, 0, 1.0f, seed}}) {
       INFO(spec.name << ": temperature " << options.temperature << ", top_k " << options.top_k << ", top_p "
@@ -2571,4 +2602,33 @@ TEST_CASE("CUDA model: decode_sample draws the tokens the host draws from decode
       }
     }
   }
+}
+
+TEST_CASE("CUDA model: decode_sample leaves a nucleus past the ranked tokens to the host, same draws",
+          "[ch08][gpu][model]") {
+  // A vocabulary past kGpuSamplerMaxTopK and a high temperature (a flat distribution):
+  // top-p 0.95's nucleus holds more than the 1024 tokens the kernel ranks, so the kernel
+  // draws nothing and decode_sample copies the logits back and draws on the host.
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  const TinySpec wide = {"wide_vocab", 128, 2, 1, 64, 192, 1, 2051, 1e4, 1e-6, true, false, 64, 813};
+  const std::string dir = tiny_checkpoint(wide);
+  const std::vector<int32_t> prompt = random_prompt(5, wide.V, seed);
+  const SamplerOptions options{8.0f, 0, 0.95f, seed};
+  CudaModel on_gpu(dir, cuda_options()), on_host(dir, cuda_options());
+  Sampler gpu_sampler(options), host_sampler(options);
+  int32_t gpu_token = gpu_sampler.sample(on_gpu.prefill(prompt));
+  int32_t host_token = host_sampler.sample(on_host.prefill(prompt));
+  REQUIRE(gpu_token == host_token);
+  int past_ranked = 0;
+  for (int step = 0; step < 8; ++step) {
+    INFO("step " << step);
+    gpu_token = on_gpu.decode_sample(gpu_token, gpu_sampler);
+    const std::vector<float> logits = on_host.decode(host_token);
+    past_ranked += host_sampler.candidates(logits.data(), wide.V).size() > size_t(kGpuSamplerMaxTopK);
+    host_token = host_sampler.sample(logits);
+    REQUIRE(gpu_token == host_token);
+  }
+  INFO("steps whose nucleus held more than " << kGpuSamplerMaxTopK << " tokens: " << past_ranked);
+  REQUIRE(past_ranked > 0);  // the host's draw was taken: the case this test is for
 }
