@@ -2398,11 +2398,19 @@ TEST_CASE("gpu_sample draws what the CPU sampler draws from the same logits and 
     // 1e-4 apart: ~5000 tokens within the shortlist's first distance (0.5) of the largest,
     // too many to rank, so the shortlist must narrow down (or, for k > 256, radix select).
     for (size_t i = 0; i < dense.size(); ++i) dense[i] = 2.0f - 1e-4f * float((i * 7919) % dense.size());
+    // One leader and a plateau of 2000 tokens at half its weight or less: top-p's nucleus
+    // lies past the ranked 1024, though the mass of all is small enough (under 1024 /
+    // top_p) that only the ranked tokens' running sum can tell (the kernel's late way to
+    // the host, where flat distributions take the early one).
+    std::vector<float> plateau(4001, -40.0f);
+    plateau[7] = 0.0f;
+    for (size_t i = 100; i < 2100; ++i) plateau[i] = -0.6931f;
     sets = {{"Bielik-sized", bielik},
             {"ties on a grid", ties},
             {"SmolLM2-sized, flat", smollm},
             {"V = 5", tiny},
-            {"dense: the shortlist narrows down", dense}};
+            {"dense: the shortlist narrows down", dense},
+            {"plateau past the ranked 1024", plateau}};
   }
   const SamplerOptions option_sets[] = {
       {0.7f, 40, 0.9f, 0},    // the chat's defaults
@@ -2491,6 +2499,26 @@ TEST_CASE("gpu_sample draws what the CPU sampler draws from the same logits and 
   // left flat distributions to the host.
   REQUIRE(nucleus_ranked > 0);
   REQUIRE(nucleus_beyond > 0);
+
+  // Both ways to the host for top-p over every token, told apart by the timeline: the flat
+  // set leaves at once (the mass bound: nothing ranked), the plateau after ranking 1024.
+  {
+    DeviceBuffer<unsigned long long> d_stamps(kSampleTimelineEvents);
+    for (const size_t set_index : {size_t(2), size_t(5)}) {
+      const LogitSet& set = sets[set_index];
+      INFO(set.name);
+      DeviceBuffer<float> d_logits(set.logits);
+      d_stamps.fill_bytes(0);
+      d_result.fill_bytes(0xFF);
+      gpu_sample(d_result.data(), d_logits.data(), int(set.logits.size()), {0.7f, 0, 0.9f, 0}, d_u.data(), 0,
+                 d_stamps.data());
+      REQUIRE(sample_needs_host(d_result.to_host()[0]));
+      const std::vector<unsigned long long> t = d_stamps.to_host();
+      const bool ranked_first = t[size_t(SampleTimelineEvent::kRanked)] != 0;
+      REQUIRE(ranked_first == (set_index == 5));
+      REQUIRE(t[size_t(SampleTimelineEvent::kDrawn)] != 0);
+    }
+  }
 
   // The timeline (bench_model's, measurement only) changes no token and stamps the points
   // each path passes, in order; the ones it skips stay untouched.
