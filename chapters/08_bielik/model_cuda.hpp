@@ -434,7 +434,7 @@ class CudaModel final : public Backend {
 
   std::vector<float> prefill(const std::vector<int32_t>& tokens, Logits which = Logits::kLast) override;
   std::vector<float> decode(int32_t token) override;
-  /// The step and the draw on the GPU (sample_kernels.cuh): 12 bytes come back instead
+  /// The step and the draw on the GPU (sample_kernels.cuh): 20 bytes come back instead
   /// of the (V) logits, and the host does no pass over them. Options the GPU sampler does
   /// not run (top-k above kGpuSamplerMaxTopK) take the host path, Backend::decode_sample;
   /// top-p over a nucleus of more than kGpuSamplerMaxTopK tokens copies the logits back
