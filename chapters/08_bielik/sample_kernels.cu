@@ -273,7 +273,7 @@ __global__ void __launch_bounds__(kSampleThreads)
     // No weight exceeds the largest's, exp(0) = 1, so the select_k most likely hold at most
     // select_k / all_mass of it. Below top_p (with a margin for the running sum's rounding)
     // the nucleus lies past them whatever they are: a flat distribution goes to the host
-    // now, without the ~60 us of selecting and ranking (step 5 would say the same).
+    // now, without the ~70 us of selecting and ranking (step 5 would say the same).
     if (select_k < V && double(select_k) * (1.0 + 1e-9) < double(top_p) * all_mass) {
       if (tid == 0) *result = SampleResult{-1, int32_t(GpuSampleStatus::kNucleusBeyondRanked), -1, 0, 0};
       stamp(timeline, SampleTimelineEvent::kDrawn);
