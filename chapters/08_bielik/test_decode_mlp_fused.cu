@@ -59,7 +59,6 @@ std::vector<double> reference_mlp(const MlpCase& c, const std::vector<uint16_t>&
   return acc;
 }
 
-const __nv_bfloat16* bf16(const DeviceBuffer<uint16_t>& b) { return reinterpret_cast<const __nv_bfloat16*>(b.data()); }
 __nv_bfloat16* bf16(DeviceBuffer<uint16_t>& b) { return reinterpret_cast<__nv_bfloat16*>(b.data()); }
 
 }  // namespace
