@@ -1,10 +1,11 @@
 /// @file swiglu_device.cuh
 /// @brief What the chapter's kernels share: silu in fp32, the optional bias add, the bias
-/// check, and two load helpers for the GEMV.
+/// check, and the GEMV's widening of 8 bf16.
 ///
-/// unpack_8 and load_streaming do the same as the private helpers of chapter 03's
-/// gemv_v1_warp_per_row.cu; they are written again here because that file keeps them
-/// in an anonymous namespace (see README.md: they belong in a shared header).
+/// unpack_bf16x8 does the same as unpack_8, private to chapter 03's
+/// gemv_v1_warp_per_row.cu; it is written again here because that file keeps it in an
+/// anonymous namespace (see README.md). The GEMV's streaming weight load is chapter 03's
+/// ptx::load_streaming_16 (matmul_ptx.cuh).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -39,16 +40,6 @@ __device__ __forceinline__ void unpack_bf16x8(float (&v)[8], uint4 raw) {
     v[2 * i] = __uint_as_float(words[i] << 16);
     v[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
   }
-}
-
-/// 16-byte load that does not allocate in L1: each weight is read exactly once, and
-/// should not evict x, which every warp of the block reads.
-__device__ __forceinline__ uint4 load_streaming_16(const void* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
 }
 
 /// Host side: true with biases, false without; both or neither (see swiglu.cuh).

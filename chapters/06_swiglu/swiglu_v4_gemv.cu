@@ -36,6 +36,7 @@
 
 #include "cuda_check.cuh"
 #include "matmul_common.cuh"
+#include "matmul_ptx.cuh"
 #include "swiglu.cuh"
 #include "swiglu_device.cuh"
 
@@ -51,7 +52,7 @@ template <bool Vector, bool Streaming>
 __device__ __forceinline__ uint4 load_chunk(const __nv_bfloat16* row, int chunk, int K) {
   if constexpr (Vector) {
     const void* p = row + size_t(chunk) * 8;
-    return Streaming ? load_streaming_16(p) : __ldg(reinterpret_cast<const uint4*>(p));
+    return Streaming ? ptx::load_streaming_16(p) : __ldg(reinterpret_cast<const uint4*>(p));
   } else {
     uint32_t words[4];
 #pragma unroll
