@@ -41,15 +41,6 @@ namespace {
 
 constexpr int kRowsPerBlock = 16;  // the mma's M
 
-// Weights are read once: a streaming 16-byte load that does not allocate in L1.
-__device__ __forceinline__ uint4 load_weights(const __nv_bfloat16* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
 template <int kWarps, int kColumnTiles, bool HasBias>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_v2_kernel(__nv_bfloat16* y,           // (T, N)
@@ -79,8 +70,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int u = 0; u < kStepsInFlight; ++u) {  // every load first...
       const int k = 32 * (first + u * kWarps) + 8 * t;
       const bool inside = k < K;  // K % 8 == 0: a chunk is all in or all out
-      a_lo[u] = inside ? load_weights(w_lo + k) : make_uint4(0, 0, 0, 0);
-      a_hi[u] = inside ? load_weights(w_hi + k) : make_uint4(0, 0, 0, 0);
+      a_lo[u] = inside ? ptx::load_streaming_16(w_lo + k) : make_uint4(0, 0, 0, 0);
+      a_hi[u] = inside ? ptx::load_streaming_16(w_hi + k) : make_uint4(0, 0, 0, 0);
 #pragma unroll
       for (int j = 0; j < kColumnTiles; ++j) {
         b[u][j] = inside ? __ldg(reinterpret_cast<const uint4*>(x_column[j] + k)) : make_uint4(0, 0, 0, 0);

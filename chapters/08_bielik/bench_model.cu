@@ -71,6 +71,7 @@ struct Args {
   int fused_mlp_block_warps = CudaModelOptions{}.fused_mlp_block_warps;  ///< --fused-mlp-block-warps N
   int decode_graph_steps = CudaModelOptions{}.decode_graph_steps;        ///< --decode-graph-steps N
   bool generate_copy_each_token = false;                                  ///< --copy-each-token
+  bool embed_each_step = false;  ///< --embed-each-step: argmax_writes_next_input off
   int fused_mlp_delay = CudaModelOptions{}.fused_mlp_start_delay_ns;    ///< --fused-mlp-start-delay NS
   bool prefill_attention_clusters = true;  ///< --prefill-attention v6 (default) or v5
   bool decode_only = false;  ///< load, decode, print tokens/s, stop (for a profiler's timeline)
@@ -196,6 +197,8 @@ Args parse(int argc, char** argv) {
       a.decode_graph_steps = std::stoi(value());
     } else if (flag == "--copy-each-token") {
       a.generate_copy_each_token = true;
+    } else if (flag == "--embed-each-step") {
+      a.embed_each_step = true;
     } else if (flag == "--fused-mlp-start-delay") {
       a.fused_mlp_delay = std::stoi(value());
     } else if (flag == "--down-shared") {
@@ -376,7 +379,7 @@ Args parse(int argc, char** argv) {
                                   " [--gate-up-start-delay NS] [--down-start-delay NS] [--qkv-start-delay NS] [--o-start-delay NS]"
                                   " [--lm-head-start-delay NS] [--[no-]widen-input] [--bulk-staging] [--qkv-early] [--gate-up-after-o]"
                                   " [--[no-]fused-mlp] [--fused-mlp-before-wait N] [--fused-mlp-block-warps 4|8] [--fused-mlp-start-delay NS]"
-                                  " [--decode-graph-steps N] [--copy-each-token]"
+                                  " [--decode-graph-steps N] [--copy-each-token] [--embed-each-step]"
                                   " [--down-shared] [--down-shared-after-staging] [--gate-up-shared-after-staging]"
                                   " [--down-global-input|--down-staged-input] [--o-global-input]"
                                   " [--rope-after-wait]"
@@ -795,6 +798,7 @@ int main(int argc, char** argv) {
     options.fused_mlp_block_warps = args.fused_mlp_block_warps;
     options.decode_graph_steps = args.decode_graph_steps;
     options.generate_copy_each_token = args.generate_copy_each_token;
+    if (args.embed_each_step) options.argmax_writes_next_input = false;
     options.fused_mlp_start_delay_ns = args.fused_mlp_delay;
     options.qkv_start_delay_ns = args.qkv_delay;
     options.o_start_delay_ns = args.o_delay;
@@ -1139,6 +1143,8 @@ int main(int argc, char** argv) {
          "the GPU until the end)",
          true, true, Path::kClusterPerHead, 0, 0},
         defaults_but("a graph a step", [](CudaModelOptions& o) { o.decode_graph_steps = 1; }),
+        defaults_but("each step embeds its token in a kernel of its own (the argmax does not write the next input)",
+                     [](CudaModelOptions& o) { o.argmax_writes_next_input = false; }),
         defaults_but("a graph a step, each step's token copied back after it (no history on the GPU)",
                      [](CudaModelOptions& o) {
                        o.decode_graph_steps = 1;

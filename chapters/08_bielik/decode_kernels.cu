@@ -457,10 +457,26 @@ __global__ void __launch_bounds__(kArgmaxThreads) decode_argmax_kernel(int32_t* 
                                                                        const float* logits,  // (V)
                                                                        int V, int* d_length,
                                                                        int32_t* history,  // (history_size) or null
-                                                                       int history_size) {
+                                                                       int history_size, NextInputRow next) {
   pdl_wait();
   pdl_allow_dependents();
-  block_argmax_commit<kArgmaxThreads>(token, logits, V, d_length, history, history_size);
+  const int32_t chosen = block_argmax_commit<kArgmaxThreads>(token, logits, V, d_length, history, history_size);
+  if (next.table == nullptr) return;
+  // The next step's input row: 16-byte copies when every row is 16-byte aligned (C % 8 ==
+  // 0, as the embedding kernel's v2 has it), else one value at a time.
+  const bool valid = chosen >= 0 && chosen < V;
+  const __nv_bfloat16* row = next.table + size_t(valid ? chosen : 0) * next.C;
+  if (next.C % 8 == 0) {
+    const int4* source = reinterpret_cast<const int4*>(row);
+    int4* destination = reinterpret_cast<int4*>(next.x);
+    for (int v = threadIdx.x; v < next.C / 8; v += kArgmaxThreads) {
+      destination[v] = valid ? __ldg(source + v) : make_int4(0, 0, 0, 0);
+    }
+  } else {
+    for (int c = threadIdx.x; c < next.C; c += kArgmaxThreads) {
+      next.x[c] = valid ? row[c] : __float2bfloat16(0.0f);
+    }
+  }
 }
 
 }  // namespace
@@ -579,13 +595,16 @@ void decode_rope_append(__nv_bfloat16* qkv, __nv_bfloat16* k_cache, __nv_bfloat1
 }
 
 void decode_argmax(int32_t* token, const float* logits, int V, int* d_length, bool pdl, cudaStream_t stream,
-                   int32_t* history, int history_size) {
+                   int32_t* history, int history_size, NextInputRow next) {
   if (V <= 0) throw std::invalid_argument("decode_argmax: V must be positive");
   if (history && (!d_length || history_size < 1)) {
     throw std::invalid_argument("decode_argmax: a history needs the length pointer and a size >= 1");
   }
+  if (next.table && (!next.x || next.C <= 0)) {
+    throw std::invalid_argument("decode_argmax: the next input row needs its destination and C >= 1");
+  }
   launch_kernel(pdl, decode_argmax_kernel, dim3(1), dim3(kArgmaxThreads), 0, stream, token, logits, V, d_length,
-                history, history_size);
+                history, history_size, next);
 }
 
 int32_t decode_argmax_cpu(const float* logits, int V) {

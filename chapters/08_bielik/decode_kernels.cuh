@@ -300,6 +300,15 @@ int decode_gemv_mma_max_k();
 void decode_rope_append(__nv_bfloat16* qkv, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache, const int* d_length,
                         const RopeTable& table, int H, int Hkv, int max_context, bool pdl, cudaStream_t stream = 0);
 
+/// Where decode_argmax also writes the next step's input: the embedding row of the token
+/// it chose, x = table[token] (zeros when the token is -1), so that a step that follows on
+/// the GPU needs no embedding launch of its own (CudaModelOptions::argmax_writes_next_input).
+struct NextInputRow {
+  const __nv_bfloat16* table = nullptr;  ///< (V, C) the embedding table, or nullptr: no row written
+  __nv_bfloat16* x = nullptr;            ///< (C) the decode step's input row
+  int C = 0;
+};
+
 /// token[0] = argmax(logits) (lowest index on ties; -1 if a logit is NaN), then, when
 /// d_length is not null, *d_length += 1: the commit of the decode step, on the GPU.
 /// @param token    (1) written
@@ -307,8 +316,9 @@ void decode_rope_append(__nv_bfloat16* qkv, __nv_bfloat16* k_cache, __nv_bfloat1
 /// @param d_length (1) or nullptr
 /// @param history  (history_size) or nullptr: with d_length, the token is also written at
 ///                 history[*d_length] (before the increment) when that index is in range
+/// @param next     with a table: the chosen token's embedding row written to next.x
 void decode_argmax(int32_t* token, const float* logits, int V, int* d_length, bool pdl, cudaStream_t stream = 0,
-                   int32_t* history = nullptr, int history_size = 0);
+                   int32_t* history = nullptr, int history_size = 0, NextInputRow next = {});
 
 /// Plain C++ reference of decode_argmax: -1 when a value is NaN.
 int32_t decode_argmax_cpu(const float* logits, int V);

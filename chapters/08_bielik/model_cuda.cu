@@ -324,6 +324,7 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     // attention split kernel's setup) happens outside the capture, and a kernel that
     // cannot launch fails here with its own message. Then forget it.
     CUDA_CHECK(cudaMemsetAsync(d_token_.data(), 0, sizeof(int32_t), stream_));
+    embed_host_token();
     enqueue_decode_step(stream_, use_pdl_, nullptr, attention_splits_);
     if (short_attention_splits_ > 0) enqueue_decode_step(stream_, use_pdl_, nullptr, short_attention_splits_);
     if (long_attention_splits_ > 0) enqueue_decode_step(stream_, use_pdl_, nullptr, long_attention_splits_);
@@ -988,8 +989,13 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     l2_prefetch(side_prefetch_plan(layer), options_.side_prefetch_blocks, side_stream_);
   };
 
-  embedding_forward(d_x_.data(), embed_, d_token_.data(), 1, C_, V_, nullptr, s);
-  done("embedding");
+  // With argmax_writes_next_input the row is in d_x_ already (the previous step's argmax,
+  // or embed_host_token); a probed step embeds it anyway, to time the kernel.
+  const bool next_input_by_argmax = options_.argmax_writes_next_input;
+  if (!next_input_by_argmax || after != nullptr) {
+    embedding_forward(d_x_.data(), embed_, d_token_.data(), 1, C_, V_, nullptr, s);
+    done("embedding");
+  }
 
   // Every GEMV of the step: the evict-first hint as configured, and the epilogue's
   // residual / position loaded before the PDL wait. The position was committed by the
@@ -1046,7 +1052,9 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
                                 H_, Hkv_, D_, context, rope_.max_positions};
     qkv.max_blocks_per_sm = options_.small_gemv_blocks_per_sm;
     step_gemv_settings(qkv);
-    qkv.epilogue_inputs_settled = !options_.qkv_rope_inputs_after_wait;
+    // Layer 0's QKV may follow the previous step's argmax with PDL (argmax_writes_next_input),
+    // and that argmax commits the length RoPE's position is read from: after the wait, then.
+    qkv.epilogue_inputs_settled = !options_.qkv_rope_inputs_after_wait && !(l == 0 && next_input_by_argmax);
     // The attention reads only what earlier steps committed before its wait.
     qkv.allow_dependents_early = options_.qkv_allows_attention_early;
     qkv.timeline = timeline_slot(4 * l);
@@ -1243,7 +1251,8 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   done("lm_head");
   // The argmax overwrites the input token (the next step's input when generating) and
   // commits the step on the GPU: the device KV length += 1.
-  decode_argmax(d_token_.data(), d_logits_.data(), V_, d_length, pdl, s, d_history_.data(), context);
+  const NextInputRow next_input = next_input_by_argmax ? NextInputRow{embed_, d_x_.data(), C_} : NextInputRow{};
+  decode_argmax(d_token_.data(), d_logits_.data(), V_, d_length, pdl, s, d_history_.data(), context, next_input);
   done("argmax");
   if (side_branch) {
     CUDA_CHECK(cudaEventRecord(side_join_, side_stream_));
@@ -1272,6 +1281,10 @@ L2PrefetchPlan CudaModel::side_prefetch_plan(const Layer& layer) const {
   return plan;
 }
 
+void CudaModel::embed_host_token() {
+  if (options_.argmax_writes_next_input) embedding_forward(d_x_.data(), embed_, d_token_.data(), 1, C_, V_, nullptr, stream_);
+}
+
 void CudaModel::run_decode_step(int kv_len) {
   if (options_.persistent_decode && options_.persistent_weight_stream) {
     decode_step_streamed(persistent_step_, streamed_layout_, stream_);
@@ -1290,6 +1303,7 @@ std::vector<float> CudaModel::decode(int32_t token) {
   check_fits(1, "prompt");
   h_tokens_.get()[0] = token;
   CUDA_CHECK(cudaMemcpyAsync(d_token_.data(), h_tokens_.get(), sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  embed_host_token();
   run_decode_step(position() + 1);
   CUDA_CHECK(cudaMemcpyAsync(h_logits_.get(), d_logits_.data(), size_t(V_) * sizeof(float), cudaMemcpyDeviceToHost,
                              stream_));
@@ -1310,6 +1324,7 @@ int32_t CudaModel::decode_sample(int32_t token, Sampler& sampler) {
   CUDA_CHECK(cudaMemcpyAsync(d_token_.data(), h_tokens_.get(), sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
   CUDA_CHECK(cudaMemcpyAsync(d_sample_uniform_.data(), &exchange->uniform, sizeof(double), cudaMemcpyHostToDevice,
                              stream_));
+  embed_host_token();
   run_decode_step(position() + 1);
   gpu_sample(d_sample_result_.data(), d_logits_.data(), V_, sampler.options(), d_sample_uniform_.data(), stream_);
   CUDA_CHECK(cudaMemcpyAsync(&exchange->result, d_sample_result_.data(), sizeof(SampleResult), cudaMemcpyDeviceToHost,
@@ -1340,6 +1355,7 @@ std::vector<int32_t> CudaModel::generate_greedy(int32_t token, int count) {
   int32_t* host = h_tokens_.get();
   host[0] = token;
   CUDA_CHECK(cudaMemcpyAsync(d_token_.data(), host, sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  embed_host_token();
   // Every step's input is the previous step's argmax, already on the GPU, and the argmax
   // also keeps it in d_history_ at its position: the steps are queued back to back, and
   // one copy brings the whole generation back at the end. The persistent steps do not

@@ -114,6 +114,15 @@ struct CudaModelOptions {
   /// (d_history_, one copy at the end). Off; it measures what the copies cost: the same
   /// call, 988 / 989 / 987 against 998 / 997 / 997 tokens/s (a graph a step both).
   bool generate_copy_each_token = false;
+  /// The decode step's argmax also writes the next step's input row (the chosen token's
+  /// embedding, decode_argmax's NextInputRow), and the step graphs start at layer 0's QKV
+  /// instead of at an embedding launch: between two steps on the GPU the next QKV then
+  /// follows the argmax with PDL (its weights asked for while the argmax runs) instead of
+  /// waiting for a separate embedding kernel to end. Where the host writes the token
+  /// (decode, decode_sample, the first step of generate_greedy), one embedding launch
+  /// before the graph makes the row. Layer 0's QKV then loads RoPE's position after its
+  /// wait: the argmax before it commits the length.
+  bool argmax_writes_next_input = true;
   bool use_pdl = true;       ///< programmatic dependent launch between decode kernels and between prefill's small kernels (sm_90+)
   /// Prefill attention with chapter 05's v6 on sm_90+ (each query block's key tiles split
   /// over a thread block cluster) instead of attention_forward (v5, or v3 on GPUs with
@@ -552,6 +561,9 @@ class CudaModel final : public Backend {
   // Its attention runs with `attention_splits` (attention_splits_at(kv length)).
   void enqueue_decode_step(cudaStream_t stream, bool pdl, const std::function<void(const char*)>* after_kernel,
                            int attention_splits);
+  // options_.argmax_writes_next_input: the step does not embed its token itself, so after
+  // the host writes d_token_ this launches the embedding of it into d_x_. Otherwise nothing.
+  void embed_host_token();
   // One step whose attention reads kv_len keys (position + 1): the graph for that length,
   // or the eager launches.
   void run_decode_step(int kv_len);

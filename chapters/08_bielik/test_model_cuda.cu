@@ -1065,7 +1065,8 @@ TEST_CASE("CUDA model: greedy tokens equal the CPU backend's", "[ch08][gpu][mode
   }
 }
 
-TEST_CASE("CUDA model: generate_greedy gives the same tokens with several steps a graph and with a copy a step",
+TEST_CASE("CUDA model: generate_greedy gives the same tokens with several steps a graph, with a copy a step, "
+          "and with the input embedded by each step",
           "[ch08][gpu][model]") {
   const uint64_t seed = fresh_seed();
   INFO("prompt seed " << seed);
@@ -1077,18 +1078,24 @@ TEST_CASE("CUDA model: generate_greedy gives the same tokens with several steps 
     // graph, some runs of steps straddle a switch and take single steps there.
     const std::vector<int32_t> prompt = random_prompt(20, spec.V, seed);
     constexpr int kSteps = 120;
+    // Variants 0-4 take the next input from the argmax (argmax_writes_next_input, the
+    // default); 5 and the reference 6 embed the token in every step, as before it.
+    constexpr int kVariants = 7;
     std::vector<std::vector<int32_t>> runs;
-    for (int variant = 0; variant < 5; ++variant) {
+    for (int variant = 0; variant < kVariants; ++variant) {
       CudaModelOptions options = cuda_options();
       options.short_attention_max_keys = 40;
       options.long_attention_min_keys = 90;
-      options.decode_graph_steps = variant == 0 ? CudaModelOptions{}.decode_graph_steps : variant == 1 ? 3 : variant == 2 ? 8 : 1;
+      const bool default_steps = variant == 0 || variant == 5;
+      options.decode_graph_steps =
+          default_steps ? CudaModelOptions{}.decode_graph_steps : variant == 1 ? 3 : variant == 2 ? 8 : 1;
       options.generate_copy_each_token = variant == 3;
+      options.argmax_writes_next_input = variant < 5;
       CudaModel cuda(dir, options);
       const std::vector<float> logits = cuda.prefill(prompt);
       const int32_t first = argmax(logits.data(), spec.V);
       std::vector<int32_t> tokens;
-      if (variant == 4) {  // one step at a time, the reference
+      if (variant == 4 || variant == 6) {  // one step at a time (6: the reference)
         tokens.push_back(cuda.decode_greedy(first));
         for (int i = 1; i < kSteps; ++i) tokens.push_back(cuda.decode_greedy(tokens.back()));
       } else {
@@ -1103,15 +1110,43 @@ TEST_CASE("CUDA model: generate_greedy gives the same tokens with several steps 
       runs.push_back(tokens);
     }
     for (size_t i = 0; i + 1 < runs.size(); ++i) {
-      INFO(spec.name << " variant " << i << " (0: the default steps a graph, 1: 3 steps, 2: 8 steps, 3: a step a graph and a copy a step) against "
-                     << "decode_greedy");
+      INFO(spec.name << " variant " << i
+                     << " (0: the default steps a graph, 1: 3 steps, 2: 8 steps, 3: a step a graph and a copy a step, "
+                        "4: decode_greedy, 5: the default steps with the token embedded by each step) against "
+                     << "decode_greedy with the token embedded by each step");
       REQUIRE(runs[i] == runs.back());
     }
     // A sequence of few distinct tokens proves less about the order (the argmax kernel's
     // test checks where the history puts each token).
     const size_t distinct = std::set<int32_t>(runs[0].begin(), runs[0].end()).size();
     if (distinct <= 3) WARN(spec.name << ": only " << distinct << " distinct tokens in the generation");
-    std::printf("%s: %d greedy steps, %zu distinct tokens, the same in all five forms\n", spec.name, kSteps, distinct);
+    std::printf("%s: %d greedy steps, %zu distinct tokens, the same in all %d forms\n", spec.name, kSteps, distinct,
+                kVariants);
+
+    // decode() and decode_sample() write the token from the host, then embed it
+    // (embed_host_token): the logits equal, bit for bit, those of steps that embed it
+    // themselves, and so does a sampled token.
+    CudaModelOptions by_argmax = cuda_options(), by_step = cuda_options();
+    by_step.argmax_writes_next_input = false;
+    CudaModel a(dir, by_argmax), b(dir, by_step);
+    REQUIRE(a.prefill(prompt) == b.prefill(prompt));
+    int32_t token = runs.back()[0];
+    for (int i = 0; i < 6; ++i) {
+      const std::vector<float> from_argmax = a.decode(token), from_step = b.decode(token);
+      REQUIRE(from_argmax == from_step);
+      token = argmax(from_argmax.data(), spec.V);
+    }
+    SamplerOptions sampled;
+    sampled.temperature = 0.8f;
+    sampled.top_k = 20;
+    sampled.seed = seed;
+    Sampler sampler_a(sampled), sampler_b(sampled);
+    for (int i = 0; i < 6; ++i) {
+      const int32_t next_a = a.decode_sample(token, sampler_a), next_b = b.decode_sample(token, sampler_b);
+      REQUIRE(next_a == next_b);
+      token = next_a;
+    }
+    REQUIRE(a.generate_greedy(token, 9) == b.generate_greedy(token, 9));
   }
 }
 
@@ -2203,6 +2238,74 @@ TEST_CASE("decode_argmax: first maximum, NaN gives -1, commits the length", "[ch
   REQUIRE(length.to_host()[0] == 51);
   REQUIRE_THROWS_AS(decode_argmax(token.data(), d_logits.data(), 8, nullptr, false, 0, history.data(), 50),
                     std::invalid_argument);
+}
+
+TEST_CASE("decode_argmax: odd vocabularies and unaligned logits; the next input row", "[ch08][gpu][kernels]") {
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 engine(seed);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  // The reads take 16-byte chunks, a batch of them per thread: vocabularies that are not
+  // a multiple of 4 (a scalar tail), larger than one batch of the block (32768 values),
+  // and logits that start off the 16-byte grid (the scalar path), with the maximum placed
+  // in the tail, in the first chunk, at the last index and in a tie across threads.
+  for (const int V : {1, 3, 5, 4097, 31999, 32000, 32001, 40003, 151936}) {
+    for (int offset : {0, 1}) {
+      std::vector<float> values(size_t(V) + offset);
+      for (float& v : values) v = normal(engine);
+      std::uniform_int_distribution<int> pick(0, V - 1);
+      const int places[] = {V - 1, 0, pick(engine), pick(engine)};
+      for (int where : places) {
+        std::vector<float> logits = values;
+        logits[size_t(offset) + where] = 50.0f;
+        if (where > 0) logits[size_t(offset) + engine() % where] = 50.0f;  // a tie at a lower index
+        const int32_t expected = decode_argmax_cpu(logits.data() + offset, V);
+        DeviceBuffer<float> d_logits(logits);
+        DeviceBuffer<int32_t> token(std::vector<int32_t>{-9});
+        decode_argmax(token.data(), d_logits.data() + offset, V, nullptr, false);
+        INFO("V " << V << " offset " << offset << " maximum at " << where);
+        REQUIRE(token.to_host()[0] == expected);
+      }
+    }
+  }
+
+  // The next input row: the chosen token's embedding, 16-byte copies (C = 1536) or one
+  // value at a time (C = 37), zeros after a NaN; nothing past the row is touched.
+  for (const int C : {1536, 37}) {
+    constexpr int kV = 300;
+    const std::vector<uint16_t> table = random_bf16(size_t(kV) * C, seed + C, 1.0f);
+    DeviceBuffer<uint16_t> d_table(table), x(size_t(C) + 8);
+    std::vector<float> logits(kV);
+    for (float& v : logits) v = normal(engine);
+    logits[211] = 40.0f;
+    DeviceBuffer<float> d_logits(logits);
+    DeviceBuffer<int32_t> token(1);
+    DeviceBuffer<int> length(std::vector<int>{3});
+    x.fill_bytes(0xFF);  // poisoned
+    const NextInputRow next{reinterpret_cast<const __nv_bfloat16*>(d_table.data()),
+                            reinterpret_cast<__nv_bfloat16*>(x.data()), C};
+    decode_argmax(token.data(), d_logits.data(), kV, length.data(), true, 0, nullptr, 0, next);
+    REQUIRE(token.to_host()[0] == 211);
+    REQUIRE(length.to_host()[0] == 4);
+    std::vector<uint16_t> row = x.to_host();
+    INFO("C " << C);
+    REQUIRE(std::equal(row.begin(), row.begin() + C, table.begin() + size_t(211) * C));
+    REQUIRE(std::all_of(row.begin() + C, row.end(), [](uint16_t v) { return v == 0xFFFF; }));
+    logits[17] = NAN;
+    d_logits.copy_from_host(logits);
+    x.fill_bytes(0xFF);
+    decode_argmax(token.data(), d_logits.data(), kV, nullptr, false, 0, nullptr, 0, next);
+    REQUIRE(token.to_host()[0] == -1);
+    row = x.to_host();
+    REQUIRE(std::all_of(row.begin(), row.begin() + C, [](uint16_t v) { return v == 0; }));
+    REQUIRE(std::all_of(row.begin() + C, row.end(), [](uint16_t v) { return v == 0xFFFF; }));
+    REQUIRE_THROWS_AS(decode_argmax(token.data(), d_logits.data(), kV, nullptr, false, 0, nullptr, 0,
+                                    NextInputRow{next.table, nullptr, C}),
+                      std::invalid_argument);
+    REQUIRE_THROWS_AS(decode_argmax(token.data(), d_logits.data(), kV, nullptr, false, 0, nullptr, 0,
+                                    NextInputRow{next.table, next.x, 0}),
+                      std::invalid_argument);
+  }
 }
 
 TEST_CASE("l2_prefetch: the load form reads every byte of its ranges; bad plans are refused", "[ch08][gpu][kernels]") {
