@@ -1140,7 +1140,7 @@ int main(int argc, char** argv) {
          "pushed with st.async onto block 0's mbarrier, in the long graph O scheduled once their inputs are in; "
          "then the O GEMV, which lets gate/up start early; QKV and O on the tensor cores except in the long "
          "graph; gate/up and down pause 300 ns at their start; evict-first; 4 steps a graph, the tokens kept on "
-         "the GPU until the end)",
+         "the GPU until the end, each step's input row written by the argmax before it)",
          true, true, Path::kClusterPerHead, 0, 0},
         defaults_but("a graph a step", [](CudaModelOptions& o) { o.decode_graph_steps = 1; }),
         defaults_but("each step embeds its token in a kernel of its own (the argmax does not write the next input)",
