@@ -1282,7 +1282,8 @@ L2PrefetchPlan CudaModel::side_prefetch_plan(const Layer& layer) const {
 }
 
 void CudaModel::embed_host_token() {
-  if (options_.argmax_writes_next_input) embedding_forward(d_x_.data(), embed_, d_token_.data(), 1, C_, V_, nullptr, stream_);
+  if (!options_.argmax_writes_next_input) return;
+  embedding_forward(d_x_.data(), embed_, d_token_.data(), 1, C_, V_, nullptr, stream_);
 }
 
 void CudaModel::run_decode_step(int kv_len) {
