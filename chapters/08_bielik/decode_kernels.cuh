@@ -16,7 +16,8 @@
 ///   decode_gemv(kPlain, kResidualAdd)    down projection, added into the residual stream
 ///   ...
 ///   decode_gemv(kRmsNorm, kF32)          final norm + lm_head, fp32 logits
-///   decode_argmax                        next token id (and the KV length += 1)
+///   decode_argmax                        next token id (and the KV length += 1), and the
+///                                        next step's input row, its embedding
 ///
 /// Every kernel here can be launched with programmatic dependent launch (PDL, Hopper):
 /// it is then scheduled while the previous kernel still runs, starts loading its WEIGHTS

@@ -27,8 +27,11 @@
 /// Decode (T = 1) runs the fused kernels of decode_kernels.cuh, captured ONCE into a CUDA
 /// graph at load time. Nothing in the graph depends on the position: the input token, the
 /// position (RoPE, cache append, attention length) and the commit are all read or written
-/// in device memory, so every step replays the same graph. A step is one graph launch plus
-/// a small copy back: the next token id (greedy), or the V logits (sampling).
+/// in device memory, so every step replays the same graph. The graph starts at layer 0:
+/// the step's input row (the token's embedding) was written by the previous step's argmax,
+/// or, where the host gave the token, by one embedding launch before the graph
+/// (argmax_writes_next_input). generate_greedy queues the steps back to back and copies
+/// the tokens back once; decode and decode_sample copy back the V logits or the drawn token.
 ///
 /// Memory is allocated once, in the constructor: the weights, the KV cache, the prefill
 /// activations for one chunk, the decode buffers. Nothing is allocated per token.
