@@ -110,7 +110,9 @@ struct CudaModelOptions {
   /// all take the same graph (the attention's cluster size changes with the length): one
   /// graph launch, and no graph boundary, for several steps. 1: a graph a step. H200,
   /// 2026-12-03, three alternating rounds (256 tokens after 16): 4 steps 1000 / 1000 /
-  /// 1000 tokens/s, 16 steps 998 / 997 / 997, 1 step 998 / 997 / 997.
+  /// 1000 tokens/s, 16 steps 998 / 997 / 997, 1 step 998 / 997 / 997. With the argmax
+  /// writing the next input (below), 2026-12-03 18:40 UTC: 2 / 4 / 8 / 16 steps 997 /
+  /// 998 / 996 / 996 (medians of three rounds).
   int decode_graph_steps = 4;
   /// generate_greedy copies each step's token back after the step (a 4-byte copy between
   /// every two steps), as it did before the argmax kept the tokens on the GPU
