@@ -8,6 +8,7 @@
 // the kernel falls back to scalar copies; odd-size tests exercise that path.
 #include "cuda_check.cuh"
 #include "embedding.cuh"
+#include "embedding_row.cuh"
 
 namespace bielik {
 
@@ -21,27 +22,13 @@ __global__ void embedding_v2_row_vectorized_kernel(__nv_bfloat16* out,          
   bool valid = id >= 0 && id < V;
   if (!valid && threadIdx.x == 0 && invalid_id_count) atomicAdd(invalid_id_count, 1);
 
-  __nv_bfloat16* out_row = out + size_t(t) * C;
-  const __nv_bfloat16* table_row = table + size_t(valid ? id : 0) * C;
-  if constexpr (Vectorized) {
-    int vectors = C / 8;
-    const int4* source = reinterpret_cast<const int4*>(table_row);
-    int4* destination = reinterpret_cast<int4*>(out_row);
-    for (int v = threadIdx.x; v < vectors; v += blockDim.x) {
-      destination[v] = valid ? __ldg(&source[v]) : make_int4(0, 0, 0, 0);
-    }
-  } else {
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-      out_row[c] = valid ? table_row[c] : __float2bfloat16(0.0f);
-    }
-  }
+  embedding_copy_row<Vectorized>(out + size_t(t) * C, table, id, C, V, threadIdx.x, blockDim.x);
 }
 
 void embedding_v2_row_vectorized(__nv_bfloat16* out, const __nv_bfloat16* table, const int32_t* token_ids,
                                  int T, int C, int V, int* invalid_id_count, cudaStream_t stream) {
   if (T == 0 || C == 0) return;
-  bool aligned = C % 8 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0 &&
-                 reinterpret_cast<uintptr_t>(table) % 16 == 0;
+  bool aligned = embedding_rows_vectorizable(out, table, C);
   // Enough threads to cover a Bielik row (1536 / 8 = 192 vectors) in one pass.
   int threads = aligned ? 192 : 256;
   if (aligned) {

@@ -9,6 +9,7 @@
 // other C fall back to v2's scalar path.
 #include "cuda_check.cuh"
 #include "embedding.cuh"
+#include "embedding_row.cuh"
 
 namespace bielik {
 
@@ -47,8 +48,7 @@ __global__ void embedding_v3_warp_per_row_kernel(__nv_bfloat16* out,          //
 void embedding_v3_warp_per_row(__nv_bfloat16* out, const __nv_bfloat16* table, const int32_t* token_ids, int T,
                                int C, int V, int* invalid_id_count, cudaStream_t stream) {
   if (T == 0 || C == 0) return;
-  bool aligned = C % 8 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0 &&
-                 reinterpret_cast<uintptr_t>(table) % 16 == 0;
+  bool aligned = embedding_rows_vectorizable(out, table, C);
   if (!aligned) {  // the scalar path is v2's; v3 only changes the vector path
     embedding_v2_row_vectorized(out, table, token_ids, T, C, V, invalid_id_count, stream);
     return;

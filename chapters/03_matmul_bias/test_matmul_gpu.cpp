@@ -138,6 +138,16 @@ const char* kOddCases[] = {"odd_a", "odd_b", "odd_c"};
 const char* kBielikCases[] = {"q_proj", "kv_proj", "up_proj", "down_proj", "lm_head"};
 const char* kExactCases[] = {"exact_a", "exact_b", "exact_c"};
 
+// Fresh random inputs of one projection: x (T, C_in), W (C_out, C_in) small enough that
+// the sums stay near x's scale, b (C_out).
+struct RandomProjection {
+  std::vector<uint16_t> x, W, b;
+};
+RandomProjection random_projection(int T, int C_in, int C_out, uint64_t seed) {
+  return {random_bf16(size_t(T) * C_in, seed), random_bf16(size_t(C_out) * C_in, seed + 1, 0.05f),
+          random_bf16(C_out, seed + 2, 0.5f)};
+}
+
 // The CPU reference on bf16 inputs, as fp32.
 std::vector<float> cpu_reference(const std::vector<uint16_t>& x, const std::vector<uint16_t>& W,
                                  const std::vector<uint16_t>* b, int T, int C_in, int C_out) {
@@ -226,9 +236,7 @@ TEST_CASE("every matmul version matches the CPU reference on fresh random inputs
   for (auto [T, C_in, C_out] : {std::tuple{3, 40, 24}, std::tuple{8, 1536, 256}, std::tuple{19, 200, 333},
                                 std::tuple{77, 1536, 1536}, std::tuple{150, 256, 520}}) {
     INFO("seed " << seed << " T=" << T << " C_in=" << C_in << " C_out=" << C_out);
-    std::vector<uint16_t> x = random_bf16(size_t(T) * C_in, seed);
-    std::vector<uint16_t> W = random_bf16(size_t(C_out) * C_in, seed + 1, 0.05f);
-    std::vector<uint16_t> b = random_bf16(C_out, seed + 2, 0.5f);
+    const auto [x, W, b] = random_projection(T, C_in, C_out, seed);
     DeviceBuffer<uint16_t> dx(x), dW(W), db(b), dy(size_t(T) * C_out);
     std::vector<Named> runs = versions;
 #ifndef BIELIK_TEST_ONLY_WGMMA
@@ -258,9 +266,7 @@ TEST_CASE("matmul_cublaslt_w_in_out: the weights stored (C_in, C_out) give the s
   for (auto [T, C_in, C_out] : {std::tuple{1, 8960, 1536}, std::tuple{3, 40, 24}, std::tuple{19, 200, 333},
                                 std::tuple{9, 8960, 1536}}) {
     INFO("seed " << seed << " T=" << T << " C_in=" << C_in << " C_out=" << C_out);
-    std::vector<uint16_t> x = random_bf16(size_t(T) * C_in, seed);
-    std::vector<uint16_t> W = random_bf16(size_t(C_out) * C_in, seed + 1, 0.05f);
-    std::vector<uint16_t> b = random_bf16(C_out, seed + 2, 0.5f);
+    const auto [x, W, b] = random_projection(T, C_in, C_out, seed);
     std::vector<uint16_t> W_in_out(W.size());  // (C_in, C_out): W transposed
     for (int n = 0; n < C_out; ++n) {
       for (int k = 0; k < C_in; ++k) W_in_out[size_t(k) * C_out + n] = W[size_t(n) * C_in + k];
@@ -364,9 +370,7 @@ TEST_CASE("gemv_v2 on fresh random inputs: odd rows, long rows, both column tile
   for (auto [T, C_in, C_out] : {std::tuple{1, 40, 24}, std::tuple{5, 1544, 257}, std::tuple{9, 8, 3},
                                 std::tuple{13, 8960, 1537}, std::tuple{16, 4104, 33}, std::tuple{8, 1536, 8960}}) {
     INFO("seed " << seed << " T=" << T << " C_in=" << C_in << " C_out=" << C_out);
-    std::vector<uint16_t> x = random_bf16(size_t(T) * C_in, seed);
-    std::vector<uint16_t> W = random_bf16(size_t(C_out) * C_in, seed + 1, 0.05f);
-    std::vector<uint16_t> b = random_bf16(C_out, seed + 2, 0.5f);
+    const auto [x, W, b] = random_projection(T, C_in, C_out, seed);
     DeviceBuffer<uint16_t> dx(x), dW(W), db(b), dy(size_t(T) * C_out + 8);
     for (bool with_bias : {true, false}) {
       std::vector<float> expected = cpu_reference(x, W, with_bias ? &b : nullptr, T, C_in, C_out);
@@ -449,9 +453,7 @@ TEST_CASE("v6 on fresh random inputs at every split count: odd rows, short and l
   // last k tile), K shorter than the splits (empty slices), each column tile.
   for (auto [T, C_in, C_out] : {std::tuple{1, 8, 3}, std::tuple{5, 1544, 257}, std::tuple{17, 8960, 1537},
                                 std::tuple{33, 4104, 65}, std::tuple{64, 1536, 100}, std::tuple{16, 1536, 8960}}) {
-    std::vector<uint16_t> x = random_bf16(size_t(T) * C_in, seed);
-    std::vector<uint16_t> W = random_bf16(size_t(C_out) * C_in, seed + 1, 0.05f);
-    std::vector<uint16_t> b = random_bf16(C_out, seed + 2, 0.5f);
+    const auto [x, W, b] = random_projection(T, C_in, C_out, seed);
     DeviceBuffer<uint16_t> dx(x), dW(W), db(b), dy(size_t(T) * C_out + 8);
     for (bool with_bias : {true, false}) {
       std::vector<float> expected = cpu_reference(x, W, with_bias ? &b : nullptr, T, C_in, C_out);
@@ -474,9 +476,7 @@ TEST_CASE("every v6 instance on fresh random inputs, at its widest T and at T = 
   for (auto [C_in, C_out] : {std::tuple{1544, 257}, std::tuple{8960, 200}, std::tuple{520, 1537}}) {
     for (int config = 0; config < matmul_v6_config_count(); ++config) {
       for (int T : {1, matmul_v6_config_max_tokens(config)}) {
-        std::vector<uint16_t> x = random_bf16(size_t(T) * C_in, seed);
-        std::vector<uint16_t> W = random_bf16(size_t(C_out) * C_in, seed + 1, 0.05f);
-        std::vector<uint16_t> b = random_bf16(C_out, seed + 2, 0.5f);
+        const auto [x, W, b] = random_projection(T, C_in, C_out, seed);
         DeviceBuffer<uint16_t> dx(x), dW(W), db(b), dy(size_t(T) * C_out + 8);
         std::vector<float> expected = cpu_reference(x, W, &b, T, C_in, C_out);
         for (int splits : {0, 3, 8}) {  // 0: chosen for the shape

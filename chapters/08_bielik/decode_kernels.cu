@@ -23,6 +23,7 @@
 #include "cuda_check.cuh"
 #include "decode_device.cuh"
 #include "decode_kernels.cuh"
+#include "embedding_row.cuh"  // chapter 01: the row copy
 #include "matmul_common.cuh"
 #include "weight_stream.cuh"
 
@@ -457,25 +458,18 @@ __global__ void __launch_bounds__(kArgmaxThreads) decode_argmax_kernel(int32_t* 
                                                                        const float* logits,  // (V)
                                                                        int V, int* d_length,
                                                                        int32_t* history,  // (history_size) or null
-                                                                       int history_size, NextInputRow next) {
+                                                                       int history_size, NextInputRow next,
+                                                                       bool next_vectorized) {
   pdl_wait();
   pdl_allow_dependents();
   const int32_t chosen = block_argmax_commit<kArgmaxThreads>(token, logits, V, d_length, history, history_size);
   if (next.table == nullptr) return;
-  // The next step's input row: 16-byte copies when every row is 16-byte aligned (C % 8 ==
-  // 0, as the embedding kernel's v2 has it), else one value at a time.
-  const bool valid = chosen >= 0 && chosen < V;
-  const __nv_bfloat16* row = next.table + size_t(valid ? chosen : 0) * next.C;
-  if (next.C % 8 == 0) {
-    const int4* source = reinterpret_cast<const int4*>(row);
-    int4* destination = reinterpret_cast<int4*>(next.x);
-    for (int v = threadIdx.x; v < next.C / 8; v += kArgmaxThreads) {
-      destination[v] = valid ? __ldg(source + v) : make_int4(0, 0, 0, 0);
-    }
+  // The next step's input row, copied as chapter 01's embedding copies a row (zeros for
+  // the -1 of a NaN): 16-byte pieces where the launcher found the pointers and C allow it.
+  if (next_vectorized) {
+    embedding_copy_row<true>(next.x, next.table, chosen, next.C, V, threadIdx.x, kArgmaxThreads);
   } else {
-    for (int c = threadIdx.x; c < next.C; c += kArgmaxThreads) {
-      next.x[c] = valid ? row[c] : __float2bfloat16(0.0f);
-    }
+    embedding_copy_row<false>(next.x, next.table, chosen, next.C, V, threadIdx.x, kArgmaxThreads);
   }
 }
 
@@ -603,8 +597,9 @@ void decode_argmax(int32_t* token, const float* logits, int V, int* d_length, bo
   if (next.table && (!next.x || next.C <= 0)) {
     throw std::invalid_argument("decode_argmax: the next input row needs its destination and C >= 1");
   }
+  const bool next_vectorized = next.table && embedding_rows_vectorizable(next.x, next.table, next.C);
   launch_kernel(pdl, decode_argmax_kernel, dim3(1), dim3(kArgmaxThreads), 0, stream, token, logits, V, d_length,
-                history, history_size, next);
+                history, history_size, next, next_vectorized);
 }
 
 int32_t decode_argmax_cpu(const float* logits, int V) {

@@ -2270,8 +2270,9 @@ TEST_CASE("decode_argmax: odd vocabularies and unaligned logits; the next input 
   }
 
   // The next input row: the chosen token's embedding, 16-byte copies (C = 1536) or one
-  // value at a time (C = 37), zeros after a NaN; nothing past the row is touched.
-  for (const int C : {1536, 37}) {
+  // value at a time (C = 37, or a destination off the 16-byte grid), zeros after a NaN;
+  // nothing around the row is touched.
+  for (auto [C, offset] : {std::pair{1536, 0}, std::pair{37, 0}, std::pair{1536, 1}}) {
     constexpr int kV = 300;
     const std::vector<uint16_t> table = random_bf16(size_t(kV) * C, seed + C, 1.0f);
     DeviceBuffer<uint16_t> d_table(table), x(size_t(C) + 8);
@@ -2283,22 +2284,25 @@ TEST_CASE("decode_argmax: odd vocabularies and unaligned logits; the next input 
     DeviceBuffer<int> length(std::vector<int>{3});
     x.fill_bytes(0xFF);  // poisoned
     const NextInputRow next{reinterpret_cast<const __nv_bfloat16*>(d_table.data()),
-                            reinterpret_cast<__nv_bfloat16*>(x.data()), C};
+                            reinterpret_cast<__nv_bfloat16*>(x.data()) + offset, C};
     decode_argmax(token.data(), d_logits.data(), kV, length.data(), true, 0, nullptr, 0, next);
     REQUIRE(token.to_host()[0] == 211);
     REQUIRE(length.to_host()[0] == 4);
     std::vector<uint16_t> row = x.to_host();
-    INFO("C " << C);
-    REQUIRE(std::equal(row.begin(), row.begin() + C, table.begin() + size_t(211) * C));
-    REQUIRE(std::all_of(row.begin() + C, row.end(), [](uint16_t v) { return v == 0xFFFF; }));
+    INFO("C " << C << " offset " << offset);
+    auto poisoned = [](uint16_t v) { return v == 0xFFFF; };
+    REQUIRE(std::equal(row.begin() + offset, row.begin() + offset + C, table.begin() + size_t(211) * C));
+    REQUIRE(std::all_of(row.begin(), row.begin() + offset, poisoned));
+    REQUIRE(std::all_of(row.begin() + offset + C, row.end(), poisoned));
     logits[17] = NAN;
     d_logits.copy_from_host(logits);
     x.fill_bytes(0xFF);
     decode_argmax(token.data(), d_logits.data(), kV, nullptr, false, 0, nullptr, 0, next);
     REQUIRE(token.to_host()[0] == -1);
     row = x.to_host();
-    REQUIRE(std::all_of(row.begin(), row.begin() + C, [](uint16_t v) { return v == 0; }));
-    REQUIRE(std::all_of(row.begin() + C, row.end(), [](uint16_t v) { return v == 0xFFFF; }));
+    REQUIRE(std::all_of(row.begin() + offset, row.begin() + offset + C, [](uint16_t v) { return v == 0; }));
+    REQUIRE(std::all_of(row.begin(), row.begin() + offset, poisoned));
+    REQUIRE(std::all_of(row.begin() + offset + C, row.end(), poisoned));
     REQUIRE_THROWS_AS(decode_argmax(token.data(), d_logits.data(), kV, nullptr, false, 0, nullptr, 0,
                                     NextInputRow{next.table, nullptr, C}),
                       std::invalid_argument);
