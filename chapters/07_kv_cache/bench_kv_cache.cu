@@ -13,7 +13,7 @@
 //   1 layer       one step of one layer between CUDA events, L2 flushed before it
 //                 (includes the combine kernel and the gap between the two launches);
 //   32 layers     the 32 layers' launches queued back to back, each on its own layer of
-//                 a cache sized for 8192 tokens (268 MB, far over the 50 MB L2), as in the
+//                 a cache sized for 8192 tokens (268 MB, far over the 60 MiB L2), as in the
 //                 model's decode step; reported per step = 32 layers;
 // plus, for the graph form, the 32 layers captured in one CUDA graph.
 //

@@ -55,8 +55,8 @@ const char* kernel_name(DecodeGemvKernel kernel) {
 // forms were each measured in one or two runs. Here every form runs once a round, in the
 // same order, for N rounds, each round with its own copy-bandwidth measurement, and with
 // the chain rotating over 3 weight copies (82.5 MB, the main table's setting until the
-// thirty-sixth session) and over 6 (165 MB, over three times the L2, as the main table now
-// has it: no copy can still be cached when it comes round).
+// thirty-sixth session) and over 6 (165 MB, 2.6 times the H200's 60 MiB L2; the main table
+// now takes 7 for down, three times the L2).
 struct DownForm {
   const char* label;
   bool in_place;            // DecodeGemvParams::input_from_global
@@ -205,8 +205,8 @@ int main(int argc, char** argv) {
     const double bytes = double(weight_elements) * 2;
     std::vector<DeviceBuffer<__nv_bfloat16>> weights;
     // The chain rotates over enough weight copies to hold three times the L2 (at least 3),
-    // so that no copy can still be cached when its turn comes again: QKV's 6.3 MB need
-    // ~24 of them. (Until the thirty-sixth session every shape had 3; for QKV and O that
+    // so that no copy can still be cached when its turn comes again: on the H200 (60 MiB
+    // of L2) QKV's 6.3 MB take 30 of them. (Until the thirty-sixth session every shape had 3; for QKV and O that
     // was less than the L2.)
     const int kCopies = std::max(3, int(std::ceil(3.0 * l2_bytes / bytes)));
     for (int c = 0; c < kCopies; ++c) {
