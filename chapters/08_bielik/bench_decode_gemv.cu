@@ -48,7 +48,6 @@ const char* kernel_name(DecodeGemvKernel kernel) {
   }
 }
 
-
 // --down-rounds N: issue 3's down row, measured as a distribution instead of once. Down
 // alone in the chain has sat at 82.5-85.2% of copy bandwidth over thirty-two single runs
 // (median about 84%, chapter 03's GEMV_LOG.md), against a target of 85%, and its other
@@ -164,10 +163,10 @@ int main(int argc, char** argv) {
   }
   int down_rounds = 0;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--down-rounds") == 0 && i + 1 < argc) {
+    if (std::strcmp(argv[i], "--down-rounds") == 0 && i + 1 < argc && std::atoi(argv[i + 1]) > 0) {
       down_rounds = std::atoi(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: bench_decode_gemv [--down-rounds N]\n");
+      std::fprintf(stderr, "usage: bench_decode_gemv [--down-rounds N]   (N >= 1)\n");
       return 2;
     }
   }
@@ -184,8 +183,9 @@ int main(int argc, char** argv) {
   std::vector<DecodeGemvKernel> kernels = {DecodeGemvKernel::kRegisterLoads, DecodeGemvKernel::kRegisterPipelined};
   if (weight_stream_supported()) kernels.push_back(DecodeGemvKernel::kBulkStream);
 
-  BenchTable table("decode_gemv", {"shape", "kernel", "MB", "copies in the chain", "alone us", "alone % copy BW", "in stream us",
-                                   "in stream % copy BW", "in a graph us", "in a graph GB/s", "in a graph % copy BW"});
+  BenchTable table("decode_gemv", {"shape", "kernel", "MB", "copies in the chain", "alone us", "alone % copy BW",
+                                   "in stream us", "in stream % copy BW", "in a graph us", "in a graph GB/s",
+                                   "in a graph % copy BW"});
   // The model's form of each GEMV in the graph chain, with its timeline (DecodeGemvParams::
   // timeline): where a launch's time goes when its code is hot, every launch before it
   // having been the same kernel. Chapter 08's DECODE_LOG.md compares it with the decode step,
@@ -206,10 +206,10 @@ int main(int argc, char** argv) {
     std::vector<DeviceBuffer<__nv_bfloat16>> weights;
     // The chain rotates over enough weight copies to hold three times the L2 (at least 3),
     // so that no copy can still be cached when its turn comes again: on the H200 (60 MiB
-    // of L2) QKV's 6.3 MB take 30 of them. (Until the thirty-sixth session every shape had 3; for QKV and O that
-    // was less than the L2.)
-    const int kCopies = std::max(3, int(std::ceil(3.0 * l2_bytes / bytes)));
-    for (int c = 0; c < kCopies; ++c) {
+    // of L2) QKV's 6.3 MB take 30 of them. (Until the thirty-sixth session every shape had
+    // 3; for QKV and O that was less than the L2.)
+    const int weight_copies = std::max(3, int(std::ceil(3.0 * l2_bytes / bytes)));
+    for (int c = 0; c < weight_copies; ++c) {
       weights.emplace_back(weight_elements);
       weights.back().fill_bytes(0x3c);  // small finite bf16 values; the time does not depend on them
     }
@@ -272,14 +272,17 @@ int main(int argc, char** argv) {
         alone_pct = fmt(100 * gb_per_s(bytes, alone.median_ms) / copy_gbs, 1);
       }
       const BenchTiming streamed = time_gpu_back_to_back(
-          [&](int i) { decode_gemv(shape.input, shape.output, params(i % kCopies), true, 0, kernel); }, kLaunches);
+          [&](int i) { decode_gemv(shape.input, shape.output, params(i % weight_copies), true, 0, kernel); },
+          kLaunches);
       const BenchTiming graphed = time_gpu_graph(
-          [&](int i, cudaStream_t s) { decode_gemv(shape.input, shape.output, params(i % kCopies), true, s, kernel); },
+          [&](int i, cudaStream_t s) {
+            decode_gemv(shape.input, shape.output, params(i % weight_copies), true, s, kernel);
+          },
           kLaunches);
       const double stream_gbs = gb_per_s(bytes, streamed.median_ms), graph_gbs = gb_per_s(bytes, graphed.median_ms);
-      table.add_row({shape.name, label, fmt(bytes / 1e6, 1), std::to_string(kCopies), alone_us, alone_pct, fmt(streamed.median_ms * 1e3, 2),
-                     fmt(100 * stream_gbs / copy_gbs, 1), fmt(graphed.median_ms * 1e3, 2), fmt(graph_gbs, 0),
-                     fmt(100 * graph_gbs / copy_gbs, 1)});
+      table.add_row({shape.name, label, fmt(bytes / 1e6, 1), std::to_string(weight_copies), alone_us, alone_pct,
+                     fmt(streamed.median_ms * 1e3, 2), fmt(100 * stream_gbs / copy_gbs, 1),
+                     fmt(graphed.median_ms * 1e3, 2), fmt(graph_gbs, 0), fmt(100 * graph_gbs / copy_gbs, 1)});
     };
     // The tensor-core kernel where it runs (K <= decode_gemv_mma_max_k(): all but down),
     // plain and evict-first.
@@ -400,7 +403,8 @@ int main(int argc, char** argv) {
       CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
       for (int i = 0; i < kLaunches; ++i) {
         DecodeGemvParams p =
-            gemv_params(i % kCopies, true, 0, false, in_place, big ? 300 : 0, CudaModelOptions{}.gemv_widen_input);
+            gemv_params(i % weight_copies, true, 0, false, in_place, big ? 300 : 0,
+                        CudaModelOptions{}.gemv_widen_input);
         p.timeline = timeline.data() + size_t(kValues) * i;
         decode_gemv(shape.input, shape.output, p, true, stream, phase_kernel);
       }
