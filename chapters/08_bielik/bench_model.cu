@@ -121,6 +121,7 @@ struct Args {
   unsigned tensor_cores_long = CudaModelOptions{}.tensor_core_gemvs_in_long_graph;  ///< --tensor-cores-long (the same)
   double l2_persist_mb = 0.0;  ///< --l2-persist MB[,lm_head|qkv|o|gate_up|down|none]
   L2PersistTarget l2_persist_target = L2PersistTarget::kLmHead;
+  unsigned decode_skip = 0;  ///< --decode-skip qkv,attention,o,gate_up,down (DecodeSkip bits; the logits meaningless)
 };
 
 Args parse(int argc, char** argv) {
@@ -185,6 +186,19 @@ Args parse(int argc, char** argv) {
       a.qkv_early = true;
     } else if (flag == "--gate-up-after-o") {
       a.gate_up_after_o = true;
+    } else if (flag == "--decode-skip") {
+      // The marginal table's measurement for one run (decode_ab.sh): kernels left out of
+      // every layer. The logits are meaningless then; only the time is.
+      std::string list = value() + ",";
+      for (size_t comma; (comma = list.find(',')) != std::string::npos; list.erase(0, comma + 1)) {
+        const std::string name = list.substr(0, comma);
+        if (name == "attention") a.decode_skip |= kSkipAttention;
+        else if (name == "o") a.decode_skip |= kSkipOProjection;
+        else if (name == "gate_up") a.decode_skip |= kSkipGateUp;
+        else if (name == "down") a.decode_skip |= kSkipDown;
+        else if (name == "qkv") a.decode_skip |= kSkipQkv;
+        else throw std::invalid_argument("--decode-skip takes a list of qkv, attention, o, gate_up, down; got " + name);
+      }
     } else if (flag == "--fused-mlp") {
       a.fused_mlp = true;
     } else if (flag == "--no-fused-mlp") {
@@ -370,7 +384,7 @@ Args parse(int argc, char** argv) {
     } else {
       throw std::invalid_argument("unknown argument " + flag +
                                   " (usage: bench_model [--model DIR] [--out FILE] [--decode-tokens N] [--context N]"
-                                  " [--decode-only [--prompt-tokens N]] [--ttft-only] [--ttft-rows-ab|--ttft-graph-ab|--ttft-gemv-ab|--ttft-v6-ab] [--prefill-all-rows] [--no-prefill-graphs] [--prefill-gemv N] [--prefill-v6 N] [--timeline|--timeline-gemvs-only] [--sampling-only] [--prefill-attention v5|v6]"
+                                  " [--decode-only [--prompt-tokens N] [--decode-skip qkv,attention,o,gate_up,down]] [--ttft-only] [--ttft-rows-ab|--ttft-graph-ab|--ttft-gemv-ab|--ttft-v6-ab] [--prefill-all-rows] [--no-prefill-graphs] [--prefill-gemv N] [--prefill-v6 N] [--timeline|--timeline-gemvs-only] [--sampling-only] [--prefill-attention v5|v6]"
                                   " [--attention cluster_o|cluster|cluster_per_head|split_combine|merge_in_o]"
                                   " [--replicas N] [--splits N] [--short-max-keys N] [--short-splits N] [--long-min-keys N]"
                                   " [--long-splits N]"
@@ -391,6 +405,7 @@ Args parse(int argc, char** argv) {
   }
   // The full run labels its numbers as the graph's and measures the persistent steps itself.
   if (a.streamed && !a.decode_only) throw std::invalid_argument("--streamed goes with --decode-only");
+  if (a.decode_skip != 0 && !a.decode_only) throw std::invalid_argument("--decode-skip goes with --decode-only");
   // A relative default resolves against the source tree when run from elsewhere.
   if (!std::filesystem::exists(a.model) && std::filesystem::exists(std::string(BIELIK_SOURCE_DIR) + "/" + a.model)) {
     a.model = std::string(BIELIK_SOURCE_DIR) + "/" + a.model;
@@ -800,6 +815,7 @@ int main(int argc, char** argv) {
     options.generate_copy_each_token = args.generate_copy_each_token;
     if (args.embed_each_step) options.argmax_writes_next_input = false;
     options.fused_mlp_start_delay_ns = args.fused_mlp_delay;
+    options.decode_skip = args.decode_skip;
     options.qkv_start_delay_ns = args.qkv_delay;
     options.o_start_delay_ns = args.o_delay;
     options.lm_head_start_delay_ns = args.lm_head_delay;
@@ -1263,6 +1279,7 @@ int main(int argc, char** argv) {
       unsigned skip;
       double weight_bytes;
     } left_out[] = {
+        {"QKV + RoPE + append", kSkipQkv, 2.0 * (H + 2 * Hkv) * D * C},
         {"attention", kSkipAttention, 0.0},
         {"O projection", kSkipOProjection, 2.0 * C * H * D},
         {"attention + O projection", kSkipAttention | kSkipOProjection, 2.0 * C * H * D},

@@ -1065,13 +1065,13 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
         fused_mlp_ && l > 0 ? ResidualPartials{mlp_accumulator(l - 1), 1} : ResidualPartials{};
     qkv.residual_partials = mlp_partials;
     const GemvInput qkv_input = mlp_partials.partials ? GemvInput::kRmsNormAddPartials : GemvInput::kRmsNorm;
-    {
+    const unsigned skip = options_.decode_skip;
+    if (!(skip & kSkipQkv)) {
       ScopedLaunchAccessPolicy window(l2_window(qkv, L2PersistTarget::kQkv, &L));
       decode_gemv(qkv_input, GemvOutput::kRopeAppend, qkv, pdl, s, gemv_kernel(kTensorCoreQkv, qkv_input));
+      done("qkv_rope_append");
     }
-    done("qkv_rope_append");
     if (side_branch && options_.side_prefetch_fork == 1) fork_side_prefetch(L);
-    const unsigned skip = options_.decode_skip;
     DecodeGemvParams o{d_x_.data(), d_attn_.data(), nullptr, L.w_o, L.b_o, C_, H_ * D_, eps};
     o.max_blocks_per_sm = options_.small_gemv_blocks_per_sm;
     // gate/up reads only constants before its wait (weights, biases, the norm weight):

@@ -100,6 +100,7 @@ enum DecodeSkip : unsigned {
   kSkipOProjection = 1u << 1,
   kSkipGateUp = 1u << 2,
   kSkipDown = 1u << 3,
+  kSkipQkv = 1u << 4,  ///< the attention then reads the q, k and v of an earlier step
 };
 
 struct CudaModelOptions {
