@@ -23,7 +23,11 @@
 //    step's shape with work added after some waits, in two stand-ins: a spin on the
 //    global timer (latency that touches no memory) and a chain of dependent loads by one
 //    thread of every block (latency made of memory round trips, as staging an input or
-//    reading q is), from a 64 KB table that stays in L2 or a 512 MB one in HBM.
+//    reading q is), from a 64 KB table that stays in L2 or a 512 MB one in HBM; last,
+//    the step's activations moved as its kernels move them (every block reading its
+//    launch's whole input, a block barrier and a block-wide sum, its share of the output
+//    stored: x, q / k / v, the attention's output, gate/up's 17.5 KB, the logits), alone
+//    and with the attention's round trips and a spin for the dot products added.
 //  * layer_chain_marginal: the step's shape with one launch left out of every layer, to
 //    set beside bench_model's model_decode_marginal (the real kernels left out).
 //
@@ -73,6 +77,12 @@ constexpr size_t kLmHeadBytes = kVocab * kHidden * 2;
 constexpr int kAttentionBlocks = 48;
 constexpr size_t kAttentionBytes = size_t(kAttentionBlocks) * kThreads * 16;  // 196 KB
 
+// The step's activations in 16-byte chunks: x (C bf16), q + k + v ((H + 2 Hkv) D), the
+// attention's output (H D), gate/up's (F), the logits (V floats). The attention's blocks
+// each read their head's q and the new key and value (3 D).
+constexpr int kX = int(kHidden * 2 / 16), kQkv = int((kHidden + 2 * kKvWidth) * 2 / 16);
+constexpr int kHeadInputs = 3 * 128 * 2 / 16, kF = int(kIntermediate * 2 / 16), kLogits = int(kVocab * 4 / 16);
+
 struct StageParams {
   const uint4* weights;  // (gridDim.x * kThreads * loads) this launch's bytes
   int loads;             // 16-byte loads a thread, <= kLoads
@@ -80,6 +90,14 @@ struct StageParams {
   int in_count;
   float* out;   // (gridDim.x) this launch's values
   float* sink;  // written only if the weights XOR to a value they never do: keeps the loads alive
+  // The activations, as the real kernels move them after their wait: every block reads
+  // all of `input` (input_chunks 16-byte chunks the previous launch wrote), meets the
+  // block at a barrier and sums a word of it across the block (the staging of a GEMV's
+  // input and its RMSNorm's sum), and stores its share of `output` (output_chunks).
+  const uint4* input;
+  int input_chunks;
+  uint4* output;
+  int output_chunks;
   unsigned hold_ns;  // work after the wait, modelled as a spin on the global timer (0: none)
   // Or modelled as memory round trips: `chase_steps` dependent loads by thread 0, each
   // reading the index of the next, through `chase` (chase_entries indices; a small table
@@ -108,6 +126,24 @@ __global__ void __launch_bounds__(kThreads, 3) read_stage_kernel(StageParams p) 
     held[u] = u < p.loads ? __ldcs(p.weights + index) : make_uint4(0, 0, 0, 0);
   }
   pdl_wait();  // the dependency: the previous launch has finished and its writes are visible
+  // The weights are folded into one word now, so that the staging below has registers;
+  // a block cannot end before its loads have landed anyway.
+  unsigned bits = 0;
+#pragma unroll
+  for (int u = 0; u < kLoads; ++u) bits ^= held[u].x ^ held[u].y ^ held[u].z ^ held[u].w;
+  unsigned staged = 0;
+  if (p.input_chunks > 0) {
+    __shared__ unsigned block_sum;
+    if (threadIdx.x == 0) block_sum = 0;
+    for (int c = int(threadIdx.x); c < p.input_chunks; c += kThreads) {
+      const uint4 v = __ldcg(p.input + c);
+      staged ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    __syncthreads();  // the input is in (and block_sum is zeroed)
+    atomicXor(&block_sum, staged);
+    __syncthreads();  // the block's sum is complete
+    staged = block_sum;
+  }
   if (p.hold_ns != 0) {  // a stand-in for work that needs the previous launch's output
     const unsigned long long until = global_ns() + p.hold_ns;
     while (global_ns() < until) {
@@ -123,13 +159,17 @@ __global__ void __launch_bounds__(kThreads, 3) read_stage_kernel(StageParams p) 
     __syncthreads();
     if (chased == 0xffffffffu) *p.sink = 1.0f;  // never: every entry is an index < chase_entries
   }
+  if (p.output_chunks > 0) {  // this block's share of the output
+    const int per_block = (p.output_chunks + int(gridDim.x) - 1) / int(gridDim.x);
+    for (int c = int(threadIdx.x); c < per_block; c += kThreads) {
+      const int chunk = int(blockIdx.x) * per_block + c;
+      if (chunk < p.output_chunks) p.output[chunk] = make_uint4(staged, staged, staged, staged);
+    }
+  }
   if (threadIdx.x == 0) {
     const int b = int(blockIdx.x);
     p.out[b] = fminf(__ldcg(p.in + b % p.in_count), __ldcg(p.in + (b + 1) % p.in_count)) + 1.0f;
   }
-  unsigned bits = 0;
-#pragma unroll
-  for (int u = 0; u < kLoads; ++u) bits ^= held[u].x ^ held[u].y ^ held[u].z ^ held[u].w;
   if (bits == 0x7fc00001u) *p.sink = 1.0f;  // never true for the zeroed weights
 }
 
@@ -141,6 +181,8 @@ struct Stage {
   unsigned hold_ns = 0;   // StageParams::hold_ns
   int chase_steps = 0;    // StageParams::chase_steps
   bool chase_hbm = false;  // through the large table (HBM) instead of the small one (L2)
+  int input_chunks = 0;   // StageParams::input_chunks
+  int output_chunks = 0;  // StageParams::output_chunks
   int loads() const {
     const size_t per_load = size_t(blocks) * kThreads * 16;  // one load of every thread
     return blocks == 0 ? kLoads : int((bytes + per_load - 1) / per_load);
@@ -160,7 +202,12 @@ struct Structure {
 std::vector<Stage> token_of(const Structure& s) {
   std::vector<Stage> token;
   for (int l = 0; l < kLayers; ++l) token.insert(token.end(), s.layer.begin(), s.layer.end());
-  token.push_back(weights(kLmHeadBytes));
+  Stage lm_head = weights(kLmHeadBytes);
+  if (!s.layer.empty() && s.layer.front().input_chunks > 0) {  // the rows that move activations
+    lm_head.input_chunks = kX;
+    lm_head.output_chunks = kLogits;
+  }
+  token.push_back(lm_head);
   return token;
 }
 
@@ -192,6 +239,12 @@ class Chain {
     base_ = weights.data();
     values_[0] = DeviceBuffer<float>(size_t(widest));
     values_[1] = DeviceBuffer<float>(size_t(widest));
+    size_t chunks = 1;
+    for (const Stage& s : token_) chunks = std::max(chunks, size_t(std::max(s.input_chunks, s.output_chunks)));
+    for (DeviceBuffer<uint4>& a : activations_) {
+      a = DeviceBuffer<uint4>(chunks);
+      CUDA_CHECK(cudaMemset(a.data(), 0, chunks * sizeof(uint4)));
+    }
   }
 
   int launches_per_token() const { return int(token_.size()); }
@@ -214,6 +267,10 @@ class Chain {
     p.in_count = i == 0 ? 1 : previous.grid();
     p.out = values_[(i + 1) % 2].data();
     p.sink = sink_.data();
+    p.input = activations_[i % 2].data();
+    p.input_chunks = s.input_chunks;
+    p.output = activations_[(i + 1) % 2].data();
+    p.output_chunks = s.output_chunks;
     p.hold_ns = s.hold_ns;
     const ChaseTable& table = s.chase_hbm ? *chase_hbm_ : *chase_l2_;
     p.chase = table.entries.data();
@@ -249,6 +306,7 @@ class Chain {
   std::vector<size_t> offsets_;
   const uint4* base_ = nullptr;
   DeviceBuffer<float> values_[2];
+  DeviceBuffer<uint4> activations_[2];  // launch i reads [i % 2], writes [(i + 1) % 2]
   DeviceBuffer<float> sink_{1};
 };
 
@@ -294,6 +352,16 @@ int main(int argc, char** argv) {
   };
   const Stage attention_o = weights(kAttentionBytes + kOBytes), mlp = weights(kGateUpBytes + kDownBytes);
   const Stage qkv_attention_o = weights(kQkvBytes + kAttentionBytes + kOBytes);
+  auto with_activations = [&](std::vector<Stage> layer, unsigned spin_ns, int attention_reads) {
+    const int inputs[] = {kX, kHeadInputs, kX, kX, kF}, outputs[] = {kQkv, kX, kX, kF, kX};
+    for (size_t k = 0; k < layer.size(); ++k) {
+      layer[k].input_chunks = inputs[k];
+      layer[k].output_chunks = outputs[k];
+      layer[k].hold_ns = spin_ns;
+    }
+    layer[1].chase_steps = attention_reads;
+    return layer;
+  };
   const std::vector<Structure> structures = {
       {"the step's: QKV | attention | O | gate/up | down", step_layer},
       {"attention + O in one: QKV | attention+O | gate/up | down", {qkv, attention_o, gate_up, down}},
@@ -312,6 +380,10 @@ int main(int argc, char** argv) {
       {"the step's, dependent L2 reads after the wait: QKV 2, attention 4, O 2, gate/up 2, down 2",
        with_reads({2, 4, 2, 2, 2})},
       {"the step's, dependent L2 reads after the wait: QKV 3, attention 6, O 3", with_reads({3, 6, 3, 0, 0})},
+      {"the step's, every launch staging its input and storing its output", with_activations(step_layer, 0, 0)},
+      {"the same, and the attention making 4 dependent L2 reads", with_activations(step_layer, 0, 4)},
+      {"the same, and every launch spinning 0.5 us after its staging (its dots)",
+       with_activations(step_layer, 500, 4)},
   };
   // The step's layer with one launch left out: what that launch costs in this chain, to
   // set beside bench_model's model_decode_marginal table (the real kernels left out).
