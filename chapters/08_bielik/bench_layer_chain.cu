@@ -352,9 +352,12 @@ int main(int argc, char** argv) {
   };
   const Stage attention_o = weights(kAttentionBytes + kOBytes), mlp = weights(kGateUpBytes + kDownBytes);
   const Stage qkv_attention_o = weights(kQkvBytes + kAttentionBytes + kOBytes);
-  auto with_activations = [&](std::vector<Stage> layer, unsigned spin_ns, int attention_reads) {
+  // `moving`: which of the five launches move theirs (QKV, attention, O, gate/up, down).
+  auto with_activations = [&](std::vector<Stage> layer, unsigned spin_ns, int attention_reads,
+                              std::vector<bool> moving = {true, true, true, true, true}) {
     const int inputs[] = {kX, kHeadInputs, kX, kX, kF}, outputs[] = {kQkv, kX, kX, kF, kX};
     for (size_t k = 0; k < layer.size(); ++k) {
+      if (!moving[k]) continue;
       layer[k].input_chunks = inputs[k];
       layer[k].output_chunks = outputs[k];
       layer[k].hold_ns = spin_ns;
@@ -381,6 +384,10 @@ int main(int argc, char** argv) {
        with_reads({2, 4, 2, 2, 2})},
       {"the step's, dependent L2 reads after the wait: QKV 3, attention 6, O 3", with_reads({3, 6, 3, 0, 0})},
       {"the step's, every launch staging its input and storing its output", with_activations(step_layer, 0, 0)},
+      {"the step's, QKV, the attention and O staging and storing theirs",
+       with_activations(step_layer, 0, 0, {true, true, true, false, false})},
+      {"the step's, gate/up and down staging and storing theirs",
+       with_activations(step_layer, 0, 0, {false, false, false, true, true})},
       {"the same, and the attention making 4 dependent L2 reads", with_activations(step_layer, 0, 4)},
       {"the same, and every launch spinning 0.5 us after its staging (its dots)",
        with_activations(step_layer, 500, 4)},
