@@ -388,9 +388,9 @@ int main(int argc, char** argv) {
        with_activations(step_layer, 0, 0, {true, true, true, false, false})},
       {"the step's, gate/up and down staging and storing theirs",
        with_activations(step_layer, 0, 0, {false, false, false, true, true})},
-      {"the same, and the attention making 4 dependent L2 reads", with_activations(step_layer, 0, 4)},
-      {"the same, and every launch spinning 0.5 us after its staging (its dots)",
-       with_activations(step_layer, 500, 4)},
+      {"every launch staging and storing, the attention making 4 dependent L2 reads",
+       with_activations(step_layer, 0, 4)},
+      {"the same, every launch spinning 0.5 us after its staging (its dots)", with_activations(step_layer, 500, 4)},
   };
   // The step's layer with one launch left out: what that launch costs in this chain, to
   // set beside bench_model's model_decode_marginal table (the real kernels left out).
