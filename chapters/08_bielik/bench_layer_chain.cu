@@ -71,9 +71,9 @@ constexpr size_t kOBytes = kHidden * kHidden * 2;
 constexpr size_t kGateUpBytes = 2 * kIntermediate * kHidden * 2;
 constexpr size_t kDownBytes = kHidden * kIntermediate * 2;
 constexpr size_t kLmHeadBytes = kVocab * kHidden * 2;
-// The attention reads the KV cache: 2 kv heads x (k, v) x 128 x 2 bytes a position, at
-// ~144 positions (the middle of the benchmark's 256 tokens after 16). Its launch has the
-// step's 48 blocks (12 query heads x clusters of 4), one load a thread.
+// The attention reads the KV cache: 2 kv heads x (k, v) x 128 x 2 bytes a position. Its
+// launch has the step's 48 blocks (12 query heads x clusters of 4) and one 16-byte load a
+// thread: 192 positions' worth (the benchmark's cache grows from 16 to 272).
 constexpr int kAttentionBlocks = 48;
 constexpr size_t kAttentionBytes = size_t(kAttentionBlocks) * kThreads * 16;  // 196 KB
 
