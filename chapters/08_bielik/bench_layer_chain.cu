@@ -331,16 +331,17 @@ int main(int argc, char** argv) {
   const Stage qkv = weights(kQkvBytes), attention{kAttentionBytes, kAttentionBlocks}, o = weights(kOBytes);
   const Stage gate_up = weights(kGateUpBytes), down = weights(kDownBytes);
   const std::vector<Stage> step_layer = {qkv, attention, o, gate_up, down};
+  // The step's layer with work added after the attention's wait (step_layer[1]).
   auto attention_holding = [&](unsigned ns) {
-    Stage held = attention;
-    held.hold_ns = ns;
-    return std::vector<Stage>{qkv, held, o, gate_up, down};
+    std::vector<Stage> layer = step_layer;
+    layer[1].hold_ns = ns;
+    return layer;
   };
   auto attention_chasing = [&](int steps, bool hbm) {
-    Stage chasing = attention;
-    chasing.chase_steps = steps;
-    chasing.chase_hbm = hbm;
-    return std::vector<Stage>{qkv, chasing, o, gate_up, down};
+    std::vector<Stage> layer = step_layer;
+    layer[1].chase_steps = steps;
+    layer[1].chase_hbm = hbm;
+    return layer;
   };
   // Every launch of the layer making its own count of dependent L2 reads after its wait
   // (QKV, attention, O, gate/up, down): a model of the round trips the real kernels make
@@ -353,8 +354,9 @@ int main(int argc, char** argv) {
   const Stage attention_o = weights(kAttentionBytes + kOBytes), mlp = weights(kGateUpBytes + kDownBytes);
   const Stage qkv_attention_o = weights(kQkvBytes + kAttentionBytes + kOBytes);
   // `moving`: which of the five launches move theirs (QKV, attention, O, gate/up, down).
-  auto with_activations = [&](std::vector<Stage> layer, unsigned spin_ns, int attention_reads,
+  auto with_activations = [&](unsigned spin_ns, int attention_reads,
                               std::vector<bool> moving = {true, true, true, true, true}) {
+    std::vector<Stage> layer = step_layer;
     const int inputs[] = {kX, kHeadInputs, kX, kX, kF}, outputs[] = {kQkv, kX, kX, kF, kX};
     for (size_t k = 0; k < layer.size(); ++k) {
       if (!moving[k]) continue;
@@ -383,14 +385,14 @@ int main(int argc, char** argv) {
       {"the step's, dependent L2 reads after the wait: QKV 2, attention 4, O 2, gate/up 2, down 2",
        with_reads({2, 4, 2, 2, 2})},
       {"the step's, dependent L2 reads after the wait: QKV 3, attention 6, O 3", with_reads({3, 6, 3, 0, 0})},
-      {"the step's, every launch staging its input and storing its output", with_activations(step_layer, 0, 0)},
+      {"the step's, every launch staging its input and storing its output", with_activations(0, 0)},
       {"the step's, QKV, the attention and O staging and storing theirs",
-       with_activations(step_layer, 0, 0, {true, true, true, false, false})},
+       with_activations(0, 0, {true, true, true, false, false})},
       {"the step's, gate/up and down staging and storing theirs",
-       with_activations(step_layer, 0, 0, {false, false, false, true, true})},
+       with_activations(0, 0, {false, false, false, true, true})},
       {"every launch staging and storing, the attention making 4 dependent L2 reads",
-       with_activations(step_layer, 0, 4)},
-      {"the same, every launch spinning 0.5 us after its staging (its dots)", with_activations(step_layer, 500, 4)},
+       with_activations(0, 4)},
+      {"the same, every launch spinning 0.5 us after its staging (its dots)", with_activations(500, 4)},
   };
   // The step's layer with one launch left out: what that launch costs in this chain, to
   // set beside bench_model's model_decode_marginal table (the real kernels left out).
@@ -407,12 +409,13 @@ int main(int argc, char** argv) {
               device_supports_pdl() ? "yes" : "no (every chain runs in stream order)");
 
   // One buffer for the whole token's bytes (and the largest single launch below).
+  const std::vector<Stage> step_token = token_of(structures[0]);
   size_t token_bytes = 0;
-  for (const Stage& s : token_of(structures[0])) token_bytes += s.read_bytes();
+  for (const Stage& s : step_token) token_bytes += s.read_bytes();
   DeviceBuffer<uint4> weight_buffer(token_bytes / 16 + (size_t(64) << 20) / 16);
   CUDA_CHECK(cudaMemset(weight_buffer.data(), 0, weight_buffer.size() * sizeof(uint4)));
   std::printf("one token reads %.3f GB; %d launches of %d threads x %d loads of 16 bytes = 64 KB a block\n",
-              double(token_bytes) / 1e9, kLayers * 5 + 1, kThreads, kLoads);
+              double(token_bytes) / 1e9, int(step_token.size()), kThreads, kLoads);
 
   struct Row {
     std::string name;
@@ -440,7 +443,7 @@ int main(int argc, char** argv) {
   // The step's shape without PDL: each launch starts when the previous one has ended.
   add(structures[0].name + ", stream order (no PDL)", token_of(structures[0]), false);
   // The whole token's bytes in one launch: the read itself, with no boundary at all.
-  add("the whole token in one launch", {weights(size_t(chains[0].bytes_per_token()))}, true);
+  add("the whole token in one launch", {weights(token_bytes)}, true);
   const size_t first_left_out = chains.size();
   for (const Structure& s : left_out) add(s.name, token_of(s), true);
 

@@ -26,6 +26,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -124,6 +125,25 @@ struct Args {
   unsigned decode_skip = 0;  ///< --decode-skip qkv,attention,o,gate_up,down (DecodeSkip bits; the logits meaningless)
 };
 
+/// The bits a comma-separated list of names stands for (`--tensor-cores qkv,o`), each
+/// name looked up in `names`; an unknown name throws, naming the flag and the choices.
+unsigned parse_name_list(const std::string& flag, const std::string& value,
+                         std::initializer_list<std::pair<const char*, unsigned>> names) {
+  unsigned bits = 0;
+  std::string list = value + ",";
+  for (size_t comma; (comma = list.find(',')) != std::string::npos; list.erase(0, comma + 1)) {
+    const std::string name = list.substr(0, comma);
+    const auto* match = std::find_if(names.begin(), names.end(), [&](const auto& n) { return name == n.first; });
+    if (match == names.end()) {
+      std::string choices;
+      for (const auto& n : names) choices += (choices.empty() ? "" : ", ") + std::string(n.first);
+      throw std::invalid_argument(flag + " takes a list of " + choices + "; got " + name);
+    }
+    bits |= match->second;
+  }
+  return bits;
+}
+
 Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
@@ -189,16 +209,11 @@ Args parse(int argc, char** argv) {
     } else if (flag == "--decode-skip") {
       // The marginal table's measurement for one run (decode_ab.sh): kernels left out of
       // every layer. The logits are meaningless then; only the time is.
-      std::string list = value() + ",";
-      for (size_t comma; (comma = list.find(',')) != std::string::npos; list.erase(0, comma + 1)) {
-        const std::string name = list.substr(0, comma);
-        if (name == "attention") a.decode_skip |= kSkipAttention;
-        else if (name == "o") a.decode_skip |= kSkipOProjection;
-        else if (name == "gate_up") a.decode_skip |= kSkipGateUp;
-        else if (name == "down") a.decode_skip |= kSkipDown;
-        else if (name == "qkv") a.decode_skip |= kSkipQkv;
-        else throw std::invalid_argument("--decode-skip takes a list of qkv, attention, o, gate_up, down; got " + name);
-      }
+      a.decode_skip = parse_name_list(flag, value(), {{"qkv", kSkipQkv},
+                                                      {"attention", kSkipAttention},
+                                                      {"o", kSkipOProjection},
+                                                      {"gate_up", kSkipGateUp},
+                                                      {"down", kSkipDown}});
     } else if (flag == "--fused-mlp") {
       a.fused_mlp = true;
     } else if (flag == "--no-fused-mlp") {
@@ -296,26 +311,15 @@ Args parse(int argc, char** argv) {
       a.side_prefetch_down_mb = comma == std::string::npos ? 0.0 : std::stod(sizes.substr(comma + 1));
     } else if (flag == "--tensor-cores" || flag == "--tensor-cores-long") {
       // The list replaces the default; "none": no GEMV on the tensor cores.
-      std::string list = value() + ",";
-      unsigned& gemvs = flag == "--tensor-cores" ? a.tensor_cores : a.tensor_cores_long;
-      gemvs = 0;
-      if (list == "none,") list.clear();
-      for (size_t comma; (comma = list.find(',')) != std::string::npos; list.erase(0, comma + 1)) {
-        const std::string name = list.substr(0, comma);
-        if (name == "qkv") {
-          gemvs |= kTensorCoreQkv;
-        } else if (name == "o") {
-          gemvs |= kTensorCoreO;
-        } else if (name == "gate_up") {
-          gemvs |= kTensorCoreGateUp;
-        } else if (name == "lm_head") {
-          gemvs |= kTensorCoreLmHead;
-        } else if (name == "down") {
-          gemvs |= kTensorCoreDown;
-        } else {
-          throw std::invalid_argument(flag + " takes none or a list of qkv, o, gate_up, lm_head, down; got " + name);
-        }
-      }
+      const std::string list = value();
+      (flag == "--tensor-cores" ? a.tensor_cores : a.tensor_cores_long) =
+          list == "none" ? 0u
+                         : parse_name_list(flag + " (or none)", list,
+                                           {{"qkv", kTensorCoreQkv},
+                                            {"o", kTensorCoreO},
+                                            {"gate_up", kTensorCoreGateUp},
+                                            {"lm_head", kTensorCoreLmHead},
+                                            {"down", kTensorCoreDown}});
     } else if (flag == "--l2-persist") {
       const std::string spec = value();  // MB or MB,TARGET
       const size_t comma = spec.find(',');
