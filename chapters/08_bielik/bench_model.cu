@@ -120,6 +120,7 @@ struct Args {
   int side_prefetch_stride = CudaModelOptions{}.side_prefetch_stride_bytes;  ///< --side-prefetch-stride BYTES
   unsigned tensor_cores = CudaModelOptions{}.tensor_core_gemvs;  ///< --tensor-cores qkv,o,gate_up,lm_head,down | none
   unsigned tensor_cores_long = CudaModelOptions{}.tensor_core_gemvs_in_long_graph;  ///< --tensor-cores-long (the same)
+  unsigned mma_three_per_sm = CudaModelOptions{}.mma_three_blocks_per_sm;  ///< --mma-three-per-sm (the same)
   double l2_persist_mb = 0.0;  ///< --l2-persist MB[,lm_head|qkv|o|gate_up|down|none]
   L2PersistTarget l2_persist_target = L2PersistTarget::kLmHead;
   unsigned decode_skip = 0;  ///< --decode-skip qkv,attention,o,gate_up,down (DecodeSkip bits; the logits meaningless)
@@ -309,10 +310,11 @@ Args parse(int argc, char** argv) {
       const size_t comma = sizes.find(',');
       a.side_prefetch_gate_up_mb = std::stod(sizes.substr(0, comma));
       a.side_prefetch_down_mb = comma == std::string::npos ? 0.0 : std::stod(sizes.substr(comma + 1));
-    } else if (flag == "--tensor-cores" || flag == "--tensor-cores-long") {
-      // The list replaces the default; "none": no GEMV on the tensor cores.
+    } else if (flag == "--tensor-cores" || flag == "--tensor-cores-long" || flag == "--mma-three-per-sm") {
+      // The list replaces the default; "none": no GEMV on the tensor cores (or on their
+      // instance for three blocks an SM).
       const std::string list = value();
-      (flag == "--tensor-cores" ? a.tensor_cores : a.tensor_cores_long) =
+      (flag == "--tensor-cores" ? a.tensor_cores : flag == "--tensor-cores-long" ? a.tensor_cores_long : a.mma_three_per_sm) =
           list == "none" ? 0u
                          : parse_name_list(flag + " (or none)", list,
                                            {{"qkv", kTensorCoreQkv},
@@ -404,7 +406,7 @@ Args parse(int argc, char** argv) {
                                   " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N]"
                                   " [--side-prefetch GATE_UP_MB[,DOWN_MB] [--side-prefetch-form lines|bulk|loads] [--side-prefetch-blocks N]"
                                   " [--side-prefetch-stride BYTES] [--side-prefetch-after-qkv]] [--l2-persist MB[,lm_head|qkv|o|gate_up|down|none]]"
-                                  " [--tensor-cores qkv,o,gate_up,lm_head,down|none] [--tensor-cores-long LIST])");
+                                  " [--tensor-cores qkv,o,gate_up,lm_head,down|none] [--tensor-cores-long LIST] [--mma-three-per-sm LIST])");
     }
   }
   // The full run labels its numbers as the graph's and measures the persistent steps itself.
@@ -813,6 +815,7 @@ int main(int argc, char** argv) {
     options.gate_up_start_delay_ns = args.gate_up_delay;
     options.down_start_delay_ns = args.down_delay;
     options.fused_mlp = args.fused_mlp;
+    options.mma_three_blocks_per_sm = args.mma_three_per_sm;
     options.fused_mlp_values_before_wait = args.fused_mlp_before_wait;
     options.fused_mlp_block_warps = args.fused_mlp_block_warps;
     options.decode_graph_steps = args.decode_graph_steps;

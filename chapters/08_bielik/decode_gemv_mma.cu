@@ -71,9 +71,13 @@ constexpr int kStepValues = 32;  // K values one warp covers per step
 // A warp's steps come in batches: the whole row at once (one batch of up to 8 steps,
 // K <= 2048), or streamed in kStreamBatches batches of kStreamBatchSteps, two in flight.
 constexpr int kWholeRowSteps = 8;
+// DecodeGemvParams::mma_three_blocks_per_sm: rows of K <= 1536 (QKV's and O's, 6 steps a
+// warp) in an instance that holds only those steps, compiled for three blocks an SM.
+constexpr int kShortRowSteps = 6;
 constexpr int kStreamBatchSteps = 9;
 constexpr int kStreamBatches = 4;
 constexpr int kMaxMmaK = kWarps * kWholeRowSteps * kStepValues;                       // 2048
+constexpr int kMaxShortK = kWarps * kShortRowSteps * kStepValues;                      // 1536
 constexpr int kMaxStreamK = kWarps * kStreamBatches * kStreamBatchSteps * kStepValues;  // 9216
 
 template <GemvOutput Out>
@@ -134,9 +138,10 @@ __device__ __forceinline__ void mma_batch(float (&d_first)[4], float (&d_second)
 // kBatchSteps x kBatches: a warp's steps. One batch: all of them loaded before the wait
 // (two blocks an SM). Several: two batches loaded before the wait, the third asked for
 // once the first has been multiplied, and so on (one block an SM: two buffers).
-// kProbes: the measurement hooks compiled in, as in the register kernel.
-template <GemvInput In, GemvOutput Out, bool HasBias, int kBatchSteps, int kBatches, bool kProbes>
-__global__ void __launch_bounds__(kThreads, kBatches == 1 ? 2 : 1) decode_gemv_mma_kernel(DecodeGemvParams p) {
+// kProbes: the measurement hooks compiled in, as in the register kernel. kMinBlocks: the
+// blocks an SM the registers are budgeted for (launch bounds).
+template <GemvInput In, GemvOutput Out, bool HasBias, int kBatchSteps, int kBatches, bool kProbes, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) decode_gemv_mma_kernel(DecodeGemvParams p) {
   constexpr int kUnits = units_per_tile<Out>();
   constexpr int kBuffers = kBatches == 1 ? 1 : 2;
   extern __shared__ uint4 x_shared[];               // (K/8) the input, normalized for kRmsNorm
@@ -221,21 +226,26 @@ __global__ void __launch_bounds__(kThreads, kBatches == 1 ? 2 : 1) decode_gemv_m
   timeline_mark(timeline, kTimelineEnd);
 }
 
+// Whole rows: two blocks an SM (122 registers, ptxas -v), or, for rows of K <= 1536 when
+// asked (three_per_sm), three (6 steps a warp: 48 registers of weights instead of 64).
+// Longer rows stream, one block an SM.
 template <GemvInput In, GemvOutput Out, bool HasBias, bool kProbes>
-auto mma_kernel_for(int K) {
-  return K <= kMaxMmaK ? decode_gemv_mma_kernel<In, Out, HasBias, kWholeRowSteps, 1, kProbes>
-                       : decode_gemv_mma_kernel<In, Out, HasBias, kStreamBatchSteps, kStreamBatches, kProbes>;
+auto mma_kernel_for(int K, bool three_per_sm) {
+  if (three_per_sm && K <= kMaxShortK) return decode_gemv_mma_kernel<In, Out, HasBias, kShortRowSteps, 1, kProbes, 3>;
+  return K <= kMaxMmaK ? decode_gemv_mma_kernel<In, Out, HasBias, kWholeRowSteps, 1, kProbes, 2>
+                       : decode_gemv_mma_kernel<In, Out, HasBias, kStreamBatchSteps, kStreamBatches, kProbes, 1>;
 }
 
 template <GemvInput In, GemvOutput Out, bool HasBias>
-auto mma_kernel_for(int K, bool probes) {
-  return probes ? mma_kernel_for<In, Out, HasBias, true>(K) : mma_kernel_for<In, Out, HasBias, false>(K);
+auto mma_kernel_for(const DecodeGemvParams& p, bool probes) {
+  return probes ? mma_kernel_for<In, Out, HasBias, true>(p.K, p.mma_three_blocks_per_sm)
+                : mma_kernel_for<In, Out, HasBias, false>(p.K, p.mma_three_blocks_per_sm);
 }
 
 template <GemvInput In, GemvOutput Out>
 void launch_mma(const DecodeGemvParams& p, bool pdl, cudaStream_t stream) {
   const bool probes = probes_asked(p);
-  auto kernel = p.bias ? mma_kernel_for<In, Out, true>(p.K, probes) : mma_kernel_for<In, Out, false>(p.K, probes);
+  auto kernel = p.bias ? mma_kernel_for<In, Out, true>(p, probes) : mma_kernel_for<In, Out, false>(p, probes);
   const int blocks = (p.N + units_per_tile<Out>() - 1) / units_per_tile<Out>();
   launch_kernel(pdl, kernel, dim3(blocks), dim3(kThreads), size_t(p.K) * sizeof(__nv_bfloat16), stream, p);
 }

@@ -225,6 +225,14 @@ struct DecodeGemvParams {
   /// engine, cp.async.bulk) instead of every thread's loads (stage_input_bulk in
   /// decode_device.cuh). The same values. bench_decode_gemv and bench_model measure it.
   bool stage_input_bulk = false;
+  /// kTensorCores, rows of K <= 1536 (ignored otherwise): the instance that holds only the
+  /// 6 steps a warp such a row takes, compiled for three blocks an SM (launch bounds: at
+  /// most 80 registers a thread) instead of the whole-row instance's two (8 steps, 122
+  /// registers). The same products in the same order: the same values, bit for bit. Why:
+  /// a QKV or O block then takes an SM's registers of one gate/up block (80) instead of
+  /// one and a half, so more of gate/up's blocks are resident, and stream their weights,
+  /// while the attention and O run. bench_model measures it.
+  bool mma_three_blocks_per_sm = false;
   /// Measurement only (bench_model --timeline), register kernels: 2 *
   /// kGemvTimelineEvents values, zeroed min / max pairs (min slots start at ULLONG_MAX),
   /// %globaltimer (ns) over the blocks at each GemvTimelineEvent (thread 0 of each

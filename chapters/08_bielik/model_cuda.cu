@@ -1016,7 +1016,8 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   // kernel of a GEMV (the tensor-core one takes plain and normalized inputs only).
   const unsigned tensor_core_gemvs =
       long_graph ? options_.tensor_core_gemvs_in_long_graph : options_.tensor_core_gemvs;
-  auto gemv_kernel = [&](TensorCoreGemv which, GemvInput input) {
+  auto gemv_kernel = [&](TensorCoreGemv which, GemvInput input, DecodeGemvParams* p = nullptr) {
+    if (p) p->mma_three_blocks_per_sm = (options_.mma_three_blocks_per_sm & which) != 0;
     const bool normal_input = input == GemvInput::kPlain || input == GemvInput::kRmsNorm ||
                               (input == GemvInput::kRmsNormAddPartials && which == kTensorCoreQkv);
     return (tensor_core_gemvs & which) && normal_input ? DecodeGemvKernel::kTensorCores : DecodeGemvKernel::kAuto;
@@ -1068,7 +1069,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     const unsigned skip = options_.decode_skip;
     if (!(skip & kSkipQkv)) {
       ScopedLaunchAccessPolicy window(l2_window(qkv, L2PersistTarget::kQkv, &L));
-      decode_gemv(qkv_input, GemvOutput::kRopeAppend, qkv, pdl, s, gemv_kernel(kTensorCoreQkv, qkv_input));
+      decode_gemv(qkv_input, GemvOutput::kRopeAppend, qkv, pdl, s, gemv_kernel(kTensorCoreQkv, qkv_input, &qkv));
       done("qkv_rope_append");
     }
     if (side_branch && options_.side_prefetch_fork == 1) fork_side_prefetch(L);
@@ -1085,7 +1086,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     const cudaAccessPolicyWindow o_policy = l2_window(o, L2PersistTarget::kO, &L);
     auto launch_o = [&](GemvInput input) {
       ScopedLaunchAccessPolicy window(o_policy);
-      decode_gemv(input, GemvOutput::kResidualAdd, o, pdl, s, gemv_kernel(kTensorCoreO, input));
+      decode_gemv(input, GemvOutput::kResidualAdd, o, pdl, s, gemv_kernel(kTensorCoreO, input, &o));
     };
     // When QKV lets the attention start early, the attention (which lets O start at
     // once) may run before the previous layer's down projection has finished writing the
@@ -1213,7 +1214,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     const GemvInput gate_up_input = fused_o ? GemvInput::kRmsNormAddPartials : GemvInput::kRmsNorm;
     if (!(skip & kSkipGateUp)) {
       ScopedLaunchAccessPolicy window(l2_window(gate_up, L2PersistTarget::kGateUp, &L));
-      decode_gemv(gate_up_input, GemvOutput::kSwiGLU, gate_up, pdl, s, gemv_kernel(kTensorCoreGateUp, gate_up_input));
+      decode_gemv(gate_up_input, GemvOutput::kSwiGLU, gate_up, pdl, s, gemv_kernel(kTensorCoreGateUp, gate_up_input, &gate_up));
     }
     done("gate_up_swiglu");
     DecodeGemvParams down{d_x_.data(), d_act_.data(), nullptr, L.w_down, L.b_down, C_, F_, eps};
@@ -1246,7 +1247,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   const GemvInput head_input = fused_mlp_ ? GemvInput::kRmsNormAddPartials : GemvInput::kRmsNorm;
   {
     ScopedLaunchAccessPolicy window(l2_window(head, L2PersistTarget::kLmHead, nullptr));
-    decode_gemv(head_input, GemvOutput::kF32, head, pdl, s, gemv_kernel(kTensorCoreLmHead, head_input));
+    decode_gemv(head_input, GemvOutput::kF32, head, pdl, s, gemv_kernel(kTensorCoreLmHead, head_input, &head));
   }
   done("lm_head");
   // The argmax overwrites the input token (the next step's input when generating) and

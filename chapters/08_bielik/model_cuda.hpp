@@ -368,6 +368,15 @@ struct CudaModelOptions {
   /// the tensor cores measured 846 against 858 tokens/s (H200, 2026-12-02, one round), so
   /// none there. bench_model --tensor-cores-long LIST.
   unsigned tensor_core_gemvs_in_long_graph = 0;
+  /// Decode GEMVs (bits of TensorCoreGemv) that, on the tensor cores with rows of K <=
+  /// 1536, run the instance compiled for three blocks an SM instead of two
+  /// (DecodeGemvParams::mma_three_blocks_per_sm): a QKV or O block then takes the
+  /// registers of one gate/up block instead of one and a half, so that more of gate/up's
+  /// blocks are resident, and stream their weights, during the attention and O. The same
+  /// values. Measured on the H200 (2026-12-03, decode_ab.sh, three rounds, 256 tokens
+  /// after 16): QKV 1007 x 3 tokens/s against 997-998 for none; O 962-963; both 974-975.
+  /// So QKV. bench_model --mma-three-per-sm qkv,o|none (the same names as --tensor-cores).
+  unsigned mma_three_blocks_per_sm = kTensorCoreQkv;
   /// The same pause for the small GEMVs and the lm_head (0: none). Measured level
   /// (2026-12-02, against 959 / 960 tokens/s): QKV 300 ns 961 / 960, O 300 ns 957 / 957,
   /// lm_head 300 ns 959 / 960, all three 960 / 960. bench_model --qkv-start-delay NS,

@@ -733,6 +733,11 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       options = cuda_options();
       options.gemv_widen_input = !options.gemv_widen_input;
       runs.push_back(run(options));
+      // Nor does QKV's and O's tensor-core instance for three blocks an SM (the same
+      // steps, the same order).
+      options = cuda_options();
+      options.mma_three_blocks_per_sm ^= kTensorCoreQkv | kTensorCoreO;
+      runs.push_back(run(options));
       options = cuda_options();
       options.attention_allows_o_after_inputs = true;
       runs.push_back(run(options));
@@ -1441,19 +1446,23 @@ TEST_CASE("decode_gemv on the tensor cores: every form it takes matches a CPU re
   };
   uint64_t case_seed = seed;
   for (const GemvCase& c : cases) {
-    // PDL or not; x staged by the threads or (sm_90+) one bulk copy. The threads'
-    // staging is launched twice on the same inputs: as it is (the lean instances), then
-    // with a timeline (the kProbes ones, which bulk staging takes too).
-    for (int variant = 0; variant < 4; ++variant) {
-      const bool pdl = variant % 2 == 1, bulk = variant >= 2;
+    // PDL or not; x staged by the threads or (sm_90+) one bulk copy; (K <= 1536) the
+    // instance for three blocks an SM or the whole-row one. The threads' staging is
+    // launched twice on the same inputs: as it is (the lean instances), then with a
+    // timeline (the kProbes ones, which bulk staging takes too).
+    for (int variant = 0; variant < 6; ++variant) {
+      const bool pdl = variant % 2 == 1, bulk = variant == 2 || variant == 3, three_per_sm = variant >= 4;
       if (bulk && !weight_stream_supported()) continue;
-      INFO("N=" << c.N << " K=" << c.K << " output " << int(c.output) << " pdl " << pdl << " bulk staging " << bulk);
+      if (three_per_sm && c.K > 1536) continue;  // ignored there: the same launch as variants 0 and 1
+      INFO("N=" << c.N << " K=" << c.K << " output " << int(c.output) << " pdl " << pdl << " bulk staging " << bulk
+                << " three blocks an SM " << three_per_sm);
       TestGemvTimeline timeline;
       timeline.reset();
       check_gemv_case(c, case_seed, [&](DecodeGemvParams& p, int launch) {
         p.stream_evict_first = pdl;  // a cache hint, and the residual loaded before the wait
         p.epilogue_inputs_settled = pdl;
         p.stage_input_bulk = bulk;
+        p.mma_three_blocks_per_sm = three_per_sm;
         if (launch == 1) p.timeline = timeline.values.data();
         decode_gemv(c.input, c.output, p, pdl, 0, DecodeGemvKernel::kTensorCores);
       }, bulk ? 1 : 2);
