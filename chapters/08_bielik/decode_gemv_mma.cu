@@ -38,6 +38,16 @@
 // (K <= 2048: at most 8 steps a warp, 16 loads a lane), so the dot starts as soon as the
 // input is staged. One block per 16 rows: QKV (1024 row pairs) is 128 blocks, O 96.
 //
+// Registers decide when a block can start. The whole-row instance takes 122 registers a
+// thread (32 K a block with the allocation's rounding: two blocks an SM), and a QKV block
+// waiting on an SM full of the down projection's blocks (80 registers, 20 K a block) can
+// start only once two of them have left. Rows of K <= 1536, QKV's and O's, take 6 steps a
+// warp, not 8: an instance that holds exactly those, compiled for three blocks an SM,
+// needs 80 (48 of them weights, no spills). The same products in the same order. On the
+// H200 (DECODE_LOG.md, thirty-eighth session) QKV's last blocks then started 1.1 us
+// sooner and the step went from 1002 to 1013 tokens/s; O on it lost 3.5%, so only QKV
+// (CudaModelOptions::mma_three_blocks_per_sm).
+//
 // Longer rows (the down projection, K = 8960: 35 steps a warp, 280 bytes a lane) do not
 // fit a lane's registers. There the kernel streams: a warp's steps come in batches of 9
 // (18 loads a lane), two batches in flight, the next asked for as soon as the mma has

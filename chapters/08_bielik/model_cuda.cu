@@ -1116,8 +1116,9 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
       attention_o.partials = d_o_partials_.data();
       decode_attention_o(attention_o, attention_splits, pdl, s, options_.attention_o_replicas);
       done("attention_o");
-    } else if (skip & (kSkipAttention | kSkipOProjection)) {
-      // Measurement only (decode_skip): the attention and / or the O projection left out.
+    } else if (skip & kSkipAttention) {
+      // Measurement only (decode_skip): the attention left out (O, unless it is left out
+      // too, reads the attention output an earlier step stored).
       if (!(skip & kSkipOProjection)) launch_o(GemvInput::kPlain);
     } else if (options_.decode_attention == DecodeAttentionPath::kMergeInO) {
       // The split kernel alone; the O projection merges its partials while it stages its
@@ -1136,7 +1137,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
                                      attention_min_keys_,
                                      H_,
                                      D_};
-      launch_o(GemvInput::kAttentionMerge);
+      if (!(skip & kSkipOProjection)) launch_o(GemvInput::kAttentionMerge);
     } else {
       if (attention_path_ == DecodeAttentionPath::kSplitCombine) {
         decode_attention_v3_pipelined_device_length(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)),
@@ -1171,7 +1172,8 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
       }
       done("attention");
       if (options_.o_holds_for_attention_inputs) o.hold = hold_for_attention(l, INT_MAX);
-      if (!v6_fuses_o_) launch_o(GemvInput::kPlain);
+      // (decode_skip: the attention without the O projection after it.)
+      if (!v6_fuses_o_ && !(skip & kSkipOProjection)) launch_o(GemvInput::kPlain);
     }
     if (!fused_o && !v6_fuses_o_) done("o_proj");
     if (fused_mlp_) {

@@ -97,7 +97,7 @@ enum TensorCoreGemv : unsigned {
 /// Kernels CudaModelOptions::decode_skip can leave out of a decode step's layers.
 enum DecodeSkip : unsigned {
   kSkipAttention = 1u << 0,
-  kSkipOProjection = 1u << 1,
+  kSkipOProjection = 1u << 1,  ///< the O GEMV alone (a fused attention + O kernel: both)
   kSkipGateUp = 1u << 2,
   kSkipDown = 1u << 3,
   kSkipQkv = 1u << 4,  ///< the attention then reads the q, k and v of an earlier step
