@@ -229,9 +229,9 @@ struct DecodeGemvParams {
   /// 6 steps a warp such a row takes, compiled for three blocks an SM (launch bounds: at
   /// most 80 registers a thread) instead of the whole-row instance's two (8 steps, 122
   /// registers). The same products in the same order: the same values, bit for bit. Why:
-  /// a QKV or O block then takes an SM's registers of one gate/up block (80) instead of
-  /// one and a half, so more of gate/up's blocks are resident, and stream their weights,
-  /// while the attention and O run. bench_model measures it.
+  /// a block then takes the registers of one register-GEMV block (80) instead of one and
+  /// a half, so that QKV's blocks start as soon as one of down's blocks has left their
+  /// SM. bench_model measures it (the model runs QKV on it; O on it was slower).
   bool mma_three_blocks_per_sm = false;
   /// Measurement only (bench_model --timeline), register kernels: 2 *
   /// kGemvTimelineEvents values, zeroed min / max pairs (min slots start at ULLONG_MAX),

@@ -371,11 +371,10 @@ struct CudaModelOptions {
   /// Decode GEMVs (bits of TensorCoreGemv) that, on the tensor cores with rows of K <=
   /// 1536, run the instance compiled for three blocks an SM instead of two
   /// (DecodeGemvParams::mma_three_blocks_per_sm): a QKV or O block then takes the
-  /// registers of one gate/up block instead of one and a half, so that more of gate/up's
-  /// blocks are resident, and stream their weights, during the attention and O. The same
-  /// values. Measured on the H200 (2026-12-03, decode_ab.sh, three rounds, 256 tokens
-  /// after 16): QKV 1007 x 3 tokens/s against 997-998 for none; O 962-963; both 974-975.
-  /// So QKV. bench_model --mma-three-per-sm qkv,o|none (the same names as --tensor-cores).
+  /// registers of one register-GEMV block (gate/up, down) instead of one and a half. The
+  /// same values. Measured on the H200 (2026-12-03, decode_ab.sh, three rounds, 256 tokens
+  /// after 16): QKV 1007 x 3 tokens/s against 997-998 for none (its last blocks start 1.1
+  /// us sooner, as down's leave); O 962-963; both 974-975. So QKV. bench_model --mma-three-per-sm qkv,o|none (the same names as --tensor-cores).
   unsigned mma_three_blocks_per_sm = kTensorCoreQkv;
   /// The same pause for the small GEMVs and the lm_head (0: none). Measured level
   /// (2026-12-02, against 959 / 960 tokens/s): QKV 300 ns 961 / 960, O 300 ns 957 / 957,
