@@ -733,8 +733,9 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       options = cuda_options();
       options.gemv_widen_input = !options.gemv_widen_input;
       runs.push_back(run(options));
-      // Nor does QKV's and O's tensor-core instance for three blocks an SM (the same
-      // steps, the same order).
+      // Nor does which of QKV and O run the tensor-core instance for three blocks an SM
+      // (the defaults' choice swapped: O on it, QKV on the whole-row one; the same steps
+      // in the same order).
       options = cuda_options();
       options.mma_three_blocks_per_sm ^= kTensorCoreQkv | kTensorCoreO;
       runs.push_back(run(options));
