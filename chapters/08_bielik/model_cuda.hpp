@@ -374,7 +374,9 @@ struct CudaModelOptions {
   /// registers of one register-GEMV block (gate/up, down) instead of one and a half. The
   /// same values. Measured on the H200 (2026-12-03, decode_ab.sh, three rounds, 256 tokens
   /// after 16): QKV 1007 x 3 tokens/s against 997-998 for none (its last blocks start 1.1
-  /// us sooner, as down's leave); O 962-963; both 974-975. So QKV. bench_model --mma-three-per-sm qkv,o|none (the same names as --tensor-cores).
+  /// us sooner, as down's leave); O 962-963 (the boundary before O 0.66 us longer on the
+  /// timeline, thirty-ninth session); both 974-975. So QKV. bench_model
+  /// --mma-three-per-sm qkv,o|none (the same names as --tensor-cores).
   unsigned mma_three_blocks_per_sm = kTensorCoreQkv;
   /// The same pause for the small GEMVs and the lm_head (0: none). Measured level
   /// (2026-12-02, against 959 / 960 tokens/s): QKV 300 ns 961 / 960, O 300 ns 957 / 957,
