@@ -121,9 +121,10 @@ struct Args {
   unsigned tensor_cores = CudaModelOptions{}.tensor_core_gemvs;  ///< --tensor-cores qkv,o,gate_up,lm_head,down | none
   unsigned tensor_cores_long = CudaModelOptions{}.tensor_core_gemvs_in_long_graph;  ///< --tensor-cores-long (the same)
   unsigned mma_three_per_sm = CudaModelOptions{}.mma_three_blocks_per_sm;  ///< --mma-three-per-sm (the same)
+  unsigned norm_weight_first = CudaModelOptions{}.norm_weight_first;      ///< --norm-weight-first (the same)
   double l2_persist_mb = 0.0;  ///< --l2-persist MB[,lm_head|qkv|o|gate_up|down|none]
   L2PersistTarget l2_persist_target = L2PersistTarget::kLmHead;
-  unsigned decode_skip = 0;  ///< --decode-skip qkv,attention,o,gate_up,down (DecodeSkip bits; the logits meaningless)
+  unsigned decode_skip = 0;  ///< --decode-skip qkv,attention,o,gate_up,down,qkv_norm (DecodeSkip bits; the logits meaningless)
 };
 
 /// The bits a comma-separated list of names stands for (`--tensor-cores qkv,o`), each
@@ -214,7 +215,8 @@ Args parse(int argc, char** argv) {
                                                       {"attention", kSkipAttention},
                                                       {"o", kSkipOProjection},
                                                       {"gate_up", kSkipGateUp},
-                                                      {"down", kSkipDown}});
+                                                      {"down", kSkipDown},
+                                                      {"qkv_norm", kSkipQkvNorm}});
     } else if (flag == "--fused-mlp") {
       a.fused_mlp = true;
     } else if (flag == "--no-fused-mlp") {
@@ -310,11 +312,15 @@ Args parse(int argc, char** argv) {
       const size_t comma = sizes.find(',');
       a.side_prefetch_gate_up_mb = std::stod(sizes.substr(0, comma));
       a.side_prefetch_down_mb = comma == std::string::npos ? 0.0 : std::stod(sizes.substr(comma + 1));
-    } else if (flag == "--tensor-cores" || flag == "--tensor-cores-long" || flag == "--mma-three-per-sm") {
+    } else if (flag == "--tensor-cores" || flag == "--tensor-cores-long" || flag == "--mma-three-per-sm" ||
+               flag == "--norm-weight-first") {
       // The list replaces the default; "none": no GEMV on the tensor cores (or on their
-      // instance for three blocks an SM).
+      // instance for three blocks an SM, or asking for its norm weight first).
       const std::string list = value();
-      (flag == "--tensor-cores" ? a.tensor_cores : flag == "--tensor-cores-long" ? a.tensor_cores_long : a.mma_three_per_sm) =
+      (flag == "--tensor-cores"        ? a.tensor_cores
+       : flag == "--tensor-cores-long" ? a.tensor_cores_long
+       : flag == "--mma-three-per-sm"  ? a.mma_three_per_sm
+                                       : a.norm_weight_first) =
           list == "none" ? 0u
                          : parse_name_list(flag + " (or none)", list,
                                            {{"qkv", kTensorCoreQkv},
@@ -390,7 +396,7 @@ Args parse(int argc, char** argv) {
     } else {
       throw std::invalid_argument("unknown argument " + flag +
                                   " (usage: bench_model [--model DIR] [--out FILE] [--decode-tokens N] [--context N]"
-                                  " [--decode-only [--prompt-tokens N] [--decode-skip qkv,attention,o,gate_up,down]] [--ttft-only] [--ttft-rows-ab|--ttft-graph-ab|--ttft-gemv-ab|--ttft-v6-ab] [--prefill-all-rows] [--no-prefill-graphs] [--prefill-gemv N] [--prefill-v6 N] [--timeline|--timeline-gemvs-only] [--sampling-only] [--prefill-attention v5|v6]"
+                                  " [--decode-only [--prompt-tokens N] [--decode-skip qkv,attention,o,gate_up,down,qkv_norm]] [--ttft-only] [--ttft-rows-ab|--ttft-graph-ab|--ttft-gemv-ab|--ttft-v6-ab] [--prefill-all-rows] [--no-prefill-graphs] [--prefill-gemv N] [--prefill-v6 N] [--timeline|--timeline-gemvs-only] [--sampling-only] [--prefill-attention v5|v6]"
                                   " [--attention cluster_o|cluster|cluster_per_head|split_combine|merge_in_o]"
                                   " [--replicas N] [--splits N] [--short-max-keys N] [--short-splits N] [--long-min-keys N]"
                                   " [--long-splits N]"
@@ -406,7 +412,7 @@ Args parse(int argc, char** argv) {
                                   " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N]"
                                   " [--side-prefetch GATE_UP_MB[,DOWN_MB] [--side-prefetch-form lines|bulk|loads] [--side-prefetch-blocks N]"
                                   " [--side-prefetch-stride BYTES] [--side-prefetch-after-qkv]] [--l2-persist MB[,lm_head|qkv|o|gate_up|down|none]]"
-                                  " [--tensor-cores qkv,o,gate_up,lm_head,down|none] [--tensor-cores-long LIST] [--mma-three-per-sm LIST])");
+                                  " [--tensor-cores qkv,o,gate_up,lm_head,down|none] [--tensor-cores-long LIST] [--mma-three-per-sm LIST] [--norm-weight-first LIST])");
     }
   }
   // The full run labels its numbers as the graph's and measures the persistent steps itself.
@@ -816,6 +822,7 @@ int main(int argc, char** argv) {
     options.down_start_delay_ns = args.down_delay;
     options.fused_mlp = args.fused_mlp;
     options.mma_three_blocks_per_sm = args.mma_three_per_sm;
+    options.norm_weight_first = args.norm_weight_first;
     options.fused_mlp_values_before_wait = args.fused_mlp_before_wait;
     options.fused_mlp_block_warps = args.fused_mlp_block_warps;
     options.decode_graph_steps = args.decode_graph_steps;

@@ -175,11 +175,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_gemv_mma_kernel(D
   //    batches. Tile rows g and g + 8, 16 bytes of each per step.
   const uint64_t policy = l2_policy(p.stream_evict_first);
   const int row_low = tile_row<Out>(p, unit0, g), row_high = tile_row<Out>(p, unit0, g + 8);
+  uint4 norm_held[kNormHeld];
+  if (p.norm_weight_first) load_norm_weight<In>(p, norm_held);
   uint4 w_low[kBuffers][kBatchSteps], w_high[kBuffers][kBatchSteps];
 #pragma unroll
   for (int b = 0; b < kBuffers; ++b) load_batch(w_low[b], w_high[b], p, row_low, row_high, warp, t, b, policy);
-  uint4 norm_held[kNormHeld];
-  load_norm_weight<In>(p, norm_held);
+  if (!p.norm_weight_first) load_norm_weight<In>(p, norm_held);
   // Thread u < kUnits stores unit unit0 + u: its epilogue inputs now when no running
   // kernel writes them (the register kernel's reasoning), else after the wait.
   constexpr bool kReadsWritten = Out == GemvOutput::kResidualAdd || Out == GemvOutput::kRopeAppend;

@@ -89,6 +89,8 @@ __global__ void __launch_bounds__(kThreads, 3)
   // 1. Weights first (the first batch of the first row, the norm weight): no kernel
   //    writes them, so they are loaded while the previous kernel may still run.
   const uint64_t policy = l2_policy(p.stream_evict_first);
+  uint4 norm_held[kNormHeld];
+  if (p.norm_weight_first) load_norm_weight<In>(p, norm_held);
   uint4 w[kRows][kBatch];
   load_batch<Out, kBatch>(w, p, first < p.N ? first : -1, base_first, stride, policy);
   // The second batch: (first, its second batch) or (first + 1, its first). The same for
@@ -106,8 +108,7 @@ __global__ void __launch_bounds__(kThreads, 3)
                                         policy);
     }
   }
-  uint4 norm_held[kNormHeld];
-  load_norm_weight<In>(p, norm_held);
+  if (!p.norm_weight_first) load_norm_weight<In>(p, norm_held);
   // The first row's epilogue inputs too, by the lane that stores it: the bias, and
   // RoPE's position and cos / sin or the residual when p.epilogue_inputs_settled says no
   // kernel still running writes them (in the model: the position was committed by the

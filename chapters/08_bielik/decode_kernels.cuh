@@ -225,6 +225,12 @@ struct DecodeGemvParams {
   /// engine, cp.async.bulk) instead of every thread's loads (stage_input_bulk in
   /// decode_device.cuh). The same values. bench_decode_gemv and bench_model measure it.
   bool stage_input_bulk = false;
+  /// kRegisterLoads and kTensorCores, normalized inputs: the norm weight is asked for
+  /// before the weights instead of after them. Both are loaded before the PDL wait, but
+  /// a thread's loads come back in about the order it issued them (DECODE_LOG.md,
+  /// eleventh session), so after the weights the norm weight arrives behind them, and
+  /// the input's normalization after the wait waits for it. The same values.
+  bool norm_weight_first = false;
   /// kTensorCores, rows of K <= 1536 (ignored otherwise): the instance that holds only the
   /// 6 steps a warp such a row takes, compiled for three blocks an SM (launch bounds: at
   /// most 80 registers a thread) instead of the whole-row instance's two (8 steps, 122

@@ -1018,6 +1018,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
       long_graph ? options_.tensor_core_gemvs_in_long_graph : options_.tensor_core_gemvs;
   auto gemv_kernel = [&](TensorCoreGemv which, GemvInput input, DecodeGemvParams* p = nullptr) {
     if (p) p->mma_three_blocks_per_sm = (options_.mma_three_blocks_per_sm & which) != 0;
+    if (p) p->norm_weight_first = (options_.norm_weight_first & which) != 0;
     const bool normal_input = input == GemvInput::kPlain || input == GemvInput::kRmsNorm ||
                               (input == GemvInput::kRmsNormAddPartials && which == kTensorCoreQkv);
     return (tensor_core_gemvs & which) && normal_input ? DecodeGemvKernel::kTensorCores : DecodeGemvKernel::kAuto;
@@ -1065,8 +1066,10 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     const ResidualPartials mlp_partials =
         fused_mlp_ && l > 0 ? ResidualPartials{mlp_accumulator(l - 1), 1} : ResidualPartials{};
     qkv.residual_partials = mlp_partials;
-    const GemvInput qkv_input = mlp_partials.partials ? GemvInput::kRmsNormAddPartials : GemvInput::kRmsNorm;
     const unsigned skip = options_.decode_skip;
+    const GemvInput qkv_input = mlp_partials.partials  ? GemvInput::kRmsNormAddPartials
+                                : skip & kSkipQkvNorm ? GemvInput::kPlain  // (measurement: no norm)
+                                                       : GemvInput::kRmsNorm;
     if (!(skip & kSkipQkv)) {
       ScopedLaunchAccessPolicy window(l2_window(qkv, L2PersistTarget::kQkv, &L));
       decode_gemv(qkv_input, GemvOutput::kRopeAppend, qkv, pdl, s, gemv_kernel(kTensorCoreQkv, qkv_input, &qkv));

@@ -101,6 +101,12 @@ enum DecodeSkip : unsigned {
   kSkipGateUp = 1u << 2,
   kSkipDown = 1u << 3,
   kSkipQkv = 1u << 4,  ///< the attention then reads the q, k and v of an earlier step
+  /// Not a kernel but a kernel's share: QKV stages x as it is, without the RMSNorm's
+  /// block-wide sum of squares and its normalizing pass (a kPlain input): what the norm
+  /// costs the step on its critical path (exercise 29). (The same for gate/up's norm was
+  /// tried once, 2026-12-04: bench_model printed no rate, the cause was not looked into,
+  /// and the knob was dropped.)
+  kSkipQkvNorm = 1u << 5,
 };
 
 struct CudaModelOptions {
@@ -378,6 +384,11 @@ struct CudaModelOptions {
   /// timeline, thirty-ninth session); both 974-975. So QKV. bench_model
   /// --mma-three-per-sm qkv,o|none (the same names as --tensor-cores).
   unsigned mma_three_blocks_per_sm = kTensorCoreQkv;
+  /// Decode GEMVs with a normalized input (bits of TensorCoreGemv: QKV, gate/up, the
+  /// lm_head; on either kernel) that ask for the norm weight before their weights
+  /// (DecodeGemvParams::norm_weight_first). The same values. bench_model
+  /// --norm-weight-first qkv,gate_up,lm_head|none.
+  unsigned norm_weight_first = 0;
   /// The same pause for the small GEMVs and the lm_head (0: none). Measured level
   /// (2026-12-02, against 959 / 960 tokens/s): QKV 300 ns 961 / 960, O 300 ns 957 / 957,
   /// lm_head 300 ns 959 / 960, all three 960 / 960. bench_model --qkv-start-delay NS,

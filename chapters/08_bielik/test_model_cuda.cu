@@ -739,6 +739,11 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       options = cuda_options();
       options.mma_three_blocks_per_sm ^= kTensorCoreQkv | kTensorCoreO;
       runs.push_back(run(options));
+      // Nor does the norm weight asked for before the weights (QKV on the tensor cores,
+      // gate/up and the lm_head on the register kernel).
+      options = cuda_options();
+      options.norm_weight_first = kTensorCoreQkv | kTensorCoreGateUp | kTensorCoreLmHead;
+      runs.push_back(run(options));
       options = cuda_options();
       options.attention_allows_o_after_inputs = true;
       runs.push_back(run(options));
@@ -1398,6 +1403,7 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
         // loaded before the PDL wait (the copy that wrote it is long done).
         p.stream_evict_first = pdl;
         p.epilogue_inputs_settled = pdl;
+        p.norm_weight_first = !pdl;  // the norm weight asked for before or after the weights
         // With PDL the register kernels split each row over a forced number of warps (the
         // automatic choice, 1 or 2 for these shapes, runs without PDL): 8 where K is not a
         // multiple of 64 (lanes past the row's end), else 4.
@@ -1462,6 +1468,7 @@ TEST_CASE("decode_gemv on the tensor cores: every form it takes matches a CPU re
       check_gemv_case(c, case_seed, [&](DecodeGemvParams& p, int launch) {
         p.stream_evict_first = pdl;  // a cache hint, and the residual loaded before the wait
         p.epilogue_inputs_settled = pdl;
+        p.norm_weight_first = !pdl;  // the norm weight asked for before or after the weights
         p.stage_input_bulk = bulk;
         p.mma_three_blocks_per_sm = three_per_sm;
         if (launch == 1) p.timeline = timeline.values.data();
