@@ -1169,7 +1169,8 @@ int main(int argc, char** argv) {
         {"defaults (attention v6: clusters of 4 per query head up to 256 keys, 8 up to 1023, then 16; partials "
          "pushed with st.async onto block 0's mbarrier, in the long graph O scheduled once their inputs are in; "
          "then the O GEMV, which lets gate/up start early; QKV and O on the tensor cores except in the long "
-         "graph, QKV's for three blocks an SM; gate/up and down pause 300 ns at their start; evict-first; 4 steps a graph, the tokens kept on "
+         "graph, QKV's for three blocks an SM; the norm weight asked for before the weights; gate/up and down pause 300 ns "
+         "at their start; evict-first; 4 steps a graph, the tokens kept on "
          "the GPU until the end, each step's input row written by the argmax before it)",
          true, true, Path::kClusterPerHead, 0, 0},
         defaults_but("a graph a step", [](CudaModelOptions& o) { o.decode_graph_steps = 1; }),
@@ -1199,6 +1200,8 @@ int main(int argc, char** argv) {
                      [](CudaModelOptions& o) { o.mma_three_blocks_per_sm &= ~unsigned(kTensorCoreQkv); }),
         defaults_but("O's tensor-core GEMV for three blocks an SM too",
                      [](CudaModelOptions& o) { o.mma_three_blocks_per_sm |= kTensorCoreO; }),
+        defaults_but("QKV, gate/up and the lm_head ask for the norm weight after their weights",
+                     [](CudaModelOptions& o) { o.norm_weight_first = 0; }),
         defaults_but("gate/up and down start without the pause",
                      [](CudaModelOptions& o) { o.gate_up_start_delay_ns = o.down_start_delay_ns = 0; }),
         defaults_but("down starts without the pause", [](CudaModelOptions& o) { o.down_start_delay_ns = 0; }),

@@ -1018,7 +1018,8 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
       long_graph ? options_.tensor_core_gemvs_in_long_graph : options_.tensor_core_gemvs;
   auto gemv_kernel = [&](TensorCoreGemv which, GemvInput input, DecodeGemvParams* p = nullptr) {
     if (p) p->mma_three_blocks_per_sm = (options_.mma_three_blocks_per_sm & which) != 0;
-    if (p) p->norm_weight_first = (options_.norm_weight_first & which) != 0;
+    // (kRmsNorm inputs only: the fused MLP's kRmsNormAddPartials keeps the old order.)
+    if (p) p->norm_weight_first = (options_.norm_weight_first & which) != 0 && input == GemvInput::kRmsNorm;
     const bool normal_input = input == GemvInput::kPlain || input == GemvInput::kRmsNorm ||
                               (input == GemvInput::kRmsNormAddPartials && which == kTensorCoreQkv);
     return (tensor_core_gemvs & which) && normal_input ? DecodeGemvKernel::kTensorCores : DecodeGemvKernel::kAuto;

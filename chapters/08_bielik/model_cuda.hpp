@@ -384,11 +384,13 @@ struct CudaModelOptions {
   /// timeline, thirty-ninth session); both 974-975. So QKV. bench_model
   /// --mma-three-per-sm qkv,o|none (the same names as --tensor-cores).
   unsigned mma_three_blocks_per_sm = kTensorCoreQkv;
-  /// Decode GEMVs with a normalized input (bits of TensorCoreGemv: QKV, gate/up, the
+  /// Decode GEMVs with a kRmsNorm input (bits of TensorCoreGemv: QKV, gate/up, the
   /// lm_head; on either kernel) that ask for the norm weight before their weights
-  /// (DecodeGemvParams::norm_weight_first). The same values. bench_model
-  /// --norm-weight-first qkv,gate_up,lm_head|none.
-  unsigned norm_weight_first = 0;
+  /// (DecodeGemvParams::norm_weight_first). The same values. Measured on the H200
+  /// (2026-12-04, one call, decode_ab.sh, three rounds, 256 tokens after 16): all three
+  /// 1001-1003 tokens/s against 995-997 with none; QKV alone 998 x 3, gate/up and the
+  /// lm_head 999-1000. bench_model --norm-weight-first qkv,gate_up,lm_head|none.
+  unsigned norm_weight_first = kTensorCoreQkv | kTensorCoreGateUp | kTensorCoreLmHead;
   /// The same pause for the small GEMVs and the lm_head (0: none). Measured level
   /// (2026-12-02, against 959 / 960 tokens/s): QKV 300 ns 961 / 960, O 300 ns 957 / 957,
   /// lm_head 300 ns 959 / 960, all three 960 / 960. bench_model --qkv-start-delay NS,

@@ -739,10 +739,11 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       options = cuda_options();
       options.mma_three_blocks_per_sm ^= kTensorCoreQkv | kTensorCoreO;
       runs.push_back(run(options));
-      // Nor does the norm weight asked for before the weights (QKV on the tensor cores,
-      // gate/up and the lm_head on the register kernel).
+      // Nor does whether the norm weight is asked for before the weights or after them
+      // (QKV on the tensor cores, gate/up and the lm_head on the register kernel): the
+      // defaults' choice turned around.
       options = cuda_options();
-      options.norm_weight_first = kTensorCoreQkv | kTensorCoreGateUp | kTensorCoreLmHead;
+      options.norm_weight_first ^= kTensorCoreQkv | kTensorCoreGateUp | kTensorCoreLmHead;
       runs.push_back(run(options));
       options = cuda_options();
       options.attention_allows_o_after_inputs = true;
