@@ -148,6 +148,87 @@ __device__ __forceinline__ void mma_batch(float (&d_first)[4], float (&d_second)
   }
 }
 
+// DecodeGemvParams::norm_pass_by_warp. Warp w's steps read the input's chunks (8 values)
+// 4 s .. 4 s + 3 of its steps s = w, w + 8, ... and no other warp reads them: entry m of
+// the warp's list (m = lane, lane + 32, ...) is chunk 4 (w + 8 (m / 4)) + m % 4, growing
+// with m.
+constexpr int kChunksPerStep = kStepValues / 8;
+__device__ __forceinline__ int warp_chunk(int warp, int m) {
+  return kChunksPerStep * (warp + kWarps * (m / kChunksPerStep)) + m % kChunksPerStep;
+}
+
+/// The norm weight's chunks this lane normalizes in stage_normalized_by_warp, the first
+/// kNormHeld of them, loaded before the PDL wait as load_norm_weight's are.
+__device__ __forceinline__ void load_norm_weight_by_warp(const DecodeGemvParams& p, uint4 (&norm_held)[kNormHeld]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int j = 0; j < kNormHeld; ++j) {
+    const int c = warp_chunk(warp, lane + 32 * j);
+    norm_held[j] = c < p.K / 8 ? __ldg(reinterpret_cast<const uint4*>(p.norm_weight) + c) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+/// kRmsNorm with DecodeGemvParams::norm_pass_by_warp: stage_input's staging and norm with
+/// the normalizing pass split the way the mma reads x. Thread c stages and squares chunk c
+/// (and c + 256, ...) as stage_input does; after the block's sum, each warp normalizes the
+/// chunks of its own steps in place, which no other warp reads, so the pass ends on a
+/// __syncwarp instead of a block barrier, and a warp whose pass is done starts its dot
+/// products without waiting for the slowest. The same sums in the same order, the same
+/// products rounded once: the same values, bit for bit. `warp_sums` (kWarps floats) is
+/// the block sum's scratch: the kernel must not reuse it (no barrier follows the read).
+template <bool kProbes>
+__device__ __forceinline__ void stage_normalized_by_warp(const DecodeGemvParams& p, uint4* x_shared, float* warp_sums,
+                                                         const uint4 (&norm_held)[kNormHeld]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int chunks = p.K / 8;
+  pdl_wait();
+  timeline_mark(probe_timeline<kProbes>(p), kTimelineWaitReturned);
+  const uint4* x_vectors = reinterpret_cast<const uint4*>(p.x);
+  float sum_squares = 0.0f;
+  constexpr int kStageLoads = 2;  // stage_input's, for the same order of the sums
+  for (int c0 = threadIdx.x; c0 < chunks; c0 += kStageLoads * kThreads) {
+    uint4 v[kStageLoads];
+#pragma unroll
+    for (int u = 0; u < kStageLoads; ++u) {
+      const int c = c0 + u * kThreads;
+      v[u] = c < chunks ? x_vectors[c] : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kStageLoads; ++u) {
+      if (c0 + u * kThreads < chunks) x_shared[c0 + u * kThreads] = v[u];
+      float f[8];
+      unpack_8(f, v[u]);  // zeros past the end
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sum_squares += f[e] * f[e];
+    }
+  }
+  sum_squares = warp_sum(sum_squares);
+  if (lane == 0) warp_sums[warp] = sum_squares;
+  __syncthreads();  // x_shared holds x, warp_sums every warp's share
+  float total = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kWarps; ++i) total += warp_sums[i];
+  const float inverse_rms = rsqrtf(total / float(p.K) + p.eps);
+  auto normalize = [&](int c, uint4 weight) {
+    float f[8], g[8];
+    unpack_8(f, x_shared[c]);
+    unpack_8(g, weight);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) f[e] = f[e] * inverse_rms * g[e];
+    x_shared[c] = pack_8(f);  // rounded to bf16 once, as normalize_staged does
+  };
+#pragma unroll
+  for (int j = 0; j < kNormHeld; ++j) {
+    const int c = warp_chunk(warp, lane + 32 * j);
+    if (c < chunks) normalize(c, norm_held[j]);
+  }
+  for (int m = lane + 32 * kNormHeld; warp_chunk(warp, m) < chunks; m += 32) {
+    const int c = warp_chunk(warp, m);
+    normalize(c, __ldg(reinterpret_cast<const uint4*>(p.norm_weight) + c));
+  }
+  __syncwarp();  // the warp's chunks, normalized, for every lane of it
+}
+
 // kBatchSteps x kBatches: a warp's steps. One batch: all of them loaded before the wait
 // (two blocks an SM). Several: two batches loaded before the wait, the third asked for
 // once the first has been multiplied, and so on (one block an SM: two buffers).
@@ -160,6 +241,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_gemv_mma_kernel(D
   extern __shared__ uint4 x_shared[];               // (K/8) the input, normalized for kRmsNorm
   __shared__ float warp_partial[kWarps][kTileRows];  // each warp's share of the 16 dots
   __shared__ uint64_t input_arrived;                 // (stage_input_bulk) the copy of x
+  __shared__ float norm_sums[kWarps];                // (norm_pass_by_warp) the norm's scratch
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int unit0 = blockIdx.x * kUnits;
@@ -175,12 +257,21 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_gemv_mma_kernel(D
   //    batches. Tile rows g and g + 8, 16 bytes of each per step.
   const uint64_t policy = l2_policy(p.stream_evict_first);
   const int row_low = tile_row<Out>(p, unit0, g), row_high = tile_row<Out>(p, unit0, g + 8);
+  // (norm_pass_by_warp: kRmsNorm staged by the threads; the kernel's own norm pass.)
+  const bool norm_by_warp = In == GemvInput::kRmsNorm && p.norm_pass_by_warp && !(kBulkStaging && p.stage_input_bulk);
   uint4 norm_held[kNormHeld];
-  if (p.norm_weight_first) load_norm_weight<In>(p, norm_held);
+  auto load_norm = [&] {
+    if (norm_by_warp) {
+      load_norm_weight_by_warp(p, norm_held);
+    } else {
+      load_norm_weight<In>(p, norm_held);
+    }
+  };
+  if (p.norm_weight_first) load_norm();
   uint4 w_low[kBuffers][kBatchSteps], w_high[kBuffers][kBatchSteps];
 #pragma unroll
   for (int b = 0; b < kBuffers; ++b) load_batch(w_low[b], w_high[b], p, row_low, row_high, warp, t, b, policy);
-  if (!p.norm_weight_first) load_norm_weight<In>(p, norm_held);
+  if (!p.norm_weight_first) load_norm();
   // Thread u < kUnits stores unit unit0 + u: its epilogue inputs now when no running
   // kernel writes them (the register kernel's reasoning), else after the wait.
   constexpr bool kReadsWritten = Out == GemvOutput::kResidualAdd || Out == GemvOutput::kRopeAppend;
@@ -192,7 +283,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_gemv_mma_kernel(D
 
   // 2. The wait, then the input staged (normalized for kRmsNorm) by the whole block, or
   //    copied in by the bulk-copy engine.
-  if constexpr (kBulkStaging) {
+  if (norm_by_warp) {
+    stage_normalized_by_warp<kProbes>(p, x_shared, norm_sums, norm_held);
+  } else if constexpr (kBulkStaging) {
     if (p.stage_input_bulk) {
       stage_input_bulk<In>(p, x_shared, &warp_partial[0][0], norm_held, &input_arrived);
     } else {

@@ -231,6 +231,15 @@ struct DecodeGemvParams {
   /// eleventh session), so after the weights the norm weight arrives behind them, and
   /// the input's normalization after the wait waits for it. The same values.
   bool norm_weight_first = false;
+  /// kTensorCores, kRmsNorm staged by the threads (ignored otherwise): after the block's
+  /// sum of squares, each warp normalizes the input chunks its own mma steps read, and
+  /// the pass ends on a __syncwarp instead of a block barrier (stage_normalized_by_warp
+  /// in decode_gemv_mma.cu). The same values, bit for bit.
+  bool norm_pass_by_warp = false;
+  /// (measurement: wrong values) kRmsNorm inputs normalized by stage_input: the block-wide
+  /// sum of squares and its barrier left out, the normalizing pass kept (with the sum taken
+  /// as K: an RMS of 1). CudaModelOptions::decode_skip's kSkipQkvNormSum.
+  bool norm_sum_skipped = false;
   /// kTensorCores, rows of K <= 1536 (ignored otherwise): the instance that holds only the
   /// 6 steps a warp such a row takes, compiled for three blocks an SM (launch bounds: at
   /// most 80 registers a thread) instead of the whole-row instance's two (8 steps, 122

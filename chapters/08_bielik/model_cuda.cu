@@ -1020,6 +1020,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     if (p) p->mma_three_blocks_per_sm = (options_.mma_three_blocks_per_sm & which) != 0;
     // (kRmsNorm inputs only: the fused MLP's kRmsNormAddPartials keeps the old order.)
     if (p) p->norm_weight_first = (options_.norm_weight_first & which) != 0 && input == GemvInput::kRmsNorm;
+    if (p) p->norm_pass_by_warp = (options_.norm_pass_by_warp & which) != 0 && input == GemvInput::kRmsNorm;
     const bool normal_input = input == GemvInput::kPlain || input == GemvInput::kRmsNorm ||
                               (input == GemvInput::kRmsNormAddPartials && which == kTensorCoreQkv);
     return (tensor_core_gemvs & which) && normal_input ? DecodeGemvKernel::kTensorCores : DecodeGemvKernel::kAuto;
@@ -1068,6 +1069,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
         fused_mlp_ && l > 0 ? ResidualPartials{mlp_accumulator(l - 1), 1} : ResidualPartials{};
     qkv.residual_partials = mlp_partials;
     const unsigned skip = options_.decode_skip;
+    qkv.norm_sum_skipped = (skip & kSkipQkvNormSum) != 0;  // (measurement)
     const GemvInput qkv_input = mlp_partials.partials  ? GemvInput::kRmsNormAddPartials
                                 : skip & kSkipQkvNorm ? GemvInput::kPlain  // (measurement: no norm)
                                                        : GemvInput::kRmsNorm;

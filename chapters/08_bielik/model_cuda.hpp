@@ -107,6 +107,10 @@ enum DecodeSkip : unsigned {
   /// tried once, 2026-12-04: bench_model printed no rate, the cause was not looked into,
   /// and the knob was dropped.)
   kSkipQkvNorm = 1u << 5,
+  /// A share of that share: QKV keeps the normalizing pass but leaves out the block-wide
+  /// sum of squares and its barrier (DecodeGemvParams::norm_sum_skipped; the RMS taken as
+  /// 1). With kSkipQkvNorm's number it splits the norm's cost between the sum and the pass.
+  kSkipQkvNormSum = 1u << 6,
 };
 
 struct CudaModelOptions {
@@ -391,6 +395,12 @@ struct CudaModelOptions {
   /// 1001-1003 tokens/s against 995-997 with none; QKV alone 998 x 3, gate/up and the
   /// lm_head 999-1000. bench_model --norm-weight-first qkv,gate_up,lm_head|none.
   unsigned norm_weight_first = kTensorCoreQkv | kTensorCoreGateUp | kTensorCoreLmHead;
+  /// Decode GEMVs on the tensor cores with a kRmsNorm input (bits of TensorCoreGemv; in
+  /// the model QKV's) whose normalizing pass is split by warp, each warp normalizing the
+  /// chunks its own steps read, so that the pass ends on a __syncwarp instead of a block
+  /// barrier (DecodeGemvParams::norm_pass_by_warp). The same values. bench_model
+  /// --norm-pass-by-warp qkv|none.
+  unsigned norm_pass_by_warp = 0;
   /// The same pause for the small GEMVs and the lm_head (0: none). Measured level
   /// (2026-12-02, against 959 / 960 tokens/s): QKV 300 ns 961 / 960, O 300 ns 957 / 957,
   /// lm_head 300 ns 959 / 960, all three 960 / 960. bench_model --qkv-start-delay NS,

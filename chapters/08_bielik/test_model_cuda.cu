@@ -745,6 +745,11 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       options = cuda_options();
       options.norm_weight_first ^= kTensorCoreQkv | kTensorCoreGateUp | kTensorCoreLmHead;
       runs.push_back(run(options));
+      // Nor does QKV's norm pass split by warp or ended on a block barrier (the same sums
+      // in the same order, the same products rounded once).
+      options = cuda_options();
+      options.norm_pass_by_warp ^= kTensorCoreQkv;
+      runs.push_back(run(options));
       options = cuda_options();
       options.attention_allows_o_after_inputs = true;
       runs.push_back(run(options));
@@ -1463,7 +1468,7 @@ TEST_CASE("decode_gemv on the tensor cores: every form it takes matches a CPU re
       if (bulk && !weight_stream_supported()) continue;
       if (three_per_sm && c.K > 1536) continue;  // ignored there: the same launch as variants 0 and 1
       INFO("N=" << c.N << " K=" << c.K << " output " << int(c.output) << " pdl " << pdl << " bulk staging " << bulk
-                << " three blocks an SM " << three_per_sm);
+                << " three blocks an SM " << three_per_sm << " norm pass by warp " << (variant == 1 || variant == 4));
       TestGemvTimeline timeline;
       timeline.reset();
       check_gemv_case(c, case_seed, [&](DecodeGemvParams& p, int launch) {
@@ -1472,6 +1477,9 @@ TEST_CASE("decode_gemv on the tensor cores: every form it takes matches a CPU re
         p.norm_weight_first = !pdl;  // the norm weight asked for before or after the weights
         p.stage_input_bulk = bulk;
         p.mma_three_blocks_per_sm = three_per_sm;
+        // kRmsNorm's pass split by warp in variants 1 and 4 (ignored with bulk staging and
+        // for plain inputs): each pass with and without PDL, and on both instances.
+        p.norm_pass_by_warp = variant == 1 || variant == 4;
         if (launch == 1) p.timeline = timeline.values.data();
         decode_gemv(c.input, c.output, p, pdl, 0, DecodeGemvKernel::kTensorCores);
       }, bulk ? 1 : 2);
