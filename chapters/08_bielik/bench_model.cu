@@ -125,7 +125,7 @@ struct Args {
   unsigned norm_pass_by_warp = CudaModelOptions{}.norm_pass_by_warp;      ///< --norm-pass-by-warp (the same)
   double l2_persist_mb = 0.0;  ///< --l2-persist MB[,lm_head|qkv|o|gate_up|down|none]
   L2PersistTarget l2_persist_target = L2PersistTarget::kLmHead;
-  unsigned decode_skip = 0;  ///< --decode-skip qkv,attention,o,gate_up,down,qkv_norm,qkv_norm_sum (DecodeSkip bits; the logits meaningless)
+  unsigned decode_skip = 0;  ///< --decode-skip qkv,attention,o,gate_up,down,qkv_norm,qkv_norm_sum,qkv_norm_pass (DecodeSkip bits; the logits meaningless)
 };
 
 /// The bits a comma-separated list of names stands for (`--tensor-cores qkv,o`), each
@@ -218,7 +218,8 @@ Args parse(int argc, char** argv) {
                                                       {"gate_up", kSkipGateUp},
                                                       {"down", kSkipDown},
                                                       {"qkv_norm", kSkipQkvNorm},
-                                                      {"qkv_norm_sum", kSkipQkvNormSum}});
+                                                      {"qkv_norm_sum", kSkipQkvNormSum},
+                                                      {"qkv_norm_pass", kSkipQkvNormPass}});
     } else if (flag == "--fused-mlp") {
       a.fused_mlp = true;
     } else if (flag == "--no-fused-mlp") {
@@ -399,7 +400,7 @@ Args parse(int argc, char** argv) {
     } else {
       throw std::invalid_argument("unknown argument " + flag +
                                   " (usage: bench_model [--model DIR] [--out FILE] [--decode-tokens N] [--context N]"
-                                  " [--decode-only [--prompt-tokens N] [--decode-skip qkv,attention,o,gate_up,down,qkv_norm,qkv_norm_sum]] [--ttft-only] [--ttft-rows-ab|--ttft-graph-ab|--ttft-gemv-ab|--ttft-v6-ab] [--prefill-all-rows] [--no-prefill-graphs] [--prefill-gemv N] [--prefill-v6 N] [--timeline|--timeline-gemvs-only] [--sampling-only] [--prefill-attention v5|v6]"
+                                  " [--decode-only [--prompt-tokens N] [--decode-skip qkv,attention,o,gate_up,down,qkv_norm,qkv_norm_sum,qkv_norm_pass]] [--ttft-only] [--ttft-rows-ab|--ttft-graph-ab|--ttft-gemv-ab|--ttft-v6-ab] [--prefill-all-rows] [--no-prefill-graphs] [--prefill-gemv N] [--prefill-v6 N] [--timeline|--timeline-gemvs-only] [--sampling-only] [--prefill-attention v5|v6]"
                                   " [--attention cluster_o|cluster|cluster_per_head|split_combine|merge_in_o]"
                                   " [--replicas N] [--splits N] [--short-max-keys N] [--short-splits N] [--long-min-keys N]"
                                   " [--long-splits N]"

@@ -168,18 +168,11 @@ __device__ __forceinline__ void load_norm_weight_by_warp(const DecodeGemvParams&
   }
 }
 
-/// kRmsNorm with DecodeGemvParams::norm_pass_by_warp: stage_input's staging and norm with
-/// the normalizing pass split the way the mma reads x. Thread c stages and squares chunk c
-/// (and c + 256, ...) as stage_input does; after the block's sum, each warp normalizes the
-/// chunks of its own steps in place, which no other warp reads, so the pass ends on a
-/// __syncwarp instead of a block barrier, and a warp whose pass is done starts its dot
-/// products without waiting for the slowest. The same sums in the same order, the same
-/// products rounded once: the same values, bit for bit. `warp_sums` (kWarps floats) is
-/// the block sum's scratch: the kernel must not reuse it (no barrier follows the read).
+/// After the PDL wait, x staged as it is, thread c staging chunks c, c + 256, ... (two
+/// loads in flight, stage_input's order); returns the sum of the squares of its chunks.
+/// No barrier: the caller's.
 template <bool kProbes>
-__device__ __forceinline__ void stage_normalized_by_warp(const DecodeGemvParams& p, uint4* x_shared, float* warp_sums,
-                                                         const uint4 (&norm_held)[kNormHeld]) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+__device__ __forceinline__ float stage_raw_summing_squares(const DecodeGemvParams& p, uint4* x_shared) {
   const int chunks = p.K / 8;
   pdl_wait();
   timeline_mark(probe_timeline<kProbes>(p), kTimelineWaitReturned);
@@ -202,6 +195,23 @@ __device__ __forceinline__ void stage_normalized_by_warp(const DecodeGemvParams&
       for (int e = 0; e < 8; ++e) sum_squares += f[e] * f[e];
     }
   }
+  return sum_squares;
+}
+
+/// kRmsNorm with DecodeGemvParams::norm_pass_by_warp: stage_input's staging and norm with
+/// the normalizing pass split the way the mma reads x. Thread c stages and squares chunk c
+/// (and c + 256, ...) as stage_input does; after the block's sum, each warp normalizes the
+/// chunks of its own steps in place, which no other warp reads, so the pass ends on a
+/// __syncwarp instead of a block barrier, and a warp whose pass is done starts its dot
+/// products without waiting for the slowest. The same sums in the same order, the same
+/// products rounded once: the same values, bit for bit. `warp_sums` (kWarps floats) is
+/// the block sum's scratch: the kernel must not reuse it (no barrier follows the read).
+template <bool kProbes>
+__device__ __forceinline__ void stage_normalized_by_warp(const DecodeGemvParams& p, uint4* x_shared, float* warp_sums,
+                                                         const uint4 (&norm_held)[kNormHeld]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int chunks = p.K / 8;
+  float sum_squares = stage_raw_summing_squares<kProbes>(p, x_shared);
   sum_squares = warp_sum(sum_squares);
   if (lane == 0) warp_sums[warp] = sum_squares;
   __syncthreads();  // x_shared holds x, warp_sums every warp's share
@@ -241,7 +251,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_gemv_mma_kernel(D
   extern __shared__ uint4 x_shared[];               // (K/8) the input, normalized for kRmsNorm
   __shared__ float warp_partial[kWarps][kTileRows];  // each warp's share of the 16 dots
   __shared__ uint64_t input_arrived;                 // (stage_input_bulk) the copy of x
-  __shared__ float norm_sums[kWarps];                // (norm_pass_by_warp) the norm's scratch
+  __shared__ float norm_sums[kWarps];                // (norm_pass_by_warp, norm_in_epilogue) the norm's sum
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int unit0 = blockIdx.x * kUnits;
@@ -258,10 +268,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_gemv_mma_kernel(D
   const uint64_t policy = l2_policy(p.stream_evict_first);
   const int row_low = tile_row<Out>(p, unit0, g), row_high = tile_row<Out>(p, unit0, g + 8);
   // (norm_pass_by_warp: kRmsNorm staged by the threads; the kernel's own norm pass.)
-  const bool norm_by_warp = In == GemvInput::kRmsNorm && p.norm_pass_by_warp && !(kBulkStaging && p.stage_input_bulk);
+  const bool thread_staged_norm = In == GemvInput::kRmsNorm && !(kBulkStaging && p.stage_input_bulk);
+  // (norm_in_epilogue, measurement: no norm weight, no pass; the RMS after the dots.)
+  const bool norm_in_epilogue = thread_staged_norm && p.norm_in_epilogue;
+  const bool norm_by_warp = thread_staged_norm && p.norm_pass_by_warp && !norm_in_epilogue;
   uint4 norm_held[kNormHeld];
   auto load_norm = [&] {
-    if (norm_by_warp) {
+    if (norm_in_epilogue) {
+      return;
+    } else if (norm_by_warp) {
       load_norm_weight_by_warp(p, norm_held);
     } else {
       load_norm_weight<In>(p, norm_held);
@@ -283,7 +298,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_gemv_mma_kernel(D
 
   // 2. The wait, then the input staged (normalized for kRmsNorm) by the whole block, or
   //    copied in by the bulk-copy engine.
-  if (norm_by_warp) {
+  float squares = 0.0f;  // (norm_in_epilogue) this thread's share of x's squares
+  if (norm_in_epilogue) {
+    squares = stage_raw_summing_squares<kProbes>(p, x_shared);
+    __syncthreads();
+  } else if (norm_by_warp) {
     stage_normalized_by_warp<kProbes>(p, x_shared, norm_sums, norm_held);
   } else if constexpr (kBulkStaging) {
     if (p.stage_input_bulk) {
@@ -317,6 +336,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_gemv_mma_kernel(D
     warp_partial[warp][g + 8] = d_first[2] + d_second[2];
   }
   timeline_fold_when_ready(timeline, kTimelineFirstDot, d_first[0] + d_second[0]);  // (measurement)
+  if (norm_in_epilogue) {  // the block's sum of squares meets at the barrier the dots take
+    squares = warp_sum(squares);
+    if (lane == 0) norm_sums[warp] = squares;
+  }
   __syncthreads();
 
   // 4. Thread u sums unit u's rows over the warps, in warp order, and runs the epilogue.
@@ -327,6 +350,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_gemv_mma_kernel(D
     for (int v = 0; v < kWarps; ++v) {
       acc[0] += warp_partial[v][threadIdx.x];
       if constexpr (kPair) acc[1] += warp_partial[v][threadIdx.x + 8];
+    }
+    if (norm_in_epilogue) {
+      float total = 0.0f;
+#pragma unroll
+      for (int v = 0; v < kWarps; ++v) total += norm_sums[v];
+      const float inverse_rms = rsqrtf(total / float(p.K) + p.eps);
+      acc[0] *= inverse_rms;
+      acc[1] *= inverse_rms;
     }
     store_output_loaded<Out>(p, my_unit, acc, epilogue);
   }

@@ -240,6 +240,13 @@ struct DecodeGemvParams {
   /// sum of squares and its barrier left out, the normalizing pass kept (with the sum taken
   /// as K: an RMS of 1). CudaModelOptions::decode_skip's kSkipQkvNormSum.
   bool norm_sum_skipped = false;
+  /// (measurement: wrong values) kTensorCores, kRmsNorm staged by the threads: x staged
+  /// as it is and the inverse RMS applied to the dot products in the epilogue, its block
+  /// sum meeting the dots at their barrier: no normalizing pass, no barrier of its own. The
+  /// norm weight is left out, so the values are right only for a W whose columns hold it
+  /// (W[n][k] g[k] folded in at load time, which the model does not do): the kernel's time
+  /// with that fold. CudaModelOptions::decode_skip's kSkipQkvNormPass.
+  bool norm_in_epilogue = false;
   /// kTensorCores, rows of K <= 1536 (ignored otherwise): the instance that holds only the
   /// 6 steps a warp such a row takes, compiled for three blocks an SM (launch bounds: at
   /// most 80 registers a thread) instead of the whole-row instance's two (8 steps, 122

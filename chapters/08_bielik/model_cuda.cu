@@ -1069,7 +1069,8 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
         fused_mlp_ && l > 0 ? ResidualPartials{mlp_accumulator(l - 1), 1} : ResidualPartials{};
     qkv.residual_partials = mlp_partials;
     const unsigned skip = options_.decode_skip;
-    qkv.norm_sum_skipped = (skip & kSkipQkvNormSum) != 0;  // (measurement)
+    qkv.norm_sum_skipped = (skip & kSkipQkvNormSum) != 0;   // (measurement)
+    qkv.norm_in_epilogue = (skip & kSkipQkvNormPass) != 0;  // (measurement)
     const GemvInput qkv_input = mlp_partials.partials  ? GemvInput::kRmsNormAddPartials
                                 : skip & kSkipQkvNorm ? GemvInput::kPlain  // (measurement: no norm)
                                                        : GemvInput::kRmsNorm;

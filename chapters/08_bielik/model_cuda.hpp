@@ -111,6 +111,11 @@ enum DecodeSkip : unsigned {
   /// sum of squares and its barrier (DecodeGemvParams::norm_sum_skipped; the RMS taken as
   /// 1). With kSkipQkvNorm's number it splits the norm's cost between the sum and the pass.
   kSkipQkvNormSum = 1u << 6,
+  /// QKV on the tensor cores without the normalizing pass: x staged as it is, the inverse
+  /// RMS applied to the dot products in the epilogue, the norm weight left out
+  /// (DecodeGemvParams::norm_in_epilogue): the time of QKV with the norm weight folded into
+  /// its weight's columns at load time, which the model does not do.
+  kSkipQkvNormPass = 1u << 7,
 };
 
 struct CudaModelOptions {

@@ -1234,14 +1234,16 @@ DecodeGemvParams test_gemv_params(void* y, const DeviceBuffer<uint16_t>& x, cons
 // Fresh inputs and their reference, then `launches` launches of the GEMV on them, each
 // into a freshly poisoned output (or the residual), each compared with the reference:
 // launch(p, i) sets the options of launch i and runs it.
+// unit_norm_weight: a norm weight of ones (DecodeGemvParams::norm_in_epilogue's test).
 void check_gemv_case(const GemvCase& c, uint64_t& case_seed,
-                     const std::function<void(DecodeGemvParams&, int)>& launch, int launches = 1) {
+                     const std::function<void(DecodeGemvParams&, int)>& launch, int launches = 1,
+                     bool unit_norm_weight = false) {
   const int rows = c.output == GemvOutput::kSwiGLU ? 2 * c.N : c.N;
   const std::vector<uint16_t> x = random_bf16(c.K, ++case_seed, 2.0f);
   const std::vector<uint16_t> W = random_bf16(size_t(rows) * c.K, ++case_seed, 1.0f / std::sqrt(float(c.K)));
   const std::vector<uint16_t> bias = random_bf16(rows, ++case_seed, 0.5f);
   std::vector<uint16_t> norm = random_bf16(c.K, ++case_seed, 0.2f);
-  for (auto& v : norm) v = float_to_bf16_bits(1.0f + bf16_bits_to_float(v));
+  for (auto& v : norm) v = float_to_bf16_bits(unit_norm_weight ? 1.0f : 1.0f + bf16_bits_to_float(v));
   const std::vector<uint16_t> residual = random_bf16(c.N, ++case_seed, 1.0f);
 
   // Reference: the same roundings as the kernel's contract, fp64 sums.
@@ -1488,6 +1490,29 @@ TEST_CASE("decode_gemv on the tensor cores: every form it takes matches a CPU re
         REQUIRE(timeline.stamped(kTimelineWaitReturned));
         REQUIRE(timeline.stamped(kTimelineEnd));
       }
+    }
+  }
+  // (measurement) norm_in_epilogue: x as it is, the inverse RMS applied to the dots, no
+  // norm weight; with a norm weight of ones that is the normalized GEMV up to x's rounding
+  // to bf16 after the norm, which the reference keeps (inside the bf16 tolerance). QKV's
+  // rows and odd ones, both instances, with and without PDL.
+  const GemvCase epilogue_norm_cases[] = {
+      {GemvInput::kRmsNorm, GemvOutput::kBf16, 2048, 1536, true},
+      {GemvInput::kRmsNorm, GemvOutput::kBf16, 43, 344, false},
+      {GemvInput::kRmsNorm, GemvOutput::kSwiGLU, 203, 9216, true},
+  };
+  for (const GemvCase& c : epilogue_norm_cases) {
+    for (int variant = 0; variant < 4; ++variant) {
+      const bool pdl = variant % 2 == 1, three_per_sm = variant >= 2;
+      if (three_per_sm && c.K > 1536) continue;
+      INFO("norm in the epilogue: N=" << c.N << " K=" << c.K << " pdl " << pdl << " three blocks an SM "
+                                      << three_per_sm);
+      check_gemv_case(c, case_seed, [&](DecodeGemvParams& p, int) {
+        p.norm_in_epilogue = true;
+        p.norm_pass_by_warp = pdl;  // ignored: the epilogue's norm wins
+        p.mma_three_blocks_per_sm = three_per_sm;
+        decode_gemv(c.input, c.output, p, pdl, 0, DecodeGemvKernel::kTensorCores);
+      }, 1, true);
     }
   }
   // What it does not take: K past its batches, an input it does not stage.
