@@ -122,10 +122,10 @@ struct Args {
   unsigned tensor_cores_long = CudaModelOptions{}.tensor_core_gemvs_in_long_graph;  ///< --tensor-cores-long (the same)
   unsigned mma_three_per_sm = CudaModelOptions{}.mma_three_blocks_per_sm;  ///< --mma-three-per-sm (the same)
   unsigned norm_weight_first = CudaModelOptions{}.norm_weight_first;      ///< --norm-weight-first (the same)
-  unsigned norm_pass_by_warp = CudaModelOptions{}.norm_pass_by_warp;      ///< --norm-pass-by-warp (the same)
+  bool fold_qkv_norm = CudaModelOptions{}.fold_qkv_norm;  ///< --fold-qkv-norm / --no-fold-qkv-norm
   double l2_persist_mb = 0.0;  ///< --l2-persist MB[,lm_head|qkv|o|gate_up|down|none]
   L2PersistTarget l2_persist_target = L2PersistTarget::kLmHead;
-  unsigned decode_skip = 0;  ///< --decode-skip qkv,attention,o,gate_up,down,qkv_norm,qkv_norm_sum,qkv_norm_pass (DecodeSkip bits; the logits meaningless)
+  unsigned decode_skip = 0;  ///< --decode-skip qkv,attention,o,gate_up,down,qkv_norm (DecodeSkip bits; the logits meaningless)
 };
 
 /// The bits a comma-separated list of names stands for (`--tensor-cores qkv,o`), each
@@ -217,9 +217,11 @@ Args parse(int argc, char** argv) {
                                                       {"o", kSkipOProjection},
                                                       {"gate_up", kSkipGateUp},
                                                       {"down", kSkipDown},
-                                                      {"qkv_norm", kSkipQkvNorm},
-                                                      {"qkv_norm_sum", kSkipQkvNormSum},
-                                                      {"qkv_norm_pass", kSkipQkvNormPass}});
+                                                      {"qkv_norm", kSkipQkvNorm}});
+    } else if (flag == "--no-fold-qkv-norm") {
+      a.fold_qkv_norm = false;
+    } else if (flag == "--fold-qkv-norm") {
+      a.fold_qkv_norm = true;
     } else if (flag == "--fused-mlp") {
       a.fused_mlp = true;
     } else if (flag == "--no-fused-mlp") {
@@ -316,15 +318,14 @@ Args parse(int argc, char** argv) {
       a.side_prefetch_gate_up_mb = std::stod(sizes.substr(0, comma));
       a.side_prefetch_down_mb = comma == std::string::npos ? 0.0 : std::stod(sizes.substr(comma + 1));
     } else if (flag == "--tensor-cores" || flag == "--tensor-cores-long" || flag == "--mma-three-per-sm" ||
-               flag == "--norm-weight-first" || flag == "--norm-pass-by-warp") {
+               flag == "--norm-weight-first") {
       // The list replaces the default; "none": no GEMV on the tensor cores (or on their
       // instance for three blocks an SM, or asking for its norm weight first).
       const std::string list = value();
       (flag == "--tensor-cores"        ? a.tensor_cores
        : flag == "--tensor-cores-long" ? a.tensor_cores_long
        : flag == "--mma-three-per-sm"  ? a.mma_three_per_sm
-       : flag == "--norm-weight-first" ? a.norm_weight_first
-                                       : a.norm_pass_by_warp) =
+                                       : a.norm_weight_first) =
           list == "none" ? 0u
                          : parse_name_list(flag + " (or none)", list,
                                            {{"qkv", kTensorCoreQkv},
@@ -400,7 +401,7 @@ Args parse(int argc, char** argv) {
     } else {
       throw std::invalid_argument("unknown argument " + flag +
                                   " (usage: bench_model [--model DIR] [--out FILE] [--decode-tokens N] [--context N]"
-                                  " [--decode-only [--prompt-tokens N] [--decode-skip qkv,attention,o,gate_up,down,qkv_norm,qkv_norm_sum,qkv_norm_pass]] [--ttft-only] [--ttft-rows-ab|--ttft-graph-ab|--ttft-gemv-ab|--ttft-v6-ab] [--prefill-all-rows] [--no-prefill-graphs] [--prefill-gemv N] [--prefill-v6 N] [--timeline|--timeline-gemvs-only] [--sampling-only] [--prefill-attention v5|v6]"
+                                  " [--decode-only [--prompt-tokens N] [--decode-skip qkv,attention,o,gate_up,down,qkv_norm]] [--ttft-only] [--ttft-rows-ab|--ttft-graph-ab|--ttft-gemv-ab|--ttft-v6-ab] [--prefill-all-rows] [--no-prefill-graphs] [--prefill-gemv N] [--prefill-v6 N] [--timeline|--timeline-gemvs-only] [--sampling-only] [--prefill-attention v5|v6]"
                                   " [--attention cluster_o|cluster|cluster_per_head|split_combine|merge_in_o]"
                                   " [--replicas N] [--splits N] [--short-max-keys N] [--short-splits N] [--long-min-keys N]"
                                   " [--long-splits N]"
@@ -416,7 +417,7 @@ Args parse(int argc, char** argv) {
                                   " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N]"
                                   " [--side-prefetch GATE_UP_MB[,DOWN_MB] [--side-prefetch-form lines|bulk|loads] [--side-prefetch-blocks N]"
                                   " [--side-prefetch-stride BYTES] [--side-prefetch-after-qkv]] [--l2-persist MB[,lm_head|qkv|o|gate_up|down|none]]"
-                                  " [--tensor-cores qkv,o,gate_up,lm_head,down|none] [--tensor-cores-long LIST] [--mma-three-per-sm LIST] [--norm-weight-first LIST] [--norm-pass-by-warp LIST])");
+                                  " [--tensor-cores qkv,o,gate_up,lm_head,down|none] [--tensor-cores-long LIST] [--mma-three-per-sm LIST] [--norm-weight-first LIST] [--no-fold-qkv-norm])");
     }
   }
   // The full run labels its numbers as the graph's and measures the persistent steps itself.
@@ -827,7 +828,7 @@ int main(int argc, char** argv) {
     options.fused_mlp = args.fused_mlp;
     options.mma_three_blocks_per_sm = args.mma_three_per_sm;
     options.norm_weight_first = args.norm_weight_first;
-    options.norm_pass_by_warp = args.norm_pass_by_warp;
+    options.fold_qkv_norm = args.fold_qkv_norm;
     options.fused_mlp_values_before_wait = args.fused_mlp_before_wait;
     options.fused_mlp_block_warps = args.fused_mlp_block_warps;
     options.decode_graph_steps = args.decode_graph_steps;
@@ -1207,10 +1208,10 @@ int main(int argc, char** argv) {
                      [](CudaModelOptions& o) { o.mma_three_blocks_per_sm |= kTensorCoreO; }),
         defaults_but("QKV, gate/up and the lm_head ask for the norm weight after their weights",
                      [](CudaModelOptions& o) { o.norm_weight_first = 0; }),
-        defaults_but(CudaModelOptions{}.norm_pass_by_warp & kTensorCoreQkv
-                         ? "QKV's norm pass ends on a block barrier (not split by warp)"
-                         : "QKV's norm pass split by warp (a __syncwarp, not a block barrier)",
-                     [](CudaModelOptions& o) { o.norm_pass_by_warp ^= kTensorCoreQkv; }),
+        defaults_but(CudaModelOptions{}.fold_qkv_norm
+                         ? "QKV's norm weight not folded into W_qkv (its normalizing pass before the dots)"
+                         : "QKV's norm weight folded into W_qkv (the inverse RMS after the dots)",
+                     [](CudaModelOptions& o) { o.fold_qkv_norm = !o.fold_qkv_norm; }),
         defaults_but("gate/up and down start without the pause",
                      [](CudaModelOptions& o) { o.gate_up_start_delay_ns = o.down_start_delay_ns = 0; }),
         defaults_but("down starts without the pause", [](CudaModelOptions& o) { o.down_start_delay_ns = 0; }),

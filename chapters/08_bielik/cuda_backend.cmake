@@ -27,6 +27,7 @@ else()
     ${cuda_backend_dir}/decode_gemv_stream.cu
     ${cuda_backend_dir}/decode_gemv_mma.cu
     ${cuda_backend_dir}/decode_mlp_fused.cu
+    ${cuda_backend_dir}/fold_norm_weight.cu
     ${cuda_backend_dir}/decode_step_persistent.cu
     ${cuda_backend_dir}/decode_step_streamed.cu)
   target_include_directories(bielik_ch08_cuda PUBLIC ${cuda_backend_dir})

@@ -641,15 +641,12 @@ __device__ __forceinline__ void normalize_staged(const DecodeGemvParams& p, uint
                                                  float4* x_widened) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int chunks = p.K / 8;
-  float total = float(p.K);  // (p.norm_sum_skipped, measurement: an RMS of 1)
-  if (!p.norm_sum_skipped) {
-    sum_squares = warp_sum(sum_squares);
-    if (lane == 0) scratch[warp] = sum_squares;
-    __syncthreads();
-    total = 0.0f;
+  sum_squares = warp_sum(sum_squares);
+  if (lane == 0) scratch[warp] = sum_squares;
+  __syncthreads();
+  float total = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kWarps; ++i) total += scratch[i];
-  }
+  for (int i = 0; i < kWarps; ++i) total += scratch[i];
   const float inverse_rms = rsqrtf(total / float(p.K) + p.eps);
   // Each thread normalizes the chunks it staged (no barrier needed between the two).
   auto normalize = [&](int c, uint4 weight) {

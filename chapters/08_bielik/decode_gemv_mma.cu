@@ -51,6 +51,16 @@
 // our reading, more of gate/up's blocks fit beside O's, and their first loads are still
 // queued when the attention ends.
 //
+// The norm in the epilogue (DecodeGemvParams::norm_in_epilogue, the model's fold_qkv_norm).
+// A kRmsNorm input must be finished before the first mma: the block sums x's squares,
+// meets at a barrier, rewrites x scaled by inverse_rms * g and meets again. With g folded
+// into W's columns at load (fold_norm_weight.cuh) only inverse_rms is left, one number,
+// and the dots are linear in x: the block stages x as it is, runs its mmas at once, and
+// each warp's share of the squares travels with its partial dots to the barrier before
+// the epilogue, which scales the sums. In the decode step (H200, fortieth session) that
+// took the step from 1005 to 1023-1024 tokens/s, what leaving QKV's norm out entirely
+// gave (1022-1023): the sum alone had cost ~6 of the 18, the pass the rest.
+//
 // Longer rows (the down projection, K = 8960: 35 steps a warp, 280 bytes a lane) do not
 // fit a lane's registers. There the kernel streams: a warp's steps come in batches of 9
 // (18 loads a lane), two batches in flight, the next asked for as soon as the mma has
@@ -148,29 +158,9 @@ __device__ __forceinline__ void mma_batch(float (&d_first)[4], float (&d_second)
   }
 }
 
-// DecodeGemvParams::norm_pass_by_warp. Warp w's steps read the input's chunks (8 values)
-// 4 s .. 4 s + 3 of its steps s = w, w + 8, ... and no other warp reads them: entry m of
-// the warp's list (m = lane, lane + 32, ...) is chunk 4 (w + 8 (m / 4)) + m % 4, growing
-// with m.
-constexpr int kChunksPerStep = kStepValues / 8;
-__device__ __forceinline__ int warp_chunk(int warp, int m) {
-  return kChunksPerStep * (warp + kWarps * (m / kChunksPerStep)) + m % kChunksPerStep;
-}
-
-/// The norm weight's chunks this lane normalizes in stage_normalized_by_warp, the first
-/// kNormHeld of them, loaded before the PDL wait as load_norm_weight's are.
-__device__ __forceinline__ void load_norm_weight_by_warp(const DecodeGemvParams& p, uint4 (&norm_held)[kNormHeld]) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-#pragma unroll
-  for (int j = 0; j < kNormHeld; ++j) {
-    const int c = warp_chunk(warp, lane + 32 * j);
-    norm_held[j] = c < p.K / 8 ? __ldg(reinterpret_cast<const uint4*>(p.norm_weight) + c) : make_uint4(0, 0, 0, 0);
-  }
-}
-
-/// After the PDL wait, x staged as it is, thread c staging chunks c, c + 256, ... (two
-/// loads in flight, stage_input's order); returns the sum of the squares of its chunks.
-/// No barrier: the caller's.
+/// DecodeGemvParams::norm_in_epilogue: after the PDL wait, x staged as it is, thread c
+/// staging chunks c, c + 256, ... (two loads in flight, as stage_input); returns the sum
+/// of the squares of its chunks, in stage_input's order. No barrier: the caller's.
 template <bool kProbes>
 __device__ __forceinline__ float stage_raw_summing_squares(const DecodeGemvParams& p, uint4* x_shared) {
   const int chunks = p.K / 8;
@@ -178,7 +168,7 @@ __device__ __forceinline__ float stage_raw_summing_squares(const DecodeGemvParam
   timeline_mark(probe_timeline<kProbes>(p), kTimelineWaitReturned);
   const uint4* x_vectors = reinterpret_cast<const uint4*>(p.x);
   float sum_squares = 0.0f;
-  constexpr int kStageLoads = 2;  // stage_input's, for the same order of the sums
+  constexpr int kStageLoads = 2;  // stage_input's
   for (int c0 = threadIdx.x; c0 < chunks; c0 += kStageLoads * kThreads) {
     uint4 v[kStageLoads];
 #pragma unroll
@@ -198,47 +188,6 @@ __device__ __forceinline__ float stage_raw_summing_squares(const DecodeGemvParam
   return sum_squares;
 }
 
-/// kRmsNorm with DecodeGemvParams::norm_pass_by_warp: stage_input's staging and norm with
-/// the normalizing pass split the way the mma reads x. Thread c stages and squares chunk c
-/// (and c + 256, ...) as stage_input does; after the block's sum, each warp normalizes the
-/// chunks of its own steps in place, which no other warp reads, so the pass ends on a
-/// __syncwarp instead of a block barrier, and a warp whose pass is done starts its dot
-/// products without waiting for the slowest. The same sums in the same order, the same
-/// products rounded once: the same values, bit for bit. `warp_sums` (kWarps floats) is
-/// the block sum's scratch: the kernel must not reuse it (no barrier follows the read).
-template <bool kProbes>
-__device__ __forceinline__ void stage_normalized_by_warp(const DecodeGemvParams& p, uint4* x_shared, float* warp_sums,
-                                                         const uint4 (&norm_held)[kNormHeld]) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int chunks = p.K / 8;
-  float sum_squares = stage_raw_summing_squares<kProbes>(p, x_shared);
-  sum_squares = warp_sum(sum_squares);
-  if (lane == 0) warp_sums[warp] = sum_squares;
-  __syncthreads();  // x_shared holds x, warp_sums every warp's share
-  float total = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kWarps; ++i) total += warp_sums[i];
-  const float inverse_rms = rsqrtf(total / float(p.K) + p.eps);
-  auto normalize = [&](int c, uint4 weight) {
-    float f[8], g[8];
-    unpack_8(f, x_shared[c]);
-    unpack_8(g, weight);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) f[e] = f[e] * inverse_rms * g[e];
-    x_shared[c] = pack_8(f);  // rounded to bf16 once, as normalize_staged does
-  };
-#pragma unroll
-  for (int j = 0; j < kNormHeld; ++j) {
-    const int c = warp_chunk(warp, lane + 32 * j);
-    if (c < chunks) normalize(c, norm_held[j]);
-  }
-  for (int m = lane + 32 * kNormHeld; warp_chunk(warp, m) < chunks; m += 32) {
-    const int c = warp_chunk(warp, m);
-    normalize(c, __ldg(reinterpret_cast<const uint4*>(p.norm_weight) + c));
-  }
-  __syncwarp();  // the warp's chunks, normalized, for every lane of it
-}
-
 // kBatchSteps x kBatches: a warp's steps. One batch: all of them loaded before the wait
 // (two blocks an SM). Several: two batches loaded before the wait, the third asked for
 // once the first has been multiplied, and so on (one block an SM: two buffers).
@@ -251,7 +200,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_gemv_mma_kernel(D
   extern __shared__ uint4 x_shared[];               // (K/8) the input, normalized for kRmsNorm
   __shared__ float warp_partial[kWarps][kTileRows];  // each warp's share of the 16 dots
   __shared__ uint64_t input_arrived;                 // (stage_input_bulk) the copy of x
-  __shared__ float norm_sums[kWarps];                // (norm_pass_by_warp, norm_in_epilogue) the norm's sum
+  __shared__ float norm_sums[kWarps];                // (norm_in_epilogue) each warp's share of x's squares
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int unit0 = blockIdx.x * kUnits;
@@ -267,26 +216,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_gemv_mma_kernel(D
   //    batches. Tile rows g and g + 8, 16 bytes of each per step.
   const uint64_t policy = l2_policy(p.stream_evict_first);
   const int row_low = tile_row<Out>(p, unit0, g), row_high = tile_row<Out>(p, unit0, g + 8);
-  // (norm_pass_by_warp: kRmsNorm staged by the threads; the kernel's own norm pass.)
-  const bool thread_staged_norm = In == GemvInput::kRmsNorm && !(kBulkStaging && p.stage_input_bulk);
-  // (norm_in_epilogue, measurement: no norm weight, no pass; the RMS after the dots.)
-  const bool norm_in_epilogue = thread_staged_norm && p.norm_in_epilogue;
-  const bool norm_by_warp = thread_staged_norm && p.norm_pass_by_warp && !norm_in_epilogue;
+  // (norm_in_epilogue: kRmsNorm staged by the threads, the norm weight folded into W.)
+  const bool norm_in_epilogue =
+      In == GemvInput::kRmsNorm && p.norm_in_epilogue && !(kBulkStaging && p.stage_input_bulk);
   uint4 norm_held[kNormHeld];
-  auto load_norm = [&] {
-    if (norm_in_epilogue) {
-      return;
-    } else if (norm_by_warp) {
-      load_norm_weight_by_warp(p, norm_held);
-    } else {
-      load_norm_weight<In>(p, norm_held);
-    }
-  };
-  if (p.norm_weight_first) load_norm();
+  if (p.norm_weight_first && !norm_in_epilogue) load_norm_weight<In>(p, norm_held);
   uint4 w_low[kBuffers][kBatchSteps], w_high[kBuffers][kBatchSteps];
 #pragma unroll
   for (int b = 0; b < kBuffers; ++b) load_batch(w_low[b], w_high[b], p, row_low, row_high, warp, t, b, policy);
-  if (!p.norm_weight_first) load_norm();
+  if (!p.norm_weight_first && !norm_in_epilogue) load_norm_weight<In>(p, norm_held);
   // Thread u < kUnits stores unit unit0 + u: its epilogue inputs now when no running
   // kernel writes them (the register kernel's reasoning), else after the wait.
   constexpr bool kReadsWritten = Out == GemvOutput::kResidualAdd || Out == GemvOutput::kRopeAppend;
@@ -298,12 +236,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_gemv_mma_kernel(D
 
   // 2. The wait, then the input staged (normalized for kRmsNorm) by the whole block, or
   //    copied in by the bulk-copy engine.
-  float squares = 0.0f;  // (norm_in_epilogue) this thread's share of x's squares
+  //    (norm_in_epilogue: x as it is, and this thread's share of its squares.)
+  float squares = 0.0f;
   if (norm_in_epilogue) {
     squares = stage_raw_summing_squares<kProbes>(p, x_shared);
     __syncthreads();
-  } else if (norm_by_warp) {
-    stage_normalized_by_warp<kProbes>(p, x_shared, norm_sums, norm_held);
   } else if constexpr (kBulkStaging) {
     if (p.stage_input_bulk) {
       stage_input_bulk<In>(p, x_shared, &warp_partial[0][0], norm_held, &input_arrived);

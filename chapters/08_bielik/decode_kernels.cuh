@@ -231,21 +231,13 @@ struct DecodeGemvParams {
   /// eleventh session), so after the weights the norm weight arrives behind them, and
   /// the input's normalization after the wait waits for it. The same values.
   bool norm_weight_first = false;
-  /// kTensorCores, kRmsNorm staged by the threads (ignored otherwise): after the block's
-  /// sum of squares, each warp normalizes the input chunks its own mma steps read, and
-  /// the pass ends on a __syncwarp instead of a block barrier (stage_normalized_by_warp
-  /// in decode_gemv_mma.cu). The same values, bit for bit.
-  bool norm_pass_by_warp = false;
-  /// (measurement: wrong values) kRmsNorm inputs normalized by stage_input: the block-wide
-  /// sum of squares and its barrier left out, the normalizing pass kept (with the sum taken
-  /// as K: an RMS of 1). CudaModelOptions::decode_skip's kSkipQkvNormSum.
-  bool norm_sum_skipped = false;
-  /// (measurement: wrong values) kTensorCores, kRmsNorm staged by the threads: x staged
-  /// as it is and the inverse RMS applied to the dot products in the epilogue, its block
-  /// sum meeting the dots at their barrier: no normalizing pass, no barrier of its own. The
-  /// norm weight is left out, so the values are right only for a W whose columns hold it
-  /// (W[n][k] g[k] folded in at load time, which the model does not do): the kernel's time
-  /// with that fold. CudaModelOptions::decode_skip's kSkipQkvNormPass.
+  /// kTensorCores, kRmsNorm staged by the threads (ignored otherwise): x staged as it is,
+  /// no norm weight read, and the inverse RMS applied to the dot products in the epilogue,
+  /// the block's sum of squares meeting the dots at the barrier they take anyway: no
+  /// normalizing pass and no barrier of its own between the wait and the first mma. Right
+  /// for a W whose columns hold the norm weight (fold_norm_weight.cuh: the model's
+  /// fold_qkv_norm), the norm weight then being ones; up to x's rounding to bf16 after
+  /// the norm, which it skips.
   bool norm_in_epilogue = false;
   /// kTensorCores, rows of K <= 1536 (ignored otherwise): the instance that holds only the
   /// 6 steps a warp such a row takes, compiled for three blocks an SM (launch bounds: at

@@ -19,6 +19,7 @@
 #include "decode_mlp_fused.cuh"
 #include "decode_side_prefetch.cuh"
 #include "embedding.cuh"
+#include "fold_norm_weight.cuh"
 #include "matmul.cuh"
 #include "matmul_common.cuh"  // multiprocessor_count
 #include "model_weights.hpp"
@@ -188,6 +189,7 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
       fused_mlp_ = C_ <= decode_mlp_fused_max_c() && config_.num_hidden_layers >= 2;
     }
     load_weights(model_dir);
+    if (options_.fold_qkv_norm) fold_input_norms_into_qkv();
     if (fused_mlp_) transpose_down_weights();
     set_aside_l2();
     rope_ = rope_table_build(D_, config_.rope_theta, context, stream_);
@@ -647,6 +649,18 @@ void CudaModel::load_weights(const std::string& model_dir) {
   }
 }
 
+void CudaModel::fold_input_norms_into_qkv() {
+  const std::vector<uint16_t> ones(size_t(C_), uint16_t(0x3F80));  // bf16 1.0
+  for (const Layer& L : layers_) {
+    // Ours to rewrite: both live in weights_, the device copy of the checkpoint.
+    __nv_bfloat16* w_qkv = weights_.data() + (L.w_qkv - weights_.data());
+    __nv_bfloat16* norm = weights_.data() + (L.input_norm - weights_.data());
+    fold_norm_weight_into_columns(w_qkv, norm, QKV_, C_, stream_);
+    CUDA_CHECK(cudaMemcpyAsync(norm, ones.data(), ones.size() * sizeof(uint16_t), cudaMemcpyHostToDevice, stream_));
+  }
+  CUDA_CHECK(cudaStreamSynchronize(stream_));  // `ones` leaves scope
+}
+
 void CudaModel::transpose_down_weights() {
   // One layer at a time through a scratch matrix: 27.5 MB more at the peak for Bielik.
   DeviceBuffer<__nv_bfloat16> scratch(size_t(C_) * F_);
@@ -1020,7 +1034,6 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     if (p) p->mma_three_blocks_per_sm = (options_.mma_three_blocks_per_sm & which) != 0;
     // (kRmsNorm inputs only: the fused MLP's kRmsNormAddPartials keeps the old order.)
     if (p) p->norm_weight_first = (options_.norm_weight_first & which) != 0 && input == GemvInput::kRmsNorm;
-    if (p) p->norm_pass_by_warp = (options_.norm_pass_by_warp & which) != 0 && input == GemvInput::kRmsNorm;
     const bool normal_input = input == GemvInput::kPlain || input == GemvInput::kRmsNorm ||
                               (input == GemvInput::kRmsNormAddPartials && which == kTensorCoreQkv);
     return (tensor_core_gemvs & which) && normal_input ? DecodeGemvKernel::kTensorCores : DecodeGemvKernel::kAuto;
@@ -1069,8 +1082,10 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
         fused_mlp_ && l > 0 ? ResidualPartials{mlp_accumulator(l - 1), 1} : ResidualPartials{};
     qkv.residual_partials = mlp_partials;
     const unsigned skip = options_.decode_skip;
-    qkv.norm_sum_skipped = (skip & kSkipQkvNormSum) != 0;   // (measurement)
-    qkv.norm_in_epilogue = (skip & kSkipQkvNormPass) != 0;  // (measurement)
+    // With the norm weight folded into W_qkv (ones left in its place) the tensor-core
+    // kernel applies the inverse RMS after the dots; other kernels and inputs ignore this
+    // and normalize with the ones.
+    qkv.norm_in_epilogue = options_.fold_qkv_norm;
     const GemvInput qkv_input = mlp_partials.partials  ? GemvInput::kRmsNormAddPartials
                                 : skip & kSkipQkvNorm ? GemvInput::kPlain  // (measurement: no norm)
                                                        : GemvInput::kRmsNorm;

@@ -107,15 +107,6 @@ enum DecodeSkip : unsigned {
   /// tried once, 2026-12-04: bench_model printed no rate, the cause was not looked into,
   /// and the knob was dropped.)
   kSkipQkvNorm = 1u << 5,
-  /// A share of that share: QKV keeps the normalizing pass but leaves out the block-wide
-  /// sum of squares and its barrier (DecodeGemvParams::norm_sum_skipped; the RMS taken as
-  /// 1). With kSkipQkvNorm's number it splits the norm's cost between the sum and the pass.
-  kSkipQkvNormSum = 1u << 6,
-  /// QKV on the tensor cores without the normalizing pass: x staged as it is, the inverse
-  /// RMS applied to the dot products in the epilogue, the norm weight left out
-  /// (DecodeGemvParams::norm_in_epilogue): the time of QKV with the norm weight folded into
-  /// its weight's columns at load time, which the model does not do.
-  kSkipQkvNormPass = 1u << 7,
 };
 
 struct CudaModelOptions {
@@ -400,12 +391,16 @@ struct CudaModelOptions {
   /// 1001-1003 tokens/s against 995-997 with none; QKV alone 998 x 3, gate/up and the
   /// lm_head 999-1000. bench_model --norm-weight-first qkv,gate_up,lm_head|none.
   unsigned norm_weight_first = kTensorCoreQkv | kTensorCoreGateUp | kTensorCoreLmHead;
-  /// Decode GEMVs on the tensor cores with a kRmsNorm input (bits of TensorCoreGemv; in
-  /// the model QKV's) whose normalizing pass is split by warp, each warp normalizing the
-  /// chunks its own steps read, so that the pass ends on a __syncwarp instead of a block
-  /// barrier (DecodeGemvParams::norm_pass_by_warp). The same values. bench_model
-  /// --norm-pass-by-warp qkv|none.
-  unsigned norm_pass_by_warp = 0;
+  /// Each layer's input RMSNorm weight folded into its W_qkv's columns at load
+  /// (W[n][k] g[k], rounded to bf16; the norm weight then ones), so that QKV's decode GEMV
+  /// on the tensor cores stages x as it is and applies the inverse RMS to its dot products
+  /// in the epilogue (DecodeGemvParams::norm_in_epilogue): no normalizing pass and no
+  /// barrier of its own between the wait and the first mma. Not the same values bit for
+  /// bit (one more bf16 rounding of each QKV weight; see fold_norm_weight.cuh); the tests
+  /// hold it to the CPU backend's tolerance. Measured on the H200 (2026-12-04, decode_ab.sh,
+  /// three rounds, 256 tokens after 16): the kernel's form with the weight left out 1023 /
+  /// 1024 / 1024 tokens/s against 1005 x 3 with the pass. bench_model --no-fold-qkv-norm.
+  bool fold_qkv_norm = true;
   /// The same pause for the small GEMVs and the lm_head (0: none). Measured level
   /// (2026-12-02, against 959 / 960 tokens/s): QKV 300 ns 961 / 960, O 300 ns 957 / 957,
   /// lm_head 300 ns 959 / 960, all three 960 / 960. bench_model --qkv-start-delay NS,
@@ -580,6 +575,9 @@ class CudaModel final : public Backend {
   void load_weights(const std::string& model_dir);
   // fused_mlp_: every layer's W_down rewritten in place as W_down^T, (F, C).
   void transpose_down_weights();
+  // options_.fold_qkv_norm: every layer's input norm weight folded into its W_qkv's
+  // columns, and the norm weight rewritten as ones (fold_norm_weight.cuh).
+  void fold_input_norms_into_qkv();
   void check_fits(size_t count, const char* what) const;
   void check_token(int32_t token) const;
   // Runs T <= prefill_chunk tokens at positions position()..+T-1 and commits them;

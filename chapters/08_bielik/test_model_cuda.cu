@@ -35,6 +35,7 @@
 #include "decode_persistent.cuh"
 #include "decode_side_prefetch.cuh"
 #include "device_buffer.cuh"
+#include "fold_norm_weight.cuh"
 #include "model_config.hpp"
 #include "model_cpu.hpp"
 #include "model_cuda.hpp"
@@ -608,6 +609,73 @@ TEST_CASE("CUDA model: prefill then decode equals prefill of the whole sequence"
   }
 }
 
+TEST_CASE("CUDA model: QKV's norm weight folded into W_qkv or not, prefill and decode match the CPU backend",
+          "[ch08][gpu][model]") {
+  const uint64_t seed = fresh_seed();
+  INFO("prompt seed " << seed);
+  for (const TinySpec& spec : kSpecs) {
+    const std::string dir = tiny_checkpoint(spec);
+    CpuModel cpu(dir, CpuModelOptions{2, 0});
+    const std::vector<int32_t> prompt = random_prompt(17, spec.V, seed);
+    const std::vector<float> expected = cpu.prefill(prompt, Logits::kAll);
+    for (bool fold : {true, false}) {
+      CudaModelOptions options = cuda_options();
+      options.fold_qkv_norm = fold;
+      CudaModel cuda(dir, options);
+      const size_t head = 9;  // prefilled; the rest decoded (QKV's GEMV with the fold: no pass)
+      const std::vector<float> first =
+          cuda.prefill(std::vector<int32_t>(prompt.begin(), prompt.begin() + long(head)), Logits::kAll);
+      double worst = 0;
+      for (size_t t = 0; t < head; ++t) {
+        worst = std::max(worst, require_rows_close(std::string(spec.name) + " prefill, fold " + std::to_string(fold),
+                                                   row_of(first, spec.V, t), row_of(expected, spec.V, t), spec.V,
+                                                   kModelTolerance));
+      }
+      for (size_t t = head; t < prompt.size(); ++t) {
+        worst = std::max(worst, require_rows_close(std::string(spec.name) + " decode, fold " + std::to_string(fold),
+                                                   cuda.decode(prompt[t]), row_of(expected, spec.V, t), spec.V,
+                                                   kModelTolerance));
+      }
+      std::printf("%s: norm weight %s, prefill(9) + 8 decodes vs CPU, worst rel err %.2e\n", spec.name,
+                  fold ? "folded" : "not folded", worst);
+    }
+  }
+}
+
+TEST_CASE("fold_norm_weight_into_columns: each weight times its column's norm weight, rounded once",
+          "[ch08][gpu][kernels]") {
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  uint64_t case_seed = seed;
+  struct Shape {
+    int rows, cols;
+  };
+  for (const Shape& shape : {Shape{2048, 1536}, Shape{37, 344}, Shape{1, 8}, Shape{5, 1003}}) {
+    INFO(shape.rows << " x " << shape.cols);
+    const std::vector<uint16_t> W = random_bf16(size_t(shape.rows) * shape.cols, ++case_seed, 0.05f);
+    std::vector<uint16_t> g = random_bf16(size_t(shape.cols), ++case_seed, 0.5f);
+    for (auto& v : g) v = float_to_bf16_bits(1.0f + bf16_bits_to_float(v));
+    DeviceBuffer<uint16_t> d_W(W), d_g(g);
+    fold_norm_weight_into_columns(reinterpret_cast<__nv_bfloat16*>(d_W.data()),
+                                  reinterpret_cast<const __nv_bfloat16*>(d_g.data()), shape.rows, shape.cols);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> folded = d_W.to_host();
+    size_t mismatches = 0, changed = 0;
+    for (size_t i = 0; i < W.size(); ++i) {
+      const float expected = bf16_bits_to_float(W[i]) * bf16_bits_to_float(g[i % size_t(shape.cols)]);
+      if (folded[i] != float_to_bf16_bits(expected)) ++mismatches;  // a NaN never matches
+      if (folded[i] != W[i]) ++changed;
+    }
+    REQUIRE(mismatches == 0);
+    REQUIRE(changed > W.size() / 2);  // the fold did run: most weights move
+  }
+  DeviceBuffer<uint16_t> buffer(16);
+  auto* W = reinterpret_cast<__nv_bfloat16*>(buffer.data());
+  REQUIRE_THROWS_AS(fold_norm_weight_into_columns(W, W, 0, 8), std::invalid_argument);
+  REQUIRE_THROWS_AS(fold_norm_weight_into_columns(W, W, 2, -1), std::invalid_argument);
+  REQUIRE_THROWS_AS(fold_norm_weight_into_columns(nullptr, W, 2, 8), std::invalid_argument);
+}
+
 TEST_CASE("CUDA model: prefill graphs equal eager launches, with new ids at every replay", "[ch08][gpu][model]") {
   const uint64_t seed = fresh_seed();
   INFO("prompt seed " << seed);
@@ -744,11 +812,6 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       // defaults' choice turned around.
       options = cuda_options();
       options.norm_weight_first ^= kTensorCoreQkv | kTensorCoreGateUp | kTensorCoreLmHead;
-      runs.push_back(run(options));
-      // Nor does QKV's norm pass split by warp or ended on a block barrier (the same sums
-      // in the same order, the same products rounded once).
-      options = cuda_options();
-      options.norm_pass_by_warp ^= kTensorCoreQkv;
       runs.push_back(run(options));
       options = cuda_options();
       options.attention_allows_o_after_inputs = true;
@@ -1470,7 +1533,7 @@ TEST_CASE("decode_gemv on the tensor cores: every form it takes matches a CPU re
       if (bulk && !weight_stream_supported()) continue;
       if (three_per_sm && c.K > 1536) continue;  // ignored there: the same launch as variants 0 and 1
       INFO("N=" << c.N << " K=" << c.K << " output " << int(c.output) << " pdl " << pdl << " bulk staging " << bulk
-                << " three blocks an SM " << three_per_sm << " norm pass by warp " << (variant == 1 || variant == 4));
+                << " three blocks an SM " << three_per_sm);
       TestGemvTimeline timeline;
       timeline.reset();
       check_gemv_case(c, case_seed, [&](DecodeGemvParams& p, int launch) {
@@ -1479,9 +1542,7 @@ TEST_CASE("decode_gemv on the tensor cores: every form it takes matches a CPU re
         p.norm_weight_first = !pdl;  // the norm weight asked for before or after the weights
         p.stage_input_bulk = bulk;
         p.mma_three_blocks_per_sm = three_per_sm;
-        // kRmsNorm's pass split by warp in variants 1 and 4 (ignored with bulk staging and
-        // for plain inputs): each pass with and without PDL, and on both instances.
-        p.norm_pass_by_warp = variant == 1 || variant == 4;
+
         if (launch == 1) p.timeline = timeline.values.data();
         decode_gemv(c.input, c.output, p, pdl, 0, DecodeGemvKernel::kTensorCores);
       }, bulk ? 1 : 2);
@@ -1509,7 +1570,7 @@ TEST_CASE("decode_gemv on the tensor cores: every form it takes matches a CPU re
                                       << three_per_sm);
       check_gemv_case(c, case_seed, [&](DecodeGemvParams& p, int) {
         p.norm_in_epilogue = true;
-        p.norm_pass_by_warp = pdl;  // ignored: the epilogue's norm wins
+        p.norm_weight_first = pdl;  // ignored: no norm weight is read
         p.mma_three_blocks_per_sm = three_per_sm;
         decode_gemv(c.input, c.output, p, pdl, 0, DecodeGemvKernel::kTensorCores);
       }, 1, true);
