@@ -188,6 +188,19 @@ __device__ __forceinline__ float stage_raw_summing_squares(const DecodeGemvParam
   return sum_squares;
 }
 
+/// The same sum for an x already in shared memory (the bulk copy's): chunks c, c + 256,
+/// ... in stage_raw_summing_squares' order, so that both stagings give the same values.
+__device__ __forceinline__ float sum_own_squares(const DecodeGemvParams& p, const uint4* x_shared) {
+  float sum_squares = 0.0f;
+  for (int c = threadIdx.x; c < p.K / 8; c += kThreads) {
+    float f[8];
+    unpack_8(f, x_shared[c]);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) sum_squares += f[e] * f[e];
+  }
+  return sum_squares;
+}
+
 // kBatchSteps x kBatches: a warp's steps. One batch: all of them loaded before the wait
 // (two blocks an SM). Several: two batches loaded before the wait, the third asked for
 // once the first has been multiplied, and so on (one block an SM: two buffers).
@@ -216,9 +229,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_gemv_mma_kernel(D
   //    batches. Tile rows g and g + 8, 16 bytes of each per step.
   const uint64_t policy = l2_policy(p.stream_evict_first);
   const int row_low = tile_row<Out>(p, unit0, g), row_high = tile_row<Out>(p, unit0, g + 8);
-  // (norm_in_epilogue: kRmsNorm staged by the threads, the norm weight folded into W.)
-  const bool norm_in_epilogue =
-      In == GemvInput::kRmsNorm && p.norm_in_epilogue && !(kBulkStaging && p.stage_input_bulk);
+  // (norm_in_epilogue: kRmsNorm, the norm weight folded into W.)
+  const bool norm_in_epilogue = In == GemvInput::kRmsNorm && p.norm_in_epilogue;
   uint4 norm_held[kNormHeld];
   if (p.norm_weight_first && !norm_in_epilogue) load_norm_weight<In>(p, norm_held);
   uint4 w_low[kBuffers][kBatchSteps], w_high[kBuffers][kBatchSteps];
@@ -239,8 +251,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_gemv_mma_kernel(D
   //    (norm_in_epilogue: x as it is, and this thread's share of its squares.)
   float squares = 0.0f;
   if (norm_in_epilogue) {
-    squares = stage_raw_summing_squares<kProbes>(p, x_shared);
-    __syncthreads();
+    if (kBulkStaging && p.stage_input_bulk) {
+      if constexpr (kBulkStaging) stage_input_bulk<GemvInput::kPlain>(p, x_shared, nullptr, norm_held, &input_arrived);
+      squares = sum_own_squares(p, x_shared);
+    } else {
+      squares = stage_raw_summing_squares<kProbes>(p, x_shared);
+      __syncthreads();
+    }
   } else if constexpr (kBulkStaging) {
     if (p.stage_input_bulk) {
       stage_input_bulk<In>(p, x_shared, &warp_partial[0][0], norm_held, &input_arrived);

@@ -231,7 +231,8 @@ struct DecodeGemvParams {
   /// eleventh session), so after the weights the norm weight arrives behind them, and
   /// the input's normalization after the wait waits for it. The same values.
   bool norm_weight_first = false;
-  /// kTensorCores, kRmsNorm staged by the threads (ignored otherwise): x staged as it is,
+  /// kTensorCores, kRmsNorm (ignored otherwise): x staged as it is (by the threads or the
+  /// bulk copy),
   /// no norm weight read, and the inverse RMS applied to the dot products in the epilogue,
   /// the block's sum of squares meeting the dots at the barrier they take anyway: no
   /// normalizing pass and no barrier of its own between the wait and the first mma. Right

@@ -1556,22 +1556,25 @@ TEST_CASE("decode_gemv on the tensor cores: every form it takes matches a CPU re
   // (measurement) norm_in_epilogue: x as it is, the inverse RMS applied to the dots, no
   // norm weight; with a norm weight of ones that is the normalized GEMV up to x's rounding
   // to bf16 after the norm, which the reference keeps (inside the bf16 tolerance). QKV's
-  // rows and odd ones, both instances, with and without PDL.
+  // rows and odd ones, both instances, x staged by the threads or (sm_90+) the bulk copy,
+  // with and without PDL.
   const GemvCase epilogue_norm_cases[] = {
       {GemvInput::kRmsNorm, GemvOutput::kBf16, 2048, 1536, true},
       {GemvInput::kRmsNorm, GemvOutput::kBf16, 43, 344, false},
       {GemvInput::kRmsNorm, GemvOutput::kSwiGLU, 203, 9216, true},
   };
   for (const GemvCase& c : epilogue_norm_cases) {
-    for (int variant = 0; variant < 4; ++variant) {
-      const bool pdl = variant % 2 == 1, three_per_sm = variant >= 2;
+    for (int variant = 0; variant < 6; ++variant) {
+      const bool pdl = variant % 2 == 1, three_per_sm = variant == 2 || variant == 3, bulk = variant >= 4;
       if (three_per_sm && c.K > 1536) continue;
+      if (bulk && !weight_stream_supported()) continue;
       INFO("norm in the epilogue: N=" << c.N << " K=" << c.K << " pdl " << pdl << " three blocks an SM "
-                                      << three_per_sm);
+                                      << three_per_sm << " bulk staging " << bulk);
       check_gemv_case(c, case_seed, [&](DecodeGemvParams& p, int) {
         p.norm_in_epilogue = true;
         p.norm_weight_first = pdl;  // ignored: no norm weight is read
         p.mma_three_blocks_per_sm = three_per_sm;
+        p.stage_input_bulk = bulk;
         decode_gemv(c.input, c.output, p, pdl, 0, DecodeGemvKernel::kTensorCores);
       }, 1, true);
     }
