@@ -1175,7 +1175,8 @@ int main(int argc, char** argv) {
         {"defaults (attention v6: clusters of 4 per query head up to 256 keys, 8 up to 1023, then 16; partials "
          "pushed with st.async onto block 0's mbarrier, in the long graph O scheduled once their inputs are in; "
          "then the O GEMV, which lets gate/up start early; QKV and O on the tensor cores except in the long "
-         "graph, QKV's for three blocks an SM; the norm weight asked for before the weights; gate/up and down pause 300 ns "
+         "graph, QKV's for three blocks an SM; QKV's norm weight folded into W_qkv; the norm weight asked for before the "
+         "weights; gate/up and down pause 300 ns "
          "at their start; evict-first; 4 steps a graph, the tokens kept on "
          "the GPU until the end, each step's input row written by the argmax before it)",
          true, true, Path::kClusterPerHead, 0, 0},

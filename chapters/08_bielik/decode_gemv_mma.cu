@@ -57,9 +57,10 @@
 // into W's columns at load (fold_norm_weight.cuh) only inverse_rms is left, one number,
 // and the dots are linear in x: the block stages x as it is, runs its mmas at once, and
 // each warp's share of the squares travels with its partial dots to the barrier before
-// the epilogue, which scales the sums. In the decode step (H200, fortieth session) that
-// took the step from 1005 to 1023-1024 tokens/s, what leaving QKV's norm out entirely
-// gave (1022-1023): the sum alone had cost ~6 of the 18, the pass the rest.
+// the epilogue, which scales the sums. In the decode step (H200, fortieth session) the
+// fold took the step from 1003 to 1020 tokens/s, as much as leaving QKV's norm out
+// entirely (1018); the norm's sum and first barrier had cost ~6 tokens/s of that, its
+// pass and second barrier the rest.
 //
 // Longer rows (the down projection, K = 8960: 35 steps a warp, 280 bytes a lane) do not
 // fit a lane's registers. There the kernel streams: a warp's steps come in batches of 9

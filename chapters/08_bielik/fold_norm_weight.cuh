@@ -5,8 +5,8 @@
 /// Why. QKV reads RMSNorm(x) = x * inverse_rms * g. In the decode step its GEMV must
 /// finish that vector before its first dot product: after the PDL wait, the block sums
 /// x's squares, meets at a barrier, and rewrites x scaled by inverse_rms * g before a
-/// second barrier. On the H200 that stretch cost the step 1.9% (1005 against 1023-1024
-/// tokens/s without it, DECODE_LOG.md, fortieth session).
+/// second barrier. On the H200 that stretch cost the step 1.7% (1003 against 1020
+/// tokens/s with the fold, three rounds each; DECODE_LOG.md, fortieth session).
 ///
 /// How. Column k of W only ever meets x_k * inverse_rms * g_k, so g can live in W:
 /// W'[n][k] = W[n][k] g[k]. What is left of the norm, inverse_rms, is one number for the

@@ -398,8 +398,9 @@ struct CudaModelOptions {
   /// barrier of its own between the wait and the first mma. Not the same values bit for
   /// bit (one more bf16 rounding of each QKV weight; see fold_norm_weight.cuh); the tests
   /// hold it to the CPU backend's tolerance. Measured on the H200 (2026-12-04, decode_ab.sh,
-  /// three rounds, 256 tokens after 16): the kernel's form with the weight left out 1023 /
-  /// 1024 / 1024 tokens/s against 1005 x 3 with the pass. bench_model --no-fold-qkv-norm.
+  /// three rounds, 256 tokens after 16): 1020 x 3 tokens/s against 1003 x 3 without the
+  /// fold, and 1018 x 3 with QKV's norm left out altogether; the report run's options
+  /// table 1022 against 1005. bench_model --no-fold-qkv-norm.
   bool fold_qkv_norm = true;
   /// The same pause for the small GEMVs and the lm_head (0: none). Measured level
   /// (2026-12-02, against 959 / 960 tokens/s): QKV 300 ns 961 / 960, O 300 ns 957 / 957,
