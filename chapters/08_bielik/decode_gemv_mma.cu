@@ -211,10 +211,11 @@ template <GemvInput In, GemvOutput Out, bool HasBias, int kBatchSteps, int kBatc
 __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_gemv_mma_kernel(DecodeGemvParams p) {
   constexpr int kUnits = units_per_tile<Out>();
   constexpr int kBuffers = kBatches == 1 ? 1 : 2;
-  extern __shared__ uint4 x_shared[];               // (K/8) the input, normalized for kRmsNorm
+  extern __shared__ uint4 x_shared[];               // (K/8) the input, normalized for kRmsNorm*
   __shared__ float warp_partial[kWarps][kTileRows];  // each warp's share of the 16 dots
   __shared__ uint64_t input_arrived;                 // (stage_input_bulk) the copy of x
   __shared__ float norm_sums[kWarps];                // (norm_in_epilogue) each warp's share of x's squares
+  // (* unless norm_in_epilogue: then x as it is.)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int unit0 = blockIdx.x * kUnits;

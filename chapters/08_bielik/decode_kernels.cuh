@@ -232,13 +232,12 @@ struct DecodeGemvParams {
   /// the input's normalization after the wait waits for it. The same values.
   bool norm_weight_first = false;
   /// kTensorCores, kRmsNorm (ignored otherwise): x staged as it is (by the threads or the
-  /// bulk copy),
-  /// no norm weight read, and the inverse RMS applied to the dot products in the epilogue,
-  /// the block's sum of squares meeting the dots at the barrier they take anyway: no
-  /// normalizing pass and no barrier of its own between the wait and the first mma. Right
-  /// for a W whose columns hold the norm weight (fold_norm_weight.cuh: the model's
-  /// fold_qkv_norm), the norm weight then being ones; up to x's rounding to bf16 after
-  /// the norm, which it skips.
+  /// bulk copy), no norm weight read, and the inverse RMS applied to the dot products in
+  /// the epilogue, the block's sum of squares meeting the dots at the barrier they take
+  /// anyway: no normalizing pass and no barrier of its own between the wait and the first
+  /// mma. Right for a W whose columns hold the norm weight (fold_norm_weight.cuh: the
+  /// model's fold_qkv_norm), the norm weight then being ones; up to x's rounding to bf16
+  /// after the norm, which it skips.
   bool norm_in_epilogue = false;
   /// kTensorCores, rows of K <= 1536 (ignored otherwise): the instance that holds only the
   /// 6 steps a warp such a row takes, compiled for three blocks an SM (launch bounds: at
