@@ -1553,11 +1553,11 @@ TEST_CASE("decode_gemv on the tensor cores: every form it takes matches a CPU re
       }
     }
   }
-  // (measurement) norm_in_epilogue: x as it is, the inverse RMS applied to the dots, no
-  // norm weight; with a norm weight of ones that is the normalized GEMV up to x's rounding
-  // to bf16 after the norm, which the reference keeps (inside the bf16 tolerance). QKV's
-  // rows and odd ones, both instances, x staged by the threads or (sm_90+) the bulk copy,
-  // with and without PDL.
+  // norm_in_epilogue (the model's fold_qkv_norm): x as it is, the inverse RMS applied to
+  // the dots, no norm weight; with a norm weight of ones that is the normalized GEMV up to
+  // x's rounding to bf16 after the norm, which the reference keeps (inside the bf16
+  // tolerance). QKV's rows and odd ones, both instances, x staged by the threads or
+  // (sm_90+) the bulk copy, with and without PDL.
   const GemvCase epilogue_norm_cases[] = {
       {GemvInput::kRmsNorm, GemvOutput::kBf16, 2048, 1536, true},
       {GemvInput::kRmsNorm, GemvOutput::kBf16, 43, 344, false},
