@@ -123,6 +123,7 @@ struct Args {
   unsigned mma_three_per_sm = CudaModelOptions{}.mma_three_blocks_per_sm;  ///< --mma-three-per-sm (the same)
   unsigned norm_weight_first = CudaModelOptions{}.norm_weight_first;      ///< --norm-weight-first (the same)
   bool fold_qkv_norm = CudaModelOptions{}.fold_qkv_norm;  ///< --fold-qkv-norm / --no-fold-qkv-norm
+  bool fold_gate_up_norm = CudaModelOptions{}.fold_gate_up_norm;  ///< --fold-gate-up-norm / --no-fold-gate-up-norm
   double l2_persist_mb = 0.0;  ///< --l2-persist MB[,lm_head|qkv|o|gate_up|down|none]
   L2PersistTarget l2_persist_target = L2PersistTarget::kLmHead;
   unsigned decode_skip = 0;  ///< --decode-skip qkv,attention,o,gate_up,down,qkv_norm (DecodeSkip bits; the logits meaningless)
@@ -222,6 +223,10 @@ Args parse(int argc, char** argv) {
       a.fold_qkv_norm = false;
     } else if (flag == "--fold-qkv-norm") {
       a.fold_qkv_norm = true;
+    } else if (flag == "--no-fold-gate-up-norm") {
+      a.fold_gate_up_norm = false;
+    } else if (flag == "--fold-gate-up-norm") {
+      a.fold_gate_up_norm = true;
     } else if (flag == "--fused-mlp") {
       a.fused_mlp = true;
     } else if (flag == "--no-fused-mlp") {
@@ -417,7 +422,7 @@ Args parse(int argc, char** argv) {
                                   " [--gate-up-shared|--no-gate-up-shared] [--small-blocks N] [--large-blocks N]"
                                   " [--side-prefetch GATE_UP_MB[,DOWN_MB] [--side-prefetch-form lines|bulk|loads] [--side-prefetch-blocks N]"
                                   " [--side-prefetch-stride BYTES] [--side-prefetch-after-qkv]] [--l2-persist MB[,lm_head|qkv|o|gate_up|down|none]]"
-                                  " [--tensor-cores qkv,o,gate_up,lm_head,down|none] [--tensor-cores-long LIST] [--mma-three-per-sm LIST] [--norm-weight-first LIST] [--no-fold-qkv-norm])");
+                                  " [--tensor-cores qkv,o,gate_up,lm_head,down|none] [--tensor-cores-long LIST] [--mma-three-per-sm LIST] [--norm-weight-first LIST] [--no-fold-qkv-norm] [--no-fold-gate-up-norm])");
     }
   }
   // The full run labels its numbers as the graph's and measures the persistent steps itself.
@@ -829,6 +834,7 @@ int main(int argc, char** argv) {
     options.mma_three_blocks_per_sm = args.mma_three_per_sm;
     options.norm_weight_first = args.norm_weight_first;
     options.fold_qkv_norm = args.fold_qkv_norm;
+    options.fold_gate_up_norm = args.fold_gate_up_norm;
     options.fused_mlp_values_before_wait = args.fused_mlp_before_wait;
     options.fused_mlp_block_warps = args.fused_mlp_block_warps;
     options.decode_graph_steps = args.decode_graph_steps;
@@ -1175,8 +1181,8 @@ int main(int argc, char** argv) {
         {"defaults (attention v6: clusters of 4 per query head up to 256 keys, 8 up to 1023, then 16; partials "
          "pushed with st.async onto block 0's mbarrier, in the long graph O scheduled once their inputs are in; "
          "then the O GEMV, which lets gate/up start early; QKV and O on the tensor cores except in the long "
-         "graph, QKV's for three blocks an SM; QKV's norm weight folded into W_qkv; the norm weight asked for before the "
-         "weights; gate/up and down pause 300 ns "
+         "graph, QKV's for three blocks an SM; QKV's and gate/up's norm weights folded into W_qkv and "
+         "W_gate_up; the norm weight asked for before the weights; gate/up and down pause 300 ns "
          "at their start; evict-first; 4 steps a graph, the tokens kept on "
          "the GPU until the end, each step's input row written by the argmax before it)",
          true, true, Path::kClusterPerHead, 0, 0},
@@ -1213,6 +1219,10 @@ int main(int argc, char** argv) {
                          ? "QKV's norm weight not folded into W_qkv (its normalizing pass before the dots)"
                          : "QKV's norm weight folded into W_qkv (the inverse RMS after the dots)",
                      [](CudaModelOptions& o) { o.fold_qkv_norm = !o.fold_qkv_norm; }),
+        defaults_but(CudaModelOptions{}.fold_gate_up_norm
+                         ? "gate/up's norm weight not folded into W_gate_up (its normalizing pass before the dots)"
+                         : "gate/up's norm weight folded into W_gate_up (each warp's inverse RMS after the dots)",
+                     [](CudaModelOptions& o) { o.fold_gate_up_norm = !o.fold_gate_up_norm; }),
         defaults_but("gate/up and down start without the pause",
                      [](CudaModelOptions& o) { o.gate_up_start_delay_ns = o.down_start_delay_ns = 0; }),
         defaults_but("down starts without the pause", [](CudaModelOptions& o) { o.down_start_delay_ns = 0; }),

@@ -347,10 +347,12 @@ __device__ __forceinline__ void timeline_mark(unsigned long long* timeline, int 
 }
 
 /// acc[r] += the batch's chunks of weight row r . the staged input: chunks base,
-/// base + stride, ..., those past the row skipped.
-template <int kRows, int kBatch>
+/// base + stride, ..., those past the row skipped. kSumSquares: *squares += the squares
+/// of those x values too (the register kernel's norm_in_epilogue, in its first row).
+template <int kRows, int kBatch, bool kSumSquares = false>
 __device__ __forceinline__ void accumulate_batch(float (&acc)[2], const uint4 (&w)[kRows][kBatch],
-                                                 const uint4* x_shared, int base, int stride, int chunks) {
+                                                 const uint4* x_shared, int base, int stride, int chunks,
+                                                 float* squares = nullptr) {
 #pragma unroll
   for (int u = 0; u < kBatch; ++u) {
     const int chunk = base + stride * u;
@@ -358,6 +360,12 @@ __device__ __forceinline__ void accumulate_batch(float (&acc)[2], const uint4 (&
       const uint4 xv = x_shared[chunk];
 #pragma unroll
       for (int r = 0; r < kRows; ++r) acc[r] = dot_8(w[r][u], xv, acc[r]);
+      if constexpr (kSumSquares) {
+        float f[8];
+        unpack_8(f, xv);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) *squares = fmaf(f[e], f[e], *squares);
+      }
     }
   }
 }
@@ -372,16 +380,21 @@ __device__ __forceinline__ void accumulate_batch(float (&acc)[2], const uint4 (&
 /// costs two 16-byte shared-memory reads instead of one; the two planes keep each read
 /// contiguous across the warp (16 bytes a lane, no bank conflict). Not for down: its
 /// staging of 8960 values, widened too, took 0.57 us longer than the dot saved.
-template <int kRows, int kBatch>
+/// kSumSquares: as accumulate_batch's.
+template <int kRows, int kBatch, bool kSumSquares = false>
 __device__ __forceinline__ void accumulate_batch_widened(float (&acc)[2], const uint4 (&w)[kRows][kBatch],
                                                          const float4* x_widened, int base, int stride,
-                                                         int chunks) {
+                                                         int chunks, float* squares = nullptr) {
 #pragma unroll
   for (int u = 0; u < kBatch; ++u) {
     const int chunk = base + stride * u;
     if (chunk < chunks) {
       const float4 first = x_widened[chunk], last = x_widened[chunks + chunk];
       const float xs[8] = {first.x, first.y, first.z, first.w, last.x, last.y, last.z, last.w};
+      if constexpr (kSumSquares) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) *squares = fmaf(xs[e], xs[e], *squares);
+      }
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         const uint32_t ws[4] = {w[r][u].x, w[r][u].y, w[r][u].z, w[r][u].w};
@@ -421,11 +434,12 @@ __device__ __forceinline__ void accumulate_batch_global_input(float (&acc)[2], c
 /// of the block must call it the same number of times); lane 0 of the first part runs
 /// the epilogue. row < 0: nothing is stored. acc is zeroed for the next row.
 /// `early`: the row's epilogue inputs, already loaded by the lane that stores (see
-/// decode_gemv_kernel), or nullptr to load them here.
+/// decode_gemv_kernel), or nullptr to load them here. `dot_scale`: what the row's sums
+/// are multiplied by before the epilogue (norm_in_epilogue's inverse RMS; 1: as they are).
 template <GemvOutput Out, bool HasBias>
 __device__ __forceinline__ void finish_row(const DecodeGemvParams& p, int row, float (&acc)[2],
                                            float (*warp_partial)[rows_per_unit<Out>()], int split,
-                                           const EpilogueInputs* early = nullptr) {
+                                           const EpilogueInputs* early = nullptr, float dot_scale = 1.0f) {
   constexpr int kRows = rows_per_unit<Out>();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % split;
 #pragma unroll
@@ -446,6 +460,8 @@ __device__ __forceinline__ void finish_row(const DecodeGemvParams& p, int row, f
     __syncthreads();
   }
   if (row >= 0 && part == 0 && lane == 0) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) acc[r] *= dot_scale;  // (x 1 is exact)
     if (early) {
       store_output_loaded<Out>(p, row, acc, *early);
     } else {
@@ -670,9 +686,15 @@ __device__ __forceinline__ void normalize_staged(const DecodeGemvParams& p, uint
   __syncthreads();  // scratch may be reused by the caller
 }
 
+///
+/// leave_raw (kRmsNorm only; the register kernel's DecodeGemvParams::norm_in_epilogue):
+/// x staged as it is, widened too where x_widened is given, and not normalized: no
+/// block sum, no pass, one barrier. The caller applies the inverse RMS after its dots
+/// (warp_inverse_rms).
 template <GemvInput In, bool kCoherent = false, bool kProbes = true>
 __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_shared, float* scratch,
-                                            const uint4 (&norm_held)[kNormHeld], float4* x_widened = nullptr) {
+                                            const uint4 (&norm_held)[kNormHeld], float4* x_widened = nullptr,
+                                            bool leave_raw = false) {
   const int chunks = p.K / 8;
   unsigned long long* const timeline = probe_timeline<kProbes>(p);
   auto store_widened = [&](int c, uint4 packed) { store_widened_chunk(x_widened, chunks, c, packed); };
@@ -759,7 +781,7 @@ __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_
         const int c = c0 + u * kThreads;
         if (c < chunks) {
           x_shared[c] = v[u];
-          if constexpr (!kNormalized) store_widened(c, v[u]);
+          if (!kNormalized || leave_raw) store_widened(c, v[u]);
         }
         if constexpr (In == GemvInput::kRmsNorm) {
           float f[8];
@@ -770,8 +792,29 @@ __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_
       }
     }
   }
-  if constexpr (kNormalized) normalize_staged(p, x_shared, scratch, norm_held, sum_squares, x_widened);
+  if constexpr (kNormalized) {
+    if (!leave_raw) normalize_staged(p, x_shared, scratch, norm_held, sum_squares, x_widened);
+  }
   __syncthreads();
+}
+
+/// The register kernel's DecodeGemvParams::norm_in_epilogue where a warp's first row
+/// does not cover all of x (rows split over warps): the inverse RMS of the raw x in
+/// x_shared (K/8 chunks), summed by one warp alone over all of x (lane l: chunks l,
+/// l + 32, ...; every lane gets the total). Each warp of the block computes the same
+/// number: no shared scratch and no barrier of the block, so a warp goes from the
+/// staging's barrier to its own dot products without waiting for the others. (Where a
+/// warp's first row covers x, the squares are summed inside its dots instead.)
+__device__ __forceinline__ float warp_inverse_rms(const uint4* x_shared, int K, float eps) {
+  const int lane = threadIdx.x % 32;
+  float sum_squares = 0.0f;
+  for (int c = lane; c < K / 8; c += 32) {
+    float f[8];
+    unpack_8(f, x_shared[c]);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) sum_squares += f[e] * f[e];
+  }
+  return rsqrtf(warp_sum(sum_squares) / float(K) + eps);
 }
 
 /// DecodeGemvParams::stage_input_bulk: stage_input for kPlain and kRmsNorm inputs with x
@@ -785,10 +828,11 @@ __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_
 /// DECODE_LOG.md, twenty-sixth session): slower, 893 against 980 tokens/s, and in the
 /// chain every GEMV but the register kernel's gate/up lost 2.6-16 points of copy
 /// bandwidth. An option, off.
+/// leave_raw: as stage_input's.
 template <GemvInput In>
 __device__ __forceinline__ void stage_input_bulk(const DecodeGemvParams& p, uint4* x_shared, float* scratch,
                                                  const uint4 (&norm_held)[kNormHeld], uint64_t* arrived,
-                                                 float4* x_widened = nullptr) {
+                                                 float4* x_widened = nullptr, bool leave_raw = false) {
   static_assert(In == GemvInput::kPlain || In == GemvInput::kRmsNorm, "a plain or normalized input");
   pdl_wait();
   timeline_mark(p.timeline, kTimelineWaitReturned);
@@ -806,7 +850,7 @@ __device__ __forceinline__ void stage_input_bulk(const DecodeGemvParams& p, uint
 #else
   __trap();  // the host refuses stage_input_bulk before sm_90
 #endif
-  if constexpr (In == GemvInput::kRmsNorm) {
+  if (In == GemvInput::kRmsNorm && !leave_raw) {
     float sum_squares = 0.0f;
     for (int c = threadIdx.x; c < chunks; c += kThreads) {
       float f[8];

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "cuda_check.cuh"
@@ -88,9 +89,11 @@ __global__ void __launch_bounds__(kThreads, 3)
 
   // 1. Weights first (the first batch of the first row, the norm weight): no kernel
   //    writes them, so they are loaded while the previous kernel may still run.
+  //    (norm_in_epilogue: no norm weight is read; norm_held stays unused.)
   const uint64_t policy = l2_policy(p.stream_evict_first);
+  const bool norm_in_epilogue = In == GemvInput::kRmsNorm && p.norm_in_epilogue;
   uint4 norm_held[kNormHeld];
-  if (p.norm_weight_first) load_norm_weight<In>(p, norm_held);
+  if (p.norm_weight_first && !norm_in_epilogue) load_norm_weight<In>(p, norm_held);
   uint4 w[kRows][kBatch];
   load_batch<Out, kBatch>(w, p, first < p.N ? first : -1, base_first, stride, policy);
   // The second batch: (first, its second batch) or (first + 1, its first). The same for
@@ -108,7 +111,7 @@ __global__ void __launch_bounds__(kThreads, 3)
                                         policy);
     }
   }
-  if (!p.norm_weight_first) load_norm_weight<In>(p, norm_held);
+  if (!p.norm_weight_first && !norm_in_epilogue) load_norm_weight<In>(p, norm_held);
   // The first row's epilogue inputs too, by the lane that stores it: the bias, and
   // RoPE's position and cos / sin or the residual when p.epilogue_inputs_settled says no
   // kernel still running writes them (in the model: the position was committed by the
@@ -129,20 +132,29 @@ __global__ void __launch_bounds__(kThreads, 3)
   EpilogueInputs epilogue;
   if (stores && first < p.N && early) epilogue = load_epilogue_inputs<Out, HasBias>(p, first);
 
-  // 2. Every block waits, then stages the input vector (normalized for kRmsNorm), or
-  //    with kInputFromGlobal only waits: each lane then reads its x chunks in place.
+  // 2. Every block waits, then stages the input vector (normalized for kRmsNorm unless
+  //    norm_in_epilogue), or with kInputFromGlobal only waits: each lane then reads its
+  //    x chunks in place.
   if constexpr (kInputFromGlobal) {
     pdl_wait();
     timeline_mark(timeline, kTimelineWaitReturned);
   } else if constexpr (kBulkStaging) {
     if (p.stage_input_bulk) {
-      stage_input_bulk<In>(p, x_shared, &warp_partial[0][0], norm_held, &input_arrived, x_widened);
+      stage_input_bulk<In>(p, x_shared, &warp_partial[0][0], norm_held, &input_arrived, x_widened, norm_in_epilogue);
     } else {
-      stage_input<In, false, kProbes>(p, x_shared, &warp_partial[0][0], norm_held, x_widened);
+      stage_input<In, false, kProbes>(p, x_shared, &warp_partial[0][0], norm_held, x_widened, norm_in_epilogue);
     }
   } else {
-    stage_input<In, false, kProbes>(p, x_shared, &warp_partial[0][0], norm_held, x_widened);
+    stage_input<In, false, kProbes>(p, x_shared, &warp_partial[0][0], norm_held, x_widened, norm_in_epilogue);
   }
+  // norm_in_epilogue (W's columns hold the norm weight: fold_norm_weight.cuh): each warp
+  // sums x's squares itself and scales its rows' dot products by the inverse RMS in
+  // finish_row. What that replaces: the block's sum of squares, a barrier, the pass that
+  // wrote x * inverse_rms * g back, and a second barrier. With a row to itself (split 1)
+  // a warp's first row reads every chunk of x once, so the squares are summed inside
+  // those dots (no load of x of their own); rows split over warps read x once more first.
+  const bool squares_in_dots = norm_in_epilogue && split == 1;
+  float dot_scale = norm_in_epilogue && !squares_in_dots ? warp_inverse_rms(x_shared, p.K, p.eps) : 1.0f;
   timeline_mark(timeline, kTimelineStaged);
   // (second_batch_after_staging) The second batch goes out now: the kernel before has
   // finished, so it queues in front of nobody's loads, and it arrives while the first
@@ -181,6 +193,8 @@ __global__ void __launch_bounds__(kThreads, 3)
     // Later rows: their epilogue inputs go out now, and arrive while the row's weights do.
     if (i > 0 && stores && valid) epilogue = load_epilogue_inputs<Out, HasBias>(p, row);
     float acc[2] = {0.0f, 0.0f};
+    const bool sum_squares = squares_in_dots && i == 0;
+    float squares = 0.0f;  // (sum_squares) this lane's share of x's squares
     for (int base = base_first; valid && base < chunks; base += kBatch * stride) {
       if constexpr (kSecondBatchShared) {  // the second batch: copied before the wait (or after staging)
         if (!loaded && row == second_row && base == second_base) {
@@ -194,16 +208,30 @@ __global__ void __launch_bounds__(kThreads, 3)
         accumulate_batch_global_input<kRows, kBatch>(acc, w, reinterpret_cast<const uint4*>(p.x), base, stride,
                                                            chunks);
       } else {
-        if constexpr (kWidenInput) {
-          accumulate_batch_widened<kRows, kBatch>(acc, w, x_widened, base, stride, chunks);
+        // (kSum: x's squares summed too; compiled only into the normalized inputs' forms.)
+        auto accumulate = [&](auto sum_squares_tag) {
+          constexpr bool kSum = decltype(sum_squares_tag)::value;
+          if constexpr (kWidenInput) {
+            accumulate_batch_widened<kRows, kBatch, kSum>(acc, w, x_widened, base, stride, chunks, &squares);
+          } else {
+            accumulate_batch<kRows, kBatch, kSum>(acc, w, x_shared, base, stride, chunks, &squares);
+          }
+        };
+        if constexpr (In == GemvInput::kRmsNorm) {
+          if (sum_squares) {
+            accumulate(std::true_type{});
+          } else {
+            accumulate(std::false_type{});
+          }
         } else {
-          accumulate_batch<kRows, kBatch>(acc, w, x_shared, base, stride, chunks);
+          accumulate(std::false_type{});
         }
       }
     }
+    if (sum_squares) dot_scale = rsqrtf(warp_sum(squares) / float(p.K) + p.eps);
     loaded = false;
     if (i == 0) timeline_fold_when_ready(timeline, kTimelineFirstDot, acc[0] + acc[1]);  // (measurement)
-    finish_row<Out, HasBias>(p, valid ? row : -1, acc, warp_partial, split, &epilogue);
+    finish_row<Out, HasBias>(p, valid ? row : -1, acc, warp_partial, split, &epilogue, dot_scale);
   }
   timeline_mark(timeline, kTimelineEnd);
 }

@@ -237,7 +237,11 @@ struct DecodeGemvParams {
   /// anyway: no normalizing pass and no barrier of its own between the wait and the first
   /// mma. Right for a W whose columns hold the norm weight (fold_norm_weight.cuh: the
   /// model's fold_qkv_norm), the norm weight then being ones; up to x's rounding to bf16
-  /// after the norm, which it skips.
+  /// after the norm, which it skips. kRegisterLoads, kRmsNorm (the model's
+  /// fold_gate_up_norm): the same contract, x staged as it is (widened too where asked
+  /// for), and each warp sums x's squares itself after the staging's barrier
+  /// (warp_inverse_rms): no block sum, no pass, no second barrier. The pipelined and
+  /// bulk-stream kernels ignore it (they normalize with the norm weight, ones in the model).
   bool norm_in_epilogue = false;
   /// kTensorCores, rows of K <= 1536 (ignored otherwise): the instance that holds only the
   /// 6 steps a warp such a row takes, compiled for three blocks an SM (launch bounds: at

@@ -189,7 +189,7 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
       fused_mlp_ = C_ <= decode_mlp_fused_max_c() && config_.num_hidden_layers >= 2;
     }
     load_weights(model_dir);
-    if (options_.fold_qkv_norm) fold_input_norms_into_qkv();
+    if (options_.fold_qkv_norm || options_.fold_gate_up_norm) fold_norms_into_weights();
     if (fused_mlp_) transpose_down_weights();
     set_aside_l2();
     rope_ = rope_table_build(D_, config_.rope_theta, context, stream_);
@@ -649,14 +649,18 @@ void CudaModel::load_weights(const std::string& model_dir) {
   }
 }
 
-void CudaModel::fold_input_norms_into_qkv() {
+void CudaModel::fold_norms_into_weights() {
   const std::vector<uint16_t> ones(size_t(C_), uint16_t(0x3F80));  // bf16 1.0
-  for (const Layer& L : layers_) {
-    // Ours to rewrite: both live in weights_, the device copy of the checkpoint.
-    __nv_bfloat16* w_qkv = weights_.data() + (L.w_qkv - weights_.data());
-    __nv_bfloat16* norm = weights_.data() + (L.input_norm - weights_.data());
-    fold_norm_weight_into_columns(w_qkv, norm, QKV_, C_, stream_);
+  // Ours to rewrite: both live in weights_, the device copy of the checkpoint.
+  auto fold = [&](const __nv_bfloat16* norm_weight, const __nv_bfloat16* matrix, int rows) {
+    __nv_bfloat16* W = weights_.data() + (matrix - weights_.data());
+    __nv_bfloat16* norm = weights_.data() + (norm_weight - weights_.data());
+    fold_norm_weight_into_columns(W, norm, rows, C_, stream_);
     CUDA_CHECK(cudaMemcpyAsync(norm, ones.data(), ones.size() * sizeof(uint16_t), cudaMemcpyHostToDevice, stream_));
+  };
+  for (const Layer& L : layers_) {
+    if (options_.fold_qkv_norm) fold(L.input_norm, L.w_qkv, QKV_);
+    if (options_.fold_gate_up_norm) fold(L.post_norm, L.w_gate_up, 2 * F_);
   }
   CUDA_CHECK(cudaStreamSynchronize(stream_));  // `ones` leaves scope
 }
@@ -1235,6 +1239,8 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     gate_up.start_delay_ns = options_.gate_up_start_delay_ns;
     step_gemv_settings(gate_up);
     if (fused_o) gate_up.residual_partials = ResidualPartials{d_o_partials_.data(), Hkv_};
+    // As QKV's above; on the register kernel each warp sums x's squares itself.
+    gate_up.norm_in_epilogue = options_.fold_gate_up_norm;
     const GemvInput gate_up_input = fused_o ? GemvInput::kRmsNormAddPartials : GemvInput::kRmsNorm;
     if (!(skip & kSkipGateUp)) {
       ScopedLaunchAccessPolicy window(l2_window(gate_up, L2PersistTarget::kGateUp, &L));

@@ -403,6 +403,15 @@ struct CudaModelOptions {
   /// fold, and 1018 x 3 with QKV's norm left out altogether; the report run's options
   /// table 1022 against 1005. bench_model --no-fold-qkv-norm.
   bool fold_qkv_norm = true;
+  /// The same fold for each layer's post-attention RMSNorm weight, into W_gate_up's
+  /// columns, so that gate/up's decode GEMV (on the register kernel in the defaults)
+  /// stages x as it is and each warp applies the inverse RMS, which it sums itself, to
+  /// its dot products (DecodeGemvParams::norm_in_epilogue), summing x's squares inside
+  /// its first row's dots. Measured on the H200 (2026-12-04, decode_ab.sh, three rounds,
+  /// 256 tokens after 16): 1016-1017 tokens/s against 1009-1010 without the fold (with the
+  /// squares summed in a pass of their own after the staging instead: 1019-1020 against
+  /// 1016-1017, another call). bench_model --no-fold-gate-up-norm.
+  bool fold_gate_up_norm = true;
   /// The same pause for the small GEMVs and the lm_head (0: none). Measured level
   /// (2026-12-02, against 959 / 960 tokens/s): QKV 300 ns 961 / 960, O 300 ns 957 / 957,
   /// lm_head 300 ns 959 / 960, all three 960 / 960. bench_model --qkv-start-delay NS,
@@ -577,9 +586,10 @@ class CudaModel final : public Backend {
   void load_weights(const std::string& model_dir);
   // fused_mlp_: every layer's W_down rewritten in place as W_down^T, (F, C).
   void transpose_down_weights();
-  // options_.fold_qkv_norm: every layer's input norm weight folded into its W_qkv's
-  // columns, and the norm weight rewritten as ones (fold_norm_weight.cuh).
-  void fold_input_norms_into_qkv();
+  // options_.fold_qkv_norm and fold_gate_up_norm: every layer's input norm weight folded
+  // into its W_qkv's columns, its post-attention norm weight into W_gate_up's, and each
+  // norm weight so folded rewritten as ones (fold_norm_weight.cuh).
+  void fold_norms_into_weights();
   void check_fits(size_t count, const char* what) const;
   void check_token(int32_t token) const;
   // Runs T <= prefill_chunk tokens at positions position()..+T-1 and commits them;

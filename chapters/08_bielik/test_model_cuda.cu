@@ -609,7 +609,7 @@ TEST_CASE("CUDA model: prefill then decode equals prefill of the whole sequence"
   }
 }
 
-TEST_CASE("CUDA model: QKV's norm weight folded into W_qkv or not, prefill and decode match the CPU backend",
+TEST_CASE("CUDA model: norm weights folded into W_qkv and W_gate_up or not, prefill and decode match the CPU backend",
           "[ch08][gpu][model]") {
   const uint64_t seed = fresh_seed();
   INFO("prompt seed " << seed);
@@ -618,26 +618,30 @@ TEST_CASE("CUDA model: QKV's norm weight folded into W_qkv or not, prefill and d
     CpuModel cpu(dir, CpuModelOptions{2, 0});
     const std::vector<int32_t> prompt = random_prompt(17, spec.V, seed);
     const std::vector<float> expected = cpu.prefill(prompt, Logits::kAll);
-    for (bool fold : {true, false}) {
+    // (QKV's fold, gate/up's fold): both (the defaults), neither, each alone.
+    const std::pair<bool, bool> folds[] = {{true, true}, {false, false}, {true, false}, {false, true}};
+    for (const auto& [fold_qkv, fold_gate_up] : folds) {
       CudaModelOptions options = cuda_options();
-      options.fold_qkv_norm = fold;
+      options.fold_qkv_norm = fold_qkv;
+      options.fold_gate_up_norm = fold_gate_up;
+      const std::string fold = std::string(fold_qkv ? "qkv " : "") + (fold_gate_up ? "gate_up" : "");
       CudaModel cuda(dir, options);
-      const size_t head = 9;  // prefilled; the rest decoded (QKV's GEMV with the fold: no pass)
+      const size_t head = 9;  // prefilled; the rest decoded (a folded GEMV: no pass)
       const std::vector<float> first =
           cuda.prefill(std::vector<int32_t>(prompt.begin(), prompt.begin() + long(head)), Logits::kAll);
       double worst = 0;
       for (size_t t = 0; t < head; ++t) {
-        worst = std::max(worst, require_rows_close(std::string(spec.name) + " prefill, fold " + std::to_string(fold),
+        worst = std::max(worst, require_rows_close(std::string(spec.name) + " prefill, folded: " + fold,
                                                    row_of(first, spec.V, t), row_of(expected, spec.V, t), spec.V,
                                                    kModelTolerance));
       }
       for (size_t t = head; t < prompt.size(); ++t) {
-        worst = std::max(worst, require_rows_close(std::string(spec.name) + " decode, fold " + std::to_string(fold),
+        worst = std::max(worst, require_rows_close(std::string(spec.name) + " decode, folded: " + fold,
                                                    cuda.decode(prompt[t]), row_of(expected, spec.V, t), spec.V,
                                                    kModelTolerance));
       }
-      std::printf("%s: norm weight %s, prefill(9) + 8 decodes vs CPU, worst rel err %.2e\n", spec.name,
-                  fold ? "folded" : "not folded", worst);
+      std::printf("%s: norm weights folded into [%s], prefill(9) + 8 decodes vs CPU, worst rel err %.2e\n",
+                  spec.name, fold.c_str(), worst);
     }
   }
 }
@@ -1297,27 +1301,30 @@ DecodeGemvParams test_gemv_params(void* y, const DeviceBuffer<uint16_t>& x, cons
 // Fresh inputs and their reference, then `launches` launches of the GEMV on them, each
 // into a freshly poisoned output (or the residual), each compared with the reference:
 // launch(p, i) sets the options of launch i and runs it.
-// unit_norm_weight: a norm weight of ones (DecodeGemvParams::norm_in_epilogue's test).
+// norm_in_epilogue: DecodeGemvParams::norm_in_epilogue's reference: a norm weight of
+// ones, and the normalized input not rounded to bf16 (the kernel scales its dot products
+// instead of a rounded x; the f32 output's tolerance sees that rounding).
 void check_gemv_case(const GemvCase& c, uint64_t& case_seed,
                      const std::function<void(DecodeGemvParams&, int)>& launch, int launches = 1,
-                     bool unit_norm_weight = false) {
+                     bool norm_in_epilogue = false) {
   const int rows = c.output == GemvOutput::kSwiGLU ? 2 * c.N : c.N;
   const std::vector<uint16_t> x = random_bf16(c.K, ++case_seed, 2.0f);
   const std::vector<uint16_t> W = random_bf16(size_t(rows) * c.K, ++case_seed, 1.0f / std::sqrt(float(c.K)));
   const std::vector<uint16_t> bias = random_bf16(rows, ++case_seed, 0.5f);
   std::vector<uint16_t> norm = random_bf16(c.K, ++case_seed, 0.2f);
-  for (auto& v : norm) v = float_to_bf16_bits(unit_norm_weight ? 1.0f : 1.0f + bf16_bits_to_float(v));
+  for (auto& v : norm) v = float_to_bf16_bits(norm_in_epilogue ? 1.0f : 1.0f + bf16_bits_to_float(v));
   const std::vector<uint16_t> residual = random_bf16(c.N, ++case_seed, 1.0f);
 
   // Reference: the same roundings as the kernel's contract, fp64 sums.
-  std::vector<float> input(c.K);
+  std::vector<double> input(c.K);
   double sum_squares = 0;
   for (int k = 0; k < c.K; ++k) sum_squares += double(bf16_bits_to_float(x[k])) * bf16_bits_to_float(x[k]);
   const double inverse_rms = 1.0 / std::sqrt(sum_squares / c.K + 1e-6);
   for (int k = 0; k < c.K; ++k) {
-    input[k] = c.input == GemvInput::kRmsNorm
-                   ? round_to_bf16(float(bf16_bits_to_float(x[k]) * inverse_rms * bf16_bits_to_float(norm[k])))
-                   : bf16_bits_to_float(x[k]);
+    const double normalized = bf16_bits_to_float(x[k]) * inverse_rms * bf16_bits_to_float(norm[k]);
+    input[k] = c.input != GemvInput::kRmsNorm ? double(bf16_bits_to_float(x[k]))
+               : norm_in_epilogue             ? normalized
+                                              : double(round_to_bf16(float(normalized)));
   }
   auto dot = [&](int row) {
     double acc = 0;
@@ -1498,6 +1505,41 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
         REQUIRE(timeline.stamped(kTimelineStart));
         REQUIRE(timeline.stamped(kTimelineEnd));
       }
+    }
+  }
+  // norm_in_epilogue on the register kernel (the model's fold_gate_up_norm): x staged as
+  // it is, each warp's own inverse RMS applied to its dots; with a norm weight of ones the
+  // normalized GEMV up to x's rounding to bf16 after the norm (inside the tolerance).
+  // Gate/up's and QKV's rows, odd ones, a K split over warps (each warp still sums all of
+  // x); without and with PDL, x widened or not, gate/up's second batch in shared memory,
+  // a timeline (the kProbes instances), and (sm_90+) the bulk copy staging x.
+  const GemvCase epilogue_norm_cases[] = {
+      {GemvInput::kRmsNorm, GemvOutput::kSwiGLU, 8960, 1536, true},  // Bielik's gate/up
+      {GemvInput::kRmsNorm, GemvOutput::kBf16, 2048, 1536, true},    // QKV's rows
+      {GemvInput::kRmsNorm, GemvOutput::kSwiGLU, 43, 344, false},
+      {GemvInput::kRmsNorm, GemvOutput::kF32, 1003, 200, false},     // K not a multiple of 256
+      {GemvInput::kRmsNorm, GemvOutput::kSwiGLU, 129, 2056, true},   // rows split over warps
+  };
+  for (const GemvCase& c : epilogue_norm_cases) {
+    for (int variant = 0; variant < 6; ++variant) {
+      const bool pdl = variant % 2 == 1, widen = variant == 2 || variant == 5, shared_batch = variant == 3;
+      const bool bulk = variant == 4 || variant == 5;
+      if (bulk && !weight_stream_supported()) continue;
+      INFO("norm in the epilogue: N=" << c.N << " K=" << c.K << " pdl " << pdl << " widened " << widen
+                                      << " second batch in shared " << shared_batch << " bulk staging " << bulk);
+      TestGemvTimeline timeline;
+      timeline.reset();
+      check_gemv_case(c, case_seed, [&](DecodeGemvParams& p, int launch) {
+        p.norm_in_epilogue = true;
+        p.norm_weight_first = pdl;  // ignored: no norm weight is read
+        p.widen_input = widen;
+        p.second_batch_in_shared = shared_batch;
+        p.stage_input_bulk = bulk;
+        if (pdl && c.K > 2048) p.split_warps = 4;
+        if (launch == 1) p.timeline = timeline.values.data();
+        decode_gemv(c.input, c.output, p, pdl, 0, DecodeGemvKernel::kRegisterLoads);
+      }, 2, true);
+      REQUIRE(timeline.stamped(kTimelineEnd));
     }
   }
 }
