@@ -1,6 +1,7 @@
 /// @file fold_norm_weight.cuh
 /// @brief Chapter 08: an RMSNorm's weight folded into the matrix that reads its output
-/// (CudaModelOptions::fold_qkv_norm), once at load.
+/// (CudaModelOptions::fold_qkv_norm: QKV's input norm; fold_gate_up_norm: gate/up's
+/// post-attention norm), once at load.
 ///
 /// Why. QKV reads RMSNorm(x) = x * inverse_rms * g. In the decode step its GEMV must
 /// finish that vector before its first dot product: after the PDL wait, the block sums
@@ -12,10 +13,12 @@
 /// W'[n][k] = W[n][k] g[k]. What is left of the norm, inverse_rms, is one number for the
 /// whole vector, and a dot product is linear: W' (x * inverse_rms) = inverse_rms (W' x).
 /// The GEMV then stages x as it is, starts its dot products at once, and scales the dot
-/// products in its epilogue (DecodeGemvParams::norm_in_epilogue); the block's sum of
-/// squares meets the dots at the barrier they take anyway. The norm's weight becomes a
-/// vector of ones, so every other path (the prefill's norm kernel, the register GEMV,
-/// the fused MLP's QKV) computes the same model.
+/// products in its epilogue (DecodeGemvParams::norm_in_epilogue); on the tensor cores the
+/// block's sum of squares meets the dots at the barrier they take anyway, on the register
+/// kernel (gate/up) each warp sums x's squares inside its first row's dots, which read all
+/// of x (+0.7%, DECODE_LOG.md forty-first session). The norm's weight becomes a
+/// vector of ones, so every other path (the prefill's norm kernel, the pipelined and
+/// bulk-stream GEMVs, the fused MLP) computes the same model.
 ///
 /// What it costs. Not the values bit for bit: W' is rounded to bf16 (one more rounding
 /// of each weight, 2^-9 relative at most), and the decode GEMV no longer rounds the

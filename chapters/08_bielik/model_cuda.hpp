@@ -325,9 +325,13 @@ struct CudaModelOptions {
   /// 2026-12-02: 0 / 1 / 100 / 300 / 600 ns gave 917 / 933 / 945 / 959 / 968 on one machine,
   /// 300 / 600 / 1000 / 2000 ns 951 / 950 / 935 / 878 on another, so 300. The timeline puts
   /// the gain in gate/up's input staging after its wait (DECODE_LOG.md, fifteenth
-  /// session). bench_model --gate-up-start-delay NS, --down-start-delay NS.
-  int gate_up_start_delay_ns = 300;
-  int down_start_delay_ns = 300;
+  /// session). Swept again on 2026-12-04 with gate/up's norm folded (one machine, three or
+  /// four rounds each, against 1016 for 300 / 300): gate/up 0 / 100 / 150 / 200 / 500 ns
+  /// 1013 / 1019 / 1018 / 1018 / 1010; with gate/up at 150, down 150 / 450 / 500 / 600 /
+  /// 800 ns 1015 / 1021 / 1021 / 1021-1022 / 1018; level after 2048 tokens (867 against
+  /// 866). So 150 and 500. bench_model --gate-up-start-delay NS, --down-start-delay NS.
+  int gate_up_start_delay_ns = 150;
+  int down_start_delay_ns = 500;
   /// A second stream of the decode graph asks L2 for the last side_prefetch_gate_up_mb MB
   /// of each layer's gate/up weights (half from gate's rows, half from up's: the rows the
   /// GEMV's last blocks read) and the last side_prefetch_down_mb MB of its down weights,
