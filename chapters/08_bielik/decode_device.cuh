@@ -686,11 +686,11 @@ __device__ __forceinline__ void normalize_staged(const DecodeGemvParams& p, uint
   __syncthreads();  // scratch may be reused by the caller
 }
 
-///
-/// leave_raw (kRmsNorm only; the register kernel's DecodeGemvParams::norm_in_epilogue):
-/// x staged as it is, widened too where x_widened is given, and not normalized: no
-/// block sum, no pass, one barrier. The caller applies the inverse RMS after its dots
-/// (warp_inverse_rms).
+/// stage_input's leave_raw (kRmsNorm only; the register kernel's
+/// DecodeGemvParams::norm_in_epilogue): x staged as it is, widened too where x_widened is
+/// given, and not normalized: no block sum, no pass, one barrier. The caller's warps each
+/// find the inverse RMS themselves and apply it after their dots (decode_gemv_kernel).
+/// (The staging loop still sums its chunks' squares, unused then: a runtime flag.)
 template <GemvInput In, bool kCoherent = false, bool kProbes = true>
 __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_shared, float* scratch,
                                             const uint4 (&norm_held)[kNormHeld], float4* x_widened = nullptr,

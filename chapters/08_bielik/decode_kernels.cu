@@ -5,7 +5,9 @@
 //  * Prologue: each block stages the input vector in shared memory, and for kRmsNorm
 //    normalizes it there (a block reduction of the sum of squares). The vector is tiny
 //    (C = 1536 values, 3 KB, an L2 hit), so recomputing the norm in every block costs
-//    less than a separate norm kernel's launch and drain.
+//    less than a separate norm kernel's launch and drain. (With the norm weight folded
+//    into W, DecodeGemvParams::norm_in_epilogue, x is staged as it is, each warp sums its
+//    squares inside its first row's dots, and the epilogue applies the inverse RMS.)
 //  * Epilogue: the bias, and then the residual add or the SwiGLU, on the accumulator
 //    before it is stored: no (1, C) or (1, 2F) intermediate goes through memory.
 //  * PDL: the first batch of weight loads is issued BEFORE griddepcontrol.wait. For the
