@@ -239,9 +239,11 @@ struct DecodeGemvParams {
   /// model's fold_qkv_norm), the norm weight then being ones; up to x's rounding to bf16
   /// after the norm, which it skips. kRegisterLoads, kRmsNorm (the model's
   /// fold_gate_up_norm): the same contract, x staged as it is (widened too where asked
-  /// for), and each warp sums x's squares itself after the staging's barrier
-  /// (warp_inverse_rms): no block sum, no pass, no second barrier. The pipelined and
-  /// bulk-stream kernels ignore it (they normalize with the norm weight, ones in the model).
+  /// for), and each warp finds the inverse RMS itself: inside its first row's dots where it
+  /// has a row to itself (they read every chunk of x once), in a pass over x of its own
+  /// where rows are split over warps (warp_inverse_rms). No block sum, no normalizing pass,
+  /// no second barrier. The pipelined and bulk-stream kernels ignore it (they normalize
+  /// with the norm weight, ones in the model).
   bool norm_in_epilogue = false;
   /// kTensorCores, rows of K <= 1536 (ignored otherwise): the instance that holds only the
   /// 6 steps a warp such a row takes, compiled for three blocks an SM (launch bounds: at

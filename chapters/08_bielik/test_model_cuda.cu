@@ -1508,11 +1508,12 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
     }
   }
   // norm_in_epilogue on the register kernel (the model's fold_gate_up_norm): x staged as
-  // it is, each warp's own inverse RMS applied to its dots; with a norm weight of ones the
-  // normalized GEMV up to x's rounding to bf16 after the norm (inside the tolerance).
-  // Gate/up's and QKV's rows, odd ones, a K split over warps (each warp still sums all of
-  // x); without and with PDL, x widened or not, gate/up's second batch in shared memory,
-  // a timeline (the kProbes instances), and (sm_90+) the bulk copy staging x.
+  // it is, each warp's own inverse RMS applied to its dots, against the reference with a
+  // norm weight of ones and x not rounded to bf16 after the norm (check_gemv_case).
+  // Gate/up's and QKV's rows, odd ones, rows split over warps (each warp then sums all of
+  // x in a pass of its own; the others inside their first row's dots); without and with
+  // PDL, x widened or not, gate/up's second batch in shared memory, a timeline (the
+  // kProbes instances), and (sm_90+) the bulk copy staging x.
   const GemvCase epilogue_norm_cases[] = {
       {GemvInput::kRmsNorm, GemvOutput::kSwiGLU, 8960, 1536, true},  // Bielik's gate/up
       {GemvInput::kRmsNorm, GemvOutput::kBf16, 2048, 1536, true},    // QKV's rows
