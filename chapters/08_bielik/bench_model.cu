@@ -85,6 +85,7 @@ struct Args {
   int long_splits = CudaModelOptions{}.long_attention_splits;        ///< --long-splits: that graph's cluster size
   V6Handover v6_handover = CudaModelOptions{}.v6_handover;           ///< --v6-handover pull|barrier|mbarrier
   bool v6_with_o = CudaModelOptions{}.v6_fuses_o;                    ///< --v6-with-o / --no-v6-with-o
+  int attention_o_blocks = CudaModelOptions{}.attention_o_blocks;     ///< --attention-o-blocks N
   bool streamed = false;  ///< --streamed: the streamed persistent step instead of the graph
   int ring_slots = 0;     ///< --ring-slots N: its slots a warp (0: as many as fit)
   int slot_bytes = 0;     ///< --slot-bytes N: its slots' size (0: the default)
@@ -311,6 +312,8 @@ Args parse(int argc, char** argv) {
       a.v6_with_o_late = true;
     } else if (flag == "--v6-with-o") {
       a.v6_with_o = true;
+    } else if (flag == "--attention-o-blocks") {
+      a.attention_o_blocks = std::stoi(value());
     } else if (flag == "--streamed") {
       a.streamed = true;
     } else if (flag == "--ring-slots") {
@@ -410,7 +413,7 @@ Args parse(int argc, char** argv) {
                                   " [--attention cluster_o|cluster|cluster_per_head|split_combine|merge_in_o]"
                                   " [--replicas N] [--splits N] [--short-max-keys N] [--short-splits N] [--long-min-keys N]"
                                   " [--long-splits N]"
-                                  " [--v6-handover pull|barrier|mbarrier] [--[no-]v6-with-o] [--streamed [--ring-slots N] [--slot-bytes N]] [--v6-with-o-late-weights] [--o-after-attention-inputs] [--[no-]o-after-attention-inputs-long]"
+                                  " [--v6-handover pull|barrier|mbarrier] [--[no-]v6-with-o] [--attention-o-blocks N] [--streamed [--ring-slots N] [--slot-bytes N]] [--v6-with-o-late-weights] [--o-after-attention-inputs] [--[no-]o-after-attention-inputs-long]"
                                   " [--carveout PERCENT] [--hold-o] [--hold-gate-up BLOCKS] [--hold-until-attention-end] [--hold-gate-up-from N]"
                                   " [--gate-up-start-delay NS] [--down-start-delay NS] [--qkv-start-delay NS] [--o-start-delay NS]"
                                   " [--lm-head-start-delay NS] [--[no-]widen-input] [--bulk-staging] [--qkv-early] [--gate-up-after-o]"
@@ -817,6 +820,7 @@ int main(int argc, char** argv) {
     options.long_attention_splits = args.long_splits;
     options.v6_handover = args.v6_handover;
     options.v6_fuses_o = args.v6_with_o;
+    options.attention_o_blocks = args.attention_o_blocks;
     options.persistent_decode = options.persistent_weight_stream = args.streamed;
     options.persistent_ring_stages = args.ring_slots;
     options.persistent_slot_bytes = args.slot_bytes;

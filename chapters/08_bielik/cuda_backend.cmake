@@ -22,6 +22,7 @@ else()
     ${cuda_backend_dir}/decode_side_prefetch.cu
     ${cuda_backend_dir}/decode_attention_o.cu
     ${cuda_backend_dir}/decode_attention_o_per_head.cu
+    ${cuda_backend_dir}/decode_attention_o_blocks.cu
     ${cuda_backend_dir}/sample_kernels.cu
     ${cuda_backend_dir}/prefill_kernels.cu
     ${cuda_backend_dir}/decode_gemv_stream.cu

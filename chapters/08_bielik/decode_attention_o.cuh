@@ -153,4 +153,54 @@ bool decode_attention_o_per_head_runs(int C, int H, int Hkv, int D, int cluster)
 void decode_attention_o_per_head(const AttentionOPerHeadParams& params, int cluster, bool pdl,
                                  cudaStream_t stream = 0);
 
+/// The third form (decode_attention_o_blocks.cu): v6's attention of query head h in
+/// `splits` blocks of a cluster, and `o_blocks` more blocks in the same cluster that only
+/// project it: O block j owns rows [j R, (j + 1) R) of W_o's column band of head h
+/// (R = ceil(C / o_blocks)), holds them in registers from before the PDL wait, gets the
+/// head's merged output from block 0 (st.async, counted on an mbarrier there), and adds
+/// its rows' dot products into an fp32 accumulator of the O projection with atomics.
+///
+/// Why another form. The two above lost because W_o's rows were in the attention's way:
+/// the splits themselves asked for them (bulk copies into shared memory, 24-147 KB a
+/// block) before or after their own loads, and the H heads' shares of a row met through
+/// L2 (fence, count, the last block's sum), 4-6 us after the outputs were merged. Here
+/// the splits are v6's, unchanged; the rows travel as the O GEMV's do (plain loads into
+/// registers of blocks that do nothing else, 32 KB a block for Bielik with 12 O blocks);
+/// and the heads meet in the accumulator, where no block waits for another. What it
+/// removes is the O GEMV: its kernel boundary after the attention (1.1-1.6 us on the
+/// H200's timelines), its input staging and its first dot product.
+///
+/// The accumulator holds b_o before the first head adds its share (the caller's job;
+/// in the model the next layer's kernel resets it, `reset` below), so after the launch
+/// it holds the O projection + bias in fp32, summed in no fixed order. The consumers add
+/// it into the residual stream as the O GEMV's epilogue would, x + bf16(acc): gate/up
+/// while it stages its input (GemvInput::kRmsNormAddPartials), down into the residual it
+/// updates (ResidualPartials on GemvOutput::kResidualAdd), with count 1.
+struct AttentionOBlocksParams : AttentionOInputs {
+  float* accumulator = nullptr;  ///< (C) += this token's O projection, head by head (holds b_o before)
+  /// (C) or nullptr: set to reset_value (nullptr: zeros) after the PDL wait, by the O
+  /// blocks: the previous layer's accumulator, whose readers have finished by then.
+  /// Must not be the accumulator.
+  float* reset = nullptr;
+  const __nv_bfloat16* reset_value = nullptr;  ///< (C) or nullptr
+  /// Let the next kernel be scheduled once a split's q and first keys are in, instead of
+  /// as it starts (v6's option of the same name). The O blocks let it at their start.
+  bool allow_dependents_after_inputs = false;
+  bool stream_evict_first = true;  ///< W_o's loads tell L2 to drop their lines first (as the GEMVs')
+};
+
+/// Whether decode_attention_o_blocks can run `splits` attention splits and `o_blocks` O
+/// blocks a cluster (at most kAttentionOMaxClusterSize in all) for this shape on this
+/// GPU: sm_90, an O block's rows fit its registers (ceil(C / o_blocks) <= 16 x 256 / (D /
+/// 8)), and the GPU schedules the cluster. Throws std::invalid_argument for a shape the
+/// kernel lacks (D = 64 or 128, H a multiple of Hkv).
+bool decode_attention_o_blocks_runs(int C, int H, int Hkv, int D, int splits, int o_blocks);
+
+/// accumulator += attention(q, cache) W_o^T for one new token, and the reset (see
+/// AttentionOBlocksParams). Throws std::invalid_argument for a missing pointer, a reset
+/// target equal to the accumulator, or a cluster that cannot run. `pdl`: launched with
+/// programmatic dependent launch.
+void decode_attention_o_blocks(const AttentionOBlocksParams& params, int splits, int o_blocks, bool pdl,
+                               cudaStream_t stream = 0);
+
 }  // namespace bielik

@@ -111,7 +111,8 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
                                     {"qkv_start_delay_ns", options_.qkv_start_delay_ns},
                                     {"o_start_delay_ns", options_.o_start_delay_ns},
                                     {"lm_head_start_delay_ns", options_.lm_head_start_delay_ns},
-                                    {"fused_mlp_start_delay_ns", options_.fused_mlp_start_delay_ns}}) {
+                                    {"fused_mlp_start_delay_ns", options_.fused_mlp_start_delay_ns},
+                                    {"attention_o_blocks", options_.attention_o_blocks}}) {
     if (value < 0) throw std::invalid_argument(std::string(name) + " must be >= 0, got " + std::to_string(value));
   }
   if (options_.fused_mlp_values_before_wait < 0 || options_.fused_mlp_values_before_wait > 2) {
@@ -180,11 +181,11 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     // The fused decode MLP (options' fused_mlp): where the model's shape takes it. Its
     // down weights are kept transposed, (F, C), for the prefill's GEMM too.
     if (options_.fused_mlp) {
-      if (options_.persistent_decode || options_.v6_fuses_o ||
+      if (options_.persistent_decode || options_.v6_fuses_o || options_.attention_o_blocks > 0 ||
           options_.decode_attention == DecodeAttentionPath::kClusterWithO ||
           options_.side_prefetch_down_mb > 0.0 || options_.side_prefetch_gate_up_mb > 0.0) {
         throw std::invalid_argument(model_dir + ": fused_mlp cannot be combined with persistent_decode, v6_fuses_o, "
-                                    "the kClusterWithO attention or the side prefetch");
+                                    "attention_o_blocks, the kClusterWithO attention or the side prefetch");
       }
       fused_mlp_ = C_ <= decode_mlp_fused_max_c() && config_.num_hidden_layers >= 2;
     }
@@ -272,6 +273,23 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
                   !options_.persistent_decode;
     for (int splits : {attention_splits_, short_attention_splits_, long_attention_splits_}) {
       if (v6_fuses_o_ && splits > 0) v6_fuses_o_ = decode_attention_o_per_head_runs(C_, H_, Hkv_, D_, splits);
+    }
+    // The O projection by O blocks in v6's clusters: where some graph's cluster size
+    // leaves room for them (o_blocks_for below); a layer's accumulator is reset by the
+    // next layer's kernel, so two layers or more.
+    o_blocks_enabled_ = options_.attention_o_blocks > 0 && attention_path_ == DecodeAttentionPath::kClusterPerHead &&
+                        !v6_fuses_o_ && !options_.persistent_decode && layers_.size() >= 2;
+    if (o_blocks_enabled_) {
+      // Each layer's accumulator starts at its O bias (the next layer's kernel resets it
+      // to that again once its readers, gate/up and down, are done).
+      std::vector<float> start(layers_.size() * C_, 0.0f);
+      for (size_t l = 0; l < layers_.size(); ++l) {
+        if (!layers_[l].b_o) continue;
+        std::vector<uint16_t> bias(C_);
+        CUDA_CHECK(cudaMemcpy(bias.data(), layers_[l].b_o, C_ * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+        for (int n = 0; n < C_; ++n) start[l * C_ + n] = bf16_bits_to_float(bias[n]);
+      }
+      d_o_accumulators_ = DeviceBuffer<float>(start);
     }
     d_o_partials_ = DeviceBuffer<float>(size_t(v6_fuses_o_ ? H_ : Hkv_) * C_);
     d_o_arrivals_ = DeviceBuffer<unsigned>(kAttentionOMaxClusterSize);
@@ -972,6 +990,12 @@ void CudaModel::enqueue_chunk(int T, bool all_logits, bool want_logits,
   }
 }
 
+int CudaModel::o_blocks_for(int splits) const {
+  if (!o_blocks_enabled_ || splits < 1) return 0;
+  const int o_blocks = std::min(options_.attention_o_blocks, kAttentionOMaxClusterSize - splits);
+  return o_blocks > 0 && decode_attention_o_blocks_runs(C_, H_, Hkv_, D_, splits, o_blocks) ? o_blocks : 0;
+}
+
 void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::function<void(const char*)>* after,
                                     int attention_splits) {
   auto done = [&](const char* name) {
@@ -1054,6 +1078,8 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   // then the attention of layer l (the v6 and v5 cluster paths only) into attention slot l.
   // fused_mlp_: layer l's MLP accumulator (C floats).
   auto mlp_accumulator = [&](size_t layer) { return d_mlp_accumulators_.data() + layer * C_; };
+  // options_.attention_o_blocks: layer l's O projection accumulator (C floats).
+  auto o_accumulator = [&](size_t layer) { return d_o_accumulators_.data() + layer * C_; };
   auto timeline_slot = [&](size_t slot) {
     return options_.decode_timeline ? d_timeline_.data() + kTimelineValues * slot : nullptr;
   };
@@ -1122,6 +1148,12 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     // gate/up adds into its input and down adds into the residual stream.
     const bool fused_o = attention_path_ == DecodeAttentionPath::kClusterWithO &&
                          !(skip & (kSkipAttention | kSkipOProjection));
+    // options_.attention_o_blocks: O blocks in v6's clusters instead of the O GEMV, where
+    // this graph's clusters leave room for them; gate/up and down then add the layer's
+    // accumulator (count 1) as they add kClusterWithO's partials.
+    const int o_blocks = skip & (kSkipAttention | kSkipOProjection) ? 0 : o_blocks_for(attention_splits);
+    const ResidualPartials o_accumulated =
+        o_blocks > 0 ? ResidualPartials{o_accumulator(l), 1} : ResidualPartials{};
     // What either fused attention + O kernel reads (the two forms below).
     AttentionOInputs attention_o_inputs;
     attention_o_inputs.q = d_qkv_.data();
@@ -1169,6 +1201,17 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
         decode_attention_v3_pipelined_device_length(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)),
                                                     d_length, 1, context, H_, Hkv_, D_, attention_splits,
                                                     attention_workspace_.get(), s);
+      } else if (o_blocks > 0) {
+        // v6's splits and the O blocks in one cluster a head: no O kernel below.
+        const size_t previous = (l + layers_.size() - 1) % layers_.size();
+        AttentionOBlocksParams attention_o;
+        static_cast<AttentionOInputs&>(attention_o) = attention_o_inputs;
+        attention_o.accumulator = o_accumulator(l);
+        attention_o.reset = o_accumulator(previous);
+        attention_o.reset_value = layers_[previous].b_o;
+        attention_o.allow_dependents_after_inputs = attention_o_after_inputs;
+        attention_o.stream_evict_first = options_.gemv_evict_first;
+        decode_attention_o_blocks(attention_o, attention_splits, o_blocks, pdl, s);
       } else if (attention_path_ == DecodeAttentionPath::kClusterPerHead && v6_fuses_o_) {
         // v6 with the O projection and the residual add inside: no O kernel below.
         AttentionOPerHeadParams attention_o;
@@ -1199,9 +1242,9 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
       done("attention");
       if (options_.o_holds_for_attention_inputs) o.hold = hold_for_attention(l, INT_MAX);
       // (decode_skip: the attention without the O projection after it.)
-      if (!v6_fuses_o_ && !(skip & kSkipOProjection)) launch_o(GemvInput::kPlain);
+      if (!v6_fuses_o_ && o_blocks == 0 && !(skip & kSkipOProjection)) launch_o(GemvInput::kPlain);
     }
-    if (!fused_o && !v6_fuses_o_) done("o_proj");
+    if (!fused_o && !v6_fuses_o_ && o_blocks == 0) done("o_proj");
     if (fused_mlp_) {
       // The whole MLP in one kernel; its down projection lands in this layer's
       // accumulator, and it resets the previous layer's, whose readers (this layer's QKV
@@ -1239,9 +1282,11 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     gate_up.start_delay_ns = options_.gate_up_start_delay_ns;
     step_gemv_settings(gate_up);
     if (fused_o) gate_up.residual_partials = ResidualPartials{d_o_partials_.data(), Hkv_};
+    if (o_blocks > 0) gate_up.residual_partials = o_accumulated;
     // As QKV's above; on the register kernel each warp sums x's squares itself.
     gate_up.norm_in_epilogue = options_.fold_gate_up_norm;
-    const GemvInput gate_up_input = fused_o ? GemvInput::kRmsNormAddPartials : GemvInput::kRmsNorm;
+    const GemvInput gate_up_input =
+        fused_o || o_blocks > 0 ? GemvInput::kRmsNormAddPartials : GemvInput::kRmsNorm;
     if (!(skip & kSkipGateUp)) {
       ScopedLaunchAccessPolicy window(l2_window(gate_up, L2PersistTarget::kGateUp, &L));
       decode_gemv(gate_up_input, GemvOutput::kSwiGLU, gate_up, pdl, s, gemv_kernel(kTensorCoreGateUp, gate_up_input, &gate_up));
@@ -1258,6 +1303,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     // Its row of h = the residual + the O projection: the partials were written two
     // kernels back, so they are settled before down's wait, as the residual is.
     if (fused_o) down.residual_partials = ResidualPartials{d_o_partials_.data(), Hkv_};
+    if (o_blocks > 0) down.residual_partials = o_accumulated;
     if (!(skip & kSkipDown)) {
       ScopedLaunchAccessPolicy window(l2_window(down, L2PersistTarget::kDown, &L));
       // The tensor-core kernel does not add residual partials: down stays on the

@@ -277,6 +277,12 @@ struct CudaModelOptions {
   /// before its wait (AttentionOPerHeadParams::w_o_after_attention). bench_model
   /// --v6-with-o-late-weights.
   bool v6_fused_o_late_weights = false;
+  /// v6's clusters take this many O blocks beside their splits (at most 16 blocks a
+  /// cluster in all; a graph whose splits leave no room for enough runs the O GEMV): the
+  /// O projection inside the attention's kernel, added into a per-layer accumulator that
+  /// gate/up and down read (decode_attention_o_blocks, decode_attention_o.cuh). 0: off.
+  /// Not with fused_mlp, v6_fuses_o or the persistent step. --attention-o-blocks N.
+  int attention_o_blocks = 0;
   /// kClusterPerHead, pushed hand-overs: the attention lets O be scheduled only once each
   /// of its blocks has q and its first keys, not at its start, so that O's and gate/up's
   /// first weight loads do not queue in front of those L2 reads (bench_model
@@ -566,6 +572,9 @@ class CudaModel final : public Backend {
   /// Whether the decode step runs the O projection inside v6's clusters (options' v6_fuses_o,
   /// where the GPU can).
   bool v6_fuses_o() const { return v6_fuses_o_; }
+  /// The O blocks the attention of a decode step over kv_len keys takes
+  /// (options' attention_o_blocks; 0: that step runs the O GEMV).
+  int attention_o_blocks_at(int kv_len) const { return o_blocks_for(attention_splits_at(kv_len)); }
   /// Whether the decode step runs the fused MLP (options' fused_mlp, where the model's
   /// shape takes it).
   bool fused_mlp() const { return fused_mlp_; }
@@ -653,6 +662,10 @@ class CudaModel final : public Backend {
   int graph_kind_at(int kv_len) const {
     return short_attention_step(kv_len) ? 1 : long_attention_step(kv_len) ? 2 : 0;
   }
+  // The O blocks a cluster of v6 with `splits` splits takes (options_.attention_o_blocks):
+  // as many as asked for that fit a cluster of 16 with the splits, or 0 (the O GEMV runs)
+  // where none are asked for or the kernel cannot run that many.
+  int o_blocks_for(int splits) const;
   int attention_splits_at(int kv_len) const {
     const int splits[3] = {attention_splits_, short_attention_splits_, long_attention_splits_};
     return splits[graph_kind_at(kv_len)];
@@ -725,6 +738,8 @@ class CudaModel final : public Backend {
   DeviceBuffer<float> d_o_partials_;    // (Hkv, C) kClusterWithO: the O projection by kv group; (H, C) with v6_fuses_o
   DeviceBuffer<unsigned> d_o_arrivals_;  // (kAttentionOMaxClusterSize) v6_fuses_o: blocks counted in per row range, zeroed
   bool v6_fuses_o_ = false;              // options_.v6_fuses_o, where the GPU runs it at every cluster size of the step
+  bool o_blocks_enabled_ = false;         // options_.attention_o_blocks on this model (o_blocks_for decides per graph)
+  DeviceBuffer<float> d_o_accumulators_;  // (L, C) o_blocks_enabled_: each layer's O projection + bias
   DeviceBuffer<unsigned> d_attention_signals_;  // (L, 2) v6's inputs signal per layer (count, tag), zeroed
   DeviceBuffer<float> d_logits_;        // (V) fp32, also the prefill's last-row logits
   bool fused_mlp_ = false;                   // options_.fused_mlp, where the model's shape takes it

@@ -439,6 +439,7 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
       int long_min_keys = CudaModelOptions{}.long_attention_min_keys;  ///< v6's third graph
       bool o_after_inputs = false;  ///< attention_allows_o_after_inputs
       bool fuses_o = false;         ///< v6_fuses_o: O and the residual add inside v6's clusters
+      int o_blocks = 0;             ///< attention_o_blocks: O blocks beside v6's splits
     };
     const AttentionVariant variants[] = {
         {DecodeAttentionPath::kClusterWithO, 1, 0, "attention + O fused"},
@@ -466,6 +467,12 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
          false, true},
         {DecodeAttentionPath::kClusterPerHead, 0, 0, "v6 with O inside, gate/up after the attention's inputs", 1, 10,
          kV6DefaultHandover, CudaModelOptions{}.long_attention_min_keys, true, true},
+        {DecodeAttentionPath::kClusterPerHead, 0, 0, "v6 + 12 O blocks (short graph), 8 + 8, then the O GEMV", 1, 10,
+         kV6DefaultHandover, 20, false, false, 12},
+        {DecodeAttentionPath::kClusterPerHead, 3, 0, "v6 in clusters of 3 + 2 O blocks", 1, 0, kV6DefaultHandover, 0,
+         false, false, 2},
+        {DecodeAttentionPath::kClusterPerHead, 0, 0, "v6 + 12 O blocks, gate/up after the attention's inputs", 1,
+         10, kV6DefaultHandover, CudaModelOptions{}.long_attention_min_keys, true, false, 12},
         {DecodeAttentionPath::kSplitCombine, 0, 0, "v3 split + combine"},
         {DecodeAttentionPath::kSplitCombine, 1, 0, "v3 split + combine"},
         {DecodeAttentionPath::kSplitCombine, 3, 0, "v3 split + combine"},
@@ -484,6 +491,7 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
       options.long_attention_min_keys = a.long_min_keys;
       options.attention_allows_o_after_inputs = a.o_after_inputs;
       options.v6_fuses_o = a.fuses_o;
+      options.attention_o_blocks = a.o_blocks;
       CudaModel split_model(dir, options);
       const std::string label = std::string(spec.name) + " " + a.name + ", " + std::to_string(a.splits) +
                                 " splits (0: default) of >= " + std::to_string(a.min_keys) + " keys";
@@ -491,6 +499,8 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
       // The fused O runs wherever v6 does (sm_90: these W_o rows fit any cluster), so
       // the variant really tests it, not the fallback.
       REQUIRE(split_model.v6_fuses_o() == (a.fuses_o && device_is_sm90_or_newer()));
+      // The O blocks too, in the step of one key (the short graph's where there is one).
+      if (a.o_blocks > 0 && device_is_sm90_or_newer()) REQUIRE(split_model.attention_o_blocks_at(1) == a.o_blocks);
       for (size_t t = 0; t < prompt.size(); ++t) {
         require_rows_close(label + ", decode step " + std::to_string(t), split_model.decode(prompt[t]),
                            row_of(expected, spec.V, t), spec.V, kModelTolerance);
@@ -2067,6 +2077,120 @@ TEST_CASE("decode_attention_o_per_head refuses what it cannot run", "[ch08][gpu]
   REQUIRE_THROWS_AS(decode_attention_o_per_head(valid(), 1, false), std::invalid_argument);
   REQUIRE_FALSE(decode_attention_o_per_head_runs(1536, 12, 2, 128, 17));
   REQUIRE_THROWS_AS(decode_attention_o_per_head(valid(), 17, false), std::invalid_argument);
+}
+
+TEST_CASE("decode_attention_o_blocks: the O blocks add every head's projection into the accumulator",
+          "[ch08][gpu][kernels]") {
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  struct Case {
+    int C, H, Hkv, D, committed, splits, o_blocks;  // kv_len = committed + 1
+    bool bias;
+  };
+  const Case cases[] = {
+      {1536, 12, 2, 128, 39, 4, 12, true},    // Bielik's short graph: 128 rows an O block (8 loads a thread)
+      {1536, 12, 2, 128, 271, 8, 8, false},   // the middle graph's: 192 rows (16 loads), 272 keys
+      {576, 9, 3, 64, 100, 4, 12, true},      // SmolLM2-135M's attention (G = 3, D = 64): 48 rows
+      {200, 4, 2, 64, 6, 3, 5, true},         // odd C, 40 rows a block (float4 atomics); 7 keys
+      {202, 4, 2, 64, 20, 2, 7, true},        // 29 rows a block, the last 28: one atomic a row
+      {20, 4, 2, 64, 33, 3, 13, false},       // 2 rows a block: O blocks 10-12 have none
+      {200, 4, 2, 128, 0, 1, 1, true},        // one key, one split, one O block of 200 rows
+      {192, 6, 1, 128, 33, 5, 11, true},      // G = 6 on one kv head, 18 rows a block, the last 12
+  };
+  uint64_t case_seed = seed;
+  for (const Case& c : cases) {
+    const int kv_len = c.committed + 1, max_context = kv_len + 9, width = c.H * c.D;
+    INFO("C=" << c.C << " H=" << c.H << " Hkv=" << c.Hkv << " D=" << c.D << " kv_len=" << kv_len << ", " << c.splits
+              << " splits + " << c.o_blocks << " O blocks, bias " << c.bias);
+    if (!device_is_sm90_or_newer()) {
+      REQUIRE_FALSE(decode_attention_o_blocks_runs(c.C, c.H, c.Hkv, c.D, c.splits, c.o_blocks));
+      continue;
+    }
+    REQUIRE(decode_attention_o_blocks_runs(c.C, c.H, c.Hkv, c.D, c.splits, c.o_blocks));
+    const std::vector<uint16_t> q = random_bf16(size_t(c.H) * c.D, ++case_seed, 1.0f);
+    const std::vector<uint16_t> k = random_bf16(size_t(c.Hkv) * max_context * c.D, ++case_seed, 1.0f);
+    const std::vector<uint16_t> v = random_bf16(size_t(c.Hkv) * max_context * c.D, ++case_seed, 1.0f);
+    // W_o scaled so that the projection is ~1: a head's share missing, or added twice,
+    // is far outside the tolerance.
+    const std::vector<uint16_t> W = random_bf16(size_t(c.C) * width, ++case_seed, 4.0f / std::sqrt(float(width)));
+    const std::vector<uint16_t> bias = random_bf16(c.C, ++case_seed, 0.5f);
+    const std::vector<uint16_t> reset_value = random_bf16(c.C, ++case_seed, 0.5f);
+    const std::vector<float> attention = attention_reference(q, k, v, c.H, c.Hkv, c.D, max_context, kv_len);
+    std::vector<double> projection(c.C);  // attention W_o^T, in float64
+    std::vector<float> start(c.C);        // the accumulator before the first launch: the bias (or 0)
+    for (int n = 0; n < c.C; ++n) {
+      double acc = 0;
+      for (int i = 0; i < width; ++i) acc += double(bf16_bits_to_float(W[size_t(n) * width + i])) * attention[i];
+      projection[n] = acc;
+      start[n] = c.bias ? bf16_bits_to_float(bias[n]) : 0.0f;
+    }
+    DeviceBuffer<uint16_t> d_q(q), d_k(k), d_v(v), d_W(W), d_bias(bias), d_reset_value(reset_value);
+    DeviceBuffer<int> d_length(std::vector<int>{c.committed});
+    DeviceBuffer<float> d_accumulator(start), d_reset(c.C);
+    AttentionOBlocksParams p;
+    static_cast<AttentionOInputs&>(p) =
+        attention_o_inputs(d_q, d_k, d_v, d_length, max_context, d_W, c.bias ? &d_bias : nullptr, c.C, c.H, c.Hkv, c.D);
+    p.accumulator = d_accumulator.data();
+    p.reset = d_reset.data();
+    // Four launches into the same accumulator, each adding the projection once more; the
+    // reset target poisoned before each, and reset to its value (or to zeros) by each.
+    for (int launch = 0; launch < 4; ++launch) {
+      const bool pdl = launch & 1, with_value = launch & 2;
+      INFO("launch " << launch << ", pdl " << pdl << ", reset to a value " << with_value);
+      p.reset_value = with_value ? reinterpret_cast<const __nv_bfloat16*>(d_reset_value.data()) : nullptr;
+      p.allow_dependents_after_inputs = launch == 3;
+      d_reset.fill_bytes(0xFF);  // NaN: every value must be reset
+      decode_attention_o_blocks(p, c.splits, c.o_blocks, pdl);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      std::vector<double> expected(c.C);
+      for (int n = 0; n < c.C; ++n) expected[n] = start[n] + (launch + 1) * projection[n];
+      const CompareResult r = compare("O blocks' accumulator", d_accumulator.to_host(), expected,
+                                      tolerance::kBf16Output);
+      INFO(r.report);
+      REQUIRE(r.passed);
+      const std::vector<float> reset = d_reset.to_host();
+      for (int n = 0; n < c.C; ++n) {
+        INFO("reset value " << n);
+        REQUIRE(reset[n] == (with_value ? bf16_bits_to_float(reset_value[n]) : 0.0f));
+      }
+    }
+  }
+}
+
+TEST_CASE("decode_attention_o_blocks refuses what it cannot run", "[ch08][gpu][kernels]") {
+  DeviceBuffer<uint16_t> q(12 * 128), k(2 * 64 * 128), v(2 * 64 * 128), W(1536 * 1536);
+  DeviceBuffer<int> length(1);
+  DeviceBuffer<float> accumulator(1536), reset(1536);
+  auto valid = [&] {
+    AttentionOBlocksParams p;
+    static_cast<AttentionOInputs&>(p) = attention_o_inputs(q, k, v, length, 64, W, nullptr, 1536, 12, 2, 128);
+    p.accumulator = accumulator.data();
+    p.reset = reset.data();
+    return p;
+  };
+  AttentionOBlocksParams p = valid();
+  p.D = 16;  // no kernel for head_dim 16
+  REQUIRE_THROWS_AS(decode_attention_o_blocks(p, 4, 12, false), std::invalid_argument);
+  REQUIRE_THROWS_AS(decode_attention_o_blocks_runs(1536, 12, 2, 16, 4, 12), std::invalid_argument);
+  p = valid();
+  p.H = 13;  // not a multiple of Hkv
+  REQUIRE_THROWS_AS(decode_attention_o_blocks(p, 4, 12, false), std::invalid_argument);
+  p = valid();
+  p.accumulator = nullptr;
+  REQUIRE_THROWS_AS(decode_attention_o_blocks(p, 4, 12, false), std::invalid_argument);
+  p = valid();
+  p.reset = p.accumulator;  // it would wipe what it adds to
+  REQUIRE_THROWS_AS(decode_attention_o_blocks(p, 4, 12, false), std::invalid_argument);
+  p = valid();
+  p.w_o = reinterpret_cast<const __nv_bfloat16*>(W.data()) + 1;  // not 16-byte aligned
+  REQUIRE_THROWS_AS(decode_attention_o_blocks(p, 4, 12, false), std::invalid_argument);
+  // 1536 rows over 4 O blocks are 384 a block, more than 16 loads a thread hold; 17
+  // blocks a cluster are over the largest cluster; no O block at all is not this kernel.
+  REQUIRE_FALSE(decode_attention_o_blocks_runs(1536, 12, 2, 128, 4, 4));
+  REQUIRE_THROWS_AS(decode_attention_o_blocks(valid(), 4, 4, false), std::invalid_argument);
+  REQUIRE_FALSE(decode_attention_o_blocks_runs(1536, 12, 2, 128, 4, 13));
+  REQUIRE_THROWS_AS(decode_attention_o_blocks(valid(), 4, 13, false), std::invalid_argument);
+  REQUIRE_FALSE(decode_attention_o_blocks_runs(1536, 12, 2, 128, 4, 0));
 }
 
 TEST_CASE("decode_gemv with the O partials: gate/up adds them into its input, down into its residual",
