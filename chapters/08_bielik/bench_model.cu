@@ -746,7 +746,9 @@ void print_decode_timeline(CudaModel& model, bool attention_timed) {
   constexpr int kAttentionValues = 2 * decode::kAttentionTimelineEvents;
   double sums[4][kValues] = {}, attention_sums[kAttentionValues] = {}, period = 0, attention = 0;
   int samples = 0;
-  const bool fused_o = model.v6_fuses_o();  // no O kernel: its row stays empty
+  // No O kernel (v6_fuses_o, or O blocks in the attention of these steps, 81-85 keys):
+  // its row stays empty.
+  const bool fused_o = model.v6_fuses_o() || model.attention_o_blocks_at(16 + 64 + 1) > 0;
   for (int step = 0; step < 5; ++step) {
     const std::vector<unsigned long long> t = model.decode_timeline(token);
     auto at = [&](int layer, int kernel, int value) { return t[kValues * (4 * layer + kernel) + value]; };

@@ -156,9 +156,10 @@ void decode_attention_o_per_head(const AttentionOPerHeadParams& params, int clus
 /// The third form (decode_attention_o_blocks.cu): v6's attention of query head h in
 /// `splits` blocks of a cluster, and `o_blocks` more blocks in the same cluster that only
 /// project it: O block j owns rows [j R, (j + 1) R) of W_o's column band of head h
-/// (R = ceil(C / o_blocks)), holds them in registers from before the PDL wait, gets the
-/// head's merged output from block 0 (st.async, counted on an mbarrier there), and adds
-/// its rows' dot products into an fp32 accumulator of the O projection with atomics.
+/// (R = ceil(C / o_blocks)), holds them in registers from before the PDL wait, merges the
+/// head's output itself from the splits' partials (every split pushes its partial into
+/// every O block with st.async, counted on an mbarrier there), and adds its rows' dot
+/// products into an fp32 accumulator of the O projection with atomics.
 ///
 /// Why another form. The two above lost because W_o's rows were in the attention's way:
 /// the splits themselves asked for them (bulk copies into shared memory, 24-147 KB a

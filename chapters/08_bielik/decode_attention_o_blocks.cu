@@ -1,18 +1,21 @@
 // The decode step's attention and O projection in one kernel of thread block clusters,
-// one cluster per query head: `splits` blocks run chapter 07's v6 attention of the head,
-// and `o_blocks` more blocks of the same cluster only project it (decode_attention_o.cuh,
-// AttentionOBlocksParams, says why).
+// one cluster per query head: `splits` blocks run chapter 07's v6 split body over the
+// head's keys, and `o_blocks` more blocks of the same cluster only project the head's
+// output (decode_attention_o.cuh, AttentionOBlocksParams, says why).
 //
 // The order of events in head h's cluster:
-//   split blocks (ranks 0 .. splits - 1): v6's attention (decode::cluster_attention_push
-//     with cluster_splits = splits). Block 0 merges the head's D outputs, rounds them to
-//     bf16 as v6 stores them, and sends them with st.async into every O block that owns
-//     rows, counted on that block's `head_arrived` mbarrier. Then the splits leave.
+//   split blocks (ranks 0 .. splits - 1): v6's split body (decode::pipelined_split_partial)
+//     over keys [rank chunk, (rank + 1) chunk), then the split's partial state (D sums,
+//     m, l) pushed with st.async into EVERY O block's inbox, counted on that block's
+//     mbarrier. Then the split leaves. No block merges for the others: in v6 block 0
+//     merges and stores the head's output for the O GEMV; here only the O blocks read it,
+//     so each merges it itself, and the hop through block 0 is gone.
 //   O blocks (ranks splits ..): before anything waits, their rows' D columns of head h
 //     (W_o[n, h D : (h + 1) D], 256 bytes a row for D = 128) are loaded into registers,
 //     as every decode GEMV loads its weights; then the PDL wait, the reset of the
-//     previous layer's accumulator (its share of it), the wait for the head's output,
-//     one dot product a row, and the row sums added into this layer's accumulator with
+//     previous layer's accumulator (its share of it), the wait for the splits' partials,
+//     their merge (v6's arithmetic, in rank order, rounded to bf16 as v6 stores it), one
+//     dot product a row, and the row sums added into this layer's accumulator with
 //     atomics (one float4 atomic per 4 rows where the rows allow it).
 #include <algorithm>
 #include <cooperative_groups.h>
@@ -53,36 +56,53 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int kChunks = D / 8;                            // 16-byte chunks of a row's D columns
   constexpr int kRowsPerLoad = kThreadsPerBlock / kChunks;  // rows that one load of every thread covers
-  __shared__ __align__(16) __nv_bfloat16 head_out[D];      // the head's attention output
-  __shared__ decode::ClusterPartial<D, 1> inbox[decode::kClusterMaxSize];  // block 0's: the splits' partials
-  __shared__ uint64_t inbox_full;    // block 0's: counts the pushed partials' bytes
-  __shared__ uint64_t head_arrived;  // an O block's: counts the bytes of head_out block 0 sends
+  __shared__ __align__(16) __nv_bfloat16 head_out[D];      // an O block's: the head's attention output
+  __shared__ decode::ClusterPartial<D, 1> inbox[decode::kClusterMaxSize];  // an O block's: the splits' partials
+  __shared__ uint64_t inbox_full;  // an O block's: counts the pushed partials' bytes
   __shared__ __align__(16) float row_sums[kLoads * kRowsPerLoad];
   cg::cluster_group cluster = cg::this_cluster();
   const int head = int(blockIdx.y), group = p.H / p.Hkv, kv_head = head / group;
   const int rank = int(cluster.block_rank()), o_blocks = int(cluster.num_blocks()) - splits;
 
+  const int committed = p.d_length ? *p.d_length : 0;  // an earlier step committed it: read before the wait
+  const int kv_len = min(committed + p.new_tokens, p.max_context);
+  const int used = decode::splits_with_keys(kv_len, splits, kDecodeV3MinKeysPerSplit);  // the splits that push
+
   if (rank < splits) {
+    // A split: v6's split body over its keys, then its partial pushed into EVERY O
+    // block's inbox (st.async, counted on the O block's mbarrier). Nobody merges here:
+    // the head's output is only ever read by the O blocks, so each merges it itself.
+    __shared__ decode::ClusterPartial<D, 1> mine;
     // gate/up reads only constants before its wait: it may be scheduled now (or, with
     // allow_dependents_after_inputs, once this block's q and first keys are in).
     if (!p.allow_dependents_after_inputs) pdl_allow_dependents();
+    __cluster_barrier_arrive_relaxed();  // phase 0: this block is running
+    const int chunk_keys = decode::split_chunk_keys(kv_len, splits, kDecodeV3MinKeysPerSplit);
+    const int begin = rank * chunk_keys, end = min(kv_len, begin + chunk_keys);
+    const decode::WaitForPreviousKernel wait{nullptr, p.allow_dependents_after_inputs, nullptr, committed};
+    if (begin >= end) {  // an empty split: pushes nothing (the splits with keys come first)
+      if (p.allow_dependents_after_inputs) pdl_allow_dependents();
+      return;
+    }
     const __nv_bfloat16* q_of_head = p.q + size_t(head - kv_head) * D;  // as v6: q shifted by head - kv_head rows
-    auto store = [&](int d, float value) { head_out[d] = __float2bfloat16(value); };
-    decode::cluster_attention_push<D, kWarps, decode::PushSignal::kMbarrierBytes>(
-        cluster, inbox, &inbox_full, q_of_head, p.k_cache, p.v_cache, kv_head, p.d_length, p.new_tokens,
-        p.max_context, store, nullptr, p.allow_dependents_after_inputs, nullptr, splits);
-    if (rank != 0) return;  // a split that pushed its partial into block 0
-    __syncthreads();        // head_out is complete
-    // Phase 0 of the cluster barrier: every O block has set up head_arrived (block 0
-    // never waited for that phase in the push; the other splits did).
-    __cluster_barrier_wait();
-    const float4* from = reinterpret_cast<const float4*>(head_out);
-    for (int i = int(threadIdx.x); i < o_blocks * kChunks; i += kThreadsPerBlock) {
-      const int o_rank = i / kChunks, chunk = i % kChunks;
+    decode::pipelined_split_partial<D, 1, kWarps, decode::kClusterUnroll>(
+        mine.acc, mine.ml, q_of_head, p.k_cache, p.v_cache, kv_head, p.max_context, begin, end, committed, wait);
+    __syncthreads();           // the partial, written by every thread of the block, is complete
+    __cluster_barrier_wait();  // phase 0: every O block has set up its inbox's mbarrier
+    constexpr int kVectors = D / 4;  // float4s of acc; one more store carries (m, l)
+    for (int i = int(threadIdx.x); i < o_blocks * (kVectors + 1); i += kThreadsPerBlock) {
+      const int o_rank = i / (kVectors + 1), v = i % (kVectors + 1);
       if (o_rank * rows_per_block >= p.C) continue;  // an O block without rows waits for nothing, and may be gone
-      const uint32_t remote = decode::cluster_ptx::remote_address(head_out, splits + o_rank);
-      const uint32_t barrier = decode::cluster_ptx::remote_address(&head_arrived, splits + o_rank);
-      decode::cluster_ptx::store_async_counted(remote + uint32_t(chunk * sizeof(float4)), from[chunk], barrier);
+      const uint32_t slot = decode::cluster_ptx::remote_address(&inbox[rank], splits + o_rank);
+      const uint32_t barrier = decode::cluster_ptx::remote_address(&inbox_full, splits + o_rank);
+      using Partial = decode::ClusterPartial<D, 1>;
+      if (v < kVectors) {
+        decode::cluster_ptx::store_async_counted(slot + uint32_t(v * sizeof(float4)),
+                                                 reinterpret_cast<const float4*>(mine.acc)[v], barrier);
+      } else {
+        decode::cluster_ptx::store_async_counted(slot + uint32_t(offsetof(Partial, ml)),
+                                                 make_float2(mine.ml[0], mine.ml[1]), barrier);
+      }
     }
     return;
   }
@@ -103,11 +123,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
                     : uint4{0, 0, 0, 0};
   }
   if (threadIdx.x == 0) {
-    decode::cluster_ptx::init_inbox_barrier(&head_arrived);  // visible cluster-wide before the arrival below
-    if (rows > 0) decode::cluster_ptx::arrive_expect_bytes(&head_arrived, D * sizeof(__nv_bfloat16));
+    decode::cluster_ptx::init_inbox_barrier(&inbox_full);  // visible cluster-wide before the arrival below
+    if (rows > 0) {
+      decode::cluster_ptx::arrive_expect_bytes(&inbox_full, uint32_t(used) * decode::kPushedPartialBytes<D>);
+    }
   }
   __syncthreads();
-  __cluster_barrier_arrive_relaxed();  // phase 0: block 0 may send head_out once every block has arrived
+  __cluster_barrier_arrive_relaxed();  // phase 0: the splits may push once every block has arrived
 
   // The previous layer's accumulator back to its start value: its readers (that layer's
   // gate/up and down) ended before the kernel this one waits for (QKV) passed its wait.
@@ -120,7 +142,22 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     }
   }
   if (rows == 0) return;
-  decode::cluster_ptx::wait_phase_0_cluster(&head_arrived);  // acquire: head_out is here
+  decode::cluster_ptx::wait_phase_0_cluster(&inbox_full);  // acquire: every split's partial is in `inbox`
+  // The head's output, merged here from the splits' partials in rank order and rounded to
+  // bf16 as v6 stores it (decode::merge_loaded_partials: the same arithmetic as v6's block 0).
+  for (int d = int(threadIdx.x); d < D; d += kThreadsPerBlock) {
+    float m_r[decode::kClusterMaxSize], l_r[decode::kClusterMaxSize], acc_r[decode::kClusterMaxSize];
+#pragma unroll
+    for (int r = 0; r < decode::kClusterMaxSize; ++r) {
+      if (r < used) {
+        m_r[r] = inbox[r].ml[0];
+        l_r[r] = inbox[r].ml[1];
+        acc_r[r] = inbox[r].acc[d];
+      }
+    }
+    head_out[d] = __float2bfloat16(decode::merge_loaded_partials(m_r, l_r, acc_r, used));
+  }
+  __syncthreads();
 
   // Head h's share of each row: kChunks lanes a row, a shuffle sum over them.
   const uint4 x_chunk = reinterpret_cast<const uint4*>(head_out)[chunk];

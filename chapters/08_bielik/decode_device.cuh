@@ -686,7 +686,8 @@ __device__ __forceinline__ void normalize_staged(const DecodeGemvParams& p, uint
   __syncthreads();  // scratch may be reused by the caller
 }
 
-/// stage_input's leave_raw (kRmsNorm only; the register kernel's
+/// stage_input's leave_raw (kRmsNorm and kRmsNormAddPartials, whose h = x + the partials
+/// is then staged as it is; the register kernel's
 /// DecodeGemvParams::norm_in_epilogue): x staged as it is, widened too where x_widened is
 /// given, and not normalized: no block sum, no pass, one barrier. The caller's warps each
 /// find the inverse RMS themselves and apply it after their dots (decode_gemv_kernel).
@@ -758,6 +759,7 @@ __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_
       for (int e = 0; e < 8; ++e) h[e] += round_bf16(o[e]);
       const uint4 packed = pack_8(h);  // h rounded to bf16: what the unfused O GEMV stores
       x_shared[c] = packed;
+      if (leave_raw) store_widened(c, packed);
       float f[8];
       unpack_8(f, packed);
 #pragma unroll

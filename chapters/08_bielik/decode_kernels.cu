@@ -93,7 +93,8 @@ __global__ void __launch_bounds__(kThreads, 3)
   //    writes them, so they are loaded while the previous kernel may still run.
   //    (norm_in_epilogue: no norm weight is read; norm_held stays unused.)
   const uint64_t policy = l2_policy(p.stream_evict_first);
-  const bool norm_in_epilogue = In == GemvInput::kRmsNorm && p.norm_in_epilogue;
+  const bool norm_in_epilogue =
+      (In == GemvInput::kRmsNorm || In == GemvInput::kRmsNormAddPartials) && p.norm_in_epilogue;
   uint4 norm_held[kNormHeld];
   if (p.norm_weight_first && !norm_in_epilogue) load_norm_weight<In>(p, norm_held);
   uint4 w[kRows][kBatch];
@@ -219,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, 3)
             accumulate_batch<kRows, kBatch, kSum>(acc, w, x_shared, base, stride, chunks, &squares);
           }
         };
-        if constexpr (In == GemvInput::kRmsNorm) {
+        if constexpr (In == GemvInput::kRmsNorm || In == GemvInput::kRmsNormAddPartials) {
           if (sum_squares) {
             accumulate(std::true_type{});
           } else {

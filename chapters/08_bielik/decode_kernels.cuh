@@ -238,7 +238,8 @@ struct DecodeGemvParams {
   /// mma. Right for a W whose columns hold the norm weight (fold_norm_weight.cuh: the
   /// model's fold_qkv_norm), the norm weight then being ones; up to x's rounding to bf16
   /// after the norm, which it skips. kRegisterLoads, kRmsNorm (the model's
-  /// fold_gate_up_norm): the same contract, x staged as it is (widened too where asked
+  /// fold_gate_up_norm) and kRmsNormAddPartials (h = bf16(x + bf16(partials)) in place of
+  /// x): the same contract, x staged as it is (widened too where asked
   /// for), and each warp finds the inverse RMS itself: inside its first row's dots where it
   /// has a row to itself (they read every chunk of x once), in a pass over x of its own
   /// where rows are split over warps (warp_inverse_rms). No block sum, no normalizing pass,
