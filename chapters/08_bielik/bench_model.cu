@@ -127,7 +127,7 @@ struct Args {
   bool fold_gate_up_norm = CudaModelOptions{}.fold_gate_up_norm;  ///< --fold-gate-up-norm / --no-fold-gate-up-norm
   double l2_persist_mb = 0.0;  ///< --l2-persist MB[,lm_head|qkv|o|gate_up|down|none]
   L2PersistTarget l2_persist_target = L2PersistTarget::kLmHead;
-  unsigned decode_skip = 0;  ///< --decode-skip qkv,attention,o,gate_up,down,qkv_norm (DecodeSkip bits; the logits meaningless)
+  unsigned decode_skip = 0;  ///< --decode-skip qkv,attention,o,gate_up,down,qkv_norm,o_accumulator_in_gate_up (DecodeSkip bits; the logits meaningless)
 };
 
 /// The bits a comma-separated list of names stands for (`--tensor-cores qkv,o`), each
@@ -219,7 +219,8 @@ Args parse(int argc, char** argv) {
                                                       {"o", kSkipOProjection},
                                                       {"gate_up", kSkipGateUp},
                                                       {"down", kSkipDown},
-                                                      {"qkv_norm", kSkipQkvNorm}});
+                                                      {"qkv_norm", kSkipQkvNorm},
+                                                      {"o_accumulator_in_gate_up", kSkipOAccumulatorInGateUp}});
     } else if (flag == "--no-fold-qkv-norm") {
       a.fold_qkv_norm = false;
     } else if (flag == "--fold-qkv-norm") {
@@ -409,7 +410,7 @@ Args parse(int argc, char** argv) {
     } else {
       throw std::invalid_argument("unknown argument " + flag +
                                   " (usage: bench_model [--model DIR] [--out FILE] [--decode-tokens N] [--context N]"
-                                  " [--decode-only [--prompt-tokens N] [--decode-skip qkv,attention,o,gate_up,down,qkv_norm]] [--ttft-only] [--ttft-rows-ab|--ttft-graph-ab|--ttft-gemv-ab|--ttft-v6-ab] [--prefill-all-rows] [--no-prefill-graphs] [--prefill-gemv N] [--prefill-v6 N] [--timeline|--timeline-gemvs-only] [--sampling-only] [--prefill-attention v5|v6]"
+                                  " [--decode-only [--prompt-tokens N] [--decode-skip qkv,attention,o,gate_up,down,qkv_norm,o_accumulator_in_gate_up]] [--ttft-only] [--ttft-rows-ab|--ttft-graph-ab|--ttft-gemv-ab|--ttft-v6-ab] [--prefill-all-rows] [--no-prefill-graphs] [--prefill-gemv N] [--prefill-v6 N] [--timeline|--timeline-gemvs-only] [--sampling-only] [--prefill-attention v5|v6]"
                                   " [--attention cluster_o|cluster|cluster_per_head|split_combine|merge_in_o]"
                                   " [--replicas N] [--splits N] [--short-max-keys N] [--short-splits N] [--long-min-keys N]"
                                   " [--long-splits N]"

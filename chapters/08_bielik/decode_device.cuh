@@ -733,6 +733,9 @@ __device__ __forceinline__ void stage_input(const DecodeGemvParams& p, uint4* x_
       // The partials kPartialLoads at a time, their loads (and x's) in flight together,
       // summed in the order g = 0, 1, ... All kMaxResidualPartials at once hold 64 floats:
       // the gate/up kernel (80 registers a thread) spilled 76 bytes, in pairs 44 (ptxas -v).
+      // (Its instances with the norm in the epilogue and x widened spill 72-100 bytes
+      // in pairs; one at a time, or the groups summed in a loop, 84-148: forty-second
+      // session.)
       constexpr int kPartialLoads = 2;
       const uint4 x_raw = kCoherent ? __ldcg(x_vectors + c) : x_vectors[c];
       float o[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};

@@ -1282,11 +1282,13 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     gate_up.start_delay_ns = options_.gate_up_start_delay_ns;
     step_gemv_settings(gate_up);
     if (fused_o) gate_up.residual_partials = ResidualPartials{d_o_partials_.data(), Hkv_};
-    if (o_blocks > 0) gate_up.residual_partials = o_accumulated;
+    // (decode_skip's kSkipOAccumulatorInGateUp: measurement only, the values are wrong.)
+    const bool gate_up_adds_o = o_blocks > 0 && !(skip & kSkipOAccumulatorInGateUp);
+    if (gate_up_adds_o) gate_up.residual_partials = o_accumulated;
     // As QKV's above; on the register kernel each warp sums x's squares itself.
     gate_up.norm_in_epilogue = options_.fold_gate_up_norm;
     const GemvInput gate_up_input =
-        fused_o || o_blocks > 0 ? GemvInput::kRmsNormAddPartials : GemvInput::kRmsNorm;
+        fused_o || gate_up_adds_o ? GemvInput::kRmsNormAddPartials : GemvInput::kRmsNorm;
     if (!(skip & kSkipGateUp)) {
       ScopedLaunchAccessPolicy window(l2_window(gate_up, L2PersistTarget::kGateUp, &L));
       decode_gemv(gate_up_input, GemvOutput::kSwiGLU, gate_up, pdl, s, gemv_kernel(kTensorCoreGateUp, gate_up_input, &gate_up));

@@ -107,6 +107,10 @@ enum DecodeSkip : unsigned {
   /// tried once, 2026-12-04: bench_model printed no rate, the cause was not looked into,
   /// and the knob was dropped.)
   kSkipQkvNorm = 1u << 5,
+  /// Not a kernel but a kernel's share: with attention_o_blocks, gate/up stages x alone,
+  /// without the O blocks' accumulator (down still adds it): what reading it costs
+  /// gate/up's staging (exercise 31).
+  kSkipOAccumulatorInGateUp = 1u << 6,
 };
 
 struct CudaModelOptions {

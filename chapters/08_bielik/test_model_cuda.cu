@@ -2258,8 +2258,24 @@ TEST_CASE("decode_gemv with the O partials: gate/up adds them into its input, do
     }
     std::vector<uint16_t> input_bits(c.K);
     for (int i = 0; i < c.K; ++i) input_bits[i] = float_to_bf16_bits(input[i]);
+    // norm_in_epilogue (the model's fold_gate_up_norm, the register kernel): the norm
+    // weight ones, and h * inverse_rms not rounded to bf16 (the kernel scales its dots).
+    std::vector<float> expected_epilogue(c.N);
+    {
+      auto dot_unrounded = [&](int row) {
+        double acc = 0.0;
+        for (int i = 0; i < c.K; ++i) acc += double(bf16_bits_to_float(W[size_t(row) * c.K + i])) * h[i];
+        return acc * inverse_rms + (c.bias ? bf16_bits_to_float(bias[row]) : 0.0);
+      };
+      for (int n = 0; n < c.N; ++n) {
+        const float gate = round_to_bf16(float(dot_unrounded(n))), up = round_to_bf16(float(dot_unrounded(c.N + n)));
+        expected_epilogue[n] = gate / (1.0f + std::exp(-gate)) * up;
+      }
+    }
+    const std::vector<uint16_t> ones(c.K, float_to_bf16_bits(1.0f));
 
     DeviceBuffer<uint16_t> d_x(x), d_W(W), d_bias(bias), d_norm(norm), d_y(size_t(c.N)), d_input(input_bits);
+    DeviceBuffer<uint16_t> d_ones(ones);
     DeviceBuffer<uint16_t> d_residual(size_t(c.K));
     DeviceBuffer<float> d_partials(partials);
     for (DecodeGemvKernel kernel : {DecodeGemvKernel::kRegisterLoads, DecodeGemvKernel::kRegisterPipelined}) {
@@ -2274,6 +2290,23 @@ TEST_CASE("decode_gemv with the O partials: gate/up adds them into its input, do
         const CompareResult r = compare_bf16("kRmsNormAddPartials", d_y.to_host(), expected, tolerance::kBf16Output);
         INFO(r.report);
         REQUIRE(r.passed);
+        if (kernel == DecodeGemvKernel::kRegisterLoads) {  // the norm in the epilogue, x widened or not
+          for (bool widen : {false, true}) {
+            INFO("norm in the epilogue, x widened " << widen);
+            d_y.fill_bytes(0xFF);
+            DecodeGemvParams folded =
+                test_gemv_params(d_y.data(), d_x, d_ones, d_W, c.bias ? &d_bias : nullptr, c.N, c.K);
+            folded.residual_partials = p.residual_partials;
+            folded.norm_in_epilogue = true;
+            folded.widen_input = widen;
+            decode_gemv(GemvInput::kRmsNormAddPartials, GemvOutput::kSwiGLU, folded, pdl, 0, kernel);
+            CUDA_CHECK(cudaDeviceSynchronize());
+            const CompareResult re = compare_bf16("kRmsNormAddPartials, norm in the epilogue", d_y.to_host(),
+                                                  expected_epilogue, tolerance::kBf16Output);
+            INFO(re.report);
+            REQUIRE(re.passed);
+          }
+        }
 
         // Down's form, on the normalized input the CPU made: the residual starts as x.
         d_residual.copy_from_host(x);
