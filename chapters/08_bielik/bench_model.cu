@@ -1210,6 +1210,10 @@ int main(int argc, char** argv) {
                        o.attention_splits = 16;
                        o.attention_allows_o_after_inputs = true;
                      }),
+        // The forty-second session's form: v6's 4 splits and 12 O blocks a head (8 + 8 in
+        // the middle graph), the heads met in an fp32 accumulator that gate/up and down add.
+        defaults_but("12 O blocks in v6's clusters beside the splits (decode_attention_o_blocks): no O kernel",
+                     [](CudaModelOptions& o) { o.attention_o_blocks = 12; }),
         defaults_but("QKV and O on the register kernel (no GEMV on the tensor cores)",
                      [](CudaModelOptions& o) { o.tensor_core_gemvs = 0; }),
         defaults_but("long graph: QKV and O on the tensor cores too",
