@@ -237,9 +237,7 @@ constexpr uint32_t kPushedPartialBytes = D * sizeof(float) + 2 * sizeof(float);
 /// share handed on) and returns. With allow_dependents_after_inputs the caller has not
 /// let the next kernel start: each block does so once its q and first keys are in. With
 /// inputs_signal the grid says when all its blocks have their inputs
-/// (WaitForPreviousKernel). With cluster_splits only the cluster's first cluster_splits
-/// blocks call this (the splits); every other block of the cluster must arrive on the
-/// cluster barrier's phase 0 itself (`__cluster_barrier_arrive_relaxed`).
+/// (WaitForPreviousKernel).
 template <int D, int kWarps, PushSignal kSignal, typename Store>
 __device__ __forceinline__ void cluster_attention_push(cooperative_groups::cluster_group& cluster,
                                                        ClusterPartial<D, 1> (&inbox)[kClusterMaxSize],
@@ -249,12 +247,9 @@ __device__ __forceinline__ void cluster_attention_push(cooperative_groups::clust
                                                        int max_context, Store store,
                                                        unsigned long long* timeline = nullptr,
                                                        bool allow_dependents_after_inputs = false,
-                                                       unsigned* inputs_signal = nullptr, int cluster_splits = 0) {
+                                                       unsigned* inputs_signal = nullptr) {
   constexpr bool kCounted = kSignal == PushSignal::kMbarrierBytes;
-  // cluster_splits (0: every block of the cluster): the blocks of rank >= cluster_splits
-  // are not splits (chapter 08's O blocks); they only arrive on the barrier's phase 0.
-  const int split = int(cluster.block_rank());
-  const int splits = cluster_splits > 0 ? cluster_splits : int(cluster.num_blocks());
+  const int split = int(cluster.block_rank()), splits = int(cluster.num_blocks());
   if (kCounted && split == 0 && threadIdx.x == 0) cluster_ptx::init_inbox_barrier(inbox_full);
   __cluster_barrier_arrive_relaxed();  // phase 0: this block is running (block 0: its mbarrier is set up)
   const int committed = d_length ? *d_length : 0;

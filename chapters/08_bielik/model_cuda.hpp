@@ -285,7 +285,9 @@ struct CudaModelOptions {
   /// cluster in all; a graph whose splits leave no room for enough runs the O GEMV): the
   /// O projection inside the attention's kernel, added into a per-layer accumulator that
   /// gate/up and down read (decode_attention_o_blocks, decode_attention_o.cuh). 0: off.
-  /// Not with fused_mlp, v6_fuses_o or the persistent step. --attention-o-blocks N.
+  /// Not with fused_mlp, v6_fuses_o or the persistent step; the kernel has no timeline
+  /// stamps (bench_model --timeline leaves O's row out, the attention's are not written).
+  /// --attention-o-blocks N.
   int attention_o_blocks = 0;
   /// kClusterPerHead, pushed hand-overs: the attention lets O be scheduled only once each
   /// of its blocks has q and its first keys, not at its start, so that O's and gate/up's
