@@ -282,14 +282,7 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     if (o_blocks_enabled_) {
       // Each layer's accumulator starts at its O bias (the next layer's kernel resets it
       // to that again once its readers, gate/up and down, are done).
-      std::vector<float> start(layers_.size() * C_, 0.0f);
-      for (size_t l = 0; l < layers_.size(); ++l) {
-        if (!layers_[l].b_o) continue;
-        std::vector<uint16_t> bias(C_);
-        CUDA_CHECK(cudaMemcpy(bias.data(), layers_[l].b_o, C_ * sizeof(uint16_t), cudaMemcpyDeviceToHost));
-        for (int n = 0; n < C_; ++n) start[l * C_ + n] = bf16_bits_to_float(bias[n]);
-      }
-      d_o_accumulators_ = DeviceBuffer<float>(start);
+      d_o_accumulators_ = accumulators_at_bias(&Layer::b_o);
     }
     d_o_partials_ = DeviceBuffer<float>(size_t(v6_fuses_o_ ? H_ : Hkv_) * C_);
     d_o_arrivals_ = DeviceBuffer<unsigned>(kAttentionOMaxClusterSize);
@@ -304,14 +297,7 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     if (fused_mlp_) {
       // Each layer's accumulator starts at its down bias (every fused MLP resets the
       // previous layer's to it again once that layer's readers are done).
-      std::vector<float> start(layers_.size() * C_, 0.0f);
-      for (size_t l = 0; l < layers_.size(); ++l) {
-        if (!layers_[l].b_down) continue;
-        std::vector<uint16_t> bias(C_);
-        CUDA_CHECK(cudaMemcpy(bias.data(), layers_[l].b_down, C_ * sizeof(uint16_t), cudaMemcpyDeviceToHost));
-        for (int n = 0; n < C_; ++n) start[l * C_ + n] = bf16_bits_to_float(bias[n]);
-      }
-      d_mlp_accumulators_ = DeviceBuffer<float>(start);
+      d_mlp_accumulators_ = accumulators_at_bias(&Layer::b_down);
     }
     // Zeros, not whatever the allocator left: with options_.decode_skip a kernel may read
     // one of these without the kernel that writes it having run.
@@ -681,6 +667,18 @@ void CudaModel::fold_norms_into_weights() {
     if (options_.fold_gate_up_norm) fold(L.post_norm, L.w_gate_up, 2 * F_);
   }
   CUDA_CHECK(cudaStreamSynchronize(stream_));  // `ones` leaves scope
+}
+
+DeviceBuffer<float> CudaModel::accumulators_at_bias(const __nv_bfloat16* Layer::*bias) const {
+  std::vector<float> start(layers_.size() * C_, 0.0f);
+  std::vector<uint16_t> bits(C_);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const __nv_bfloat16* layer_bias = layers_[l].*bias;
+    if (!layer_bias) continue;
+    CUDA_CHECK(cudaMemcpy(bits.data(), layer_bias, C_ * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    for (int n = 0; n < C_; ++n) start[l * C_ + n] = bf16_bits_to_float(bits[n]);
+  }
+  return DeviceBuffer<float>(start);
 }
 
 void CudaModel::transpose_down_weights() {

@@ -607,6 +607,9 @@ class CudaModel final : public Backend {
   void load_weights(const std::string& model_dir);
   // fused_mlp_: every layer's W_down rewritten in place as W_down^T, (F, C).
   void transpose_down_weights();
+  // One accumulator of C floats a layer, each starting at that layer's `bias` (zeros
+  // where the layer has none): the fused MLP's (b_down) and the O blocks' (b_o).
+  DeviceBuffer<float> accumulators_at_bias(const __nv_bfloat16* Layer::*bias) const;
   // options_.fold_qkv_norm and fold_gate_up_norm: every layer's input norm weight folded
   // into its W_qkv's columns, its post-attention norm weight into W_gate_up's, and each
   // norm weight so folded rewritten as ones (fold_norm_weight.cuh).
