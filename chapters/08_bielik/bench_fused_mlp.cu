@@ -3,7 +3,8 @@
 //  * the pair: gate/up + SwiGLU, then down + residual (decode_gemv, the model's forms:
 //    evict-first, the 300 ns pause, gate/up's input widened, down's input staged);
 //  * fused: decode_mlp_fused, one kernel (decode_mlp_fused.cuh), in blocks of 4 or 8
-//    warps, with 0, 1 or 2 values' weights a warp asked for before its PDL wait.
+//    warps, with 0, 1 or 2 values' weights a warp asked for before its PDL wait, on every
+//    SM or on fewer (FusedMlpParams::blocks).
 //
 //   bench_fused_mlp
 //
@@ -75,34 +76,43 @@ int main() {
     table.add_row({label, fmt(us, 2), fmt(gbs, 0), fmt(100 * gbs / copy_gbs, 1), fmt(pair_us / us, 3)});
   };
   add_row("gate/up + down (decode_gemv, the model's forms)", pair_us);
+  auto fused_us = [&](int block_warps, int before_wait, int blocks) {
+    const bool reset = before_wait == 2;  // the model's form resets the previous layer's accumulator
+    return time_chain([&](int i, cudaStream_t s) {
+      const Weights& w = copies[i % kCopies];
+      FusedMlpParams p;
+      p.x = x.data();
+      p.norm_weight = norm.data();
+      p.w_gate_up = w.gate_up.data();
+      p.b_gate_up = w.b_gate_up.data();
+      p.w_down_t = w.down.data();  // the same bytes as W_down^T would be: only the time counts
+      p.accumulator = accumulator.data();
+      p.reset = reset ? spare.data() : nullptr;
+      p.reset_value = reset ? w.b_down.data() : nullptr;
+      p.C = C;
+      p.F = F;
+      p.eps = 1e-6f;
+      p.stream_evict_first = defaults.gemv_evict_first;
+      p.units_before_wait = before_wait;
+      p.block_warps = block_warps;
+      p.blocks = blocks;
+      p.start_delay_ns = defaults.fused_mlp_start_delay_ns;  // the option's default pause
+      decode_mlp_fused(p, true, s);
+    });
+  };
   for (int block_warps : {4, 8}) {
     for (int before_wait : {2, 1, 0}) {
-      const bool reset = before_wait == 2;  // the model's form resets the previous layer's accumulator
-      const double us = time_chain([&](int i, cudaStream_t s) {
-        const Weights& w = copies[i % kCopies];
-        FusedMlpParams p;
-        p.x = x.data();
-        p.norm_weight = norm.data();
-        p.w_gate_up = w.gate_up.data();
-        p.b_gate_up = w.b_gate_up.data();
-        p.w_down_t = w.down.data();  // the same bytes as W_down^T would be: only the time counts
-        p.accumulator = accumulator.data();
-        p.reset = reset ? spare.data() : nullptr;
-        p.reset_value = reset ? w.b_down.data() : nullptr;
-        p.C = C;
-        p.F = F;
-        p.eps = 1e-6f;
-        p.stream_evict_first = defaults.gemv_evict_first;
-        p.units_before_wait = before_wait;
-        p.block_warps = block_warps;
-        p.start_delay_ns = defaults.fused_mlp_start_delay_ns;  // the option's default pause
-        decode_mlp_fused(p, true, s);
-      });
       add_row("fused (decode_mlp_fused), blocks of " + std::to_string(block_warps) + " warps, " +
                   std::to_string(before_wait) + " values a warp before the wait" +
-                  (reset ? ", resetting another accumulator" : ""),
-              us);
+                  (before_wait == 2 ? ", resetting another accumulator" : ""),
+              fused_us(block_warps, before_wait, 0));
     }
+  }
+  // Fewer blocks than SMs (FusedMlpParams::blocks): how few SMs still stream the MLP at
+  // full speed, the rest left to the next kernel. 112 blocks of 8 warps: 10 values each.
+  for (int blocks : {128, 120, 112, 100, 88, 66}) {
+    add_row("fused, " + std::to_string(blocks) + " blocks of 8 warps, 2 values a warp before the wait",
+            fused_us(8, 2, blocks));
   }
   table.print();
   return 0;

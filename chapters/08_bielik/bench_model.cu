@@ -70,6 +70,7 @@ struct Args {
   bool fused_mlp = CudaModelOptions{}.fused_mlp;  ///< --fused-mlp / --no-fused-mlp
   int fused_mlp_before_wait = CudaModelOptions{}.fused_mlp_values_before_wait;  ///< --fused-mlp-before-wait N
   int fused_mlp_block_warps = CudaModelOptions{}.fused_mlp_block_warps;  ///< --fused-mlp-block-warps N
+  int fused_mlp_blocks = CudaModelOptions{}.fused_mlp_blocks;            ///< --fused-mlp-blocks N
   int decode_graph_steps = CudaModelOptions{}.decode_graph_steps;        ///< --decode-graph-steps N
   bool generate_copy_each_token = false;                                  ///< --copy-each-token
   bool embed_each_step = false;  ///< --embed-each-step: argmax_writes_next_input off
@@ -237,6 +238,8 @@ Args parse(int argc, char** argv) {
       a.fused_mlp_before_wait = std::stoi(value());
     } else if (flag == "--fused-mlp-block-warps") {
       a.fused_mlp_block_warps = std::stoi(value());
+    } else if (flag == "--fused-mlp-blocks") {
+      a.fused_mlp_blocks = std::stoi(value());
     } else if (flag == "--decode-graph-steps") {
       a.decode_graph_steps = std::stoi(value());
     } else if (flag == "--copy-each-token") {
@@ -418,7 +421,7 @@ Args parse(int argc, char** argv) {
                                   " [--carveout PERCENT] [--hold-o] [--hold-gate-up BLOCKS] [--hold-until-attention-end] [--hold-gate-up-from N]"
                                   " [--gate-up-start-delay NS] [--down-start-delay NS] [--qkv-start-delay NS] [--o-start-delay NS]"
                                   " [--lm-head-start-delay NS] [--[no-]widen-input] [--bulk-staging] [--qkv-early] [--gate-up-after-o]"
-                                  " [--[no-]fused-mlp] [--fused-mlp-before-wait N] [--fused-mlp-block-warps 4|8] [--fused-mlp-start-delay NS]"
+                                  " [--[no-]fused-mlp] [--fused-mlp-before-wait N] [--fused-mlp-block-warps 4|8] [--fused-mlp-blocks N] [--fused-mlp-start-delay NS]"
                                   " [--decode-graph-steps N] [--copy-each-token] [--embed-each-step]"
                                   " [--down-shared] [--down-shared-after-staging] [--gate-up-shared-after-staging]"
                                   " [--down-global-input|--down-staged-input] [--o-global-input]"
@@ -844,6 +847,7 @@ int main(int argc, char** argv) {
     options.fold_gate_up_norm = args.fold_gate_up_norm;
     options.fused_mlp_values_before_wait = args.fused_mlp_before_wait;
     options.fused_mlp_block_warps = args.fused_mlp_block_warps;
+    options.fused_mlp_blocks = args.fused_mlp_blocks;
     options.decode_graph_steps = args.decode_graph_steps;
     options.generate_copy_each_token = args.generate_copy_each_token;
     if (args.embed_each_step) options.argmax_writes_next_input = false;

@@ -250,8 +250,8 @@ void launch_fused(const FusedMlpParams& p, bool pdl, cudaStream_t stream) {
     return true;
   }();
   (void)allowed;
-  launch_kernel(pdl, kernel, dim3(multiprocessor_count() * (8 / kBlockWarps)), dim3(kBlockWarps * 32), shared_bytes,
-                stream, p);
+  const int blocks = p.blocks > 0 ? p.blocks : multiprocessor_count() * (8 / kBlockWarps);
+  launch_kernel(pdl, kernel, dim3(blocks), dim3(kBlockWarps * 32), shared_bytes, stream, p);
 }
 
 template <int kChunks>
@@ -291,12 +291,14 @@ void decode_mlp_fused(const FusedMlpParams& p, bool pdl, cudaStream_t stream) {
   if (p.C <= 0 || p.C % 8 != 0 || p.C > 256 * kMaxChunksPerLane || p.F < 1 || !p.x || !p.norm_weight ||
       !p.w_gate_up || !p.w_down_t || !p.accumulator || !aligned(p.x) || !aligned(p.norm_weight) ||
       !aligned(p.w_gate_up) || !aligned(p.w_down_t) || !aligned(p.accumulator) || !aligned(p.reset) ||
-      p.units_before_wait < 0 || p.units_before_wait > 2 || (p.block_warps != 4 && p.block_warps != 8)) {
+      p.units_before_wait < 0 || p.units_before_wait > 2 || (p.block_warps != 4 && p.block_warps != 8) ||
+      p.blocks < 0) {
     throw std::invalid_argument("decode_mlp_fused: needs 0 < C <= " + std::to_string(256 * kMaxChunksPerLane) +
                                 ", C % 8 == 0, F >= 1, units_before_wait 0..2 and 16-byte aligned x, norm weight, "
-                                "weights and accumulators, block_warps 4 or 8; got C=" + std::to_string(p.C) + " F=" +
-                                std::to_string(p.F) + " units_before_wait=" + std::to_string(p.units_before_wait) +
-                                " block_warps=" + std::to_string(p.block_warps));
+                                "weights and accumulators, block_warps 4 or 8, blocks >= 0; got C=" +
+                                std::to_string(p.C) + " F=" + std::to_string(p.F) + " units_before_wait=" +
+                                std::to_string(p.units_before_wait) + " block_warps=" + std::to_string(p.block_warps) +
+                                " blocks=" + std::to_string(p.blocks));
   }
   const int chunks_per_lane = (p.C / 8 + 31) / 32;
   if (chunks_per_lane <= 2) {

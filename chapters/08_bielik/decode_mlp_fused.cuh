@@ -74,14 +74,22 @@ struct FusedMlpParams {
   /// Each block pauses this long before its first weight loads (as the unfused gate/up
   /// and down do: DecodeGemvParams::start_delay_ns). 0: no pause.
   int start_delay_ns = 0;
+  /// Blocks in the grid. 0: enough to fill every SM once (8 / block_warps blocks an SM).
+  /// Fewer leave whole SMs to the kernel after it (in the decode step the next layer's
+  /// QKV), whose blocks can then start and load their weights while the MLP still
+  /// streams, instead of only as the MLP's blocks leave; and a count whose warps divide F
+  /// (Bielik: 112 blocks of 8 warps, 10 values each) gives every warp the same work.
+  /// More than one wave is allowed (blocks never wait for each other), if slow.
+  int blocks = 0;
 };
 
 /// The fused MLP of one decode token: accumulator += W_down^T-product of
 /// bf16(silu(g) * u), with g, u = bf16(W_gate_up . bf16(rmsnorm(x) * norm_weight) + b).
-/// Eight warps an SM (FusedMlpParams::block_warps a block), warp w of the grid takes
-/// intermediate values w, w + warps, ... Needs C % 8 == 0, C <= 1536, F >= 1, 16-byte
-/// aligned x, norm_weight, the weights and the accumulator (and reset), block_warps 4 or
-/// 8; throws std::invalid_argument otherwise. `pdl`: launch
+/// Eight warps an SM (FusedMlpParams::block_warps a block; FusedMlpParams::blocks of them,
+/// 0: every SM), warp w of the grid takes intermediate values w, w + warps, ... Needs
+/// C % 8 == 0, C <= 1536, F >= 1, 16-byte aligned x, norm_weight, the weights and the
+/// accumulator (and reset), block_warps 4 or 8, blocks >= 0; throws
+/// std::invalid_argument otherwise. `pdl`: launch
 /// with programmatic dependent launch (ignored before sm_90): the kernel loads its first
 /// weights before its wait.
 void decode_mlp_fused(const FusedMlpParams& params, bool pdl, cudaStream_t stream = 0);

@@ -112,6 +112,7 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
                                     {"o_start_delay_ns", options_.o_start_delay_ns},
                                     {"lm_head_start_delay_ns", options_.lm_head_start_delay_ns},
                                     {"fused_mlp_start_delay_ns", options_.fused_mlp_start_delay_ns},
+                                    {"fused_mlp_blocks", options_.fused_mlp_blocks},
                                     {"attention_o_blocks", options_.attention_o_blocks}}) {
     if (value < 0) throw std::invalid_argument(std::string(name) + " must be >= 0, got " + std::to_string(value));
   }
@@ -1265,6 +1266,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
         mlp.units_before_wait = options_.fused_mlp_values_before_wait;
         mlp.block_warps = options_.fused_mlp_block_warps;
         mlp.start_delay_ns = options_.fused_mlp_start_delay_ns;
+        mlp.blocks = options_.fused_mlp_blocks;
         decode_mlp_fused(mlp, pdl, s);
       }
       done("mlp_fused");

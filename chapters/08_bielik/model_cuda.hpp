@@ -495,6 +495,11 @@ struct CudaModelOptions {
   /// without it measured the option's best, 985 against 995 (another call).
   /// bench_model --fused-mlp-start-delay NS.
   int fused_mlp_start_delay_ns = 0;
+  /// With fused_mlp: blocks in its grid (FusedMlpParams::blocks; 0: every SM once). Fewer
+  /// leave SMs on which the next layer's QKV blocks start, and ask for their weights,
+  /// while the MLP still streams (a grid of one block an SM holds every SM's registers
+  /// until its end). bench_model --fused-mlp-blocks N.
+  int fused_mlp_blocks = 0;
 };
 
 class CudaModel final : public Backend {

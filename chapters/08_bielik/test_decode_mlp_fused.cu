@@ -121,14 +121,18 @@ TEST_CASE("decode_mlp_fused: norm, gate/up, SwiGLU and down match a CPU referenc
     DeviceBuffer<float> d_acc(c.C), d_reset(c.C);
 
     // Every variant twice on the same inputs: the sum may differ in its last bits (the
-    // blocks' atomics come in any order), never by more than the tolerance.
-    for (int variant = 0; variant < 6; ++variant) {
+    // blocks' atomics come in any order), never by more than the tolerance. Variants 6
+    // and 7 shrink the grid (FusedMlpParams::blocks): 3 blocks of 4 warps, so that every
+    // warp takes many values (Bielik: 747 or 746), and 121 blocks of 8, an odd count
+    // under the SM count; 112 is Bielik's even split, 10 values a warp.
+    for (int variant = 0; variant < 9; ++variant) {
       const bool pdl = variant % 2 == 0;
-      const int before_wait = variant / 2;
+      const int before_wait = variant % 6 / 2;
       const bool reset_to_bias = variant % 3 == 0;
-      const int block_warps = variant < 3 ? 4 : 8;
+      const int block_warps = variant < 3 || variant == 6 ? 4 : 8;
+      const int blocks = variant == 6 ? 3 : variant == 7 ? 121 : variant == 8 ? 112 : 0;
       INFO("pdl " << pdl << " values before the wait " << before_wait << " reset to the bias " << reset_to_bias
-                  << " warps a block " << block_warps);
+                  << " warps a block " << block_warps << " blocks " << blocks << " (0: every SM)");
       for (int launch = 0; launch < 2; ++launch) {
         d_acc.copy_from_host(start);
         d_reset.fill_bytes(0xFF);  // NaN: the reset must overwrite every value
@@ -147,6 +151,7 @@ TEST_CASE("decode_mlp_fused: norm, gate/up, SwiGLU and down match a CPU referenc
         p.stream_evict_first = pdl;
         p.units_before_wait = before_wait;
         p.block_warps = block_warps;
+        p.blocks = blocks;
         decode_mlp_fused(p, pdl);
         CUDA_CHECK(cudaDeviceSynchronize());
 
@@ -202,4 +207,7 @@ TEST_CASE("decode_mlp_fused refuses sizes and pointers it cannot run", "[ch08][g
   FusedMlpParams odd_block = params(64, 4);
   odd_block.block_warps = 6;
   REQUIRE(contains(error_of<std::invalid_argument>([&] { decode_mlp_fused(odd_block, false); }), "block_warps"));
+  FusedMlpParams negative_grid = params(64, 4);
+  negative_grid.blocks = -1;
+  REQUIRE(contains(error_of<std::invalid_argument>([&] { decode_mlp_fused(negative_grid, false); }), "blocks >= 0"));
 }

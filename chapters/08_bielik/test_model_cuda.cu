@@ -541,12 +541,14 @@ TEST_CASE("CUDA model: the fused MLP matches the CPU backend in prefill and deco
       int long_min_keys;
       unsigned tensor_core_gemvs;
       int block_warps;
+      int blocks;  // fused_mlp_blocks (0: every SM)
     };
     const CudaModelOptions defaults;
-    const Variant variants[] = {{true, true, 2, defaults.long_attention_min_keys, defaults.tensor_core_gemvs, 4},
-                                {false, false, 0, defaults.long_attention_min_keys, defaults.tensor_core_gemvs, 8},
-                                {true, true, 1, 9, 0u, 8},
-                                {true, true, 2, defaults.long_attention_min_keys, unsigned(kTensorCoreEvery), 4}};
+    const Variant variants[] = {{true, true, 2, defaults.long_attention_min_keys, defaults.tensor_core_gemvs, 4, 0},
+                                {false, false, 0, defaults.long_attention_min_keys, defaults.tensor_core_gemvs, 8, 0},
+                                {true, true, 1, 9, 0u, 8, 0},
+                                {true, true, 2, defaults.long_attention_min_keys, unsigned(kTensorCoreEvery), 4, 0},
+                                {true, true, 2, defaults.long_attention_min_keys, defaults.tensor_core_gemvs, 8, 7}};
     for (const Variant& v : variants) {
       CudaModelOptions options = cuda_options(0, 1024, v.graph, v.pdl);
       options.fused_mlp = true;
@@ -554,12 +556,14 @@ TEST_CASE("CUDA model: the fused MLP matches the CPU backend in prefill and deco
       options.long_attention_min_keys = v.long_min_keys;
       options.tensor_core_gemvs = options.tensor_core_gemvs_in_long_graph = v.tensor_core_gemvs;
       options.fused_mlp_block_warps = v.block_warps;
+      options.fused_mlp_blocks = v.blocks;
       CudaModel cuda(dir, options);
       REQUIRE(cuda.fused_mlp());  // C <= 1536 and two layers or more: the model runs it
       const std::string label = std::string(spec.name) + " fused MLP, graph " + std::to_string(v.graph) + " pdl " +
                                 std::to_string(v.pdl) + " values before the wait " + std::to_string(v.before_wait) +
                                 " long graph from " + std::to_string(v.long_min_keys) + " tensor cores " +
-                                std::to_string(v.tensor_core_gemvs) + " warps a block " + std::to_string(v.block_warps);
+                                std::to_string(v.tensor_core_gemvs) + " warps a block " + std::to_string(v.block_warps) +
+                                " blocks " + std::to_string(v.blocks);
       INFO(label);
       // Token by token: every step's MLP adds into its accumulator, and the next step
       // finds them reset.
@@ -594,6 +598,10 @@ TEST_CASE("CUDA model: the fused MLP matches the CPU backend in prefill and deco
   too_early.fused_mlp_values_before_wait = 3;
   REQUIRE(contains(error_of<std::invalid_argument>([&] { CudaModel model(dir, too_early); }),
                    "fused_mlp_values_before_wait"));
+  CudaModelOptions negative_grid = cuda_options();
+  negative_grid.fused_mlp = true;
+  negative_grid.fused_mlp_blocks = -1;
+  REQUIRE(contains(error_of<std::invalid_argument>([&] { CudaModel model(dir, negative_grid); }), "fused_mlp_blocks"));
 }
 
 TEST_CASE("CUDA model: prefill then decode equals prefill of the whole sequence", "[ch08][gpu][model]") {
