@@ -204,7 +204,11 @@ struct CudaModelOptions {
   /// The QKV projection lets the attention start as soon as it starts itself: the
   /// attention's blocks then read the length and the committed keys (written by earlier
   /// steps) while the previous layer's down projection still finishes. Measured slower
-  /// on the H200 (836 against 848 tokens/s), so off; bench_model measures both.
+  /// on the H200 (836 against 848 tokens/s), so off; bench_model measures both. On
+  /// today's step (2026-12-04, forty-third session) 1014 against 1023: the attention's
+  /// blocks then start 2.8 us sooner, O's 2.6 and gate/up's 1.3, but QKV's input staging
+  /// queues behind O's weight loads and gate/up's wait returns 0.2-0.3 us later; lengthening
+  /// gate/up's or O's pause with it lost more (933-998).
   bool qkv_allows_attention_early = false;
   /// Gate/up and down request each warp's second batch of weights before their PDL wait
   /// too, by cp.async into shared memory (DecodeGemvParams::second_batch_in_shared):
@@ -480,7 +484,8 @@ struct CudaModelOptions {
   /// Where the model's shape takes it (C <= 1536, two layers or more); refused with
   /// persistent_decode, v6_fuses_o, kClusterWithO and the side prefetch. Measured
   /// slower on the H200 (2026-12-03, decode_ab.sh): 985 against 995 tokens/s, then
-  /// 942-967 against 983 (DECODE_LOG.md, thirty-first session), so off.
+  /// 942-967 against 983 (DECODE_LOG.md, thirty-first session); against today's
+  /// defaults 961 against 1013 (forty-third session), so off.
   /// bench_model --fused-mlp.
   bool fused_mlp = false;
   /// With fused_mlp: the values (3 weight rows each) a warp asks for before its PDL wait,
@@ -498,7 +503,10 @@ struct CudaModelOptions {
   /// With fused_mlp: blocks in its grid (FusedMlpParams::blocks; 0: every SM once). Fewer
   /// leave SMs on which the next layer's QKV blocks start, and ask for their weights,
   /// while the MLP still streams (a grid of one block an SM holds every SM's registers
-  /// until its end). bench_model --fused-mlp-blocks N.
+  /// until its end). H200 (2026-12-04, decode_ab.sh, three rounds): 128 blocks 974
+  /// tokens/s against 961 on every SM and 1013 for the unfused pair; 120, 112, 100 and 88
+  /// blocks 955, 962, 928 and 855, as fewer SMs stream the MLP slower (DECODE_LOG.md,
+  /// forty-third session). bench_model --fused-mlp-blocks N.
   int fused_mlp_blocks = 0;
 };
 
