@@ -99,6 +99,9 @@ struct Args {
   bool hold_until_end = CudaModelOptions{}.hold_until_attention_end;  ///< --hold-until-attention-end
   int hold_gate_up_from = CudaModelOptions{}.gate_up_hold_first_block;  ///< --hold-gate-up-from N
   int gate_up_delay = CudaModelOptions{}.gate_up_start_delay_ns;        ///< --gate-up-start-delay NS
+  int gate_up_loads_before_wait = 0;  ///< --gate-up-loads-before-wait N
+  int down_loads_before_wait = 0;     ///< --down-loads-before-wait N
+  int lm_head_loads_before_wait = 0;  ///< --lm-head-loads-before-wait N
   int down_delay = CudaModelOptions{}.down_start_delay_ns;              ///< --down-start-delay NS
   int qkv_delay = CudaModelOptions{}.qkv_start_delay_ns;                ///< --qkv-start-delay NS
   int o_delay = CudaModelOptions{}.o_start_delay_ns;                    ///< --o-start-delay NS
@@ -294,6 +297,12 @@ Args parse(int argc, char** argv) {
       a.hold_gate_up_from = std::stoi(value());
     } else if (flag == "--gate-up-start-delay") {
       a.gate_up_delay = std::stoi(value());
+    } else if (flag == "--gate-up-loads-before-wait") {
+      a.gate_up_loads_before_wait = std::stoi(value());
+    } else if (flag == "--down-loads-before-wait") {
+      a.down_loads_before_wait = std::stoi(value());
+    } else if (flag == "--lm-head-loads-before-wait") {
+      a.lm_head_loads_before_wait = std::stoi(value());
     } else if (flag == "--down-start-delay") {
       a.down_delay = std::stoi(value());
     } else if (flag == "--qkv-start-delay") {
@@ -420,6 +429,7 @@ Args parse(int argc, char** argv) {
                                   " [--v6-handover pull|barrier|mbarrier] [--[no-]v6-with-o] [--attention-o-blocks N] [--streamed [--ring-slots N] [--slot-bytes N]] [--v6-with-o-late-weights] [--o-after-attention-inputs] [--[no-]o-after-attention-inputs-long]"
                                   " [--carveout PERCENT] [--hold-o] [--hold-gate-up BLOCKS] [--hold-until-attention-end] [--hold-gate-up-from N]"
                                   " [--gate-up-start-delay NS] [--down-start-delay NS] [--qkv-start-delay NS] [--o-start-delay NS]"
+                                  " [--gate-up-loads-before-wait N] [--down-loads-before-wait N] [--lm-head-loads-before-wait N]"
                                   " [--lm-head-start-delay NS] [--[no-]widen-input] [--bulk-staging] [--qkv-early] [--gate-up-after-o]"
                                   " [--[no-]fused-mlp] [--fused-mlp-before-wait N] [--fused-mlp-block-warps 4|8] [--fused-mlp-blocks N] [--fused-mlp-start-delay NS]"
                                   " [--decode-graph-steps N] [--copy-each-token] [--embed-each-step]"
@@ -839,6 +849,9 @@ int main(int argc, char** argv) {
     options.hold_until_attention_end = args.hold_until_end;
     options.gate_up_hold_first_block = args.hold_gate_up_from;
     options.gate_up_start_delay_ns = args.gate_up_delay;
+    options.gate_up_loads_before_wait = args.gate_up_loads_before_wait;
+    options.down_loads_before_wait = args.down_loads_before_wait;
+    options.lm_head_loads_before_wait = args.lm_head_loads_before_wait;
     options.down_start_delay_ns = args.down_delay;
     options.fused_mlp = args.fused_mlp;
     options.mma_three_blocks_per_sm = args.mma_three_per_sm;

@@ -290,16 +290,20 @@ __device__ __forceinline__ void store_output(const DecodeGemvParams& p, int n, c
 
 // One batch of a warp's weight loads: chunks base, base + stride, ... of unit `unit`'s
 // weight rows (two rows for the pair outputs), with L2 policy `policy` (l2_policy).
-// Chunks past the row and units < 0 read as zero.
+// Chunks past the row and units < 0 read as zero. Only the batch's loads u_begin ..
+// u_end - 1 of each row (all of them by default; DecodeGemvParams::loads_before_wait
+// splits a first batch in two: some before the PDL wait, the rest after it).
 template <GemvOutput Out, int kBatch>
 __device__ __forceinline__ void load_batch(uint4 (&w)[rows_per_unit<Out>()][kBatch], const DecodeGemvParams& p,
-                                           int unit, int base, int stride, uint64_t policy) {
+                                           int unit, int base, int stride, uint64_t policy, int u_begin = 0,
+                                           int u_end = kBatch) {
   const int chunks = p.K / 8;
 #pragma unroll
   for (int r = 0; r < rows_per_unit<Out>(); ++r) {
     const __nv_bfloat16* row_start = p.W + (unit >= 0 ? size_t(weight_row<Out>(p, unit, r)) * p.K : 0);
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
+      if (u < u_begin || u >= u_end) continue;
       const int chunk = base + stride * u;
       w[r][u] = unit >= 0 && chunk < chunks ? load_streaming(row_start + 8 * chunk, policy) : make_uint4(0, 0, 0, 0);
     }

@@ -62,8 +62,13 @@ __host__ __device__ constexpr int shared_batch_vectors() {
 // kProbes: the measurement hooks (the timeline stamps, hold_for_signal, the bulk-copy
 // staging) are compiled in; launch_gemv picks this instance only when one is asked for
 // (probe_timeline in decode_device.cuh says why).
+//
+// kSplitFirstBatch (DecodeGemvParams::loads_before_wait): of the first batch, only the
+// first loads_before_wait loads a row go out before the PDL wait, the rest once the input
+// is staged. An instance of its own, so that the default ones carry none of it.
 template <GemvInput In, GemvOutput Out, bool HasBias, int kBatch, bool kSecondBatchShared = false,
-          bool kInputFromGlobal = false, bool kWidenInput = false, bool kProbes = false>
+          bool kInputFromGlobal = false, bool kWidenInput = false, bool kProbes = false,
+          bool kSplitFirstBatch = false>
 __global__ void __launch_bounds__(kThreads, 3)
     decode_gemv_kernel(DecodeGemvParams p, int rows_per_warp, int split) {
   static_assert(!kInputFromGlobal || In == GemvInput::kPlain, "only a plain input can be read in place");
@@ -98,7 +103,8 @@ __global__ void __launch_bounds__(kThreads, 3)
   uint4 norm_held[kNormHeld];
   if (p.norm_weight_first && !norm_in_epilogue) load_norm_weight<In>(p, norm_held);
   uint4 w[kRows][kBatch];
-  load_batch<Out, kBatch>(w, p, first < p.N ? first : -1, base_first, stride, policy);
+  const int before_wait = kSplitFirstBatch ? min(max(p.loads_before_wait, 1), kBatch) : kBatch;
+  load_batch<Out, kBatch>(w, p, first < p.N ? first : -1, base_first, stride, policy, 0, before_wait);
   // The second batch: (first, its second batch) or (first + 1, its first). The same for
   // every lane of the warp (lanes whose chunks lie past the row copy nothing).
   // (Read in place, no input is staged: the copied batches start the shared memory.)
@@ -159,6 +165,10 @@ __global__ void __launch_bounds__(kThreads, 3)
   const bool squares_in_dots = norm_in_epilogue && split == 1;
   float dot_scale = norm_in_epilogue && !squares_in_dots ? warp_inverse_rms(x_shared, p.K, p.eps) : 1.0f;
   timeline_mark(timeline, kTimelineStaged);
+  // (kSplitFirstBatch) The rest of the first batch.
+  if constexpr (kSplitFirstBatch) {
+    load_batch<Out, kBatch>(w, p, first < p.N ? first : -1, base_first, stride, policy, before_wait, kBatch);
+  }
   // (second_batch_after_staging) The second batch goes out now: the kernel before has
   // finished, so it queues in front of nobody's loads, and it arrives while the first
   // batch is dotted instead of being asked for after that.
@@ -317,8 +327,19 @@ void launch_gemv(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaStream
   auto lean_kernel = decode_gemv_kernel<In, Out, HasBias, kBatch, kSecondBatchShared, kInputFromGlobal, kWidenInput>;
   auto probed_kernel =
       decode_gemv_kernel<In, Out, HasBias, kBatch, kSecondBatchShared, kInputFromGlobal, kWidenInput, true>;
+  // loads_before_wait: the split instance, lean or probed (the forms that read the input
+  // in place or copy a second batch into shared memory do not take it: refused below).
+  constexpr bool kSplitTakes = !kSecondBatchShared && !kInputFromGlobal;
+  auto lean_split_kernel = kSplitTakes ? decode_gemv_kernel<In, Out, HasBias, kBatch, kSecondBatchShared,
+                                                            kInputFromGlobal, kWidenInput, false, kSplitTakes>
+                                       : lean_kernel;
+  auto probed_split_kernel = kSplitTakes ? decode_gemv_kernel<In, Out, HasBias, kBatch, kSecondBatchShared,
+                                                              kInputFromGlobal, kWidenInput, true, kSplitTakes>
+                                         : probed_kernel;
   const bool probes = probes_asked(p);
-  auto register_kernel = probes ? probed_kernel : lean_kernel;
+  const bool split_first_batch = kSplitTakes && p.loads_before_wait > 0 && p.loads_before_wait < kBatch;
+  auto register_kernel = split_first_batch ? (probes ? probed_split_kernel : lean_split_kernel)
+                                           : (probes ? probed_kernel : lean_kernel);
   auto kernel = pipelined ? decode_gemv_pipelined_kernel<In, Out, HasBias, kBatch> : register_kernel;
   constexpr size_t kSecondBatchBytes =
       kSecondBatchShared ? size_t(kWarps) * shared_batch_vectors<Out, kBatch>() * sizeof(uint4) : 0;
@@ -334,7 +355,7 @@ void launch_gemv(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaStream
   // default (allowed once), and what fits an SM depends on K.
   constexpr bool kSharedGrows = kSecondBatchShared || kWidenInput;
   static const bool allowed = !kSharedGrows || [&] {
-    for (auto instance : {lean_kernel, probed_kernel}) {
+    for (auto instance : {lean_kernel, probed_kernel, lean_split_kernel, probed_split_kernel}) {
       CUDA_CHECK(cudaFuncSetAttribute(instance, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       int(register_shared_bytes(kMaxK))));
     }
@@ -342,10 +363,12 @@ void launch_gemv(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaStream
   }();
   (void)allowed;
   // One wave: as many blocks as fit on the GPU at once.
-  static const int blocks_per_sm_of[3] = {occupancy(lean_kernel), occupancy(probed_kernel),
-                                          occupancy(decode_gemv_pipelined_kernel<In, Out, HasBias, kBatch>)};
+  static const int blocks_per_sm_of[5] = {occupancy(lean_kernel), occupancy(probed_kernel),
+                                          occupancy(decode_gemv_pipelined_kernel<In, Out, HasBias, kBatch>),
+                                          occupancy(lean_split_kernel), occupancy(probed_split_kernel)};
+  const int instance = pipelined ? 2 : (probes ? 1 : 0) + (split_first_batch ? 3 : 0);
   const int occupancy_blocks = kSharedGrows && !pipelined ? occupancy_at(register_kernel, p.K, shared_bytes)
-                                                                 : blocks_per_sm_of[pipelined ? 2 : probes ? 1 : 0];
+                                                                 : blocks_per_sm_of[instance];
   const int blocks_per_sm =
       p.max_blocks_per_sm > 0 ? std::min(occupancy_blocks, p.max_blocks_per_sm) : occupancy_blocks;
   const long long wave_warps = (long long)multiprocessor_count() * blocks_per_sm * kWarps;
@@ -524,6 +547,12 @@ void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, 
   if (p.rows_per_warp < 0) {
     throw std::invalid_argument("decode_gemv: rows_per_warp must be 0 (one wave) or more; got " +
                                 std::to_string(p.rows_per_warp));
+  }
+  if (p.loads_before_wait < 0 ||
+      (p.loads_before_wait > 0 && (p.second_batch_in_shared || p.input_from_global))) {
+    throw std::invalid_argument("decode_gemv: loads_before_wait must be >= 0, and does not combine with "
+                                "second_batch_in_shared or input_from_global; got " +
+                                std::to_string(p.loads_before_wait));
   }
   if (output == GemvOutput::kRopeAppend) {
     const RopeAppendTarget& t = p.rope;

@@ -268,6 +268,16 @@ struct DecodeGemvParams {
   /// model's gate/up and down pause 300 ns (CudaModelOptions::gate_up_start_delay_ns:
   /// measured faster, not yet explained).
   int start_delay_ns = 0;
+  /// kRegisterLoads, rows that start with a batch of loads before the PDL wait: of that
+  /// first batch's loads a lane (a row, kBatch of them: 6 for K <= 1536 row pairs, 9 for
+  /// down's), only this many go out before the wait, the rest right after the input is
+  /// staged. 0 (or kBatch or more): all of them before the wait. Why: a kernel's early
+  /// loads are bytes in flight in the memory system while the kernels before it make
+  /// their small dependent reads, and bench_read_latency measured an L2 hit at 143 ns
+  /// alone, ~290 ns under streams with 64 KB in flight an SM and ~550-600 ns with 128 KB
+  /// (gate/up's first batch: 144 KB an SM). A launch with it set runs an instance of its
+  /// own (the default ones do not carry the split). bench_model measures it.
+  int loads_before_wait = 0;
 };
 
 /// y = f(x W^T + b) for one token. One warp per output row (a few consecutive rows per

@@ -113,8 +113,18 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
                                     {"lm_head_start_delay_ns", options_.lm_head_start_delay_ns},
                                     {"fused_mlp_start_delay_ns", options_.fused_mlp_start_delay_ns},
                                     {"fused_mlp_blocks", options_.fused_mlp_blocks},
+                                    {"gate_up_loads_before_wait", options_.gate_up_loads_before_wait},
+                                    {"down_loads_before_wait", options_.down_loads_before_wait},
+                                    {"lm_head_loads_before_wait", options_.lm_head_loads_before_wait},
                                     {"attention_o_blocks", options_.attention_o_blocks}}) {
     if (value < 0) throw std::invalid_argument(std::string(name) + " must be >= 0, got " + std::to_string(value));
+  }
+  if ((options_.gate_up_loads_before_wait > 0 && options_.gate_up_second_batch_in_shared) ||
+      (options_.down_loads_before_wait > 0 &&
+       (options_.down_second_batch_in_shared || options_.down_input_from_global))) {
+    throw std::invalid_argument(
+        "gate_up_loads_before_wait / down_loads_before_wait do not combine with the second batch in shared memory "
+        "or down's input read in place");
   }
   if (options_.fused_mlp_values_before_wait < 0 || options_.fused_mlp_values_before_wait > 2) {
     throw std::invalid_argument("fused_mlp_values_before_wait must be 0, 1 or 2, got " +
@@ -1280,6 +1290,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     gate_up.hold = hold_for_attention(l, options_.gate_up_hold_blocks);
     gate_up.hold.first_block = options_.gate_up_hold_first_block;
     gate_up.start_delay_ns = options_.gate_up_start_delay_ns;
+    gate_up.loads_before_wait = options_.gate_up_loads_before_wait;
     step_gemv_settings(gate_up);
     if (fused_o) gate_up.residual_partials = ResidualPartials{d_o_partials_.data(), Hkv_};
     // (decode_skip's kSkipOAccumulatorInGateUp: measurement only, the values are wrong.)
@@ -1301,6 +1312,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     down.input_from_global = options_.down_input_from_global;
     down.timeline = timeline_slot(4 * l + 3);
     down.start_delay_ns = options_.down_start_delay_ns;
+    down.loads_before_wait = options_.down_loads_before_wait;
     step_gemv_settings(down);
     // Its row of h = the residual + the O projection: the partials were written two
     // kernels back, so they are settled before down's wait, as the residual is.
@@ -1320,6 +1332,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   head.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
   head.timeline = timeline_slot(4 * layers_.size());
   head.start_delay_ns = options_.lm_head_start_delay_ns;
+  head.loads_before_wait = options_.lm_head_loads_before_wait;
   step_gemv_settings(head);
   if (fused_mlp_) head.residual_partials = ResidualPartials{mlp_accumulator(layers_.size() - 1), 1};
   const GemvInput head_input = fused_mlp_ ? GemvInput::kRmsNormAddPartials : GemvInput::kRmsNorm;

@@ -348,6 +348,14 @@ struct CudaModelOptions {
   /// 866). So 150 and 500. bench_model --gate-up-start-delay NS, --down-start-delay NS.
   int gate_up_start_delay_ns = 150;
   int down_start_delay_ns = 500;
+  /// Gate/up's, down's and the lm_head's first batch split around the PDL wait
+  /// (DecodeGemvParams::loads_before_wait: this many of a lane's loads a row before the
+  /// wait, the rest once the input is staged; 0: all before it). Fewer bytes in flight
+  /// while the kernels before make their dependent reads. bench_model
+  /// --gate-up-loads-before-wait N, --down-loads-before-wait N, --lm-head-loads-before-wait N.
+  int gate_up_loads_before_wait = 0;
+  int down_loads_before_wait = 0;
+  int lm_head_loads_before_wait = 0;
   /// A second stream of the decode graph asks L2 for the last side_prefetch_gate_up_mb MB
   /// of each layer's gate/up weights (half from gate's rows, half from up's: the rows the
   /// GEMV's last blocks read) and the last side_prefetch_down_mb MB of its down weights,

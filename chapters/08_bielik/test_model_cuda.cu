@@ -209,20 +209,23 @@ TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming t
     }
     return false;
   };
-  for (int which = 0; which < 10; ++which) {
+  for (int which = 0; which < 13; ++which) {
     CudaModelOptions options = cuda_options();
-    int* option[] = {&options.attention_splits,       &options.attention_min_keys_per_split,
-                     &options.attention_o_replicas,   &options.decode_shared_carveout,
-                     &options.decode_shared_carveout, &options.gate_up_hold_blocks,
-                     &options.down_start_delay_ns,    &options.qkv_start_delay_ns,
-                     &options.o_start_delay_ns,       &options.lm_head_start_delay_ns};
+    int* option[] = {&options.attention_splits,          &options.attention_min_keys_per_split,
+                     &options.attention_o_replicas,      &options.decode_shared_carveout,
+                     &options.decode_shared_carveout,    &options.gate_up_hold_blocks,
+                     &options.down_start_delay_ns,       &options.qkv_start_delay_ns,
+                     &options.o_start_delay_ns,          &options.lm_head_start_delay_ns,
+                     &options.gate_up_loads_before_wait, &options.down_loads_before_wait,
+                     &options.lm_head_loads_before_wait};
     // replicas: at least one; carveout: -1 or a percent
-    const int bad_value[] = {-1, -1, 0, -2, 101, -1, -5, -1, -300, -1};
+    const int bad_value[] = {-1, -1, 0, -2, 101, -1, -5, -1, -300, -1, -1, -2, -1};
     *option[which] = bad_value[which];
-    const char* names[] = {"attention_splits",       "attention_min_keys_per_split", "attention_o_replicas",
-                           "decode_shared_carveout", "decode_shared_carveout",       "gate_up_hold_blocks",
-                           "down_start_delay_ns",    "qkv_start_delay_ns",           "o_start_delay_ns",
-                           "lm_head_start_delay_ns"};
+    const char* names[] = {"attention_splits",          "attention_min_keys_per_split", "attention_o_replicas",
+                           "decode_shared_carveout",    "decode_shared_carveout",       "gate_up_hold_blocks",
+                           "down_start_delay_ns",       "qkv_start_delay_ns",           "o_start_delay_ns",
+                           "lm_head_start_delay_ns",    "gate_up_loads_before_wait",    "down_loads_before_wait",
+                           "lm_head_loads_before_wait"};
     INFO(names[which]);
     REQUIRE(refused_naming(options, names[which]));
   }
@@ -861,6 +864,12 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       runs.push_back(run(options));
       options.gate_up_start_delay_ns = options.down_start_delay_ns = 500;
       options.qkv_start_delay_ns = options.o_start_delay_ns = options.lm_head_start_delay_ns = 500;
+      runs.push_back(run(options));
+      // Nor does a first batch split around the wait (the same loads, later).
+      options = cuda_options();
+      options.gate_up_loads_before_wait = 3;
+      options.down_loads_before_wait = 5;
+      options.lm_head_loads_before_wait = 1;
       runs.push_back(run(options));
       options = cuda_options();
       options.gate_up_hold_blocks = 1 << 20;  // until the attention's blocks have ended, pulled
@@ -1561,6 +1570,36 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
       REQUIRE(timeline.stamped(kTimelineEnd));
     }
   }
+  // The first batch split around the wait (loads_before_wait: the split instances, lean
+  // then probed): 1, 3 and 5 loads a row before it, with and without PDL, the input
+  // widened on one; every shape above, and gate/up's production form (its norm in the
+  // epilogue, x widened) at Bielik's size and an odd one.
+  for (const GemvCase& c : cases) {
+    for (int before : {1, 3, 5}) {
+      const bool pdl = before != 3, widen = before == 5;
+      INFO("loads before the wait " << before << ": N=" << c.N << " K=" << c.K << " output " << int(c.output)
+                                    << " pdl " << pdl << " widened " << widen);
+      TestGemvTimeline timeline;
+      timeline.reset();
+      check_gemv_case(c, case_seed, [&](DecodeGemvParams& p, int launch) {
+        p.loads_before_wait = before;
+        p.widen_input = widen;
+        p.stream_evict_first = pdl;
+        if (launch == 1) p.timeline = timeline.values.data();
+        decode_gemv(c.input, c.output, p, pdl, 0, DecodeGemvKernel::kRegisterLoads);
+      }, 2);
+      REQUIRE(timeline.stamped(kTimelineEnd));
+    }
+  }
+  for (const GemvCase& c : {epilogue_norm_cases[0], epilogue_norm_cases[2]}) {
+    INFO("loads before the wait 3, norm in the epilogue: N=" << c.N << " K=" << c.K);
+    check_gemv_case(c, case_seed, [&](DecodeGemvParams& p, int) {
+      p.loads_before_wait = 3;
+      p.norm_in_epilogue = true;
+      p.widen_input = true;
+      decode_gemv(c.input, c.output, p, true, 0, DecodeGemvKernel::kRegisterLoads);
+    }, 2, true);
+  }
 }
 
 TEST_CASE("decode_gemv on the tensor cores: every form it takes matches a CPU reference", "[ch08][gpu][kernels]") {
@@ -1678,6 +1717,14 @@ TEST_CASE("decode_gemv refuses a split or a row count it cannot run", "[ch08][gp
   p.split_warps = 0;
   p.rows_per_warp = -1;
   REQUIRE_THROWS_AS(decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false), std::invalid_argument);
+  p.rows_per_warp = 0;
+  p.loads_before_wait = -1;
+  REQUIRE(contains(error_of<std::invalid_argument>([&] { decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false); }),
+                   "loads_before_wait"));
+  p.loads_before_wait = 2;
+  p.input_from_global = true;
+  REQUIRE(contains(error_of<std::invalid_argument>([&] { decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false); }),
+                   "loads_before_wait"));
 }
 
 TEST_CASE("decode_gemv kAttentionMerge: the O projection of the merged attention splits", "[ch08][gpu][kernels]") {
