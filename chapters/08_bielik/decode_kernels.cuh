@@ -276,7 +276,9 @@ struct DecodeGemvParams {
   /// their small dependent reads, and bench_read_latency measured an L2 hit at 143 ns
   /// alone, ~290 ns under streams with 64 KB in flight an SM and ~550-600 ns with 128 KB
   /// (gate/up's first batch: 144 KB an SM). A launch with it set runs an instance of its
-  /// own (the default ones do not carry the split). bench_model measures it.
+  /// own (the default ones do not carry the split). In the decode step every split lost
+  /// (gate/up's half held back: the chain 1.1 us shorter, the MLP 2.1 us longer; DECODE_LOG.md,
+  /// forty-third session). bench_model measures it.
   int loads_before_wait = 0;
 };
 

@@ -351,7 +351,10 @@ struct CudaModelOptions {
   /// Gate/up's, down's and the lm_head's first batch split around the PDL wait
   /// (DecodeGemvParams::loads_before_wait: this many of a lane's loads a row before the
   /// wait, the rest once the input is staged; 0: all before it). Fewer bytes in flight
-  /// while the kernels before make their dependent reads. bench_model
+  /// while the kernels before make their dependent reads. H200 (2026-12-04, forty-third
+  /// session, decode_ab.sh): gate/up 5..1 996-975, down 7/5/3 998/974/948, the lm_head 3
+  /// 1021, against 1022 with all before the wait; with gate/up 3 the chain ended 1.1 us
+  /// sooner and the MLP took 2.1 us longer. So 0. bench_model
   /// --gate-up-loads-before-wait N, --down-loads-before-wait N, --lm-head-loads-before-wait N.
   int gate_up_loads_before_wait = 0;
   int down_loads_before_wait = 0;
