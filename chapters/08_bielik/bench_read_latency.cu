@@ -13,10 +13,11 @@
 // One kernel, one block per SM (1024 threads and 120 KB of shared memory a block, so
 // that no SM takes two). Block 0 is the probe: its thread 0 follows a chain of dependent
 // loads (each reads the index of the next, through L2: ld.global.cg) and times them with
-// %globaltimer, after the streams have run for 10 us. The next `streaming_blocks` blocks
-// stream a 1 GB buffer (beyond L2) with all 32 warps, as the decode GEMVs read weights:
-// 16-byte loads with an L2 evict-first policy, 8 in flight a lane (128 KB an SM); the
-// probe's own other 31 warps stream too where asked. Streams stop when the probe is done.
+// %globaltimer, after the streams have run for 10 us. `streaming_blocks` other blocks
+// stream a 1 GB buffer (beyond L2) with all 32 warps, by the decode GEMVs' own weight
+// load (decode_device's load_streaming: 16 bytes, L2 evict-first), 8 in flight a lane
+// (128 KB an SM) unless a row says fewer; the probe's own other 31 warps stream too where
+// asked. Streams stop when the probe is done.
 //
 // Two chains: 512 entries 128 bytes apart (64 KB, warmed into L2 first: an L2 hit a
 // step, as the chain's activations are) and 32768 entries 64 KB apart in a 2 GB table
@@ -39,6 +40,7 @@
 
 #include "bench.cuh"
 #include "cuda_check.cuh"
+#include "decode_device.cuh"  // load_streaming, l2_policy: the decode GEMVs' weight loads
 #include "device_buffer.cuh"
 #include "globaltimer.cuh"
 
@@ -72,20 +74,11 @@ struct ProbeParams {
   unsigned long long* stream_window = nullptr;  // (2) the streams' first start, last end (ns)
 };
 
-__device__ __forceinline__ uint4 load_evict_first(const uint4* p, uint64_t policy) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p), "l"(policy));
-  return v;
-}
-
 /// One warp streams its own slice of the buffer, round after round, until the probe is
 /// done, kInFlight 16-byte loads a lane a round.
 template <int kInFlight>
 __device__ void stream_until_done(const ProbeParams& p, int stream_warp, int stream_warps) {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  const uint64_t policy = decode_device::l2_policy(true);  // the decode GEMVs' loads, evict-first
   const int lane = threadIdx.x % 32;
   const size_t slice = p.stream_vectors / size_t(stream_warps);  // vectors a warp
   const size_t round = size_t(kInFlight) * 32;                     // vectors a round
@@ -97,7 +90,7 @@ __device__ void stream_until_done(const ProbeParams& p, int stream_warp, int str
     if (*reinterpret_cast<volatile const unsigned*>(p.done) != 0u) break;  // an L2 read a round
     uint4 v[kInFlight];
 #pragma unroll
-    for (int u = 0; u < kInFlight; ++u) v[u] = load_evict_first(base + r * round + u * 32 + lane, policy);
+    for (int u = 0; u < kInFlight; ++u) v[u] = decode_device::load_streaming(base + r * round + u * 32 + lane, policy);
 #pragma unroll
     for (int u = 0; u < kInFlight; ++u) sum += v[u].x + v[u].y + v[u].z + v[u].w;  // uses every load
     loads += kInFlight;

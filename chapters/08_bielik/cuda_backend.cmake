@@ -58,7 +58,7 @@ else()
   # bench_layer_chain: the decode step's chain of launches with nothing but their reads, a ceiling.
   bielik_add_bench(bench_layer_chain SOURCES ${cuda_backend_dir}/bench_layer_chain.cu)
   # bench_read_latency: a dependent read's latency while other SMs, or its own, stream weights.
-  bielik_add_bench(bench_read_latency SOURCES ${cuda_backend_dir}/bench_read_latency.cu)
+  bielik_add_bench(bench_read_latency SOURCES ${cuda_backend_dir}/bench_read_latency.cu LIBS bielik_ch08_cuda)
   # bench_l2_prefetch: whether an L2 prefetch lands, and what it is worth to the next read.
   bielik_add_bench(bench_l2_prefetch SOURCES ${cuda_backend_dir}/bench_l2_prefetch.cu LIBS bielik_ch08_cuda)
   # bench_instruction_cache: what cold code (instruction cache misses) costs a kernel in a PDL chain.
