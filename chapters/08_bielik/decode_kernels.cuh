@@ -274,7 +274,7 @@ struct DecodeGemvParams {
   /// staged. 0 (or kBatch or more): all of them before the wait. Why: a kernel's early
   /// loads are bytes in flight in the memory system while the kernels before it make
   /// their small dependent reads, and bench_read_latency measured an L2 hit at 143 ns
-  /// alone, ~290 ns under streams with 64 KB in flight an SM and ~550-600 ns with 128 KB
+  /// alone, 280-290 ns under streams with 64 KB in flight an SM and 540-600 ns with 128 KB
   /// (gate/up's first batch: 144 KB an SM). A launch with it set runs an instance of its
   /// own (the default ones do not carry the split). In the decode step every split lost
   /// (gate/up's half held back: the chain 1.1 us shorter, the MLP 2.1 us longer; DECODE_LOG.md,
