@@ -102,6 +102,7 @@ struct Args {
   int gate_up_loads_before_wait = 0;  ///< --gate-up-loads-before-wait N
   int down_loads_before_wait = 0;     ///< --down-loads-before-wait N
   int lm_head_loads_before_wait = 0;  ///< --lm-head-loads-before-wait N
+  SplitBatchRest split_rest = SplitBatchRest::kAfterStaging;  ///< --split-batch-rest WHEN
   int down_delay = CudaModelOptions{}.down_start_delay_ns;              ///< --down-start-delay NS
   int qkv_delay = CudaModelOptions{}.qkv_start_delay_ns;                ///< --qkv-start-delay NS
   int o_delay = CudaModelOptions{}.o_start_delay_ns;                    ///< --o-start-delay NS
@@ -303,6 +304,18 @@ Args parse(int argc, char** argv) {
       a.down_loads_before_wait = std::stoi(value());
     } else if (flag == "--lm-head-loads-before-wait") {
       a.lm_head_loads_before_wait = std::stoi(value());
+    } else if (flag == "--split-batch-rest") {
+      const std::string when = value();
+      if (when == "after-staging") {
+        a.split_rest = SplitBatchRest::kAfterStaging;
+      } else if (when == "after-wait") {
+        a.split_rest = SplitBatchRest::kAfterWait;
+      } else if (when == "when-first-arrived") {
+        a.split_rest = SplitBatchRest::kWhenFirstArrived;
+      } else {
+        throw std::invalid_argument("--split-batch-rest takes after-staging, after-wait or when-first-arrived, got " +
+                                    when);
+      }
     } else if (flag == "--down-start-delay") {
       a.down_delay = std::stoi(value());
     } else if (flag == "--qkv-start-delay") {
@@ -429,7 +442,7 @@ Args parse(int argc, char** argv) {
                                   " [--v6-handover pull|barrier|mbarrier] [--[no-]v6-with-o] [--attention-o-blocks N] [--streamed [--ring-slots N] [--slot-bytes N]] [--v6-with-o-late-weights] [--o-after-attention-inputs] [--[no-]o-after-attention-inputs-long]"
                                   " [--carveout PERCENT] [--hold-o] [--hold-gate-up BLOCKS] [--hold-until-attention-end] [--hold-gate-up-from N]"
                                   " [--gate-up-start-delay NS] [--down-start-delay NS] [--qkv-start-delay NS] [--o-start-delay NS]"
-                                  " [--gate-up-loads-before-wait N] [--down-loads-before-wait N] [--lm-head-loads-before-wait N]"
+                                  " [--gate-up-loads-before-wait N] [--down-loads-before-wait N] [--lm-head-loads-before-wait N] [--split-batch-rest after-staging|after-wait|when-first-arrived]"
                                   " [--lm-head-start-delay NS] [--[no-]widen-input] [--bulk-staging] [--qkv-early] [--gate-up-after-o]"
                                   " [--[no-]fused-mlp] [--fused-mlp-before-wait N] [--fused-mlp-block-warps 4|8] [--fused-mlp-blocks N] [--fused-mlp-start-delay NS]"
                                   " [--decode-graph-steps N] [--copy-each-token] [--embed-each-step]"
@@ -852,6 +865,7 @@ int main(int argc, char** argv) {
     options.gate_up_loads_before_wait = args.gate_up_loads_before_wait;
     options.down_loads_before_wait = args.down_loads_before_wait;
     options.lm_head_loads_before_wait = args.lm_head_loads_before_wait;
+    options.split_batch_rest = args.split_rest;
     options.down_start_delay_ns = args.down_delay;
     options.fused_mlp = args.fused_mlp;
     options.mma_three_blocks_per_sm = args.mma_three_per_sm;

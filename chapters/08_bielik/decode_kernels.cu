@@ -65,7 +65,9 @@ __host__ __device__ constexpr int shared_batch_vectors() {
 //
 // kSplitFirstBatch (DecodeGemvParams::loads_before_wait): of the first batch, only the
 // first loads_before_wait loads a row go out before the PDL wait, the rest once the input
-// is staged. An instance of its own, so that the default ones carry none of it.
+// is staged, right after the wait or once the first ones have landed
+// (DecodeGemvParams::split_rest). An instance of its own, so that the default ones carry
+// none of it.
 template <GemvInput In, GemvOutput Out, bool HasBias, int kBatch, bool kSecondBatchShared = false,
           bool kInputFromGlobal = false, bool kWidenInput = false, bool kProbes = false,
           bool kSplitFirstBatch = false>
@@ -105,6 +107,24 @@ __global__ void __launch_bounds__(kThreads, 3)
   uint4 w[kRows][kBatch];
   const int before_wait = kSplitFirstBatch ? min(max(p.loads_before_wait, 1), kBatch) : kBatch;
   load_batch<Out, kBatch>(w, p, first < p.N ? first : -1, base_first, stride, policy, 0, before_wait);
+  // (kSplitFirstBatch, kWhenFirstArrived) The rest once those have landed: a value the
+  // loads produce, tested (see value_has_arrived), holds each thread until its loads are
+  // in, so a block never has more than the first part in flight.
+  if constexpr (kSplitFirstBatch) {
+    if (p.split_rest == SplitBatchRest::kWhenFirstArrived) {
+      float arrived = 0.0f;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          if (u < before_wait) arrived += __uint_as_float(w[r][u].x);
+        }
+      }
+      if (value_has_arrived(arrived)) {
+        load_batch<Out, kBatch>(w, p, first < p.N ? first : -1, base_first, stride, policy, before_wait, kBatch);
+      }
+    }
+  }
   // The second batch: (first, its second batch) or (first + 1, its first). The same for
   // every lane of the warp (lanes whose chunks lie past the row copy nothing).
   // (Read in place, no input is staged: the copied batches start the shared memory.)
@@ -144,6 +164,15 @@ __global__ void __launch_bounds__(kThreads, 3)
   // 2. Every block waits, then stages the input vector (normalized for kRmsNorm unless
   //    norm_in_epilogue), or with kInputFromGlobal only waits: each lane then reads its
   //    x chunks in place.
+  //    (kSplitFirstBatch, kAfterWait) The rest of the first batch goes out between the
+  //    wait and the input's loads; the staging's own wait then returns at once
+  //    (griddepcontrol.wait may be called again).
+  if constexpr (kSplitFirstBatch) {
+    if (p.split_rest == SplitBatchRest::kAfterWait) {
+      pdl_wait();
+      load_batch<Out, kBatch>(w, p, first < p.N ? first : -1, base_first, stride, policy, before_wait, kBatch);
+    }
+  }
   if constexpr (kInputFromGlobal) {
     pdl_wait();
     timeline_mark(timeline, kTimelineWaitReturned);
@@ -165,9 +194,11 @@ __global__ void __launch_bounds__(kThreads, 3)
   const bool squares_in_dots = norm_in_epilogue && split == 1;
   float dot_scale = norm_in_epilogue && !squares_in_dots ? warp_inverse_rms(x_shared, p.K, p.eps) : 1.0f;
   timeline_mark(timeline, kTimelineStaged);
-  // (kSplitFirstBatch) The rest of the first batch.
+  // (kSplitFirstBatch, kAfterStaging) The rest of the first batch.
   if constexpr (kSplitFirstBatch) {
-    load_batch<Out, kBatch>(w, p, first < p.N ? first : -1, base_first, stride, policy, before_wait, kBatch);
+    if (p.split_rest == SplitBatchRest::kAfterStaging) {
+      load_batch<Out, kBatch>(w, p, first < p.N ? first : -1, base_first, stride, policy, before_wait, kBatch);
+    }
   }
   // (second_batch_after_staging) The second batch goes out now: the kernel before has
   // finished, so it queues in front of nobody's loads, and it arrives while the first
@@ -553,6 +584,10 @@ void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, 
     throw std::invalid_argument("decode_gemv: loads_before_wait must be >= 0, and does not combine with "
                                 "second_batch_in_shared or input_from_global; got " +
                                 std::to_string(p.loads_before_wait));
+  }
+  if (p.split_rest != SplitBatchRest::kAfterStaging && p.loads_before_wait == 0) {
+    throw std::invalid_argument("decode_gemv: split_rest says when the rest of a split first batch goes out, and "
+                                "needs loads_before_wait > 0");
   }
   if (output == GemvOutput::kRopeAppend) {
     const RopeAppendTarget& t = p.rope;

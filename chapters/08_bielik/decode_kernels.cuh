@@ -41,6 +41,7 @@
 
 #include "pdl.cuh"  // device_supports_pdl
 #include "rope.cuh"
+#include "split_batch_rest.hpp"
 
 namespace bielik {
 
@@ -270,8 +271,8 @@ struct DecodeGemvParams {
   int start_delay_ns = 0;
   /// kRegisterLoads, rows that start with a batch of loads before the PDL wait: of that
   /// first batch's loads a lane (a row, kBatch of them: 6 for K <= 1536 row pairs, 9 for
-  /// down's), only this many go out before the wait, the rest right after the input is
-  /// staged. 0 (or kBatch or more): all of them before the wait. Why: a kernel's early
+  /// down's), only this many go out before the wait, the rest at the moment split_rest
+  /// names (by default right after the input is staged). 0 (or kBatch or more): all of them before the wait. Why: a kernel's early
   /// loads are bytes in flight in the memory system while the kernels before it make
   /// their small dependent reads, and bench_read_latency measured an L2 hit at 143 ns
   /// alone, 280-290 ns under streams with 64 KB in flight an SM and 540-600 ns with 128 KB
@@ -280,6 +281,10 @@ struct DecodeGemvParams {
   /// (gate/up's half held back: the chain 1.1 us shorter, the MLP 2.1 us longer; DECODE_LOG.md,
   /// forty-third session). bench_model measures it.
   int loads_before_wait = 0;
+  /// With loads_before_wait: when the rest of the split first batch goes out
+  /// (SplitBatchRest; exercise 32 of chapter 08's README; measured in
+  /// CudaModelOptions::split_batch_rest). Refused without loads_before_wait.
+  SplitBatchRest split_rest = SplitBatchRest::kAfterStaging;
 };
 
 /// y = f(x W^T + b) for one token. One warp per output row (a few consecutive rows per

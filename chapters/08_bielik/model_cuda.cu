@@ -126,6 +126,12 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
         "gate_up_loads_before_wait / down_loads_before_wait do not combine with the second batch in shared memory "
         "or down's input read in place");
   }
+  if (options_.split_batch_rest != SplitBatchRest::kAfterStaging && options_.gate_up_loads_before_wait == 0 &&
+      options_.down_loads_before_wait == 0 && options_.lm_head_loads_before_wait == 0) {
+    throw std::invalid_argument(
+        "split_batch_rest says when the rest of a split first batch goes out, and needs "
+        "gate_up_loads_before_wait, down_loads_before_wait or lm_head_loads_before_wait");
+  }
   if (options_.fused_mlp_values_before_wait < 0 || options_.fused_mlp_values_before_wait > 2) {
     throw std::invalid_argument("fused_mlp_values_before_wait must be 0, 1 or 2, got " +
                                 std::to_string(options_.fused_mlp_values_before_wait));
@@ -1291,6 +1297,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     gate_up.hold.first_block = options_.gate_up_hold_first_block;
     gate_up.start_delay_ns = options_.gate_up_start_delay_ns;
     gate_up.loads_before_wait = options_.gate_up_loads_before_wait;
+    gate_up.split_rest = gate_up.loads_before_wait > 0 ? options_.split_batch_rest : SplitBatchRest::kAfterStaging;
     step_gemv_settings(gate_up);
     if (fused_o) gate_up.residual_partials = ResidualPartials{d_o_partials_.data(), Hkv_};
     // (decode_skip's kSkipOAccumulatorInGateUp: measurement only, the values are wrong.)
@@ -1313,6 +1320,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     down.timeline = timeline_slot(4 * l + 3);
     down.start_delay_ns = options_.down_start_delay_ns;
     down.loads_before_wait = options_.down_loads_before_wait;
+    down.split_rest = down.loads_before_wait > 0 ? options_.split_batch_rest : SplitBatchRest::kAfterStaging;
     step_gemv_settings(down);
     // Its row of h = the residual + the O projection: the partials were written two
     // kernels back, so they are settled before down's wait, as the residual is.
@@ -1333,6 +1341,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   head.timeline = timeline_slot(4 * layers_.size());
   head.start_delay_ns = options_.lm_head_start_delay_ns;
   head.loads_before_wait = options_.lm_head_loads_before_wait;
+  head.split_rest = head.loads_before_wait > 0 ? options_.split_batch_rest : SplitBatchRest::kAfterStaging;
   step_gemv_settings(head);
   if (fused_mlp_) head.residual_partials = ResidualPartials{mlp_accumulator(layers_.size() - 1), 1};
   const GemvInput head_input = fused_mlp_ ? GemvInput::kRmsNormAddPartials : GemvInput::kRmsNorm;

@@ -56,6 +56,7 @@
 #include "model_config.hpp"
 #include "rope.cuh"
 #include "sample_kernels.cuh"
+#include "split_batch_rest.hpp"
 
 namespace bielik {
 
@@ -359,6 +360,17 @@ struct CudaModelOptions {
   int gate_up_loads_before_wait = 0;
   int down_loads_before_wait = 0;
   int lm_head_loads_before_wait = 0;
+  /// When the rest of those split batches goes out (DecodeGemvParams::split_rest;
+  /// exercise 32): once the input is staged, right after the wait, or before it once the
+  /// first loads have landed. Needs one of the three above. H200 (2026-12-04, forty-fourth
+  /// session, decode_ab.sh, 256 tokens after 16): gate/up 3 after the wait 921 against 965
+  /// after the staging and 1015 with none split; once the first loads are in, gate/up 2-5
+  /// 1002-1010 and down 3 / 5 1010-1011 against 1016, and by context (gate/up 3, 64
+  /// tokens after 16 / 128 / 512 / 1024 / 2048) 1023 / 1013 / 992 / 916 / 893 against
+  /// 1027 / 1022 / 988 / 885 / 871: a loss up to ~500 keys, a gain of 2.5-3.5% in the
+  /// long graph. So the staging's moment stays the default (and no split). bench_model
+  /// --split-batch-rest after-staging|after-wait|when-first-arrived.
+  SplitBatchRest split_batch_rest = SplitBatchRest::kAfterStaging;
   /// A second stream of the decode graph asks L2 for the last side_prefetch_gate_up_mb MB
   /// of each layer's gate/up weights (half from gate's rows, half from up's: the rows the
   /// GEMV's last blocks read) and the last side_prefetch_down_mb MB of its down weights,

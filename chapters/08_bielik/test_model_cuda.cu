@@ -229,6 +229,12 @@ TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming t
     INFO(names[which]);
     REQUIRE(refused_naming(options, names[which]));
   }
+  // The rest of a split batch after the wait, with no batch split.
+  {
+    CudaModelOptions options = cuda_options();
+    options.split_batch_rest = SplitBatchRest::kWhenFirstArrived;
+    REQUIRE(refused_naming(options, "split_batch_rest"));
+  }
   // No decode steps in a graph, or too many.
   for (int steps : {0, 65}) {
     CudaModelOptions options = cuda_options();
@@ -871,6 +877,14 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       options.down_loads_before_wait = 5;
       options.lm_head_loads_before_wait = 1;
       runs.push_back(run(options));
+      options.split_batch_rest = SplitBatchRest::kAfterWait;  // the rest right after the wait
+      runs.push_back(run(options));
+      options.split_batch_rest = SplitBatchRest::kWhenFirstArrived;  // once the first loads are in
+      runs.push_back(run(options));
+      options = cuda_options();
+      options.down_loads_before_wait = 3;  // on down alone
+      options.split_batch_rest = SplitBatchRest::kAfterWait;
+      runs.push_back(run(options));
       options = cuda_options();
       options.gate_up_hold_blocks = 1 << 20;  // until the attention's blocks have ended, pulled
       options.hold_until_attention_end = true;
@@ -887,7 +901,7 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
     // The same kernels in the same order: bit for bit the same logits.
     for (size_t i = 1; i < runs.size(); ++i) {
       INFO(spec.name << " run " << i
-                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early; then the input widened or not; then O after the attention's inputs; then carveouts 0 (graph) and 100 (eager); then O and gate/up held, gate/up blocks 1-2 held, no hold and no pause, 500 ns pauses, then gate/up held to the pulled attention's end; then the second batches in shared memory, copied before the wait, then after the staging)");
+                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early; then the input widened or not; then O after the attention's inputs; then carveouts 0 (graph) and 100 (eager); then O and gate/up held, gate/up blocks 1-2 held, no hold and no pause, 500 ns pauses, then the first batches split, the rest after the staging, after the wait, once the first loads are in, down's alone after the wait; then gate/up held to the pulled attention's end; then the second batches in shared memory, copied before the wait, then after the staging)");
       REQUIRE(runs[i] == runs[0]);
     }
     // The side branch that asks L2 for gate/up's and down's last rows changes no value:
@@ -1572,17 +1586,23 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
   }
   // The first batch split around the wait (loads_before_wait: the split instances, lean
   // then probed): 1, 3 and 5 loads a row before it, with and without PDL, the input
-  // widened on one; every shape above, and gate/up's production form (its norm in the
-  // epilogue, x widened) at Bielik's size and an odd one.
+  // widened on one, the rest after the staging, right after the wait or once the first
+  // loads are in (split_rest); every shape above, and gate/up's production form (its
+  // norm in the epilogue, x widened) at Bielik's size and an odd one.
+  const SplitBatchRest rests[] = {SplitBatchRest::kAfterStaging, SplitBatchRest::kAfterWait,
+                                  SplitBatchRest::kWhenFirstArrived};
   for (const GemvCase& c : cases) {
-    for (int before : {1, 3, 5}) {
+    for (int variant = 0; variant < 9; ++variant) {
+      const int before = (variant % 3) * 2 + 1;  // 1, 3, 5
       const bool pdl = before != 3, widen = before == 5;
+      const SplitBatchRest rest = rests[variant / 3];
       INFO("loads before the wait " << before << ": N=" << c.N << " K=" << c.K << " output " << int(c.output)
-                                    << " pdl " << pdl << " widened " << widen);
+                                    << " pdl " << pdl << " widened " << widen << " rest " << int(rest));
       TestGemvTimeline timeline;
       timeline.reset();
       check_gemv_case(c, case_seed, [&](DecodeGemvParams& p, int launch) {
         p.loads_before_wait = before;
+        p.split_rest = rest;
         p.widen_input = widen;
         p.stream_evict_first = pdl;
         if (launch == 1) p.timeline = timeline.values.data();
@@ -1592,13 +1612,16 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
     }
   }
   for (const GemvCase& c : {epilogue_norm_cases[0], epilogue_norm_cases[2]}) {
-    INFO("loads before the wait 3, norm in the epilogue: N=" << c.N << " K=" << c.K);
-    check_gemv_case(c, case_seed, [&](DecodeGemvParams& p, int) {
-      p.loads_before_wait = 3;
-      p.norm_in_epilogue = true;
-      p.widen_input = true;
-      decode_gemv(c.input, c.output, p, true, 0, DecodeGemvKernel::kRegisterLoads);
-    }, 2, true);
+    for (SplitBatchRest rest : rests) {
+      INFO("loads before the wait 3, norm in the epilogue: N=" << c.N << " K=" << c.K << " rest " << int(rest));
+      check_gemv_case(c, case_seed, [&](DecodeGemvParams& p, int) {
+        p.loads_before_wait = 3;
+        p.split_rest = rest;
+        p.norm_in_epilogue = true;
+        p.widen_input = true;
+        decode_gemv(c.input, c.output, p, true, 0, DecodeGemvKernel::kRegisterLoads);
+      }, 2, true);
+    }
   }
 }
 
@@ -1725,6 +1748,11 @@ TEST_CASE("decode_gemv refuses a split or a row count it cannot run", "[ch08][gp
   p.input_from_global = true;
   REQUIRE(contains(error_of<std::invalid_argument>([&] { decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false); }),
                    "loads_before_wait"));
+  p.input_from_global = false;
+  p.loads_before_wait = 0;
+  p.split_rest = SplitBatchRest::kAfterWait;  // when the rest of no split goes out
+  REQUIRE(contains(error_of<std::invalid_argument>([&] { decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false); }),
+                   "split_rest"));
 }
 
 TEST_CASE("decode_gemv kAttentionMerge: the O projection of the merged attention splits", "[ch08][gpu][kernels]") {
