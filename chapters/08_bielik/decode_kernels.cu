@@ -166,7 +166,9 @@ __global__ void __launch_bounds__(kThreads, 3)
   //    x chunks in place.
   //    (kSplitFirstBatch, kAfterWait) The rest of the first batch goes out between the
   //    wait and the input's loads; the staging's own wait then returns at once
-  //    (griddepcontrol.wait may be called again).
+  //    (griddepcontrol.wait may be called again), so with kProbes its stamp of the wait
+  //    comes after these loads are sent: sending them is what waits (a load's issue
+  //    waits for room in flight; forty-fourth session).
   if constexpr (kSplitFirstBatch) {
     if (p.split_rest == SplitBatchRest::kAfterWait) {
       pdl_wait();

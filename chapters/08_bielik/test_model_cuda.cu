@@ -229,7 +229,7 @@ TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming t
     INFO(names[which]);
     REQUIRE(refused_naming(options, names[which]));
   }
-  // The rest of a split batch after the wait, with no batch split.
+  // A moment for the rest of a split batch, with no batch split.
   {
     CudaModelOptions options = cuda_options();
     options.split_batch_rest = SplitBatchRest::kWhenFirstArrived;
