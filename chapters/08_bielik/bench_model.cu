@@ -435,7 +435,7 @@ Args parse(int argc, char** argv) {
     } else {
       throw std::invalid_argument("unknown argument " + flag +
                                   " (usage: bench_model [--model DIR] [--out FILE] [--decode-tokens N] [--context N]"
-                                  " [--decode-only [--prompt-tokens N] [--decode-skip qkv,attention,o,gate_up,down,qkv_norm,o_accumulator_in_gate_up]] [--ttft-only] [--ttft-rows-ab|--ttft-graph-ab|--ttft-gemv-ab|--ttft-v6-ab] [--prefill-all-rows] [--no-prefill-graphs] [--prefill-gemv N] [--prefill-v6 N] [--timeline|--timeline-gemvs-only] [--sampling-only] [--prefill-attention v5|v6]"
+                                  " [--decode-only [--prompt-tokens N] [--decode-skip qkv,attention,o,gate_up,down,qkv_norm,o_accumulator_in_gate_up]] [--ttft-only] [--ttft-rows-ab|--ttft-graph-ab|--ttft-gemv-ab|--ttft-v6-ab] [--prefill-all-rows] [--no-prefill-graphs] [--prefill-gemv N] [--prefill-v6 N] [--timeline|--timeline-gemvs-only [--prompt-tokens N]] [--sampling-only] [--prefill-attention v5|v6]"
                                   " [--attention cluster_o|cluster|cluster_per_head|split_combine|merge_in_o]"
                                   " [--replicas N] [--splits N] [--short-max-keys N] [--short-splits N] [--long-min-keys N]"
                                   " [--long-splits N]"
@@ -756,27 +756,32 @@ std::pair<double, double> streamed_logit_difference(const std::string& model_dir
 // wait returned, input staged, first weights in, first row's dot summed, end), relative
 // to the moment the previous layer's down projection ended (the layer's input is
 // complete). Means over layers 1..L-1 and 5 steps, after a
-// 16-token prompt and 64 warm-up tokens. Then the same for the attention between them
+// prompt_tokens-long prompt (--prompt-tokens, 16 by default) and 64 warm-up tokens: the
+// steps read prompt_tokens + 65 to + 69 keys. Then the same for the attention between them
 // (chapter 07's v6 or v5: start, wait returned, inputs arrived, states updated, warps merged,
 // partial done, outputs stored, end).
 // With attention_timed false (--timeline-gemvs-only) the attention records nothing and its
 // table is left out.
-void print_decode_timeline(CudaModel& model, bool attention_timed) {
+void print_decode_timeline(CudaModel& model, bool attention_timed, int prompt_tokens) {
   const int L = model.config().num_hidden_layers;
+  constexpr int kWarmUpTokens = 64, kSteps = 5;
+  prompt_tokens = std::min(prompt_tokens, model.context_size() - kWarmUpTokens - kSteps - 1);
+  if (prompt_tokens < 1) throw std::invalid_argument("--timeline: the context holds no prompt before its steps");
   model.reset();
-  const std::vector<float> logits = model.prefill(random_prompt(16, model.config().vocab_size, 7));
+  const std::vector<float> logits = model.prefill(random_prompt(prompt_tokens, model.config().vocab_size, 7));
   int32_t token = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
-  token = model.generate_greedy(token, 64).back();
+  token = model.generate_greedy(token, kWarmUpTokens).back();
   const char* names[4] = {"QKV + RoPE + append", "O + residual", "gate/up + SwiGLU", "down + residual"};
   constexpr int kValues = 2 * kGemvTimelineEvents;  // DecodeGemvParams::timeline
   constexpr int kFirstStaged = 2 * kTimelineStaged, kLastEnd = 2 * kTimelineEnd + 1;
   constexpr int kAttentionValues = 2 * decode::kAttentionTimelineEvents;
   double sums[4][kValues] = {}, attention_sums[kAttentionValues] = {}, period = 0, attention = 0;
   int samples = 0;
-  // No O kernel (v6_fuses_o, or O blocks in the attention of these steps, 81-85 keys):
+  // No O kernel (v6_fuses_o, or O blocks in the attention of these steps, first_keys on):
   // its row stays empty.
-  const bool fused_o = model.v6_fuses_o() || model.attention_o_blocks_at(16 + 64 + 1) > 0;
-  for (int step = 0; step < 5; ++step) {
+  const int first_keys = prompt_tokens + kWarmUpTokens + 1;
+  const bool fused_o = model.v6_fuses_o() || model.attention_o_blocks_at(first_keys) > 0;
+  for (int step = 0; step < kSteps; ++step) {
     const std::vector<unsigned long long> t = model.decode_timeline(token);
     auto at = [&](int layer, int kernel, int value) { return t[kValues * (4 * layer + kernel) + value]; };
     for (int l = 1; l < L; ++l) {
@@ -818,9 +823,10 @@ void print_decode_timeline(CudaModel& model, bool attention_timed) {
                              fmt(attention_sums[2 * e + 1] / samples, 2)});
   }
   if (attention_timed) attention_table.print();
-  std::printf("a layer: %.2f us (mean over layers 1..%d, 5 steps); QKV's last block ends -> %s first passes its "
-              "wait (the attention and two kernel boundaries): %.2f us\n",
-              period / samples, L - 1, fused_o ? "gate/up's (O inside the attention)" : "O's", attention / samples);
+  std::printf("a layer: %.2f us (mean over layers 1..%d, %d steps at %d-%d keys); QKV's last block ends -> %s first "
+              "passes its wait (the attention and two kernel boundaries): %.2f us\n",
+              period / samples, L - 1, kSteps, first_keys, first_keys + kSteps - 1,
+              fused_o ? "gate/up's (O inside the attention)" : "O's", attention / samples);
 }
 
 }  // namespace
@@ -945,7 +951,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (args.timeline) {
-      print_decode_timeline(*model, args.timeline_attention);
+      print_decode_timeline(*model, args.timeline_attention, args.prompt_tokens);
       return 0;
     }
     if (args.ttft_only) {  // a prefill A/B: two models, alternating rounds
