@@ -9,6 +9,14 @@
 # round. Prints one line per run, then a table: label, tokens/s of each round, median.
 # BENCH_MODEL (default build/chapters/08_bielik/bench_model) and MODEL (default
 # models/bielik-shaped-random) say what to run.
+#
+# A GPU machine that must build bench_model first spends ~5 minutes on it. A bench_model
+# built elsewhere for that GPU alone (`make configure BUILD=build-90 CHAPTERS='0[1234578]'
+# CUDA_ARCH=90 && cmake --build build-90 --target bench_model`: ~52 MB, with the same CUDA
+# major version) can be copied there instead and named by BENCH_MODEL (with
+# LD_LIBRARY_PATH=/usr/local/cuda/lib64 if its cuBLAS lives elsewhere); the checkpoint
+# (scripts/make_random_checkpoint.py) takes ~12 s on the GPU. Only for measurements of
+# code whose GPU tests have passed: the tests need their own build.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:?usage: decode_ab.sh ROUNDS 'label=flags' ...}"
