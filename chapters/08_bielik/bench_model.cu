@@ -103,6 +103,10 @@ struct Args {
   int down_loads_before_wait = 0;     ///< --down-loads-before-wait N
   int lm_head_loads_before_wait = 0;  ///< --lm-head-loads-before-wait N
   SplitBatchRest split_rest = SplitBatchRest::kAfterStaging;  ///< --split-batch-rest WHEN
+  int gate_up_loads_before_wait_past_short =
+      CudaModelOptions{}.gate_up_loads_before_wait_past_short_graph;  ///< --gate-up-loads-before-wait-past-short N
+  SplitBatchRest split_rest_past_short =
+      CudaModelOptions{}.gate_up_split_rest_past_short_graph;  ///< --split-batch-rest-past-short WHEN
   int down_delay = CudaModelOptions{}.down_start_delay_ns;              ///< --down-start-delay NS
   int qkv_delay = CudaModelOptions{}.qkv_start_delay_ns;                ///< --qkv-start-delay NS
   int o_delay = CudaModelOptions{}.o_start_delay_ns;                    ///< --o-start-delay NS
@@ -304,17 +308,19 @@ Args parse(int argc, char** argv) {
       a.down_loads_before_wait = std::stoi(value());
     } else if (flag == "--lm-head-loads-before-wait") {
       a.lm_head_loads_before_wait = std::stoi(value());
-    } else if (flag == "--split-batch-rest") {
+    } else if (flag == "--gate-up-loads-before-wait-past-short") {
+      a.gate_up_loads_before_wait_past_short = std::stoi(value());
+    } else if (flag == "--split-batch-rest" || flag == "--split-batch-rest-past-short") {
       const std::string when = value();
+      SplitBatchRest& rest = flag == "--split-batch-rest" ? a.split_rest : a.split_rest_past_short;
       if (when == "after-staging") {
-        a.split_rest = SplitBatchRest::kAfterStaging;
+        rest = SplitBatchRest::kAfterStaging;
       } else if (when == "after-wait") {
-        a.split_rest = SplitBatchRest::kAfterWait;
+        rest = SplitBatchRest::kAfterWait;
       } else if (when == "when-first-arrived") {
-        a.split_rest = SplitBatchRest::kWhenFirstArrived;
+        rest = SplitBatchRest::kWhenFirstArrived;
       } else {
-        throw std::invalid_argument("--split-batch-rest takes after-staging, after-wait or when-first-arrived, got " +
-                                    when);
+        throw std::invalid_argument(flag + " takes after-staging, after-wait or when-first-arrived, got " + when);
       }
     } else if (flag == "--down-start-delay") {
       a.down_delay = std::stoi(value());
@@ -443,6 +449,7 @@ Args parse(int argc, char** argv) {
                                   " [--carveout PERCENT] [--hold-o] [--hold-gate-up BLOCKS] [--hold-until-attention-end] [--hold-gate-up-from N]"
                                   " [--gate-up-start-delay NS] [--down-start-delay NS] [--qkv-start-delay NS] [--o-start-delay NS]"
                                   " [--gate-up-loads-before-wait N] [--down-loads-before-wait N] [--lm-head-loads-before-wait N] [--split-batch-rest after-staging|after-wait|when-first-arrived]"
+                                  " [--gate-up-loads-before-wait-past-short N] [--split-batch-rest-past-short MOMENT]"
                                   " [--lm-head-start-delay NS] [--[no-]widen-input] [--bulk-staging] [--qkv-early] [--gate-up-after-o]"
                                   " [--[no-]fused-mlp] [--fused-mlp-before-wait N] [--fused-mlp-block-warps 4|8] [--fused-mlp-blocks N] [--fused-mlp-start-delay NS]"
                                   " [--decode-graph-steps N] [--copy-each-token] [--embed-each-step]"
@@ -872,6 +879,8 @@ int main(int argc, char** argv) {
     options.down_loads_before_wait = args.down_loads_before_wait;
     options.lm_head_loads_before_wait = args.lm_head_loads_before_wait;
     options.split_batch_rest = args.split_rest;
+    options.gate_up_loads_before_wait_past_short_graph = args.gate_up_loads_before_wait_past_short;
+    options.gate_up_split_rest_past_short_graph = args.split_rest_past_short;
     options.down_start_delay_ns = args.down_delay;
     options.fused_mlp = args.fused_mlp;
     options.mma_three_blocks_per_sm = args.mma_three_per_sm;
@@ -1169,7 +1178,10 @@ int main(int argc, char** argv) {
       const double rate = variant([&](CudaModelOptions& o) {
         o.small_gemv_blocks_per_sm = small_cap;
         o.large_gemv_blocks_per_sm = large_cap;
-        if (small_cap > 0) o.tensor_core_gemvs &= ~unsigned(kTensorCoreQkv | kTensorCoreO);
+        if (small_cap > 0) {
+          o.tensor_core_gemvs &= ~unsigned(kTensorCoreQkv | kTensorCoreO);
+          o.tensor_core_gemvs_in_long_graph &= ~unsigned(kTensorCoreQkv | kTensorCoreO);
+        }
       });
       auto label = [](int cap) { return cap == 0 ? std::string("all that fit") : std::to_string(cap); };
       occupancy_table.add_row({small == 0 ? "the defaults" : label(small) + " (register kernel)", label(large),
@@ -1222,10 +1234,11 @@ int main(int argc, char** argv) {
       return v;
     };
     std::vector<OptionVariant> option_variants = {
-        {"defaults (attention v6: clusters of 4 per query head up to 256 keys, 8 up to 1023, then 16; partials "
+        {"defaults (attention v6: clusters of 4 per query head up to 256 keys, 8 up to 1279, then 16; partials "
          "pushed with st.async onto block 0's mbarrier, in the long graph O scheduled once their inputs are in; "
-         "then the O GEMV, which lets gate/up start early; QKV and O on the tensor cores except in the long "
-         "graph, QKV's for three blocks an SM; QKV's and gate/up's norm weights folded into W_qkv and "
+         "then the O GEMV, which lets gate/up start early; QKV and O on the tensor cores, QKV's for three "
+         "blocks an SM; past 256 keys gate/up's first batch split: 3 loads a row before the wait, the rest "
+         "once they are in; QKV's and gate/up's norm weights folded into W_qkv and "
          "W_gate_up; the norm weight asked for before the weights; gate/up pauses 150 ns and down 500 ns "
          "at their start; evict-first; 4 steps a graph, the tokens kept on "
          "the GPU until the end, each step's input row written by the argmax before it)",
@@ -1252,9 +1265,16 @@ int main(int argc, char** argv) {
         defaults_but("12 O blocks in v6's clusters beside the splits (decode_attention_o_blocks): no O kernel",
                      [](CudaModelOptions& o) { o.attention_o_blocks = 12; }),
         defaults_but("QKV and O on the register kernel (no GEMV on the tensor cores)",
-                     [](CudaModelOptions& o) { o.tensor_core_gemvs = 0; }),
-        defaults_but("long graph: QKV and O on the tensor cores too",
-                     [](CudaModelOptions& o) { o.tensor_core_gemvs_in_long_graph = kTensorCoreQkv | kTensorCoreO; }),
+                     [](CudaModelOptions& o) { o.tensor_core_gemvs = o.tensor_core_gemvs_in_long_graph = 0; }),
+        defaults_but("long graph: QKV and O on the register kernel (the default until the forty-fifth session)",
+                     [](CudaModelOptions& o) { o.tensor_core_gemvs_in_long_graph = 0; }),
+        defaults_but("past 256 keys gate/up's first batch not split (all of it before the wait)",
+                     [](CudaModelOptions& o) { o.gate_up_loads_before_wait_past_short_graph = 0; }),
+        defaults_but("neither (register QKV and O in the long graph, gate/up not split: the forty-fourth session's)",
+                     [](CudaModelOptions& o) {
+                       o.tensor_core_gemvs_in_long_graph = 0;
+                       o.gate_up_loads_before_wait_past_short_graph = 0;
+                     }),
         defaults_but("QKV, O and the lm_head on the tensor cores",
                      [](CudaModelOptions& o) { o.tensor_core_gemvs |= kTensorCoreLmHead; }),
         defaults_but("QKV's tensor-core GEMV for two blocks an SM (its whole-row instance, as O's)",

@@ -116,6 +116,8 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
                                     {"gate_up_loads_before_wait", options_.gate_up_loads_before_wait},
                                     {"down_loads_before_wait", options_.down_loads_before_wait},
                                     {"lm_head_loads_before_wait", options_.lm_head_loads_before_wait},
+                                    {"gate_up_loads_before_wait_past_short_graph",
+                                     options_.gate_up_loads_before_wait_past_short_graph},
                                     {"attention_o_blocks", options_.attention_o_blocks}}) {
     if (value < 0) throw std::invalid_argument(std::string(name) + " must be >= 0, got " + std::to_string(value));
   }
@@ -1011,6 +1013,17 @@ int CudaModel::o_blocks_for(int splits) const {
   return o_blocks > 0 && decode_attention_o_blocks_runs(C_, H_, Hkv_, D_, splits, o_blocks) ? o_blocks : 0;
 }
 
+CudaModel::FirstBatchSplit CudaModel::gate_up_split(bool short_graph) const {
+  // Past the short graph gate/up has a split of its own (the chain before it is longer),
+  // where the split can run: not beside the second batch in shared memory.
+  if (!short_graph && options_.gate_up_loads_before_wait_past_short_graph > 0 &&
+      !options_.gate_up_second_batch_in_shared) {
+    return {options_.gate_up_loads_before_wait_past_short_graph, options_.gate_up_split_rest_past_short_graph};
+  }
+  const int loads = options_.gate_up_loads_before_wait;
+  return {loads, loads > 0 ? options_.split_batch_rest : SplitBatchRest::kAfterStaging};
+}
+
 void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::function<void(const char*)>* after,
                                     int attention_splits) {
   auto done = [&](const char* name) {
@@ -1020,6 +1033,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   ScopedLaunchCarveout carveout(options_.decode_shared_carveout);
   // The long graph's attention may hold O back until its inputs have arrived.
   const bool long_graph = long_attention_splits_ > 0 && attention_splits == long_attention_splits_;
+  const bool short_graph = short_attention_splits_ > 0 && attention_splits == short_attention_splits_;
   const bool attention_o_after_inputs = options_.attention_allows_o_after_inputs ||
                                         (long_graph && options_.attention_allows_o_after_inputs_in_long_graph);
   const float eps = config_.rms_norm_eps;
@@ -1296,8 +1310,9 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     gate_up.hold = hold_for_attention(l, options_.gate_up_hold_blocks);
     gate_up.hold.first_block = options_.gate_up_hold_first_block;
     gate_up.start_delay_ns = options_.gate_up_start_delay_ns;
-    gate_up.loads_before_wait = options_.gate_up_loads_before_wait;
-    gate_up.split_rest = gate_up.loads_before_wait > 0 ? options_.split_batch_rest : SplitBatchRest::kAfterStaging;
+    const FirstBatchSplit gate_up_first_batch = gate_up_split(short_graph);
+    gate_up.loads_before_wait = gate_up_first_batch.loads_before_wait;
+    gate_up.split_rest = gate_up_first_batch.rest;
     step_gemv_settings(gate_up);
     if (fused_o) gate_up.residual_partials = ResidualPartials{d_o_partials_.data(), Hkv_};
     // (decode_skip's kSkipOAccumulatorInGateUp: measurement only, the values are wrong.)

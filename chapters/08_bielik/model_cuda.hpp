@@ -268,8 +268,13 @@ struct CudaModelOptions {
   /// a non-portable size; nothing changes where that is 8). Long splits then spread over
   /// more SMs. bench_model (H200, 2026-12-01), clusters of 8 against 16 everywhere: 898 /
   /// 894 tokens/s after a 512-token prompt, 881 / 885 after 768, 866 / 868 after 1024,
-  /// 840 / 853 after 1536, 816 / 839 after 2048. 0: no third graph.
-  int long_attention_min_keys = 1024;
+  /// 840 / 853 after 1536, 816 / 839 after 2048. With gate/up's split past the short graph
+  /// and QKV and O on the tensor cores in every graph (forty-fifth session, 2026-12-04,
+  /// decode_ab.sh, two rounds, 64 tokens after N), the third graph from 1024 / 1280 / 1536
+  /// / 2048 keys: 928.5 / 945 / 945 / 944.5 tokens/s at N = 1024, 927.5 / 928.5 / 926.5 /
+  /// 925.5 at 1280, 914.5 / 914.5 / 913.5 / 909.5 at 1536, 902 / 902.5 / 902.5 / 901.5 at
+  /// 2048: so 1280 (it was 1024). 0: no third graph.
+  int long_attention_min_keys = 1280;
   int long_attention_splits = 16;  ///< clusters of this many blocks from long_attention_min_keys on
   /// kClusterPerHead: how v6's splits hand their partials over (chapter 07's V6Handover;
   /// bench_model --v6-handover measures each).
@@ -373,6 +378,25 @@ struct CudaModelOptions {
   /// no split). bench_model
   /// --split-batch-rest after-staging|after-wait|when-first-arrived.
   SplitBatchRest split_batch_rest = SplitBatchRest::kAfterStaging;
+  /// Gate/up's split in the steps past the short graph (the main graph from
+  /// short_attention_max_keys + 1 keys, and the long graph), in place of
+  /// gate_up_loads_before_wait and split_batch_rest there (exercise 33): 3 loads a row
+  /// before the wait, the rest once they are in. The short graph's chain is the shortest,
+  /// and there the whole first batch early is worth more to the MLP than its queue costs
+  /// the chain. H200 (2026-12-04, forty-fifth session, decode_ab.sh, three rounds, 64
+  /// tokens after a prompt of N): the main graph 1002 against 997 tokens/s at N = 300,
+  /// 1000 against 992 at 400 (two rounds: 986 against 981 at 512, 965.5 against 956.5 at
+  /// 768); the long graph 886 against 866 at 2048, 911 against 879 at 1024, and with QKV
+  /// and O on the tensor cores there too (tensor_core_gemvs_in_long_graph) 901 and 928;
+  /// the short graph, 256 tokens after 16, 1010 against 1016 (forty-fourth session). 0:
+  /// those steps split as the short graph's (gate_up_split_rest_past_short_graph is then
+  /// not used). Not used where gate/up's second batch goes to shared memory
+  /// (gate_up_second_batch_in_shared, which the split does not combine with) or gate/up
+  /// runs on the tensor cores. Where there is no short graph, every step takes it.
+  /// bench_model --gate-up-loads-before-wait-past-short N,
+  /// --split-batch-rest-past-short MOMENT.
+  int gate_up_loads_before_wait_past_short_graph = 3;
+  SplitBatchRest gate_up_split_rest_past_short_graph = SplitBatchRest::kWhenFirstArrived;
   /// A second stream of the decode graph asks L2 for the last side_prefetch_gate_up_mb MB
   /// of each layer's gate/up weights (half from gate's rows, half from up's: the rows the
   /// GEMV's last blocks read) and the last side_prefetch_down_mb MB of its down weights,
@@ -417,8 +441,12 @@ struct CudaModelOptions {
   unsigned tensor_core_gemvs = kTensorCoreQkv | kTensorCoreO;
   /// The same in the third (long) decode graph. After a 2048-token prompt QKV and O on
   /// the tensor cores measured 846 against 858 tokens/s (H200, 2026-12-02, one round), so
-  /// none there. bench_model --tensor-cores-long LIST.
-  unsigned tensor_core_gemvs_in_long_graph = 0;
+  /// none there until the forty-fifth session, whose three rounds (2026-12-04, 64 tokens)
+  /// turned it: 882 against 866 after 2048, 904 against 879 after 1024; with gate/up's
+  /// split (gate_up_loads_before_wait_past_short_graph) 901 against 886 and 928
+  /// against 911. (The forty-second session's report had 880 against 863.) So QKV and O,
+  /// as in the other graphs. bench_model --tensor-cores-long LIST.
+  unsigned tensor_core_gemvs_in_long_graph = kTensorCoreQkv | kTensorCoreO;
   /// Decode GEMVs (bits of TensorCoreGemv) that, on the tensor cores with rows of K <=
   /// 1536, run the instance compiled for three blocks an SM instead of two
   /// (DecodeGemvParams::mma_three_blocks_per_sm): a QKV or O block then takes the
@@ -619,6 +647,15 @@ class CudaModel final : public Backend {
   /// The O blocks the attention of a decode step over kv_len keys takes
   /// (options' attention_o_blocks; 0: that step runs the O GEMV).
   int attention_o_blocks_at(int kv_len) const { return o_blocks_for(attention_splits_at(kv_len)); }
+  /// How a register GEMV's first batch is split around its PDL wait: this many loads a
+  /// row before it (0: the whole batch), the rest at `rest`.
+  struct FirstBatchSplit {
+    int loads_before_wait = 0;
+    SplitBatchRest rest = SplitBatchRest::kAfterStaging;
+  };
+  /// Gate/up's split in the decode step over kv_len keys (options' gate_up_loads_before_wait
+  /// and split_batch_rest in the short graph, their _past_short_graph forms in the others).
+  FirstBatchSplit gate_up_split_at(int kv_len) const { return gate_up_split(short_attention_step(kv_len)); }
   /// Whether the decode step runs the fused MLP (options' fused_mlp, where the model's
   /// shape takes it).
   bool fused_mlp() const { return fused_mlp_; }
@@ -713,6 +750,8 @@ class CudaModel final : public Backend {
   // as many as asked for that fit a cluster of 16 with the splits, or 0 (the O GEMV runs)
   // where none are asked for or the kernel cannot run that many.
   int o_blocks_for(int splits) const;
+  // Gate/up's split in a step of the short graph or of another (gate_up_split_at).
+  FirstBatchSplit gate_up_split(bool short_graph) const;
   int attention_splits_at(int kv_len) const {
     const int splits[3] = {attention_splits_, short_attention_splits_, long_attention_splits_};
     return splits[graph_kind_at(kv_len)];

@@ -209,7 +209,7 @@ TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming t
     }
     return false;
   };
-  for (int which = 0; which < 13; ++which) {
+  for (int which = 0; which < 14; ++which) {
     CudaModelOptions options = cuda_options();
     int* option[] = {&options.attention_splits,          &options.attention_min_keys_per_split,
                      &options.attention_o_replicas,      &options.decode_shared_carveout,
@@ -217,15 +217,15 @@ TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming t
                      &options.down_start_delay_ns,       &options.qkv_start_delay_ns,
                      &options.o_start_delay_ns,          &options.lm_head_start_delay_ns,
                      &options.gate_up_loads_before_wait, &options.down_loads_before_wait,
-                     &options.lm_head_loads_before_wait};
+                     &options.lm_head_loads_before_wait, &options.gate_up_loads_before_wait_past_short_graph};
     // replicas: at least one; carveout: -1 or a percent
-    const int bad_value[] = {-1, -1, 0, -2, 101, -1, -5, -1, -300, -1, -1, -2, -1};
+    const int bad_value[] = {-1, -1, 0, -2, 101, -1, -5, -1, -300, -1, -1, -2, -1, -3};
     *option[which] = bad_value[which];
     const char* names[] = {"attention_splits",          "attention_min_keys_per_split", "attention_o_replicas",
                            "decode_shared_carveout",    "decode_shared_carveout",       "gate_up_hold_blocks",
                            "down_start_delay_ns",       "qkv_start_delay_ns",           "o_start_delay_ns",
                            "lm_head_start_delay_ns",    "gate_up_loads_before_wait",    "down_loads_before_wait",
-                           "lm_head_loads_before_wait"};
+                           "lm_head_loads_before_wait", "gate_up_loads_before_wait_past_short_graph"};
     INFO(names[which]);
     REQUIRE(refused_naming(options, names[which]));
   }
@@ -528,7 +528,75 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
                            model.decode(prompt[t]), row_of(expected, spec.V, t), spec.V, kModelTolerance);
       }
     }
+    // The three graphs (here up to 5 keys, 6-8, from 9) with the forty-fourth session's
+    // settings: QKV and O on the register kernel in the long graph, gate/up's first batch
+    // whole before the wait past the short graph. (The defaults' forms run in the
+    // attention variants above.)
+    {
+      CudaModelOptions options = cuda_options();
+      options.short_attention_max_keys = 5;
+      options.long_attention_min_keys = 9;
+      options.tensor_core_gemvs_in_long_graph = 0;
+      options.gate_up_loads_before_wait_past_short_graph = 0;
+      CudaModel model(dir, options);
+      REQUIRE(model.gate_up_split_at(9).loads_before_wait == 0);
+      for (size_t t = 0; t < prompt.size(); ++t) {
+        require_rows_close(std::string(spec.name) + " three graphs, register QKV and O in the long one, no split, decode step " +
+                               std::to_string(t),
+                           model.decode(prompt[t]), row_of(expected, spec.V, t), spec.V, kModelTolerance);
+      }
+    }
   }
+}
+
+TEST_CASE("CUDA model: past the short graph gate/up's first batch is split by its own options",
+          "[ch08][gpu][model]") {
+  const std::string dir = tiny_checkpoint(kSpecs[0]);
+  using Split = CudaModel::FirstBatchSplit;
+  auto same = [](Split a, Split b) { return a.loads_before_wait == b.loads_before_wait && a.rest == b.rest; };
+  // Three graphs: clusters of 4 up to 13 keys, 8 for 14 and 15, 16 from 16 keys on (v6's
+  // clusters, sm_90 and newer; elsewhere one graph).
+  auto three_graphs = [] {
+    CudaModelOptions options = cuda_options();
+    options.short_attention_max_keys = 13;
+    options.long_attention_min_keys = 16;
+    return options;
+  };
+  const bool short_graph = device_is_sm90_or_newer();
+  const Split none{0, SplitBatchRest::kAfterStaging};
+  const Split past_short{3, SplitBatchRest::kWhenFirstArrived};  // the defaults
+  CudaModelOptions options = three_graphs();
+  {
+    // In the short graph nothing is split; past it, 3 loads a row, the rest once they are in.
+    CudaModel model(dir, options);
+    REQUIRE(same(model.gate_up_split_at(1), short_graph ? none : past_short));
+    REQUIRE(same(model.gate_up_split_at(13), short_graph ? none : past_short));
+    for (int kv_len : {14, 15, 16, 40}) REQUIRE(same(model.gate_up_split_at(kv_len), past_short));
+  }
+  // Their own numbers past the short graph, the other options' in it.
+  options.gate_up_loads_before_wait_past_short_graph = 5;
+  options.gate_up_split_rest_past_short_graph = SplitBatchRest::kAfterWait;
+  options.gate_up_loads_before_wait = 2;
+  const Split others{2, SplitBatchRest::kAfterStaging};
+  for (int kv_len : {1, 14, 16}) {
+    INFO(kv_len << " keys");
+    REQUIRE(same(CudaModel(dir, options).gate_up_split_at(kv_len),
+                 kv_len > 13 || !short_graph ? Split{5, SplitBatchRest::kAfterWait} : others));
+  }
+  // 0: the steps past the short graph split as the short graph's do.
+  options.gate_up_loads_before_wait_past_short_graph = 0;
+  REQUIRE(same(CudaModel(dir, options).gate_up_split_at(14), others));
+  REQUIRE(same(CudaModel(dir, options).gate_up_split_at(16), others));
+  // Beside gate/up's second batch in shared memory (which a split does not combine with)
+  // no step splits.
+  options = three_graphs();
+  options.gate_up_second_batch_in_shared = true;
+  REQUIRE(same(CudaModel(dir, options).gate_up_split_at(14), none));
+  REQUIRE(same(CudaModel(dir, options).gate_up_split_at(16), none));
+  // With no short graph every step is past it.
+  options = three_graphs();
+  options.short_attention_max_keys = 0;
+  REQUIRE(same(CudaModel(dir, options).gate_up_split_at(1), past_short));
 }
 
 TEST_CASE("CUDA model: the fused MLP matches the CPU backend in prefill and decode", "[ch08][gpu][model]") {
@@ -1011,6 +1079,30 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
     INFO(spec.name << " v6 with three graphs (up to 13 keys, 14-15, from 16): graph, then eager launches");
     const std::vector<float> three_graphs = run(switching);
     REQUIRE(run(switching_eager) == three_graphs);
+    // Gate/up's split past the short graph (3 loads a row before the wait, the rest once
+    // they are in, by default) moves loads, not sums: unsplit, or with the rest after the
+    // staging, or 1 load before the wait right after it, the same logits in a graph and
+    // eagerly.
+    struct SplitPastShort {
+      int loads;
+      SplitBatchRest rest;
+    };
+    for (const SplitPastShort split : {SplitPastShort{0, SplitBatchRest::kWhenFirstArrived},
+                                       SplitPastShort{3, SplitBatchRest::kAfterStaging},
+                                       SplitPastShort{1, SplitBatchRest::kAfterWait}}) {
+      for (CudaModelOptions* options : {&switching, &switching_eager}) {
+        options->gate_up_loads_before_wait_past_short_graph = split.loads;
+        options->gate_up_split_rest_past_short_graph = split.rest;
+      }
+      INFO(spec.name << " gate/up's split past the short graph: " << split.loads << " loads before the wait, rest at moment "
+                     << int(split.rest) << ": graph, then eager launches");
+      REQUIRE(run(switching) == three_graphs);
+      REQUIRE(run(switching_eager) == three_graphs);
+    }
+    for (CudaModelOptions* options : {&switching, &switching_eager}) {
+      options->gate_up_loads_before_wait_past_short_graph = CudaModelOptions{}.gate_up_loads_before_wait_past_short_graph;
+      options->gate_up_split_rest_past_short_graph = CudaModelOptions{}.gate_up_split_rest_past_short_graph;
+    }
     // O scheduled after the attention's inputs in the long graph only: the same values.
     for (CudaModelOptions* options : {&switching, &switching_eager}) {
       options->attention_allows_o_after_inputs_in_long_graph = true;
@@ -1018,14 +1110,12 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
     INFO(spec.name << " the same, O after the attention's inputs from 16 keys on: graph, then eager launches");
     REQUIRE(run(switching) == three_graphs);
     REQUIRE(run(switching_eager) == three_graphs);
-    // QKV and O on the tensor cores in the long graph too (their own sums there): graph
-    // and eager launches still agree.
-    for (CudaModelOptions* options : {&switching, &switching_eager}) {
-      options->tensor_core_gemvs_in_long_graph = kTensorCoreQkv | kTensorCoreO;
-    }
-    INFO(spec.name << " the same, QKV and O on the tensor cores in the long graph too: graph, then eager launches");
-    const std::vector<float> tensor_cores_long = run(switching);
-    REQUIRE(run(switching_eager) == tensor_cores_long);
+    // QKV and O on the register kernel in the long graph (their own sums there; the
+    // default until the forty-fifth session): graph and eager launches still agree.
+    for (CudaModelOptions* options : {&switching, &switching_eager}) options->tensor_core_gemvs_in_long_graph = 0;
+    INFO(spec.name << " the same, QKV and O on the register kernel in the long graph: graph, then eager launches");
+    const std::vector<float> register_gemvs_long = run(switching);
+    REQUIRE(run(switching_eager) == register_gemvs_long);
     for (CudaModelOptions* options : {&switching, &switching_eager}) {
       options->tensor_core_gemvs_in_long_graph = CudaModelOptions{}.tensor_core_gemvs_in_long_graph;
     }
