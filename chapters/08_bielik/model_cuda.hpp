@@ -375,7 +375,8 @@ struct CudaModelOptions {
   /// 1027 / 1022 / 988 / 885 / 871: a loss up to ~500 keys, a gain of 2.5-3.5% in the
   /// long graph. (Its timelines favour it everywhere, a layer 2% shorter: with every GEMV
   /// stamping it wins, 972 against 956.) So the staging's moment stays the default (and
-  /// no split). bench_model
+  /// no split) in the short graph; past it, gate_up_loads_before_wait_past_short_graph
+  /// below. bench_model
   /// --split-batch-rest after-staging|after-wait|when-first-arrived.
   SplitBatchRest split_batch_rest = SplitBatchRest::kAfterStaging;
   /// Gate/up's split in the steps past the short graph (the main graph from
@@ -388,7 +389,8 @@ struct CudaModelOptions {
   /// 1000 against 992 at 400 (two rounds: 986 against 981 at 512, 965.5 against 956.5 at
   /// 768); the long graph 886 against 866 at 2048, 911 against 879 at 1024, and with QKV
   /// and O on the tensor cores there too (tensor_core_gemvs_in_long_graph) 901 and 928;
-  /// the short graph, 256 tokens after 16, 1010 against 1016 (forty-fourth session). 0:
+  /// the short graph, 256 tokens after 16, 1010 against 1016 (forty-fourth session; the
+  /// same lengths with no short graph, clusters of 8 throughout: 1013 against 1010). 0:
   /// those steps split as the short graph's (gate_up_split_rest_past_short_graph is then
   /// not used). Not used where gate/up's second batch goes to shared memory
   /// (gate_up_second_batch_in_shared, which the split does not combine with) or gate/up
