@@ -1014,8 +1014,8 @@ int CudaModel::o_blocks_for(int splits) const {
 }
 
 CudaModel::FirstBatchSplit CudaModel::gate_up_split(bool short_graph) const {
-  // Past the short graph gate/up has a split of its own (the chain before it is longer),
-  // where the split can run: not beside the second batch in shared memory.
+  // Past the short graph gate/up has a split of its own (beside the larger attention
+  // clusters it wins), where the split can run: not beside the second batch in shared memory.
   if (!short_graph && options_.gate_up_loads_before_wait_past_short_graph > 0 &&
       !options_.gate_up_second_batch_in_shared) {
     return {options_.gate_up_loads_before_wait_past_short_graph, options_.gate_up_split_rest_past_short_graph};

@@ -382,9 +382,10 @@ struct CudaModelOptions {
   /// Gate/up's split in the steps past the short graph (the main graph from
   /// short_attention_max_keys + 1 keys, and the long graph), in place of
   /// gate_up_loads_before_wait and split_batch_rest there (exercise 33): 3 loads a row
-  /// before the wait, the rest once they are in. The short graph's chain is the shortest,
-  /// and there the whole first batch early is worth more to the MLP than its queue costs
-  /// the chain. H200 (2026-12-04, forty-fifth session, decode_ab.sh, three rounds, 64
+  /// before the wait, the rest once they are in. Beside the short graph's attention
+  /// (clusters of 4) the whole first batch early is worth more to the MLP than its queue
+  /// costs the chain; beside clusters of 8 or 16 the split wins, at the same lengths too
+  /// (below). H200 (2026-12-04, forty-fifth session, decode_ab.sh, three rounds, 64
   /// tokens after a prompt of N): the main graph 1002 against 997 tokens/s at N = 300,
   /// 1000 against 992 at 400 (two rounds: 986 against 981 at 512, 965.5 against 956.5 at
   /// 768); the long graph 886 against 866 at 2048, 911 against 879 at 1024, and with QKV
