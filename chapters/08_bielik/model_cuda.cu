@@ -1020,8 +1020,11 @@ CudaModel::FirstBatchSplit CudaModel::gate_up_split(bool short_graph) const {
       !options_.gate_up_second_batch_in_shared) {
     return {options_.gate_up_loads_before_wait_past_short_graph, options_.gate_up_split_rest_past_short_graph};
   }
-  const int loads = options_.gate_up_loads_before_wait;
-  return {loads, loads > 0 ? options_.split_batch_rest : SplitBatchRest::kAfterStaging};
+  return split_with_rest_option(options_.gate_up_loads_before_wait);
+}
+
+CudaModel::FirstBatchSplit CudaModel::split_with_rest_option(int loads_before_wait) const {
+  return {loads_before_wait, loads_before_wait > 0 ? options_.split_batch_rest : SplitBatchRest::kAfterStaging};
 }
 
 void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::function<void(const char*)>* after,
@@ -1077,6 +1080,10 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   // layer's, and the O partials it adds were written two kernels back). The attention
   // kernels and O let their successors start at once, but those read neither before
   // their own wait. (qkv_allows_attention_early breaks the first promise: see O below.)
+  auto set_first_batch_split = [](DecodeGemvParams& p, FirstBatchSplit split) {
+    p.loads_before_wait = split.loads_before_wait;
+    p.split_rest = split.rest;
+  };
   auto step_gemv_settings = [&](DecodeGemvParams& p) {
     p.stream_evict_first = options_.gemv_evict_first;
     p.widen_input = options_.gemv_widen_input;
@@ -1310,9 +1317,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     gate_up.hold = hold_for_attention(l, options_.gate_up_hold_blocks);
     gate_up.hold.first_block = options_.gate_up_hold_first_block;
     gate_up.start_delay_ns = options_.gate_up_start_delay_ns;
-    const FirstBatchSplit gate_up_first_batch = gate_up_split(short_graph);
-    gate_up.loads_before_wait = gate_up_first_batch.loads_before_wait;
-    gate_up.split_rest = gate_up_first_batch.rest;
+    set_first_batch_split(gate_up, gate_up_split(short_graph));
     step_gemv_settings(gate_up);
     if (fused_o) gate_up.residual_partials = ResidualPartials{d_o_partials_.data(), Hkv_};
     // (decode_skip's kSkipOAccumulatorInGateUp: measurement only, the values are wrong.)
@@ -1334,8 +1339,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     down.input_from_global = options_.down_input_from_global;
     down.timeline = timeline_slot(4 * l + 3);
     down.start_delay_ns = options_.down_start_delay_ns;
-    down.loads_before_wait = options_.down_loads_before_wait;
-    down.split_rest = down.loads_before_wait > 0 ? options_.split_batch_rest : SplitBatchRest::kAfterStaging;
+    set_first_batch_split(down, split_with_rest_option(options_.down_loads_before_wait));
     step_gemv_settings(down);
     // Its row of h = the residual + the O projection: the partials were written two
     // kernels back, so they are settled before down's wait, as the residual is.
@@ -1355,8 +1359,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   head.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
   head.timeline = timeline_slot(4 * layers_.size());
   head.start_delay_ns = options_.lm_head_start_delay_ns;
-  head.loads_before_wait = options_.lm_head_loads_before_wait;
-  head.split_rest = head.loads_before_wait > 0 ? options_.split_batch_rest : SplitBatchRest::kAfterStaging;
+  set_first_batch_split(head, split_with_rest_option(options_.lm_head_loads_before_wait));
   step_gemv_settings(head);
   if (fused_mlp_) head.residual_partials = ResidualPartials{mlp_accumulator(layers_.size() - 1), 1};
   const GemvInput head_input = fused_mlp_ ? GemvInput::kRmsNormAddPartials : GemvInput::kRmsNorm;

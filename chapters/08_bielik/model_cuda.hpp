@@ -755,6 +755,9 @@ class CudaModel final : public Backend {
   int o_blocks_for(int splits) const;
   // Gate/up's split in a step of the short graph or of another (gate_up_split_at).
   FirstBatchSplit gate_up_split(bool short_graph) const;
+  // loads_before_wait loads a row before the wait (0: the whole batch), the rest at
+  // options_.split_batch_rest: the split every graph gives down and the lm_head.
+  FirstBatchSplit split_with_rest_option(int loads_before_wait) const;
   int attention_splits_at(int kv_len) const {
     const int splits[3] = {attention_splits_, short_attention_splits_, long_attention_splits_};
     return splits[graph_kind_at(kv_len)];
