@@ -107,6 +107,11 @@ struct Args {
       CudaModelOptions{}.gate_up_loads_before_wait_past_short_graph;  ///< --gate-up-loads-before-wait-past-short N
   SplitBatchRest split_rest_past_short =
       CudaModelOptions{}.gate_up_split_rest_past_short_graph;  ///< --split-batch-rest-past-short WHEN
+  int o_loads_before_wait = CudaModelOptions{}.o_loads_before_wait;  ///< --o-loads-before-wait N
+  SplitBatchRest o_split_rest = CudaModelOptions{}.o_split_rest;     ///< --o-split-rest WHEN
+  int gate_up_split_blocks = CudaModelOptions{}.gate_up_split_blocks;  ///< --gate-up-split-blocks N
+  int gate_up_split_blocks_long =
+      CudaModelOptions{}.gate_up_split_blocks_in_long_graph;  ///< --gate-up-split-blocks-long N
   int down_delay = CudaModelOptions{}.down_start_delay_ns;              ///< --down-start-delay NS
   int qkv_delay = CudaModelOptions{}.qkv_start_delay_ns;                ///< --qkv-start-delay NS
   int o_delay = CudaModelOptions{}.o_start_delay_ns;                    ///< --o-start-delay NS
@@ -310,9 +315,17 @@ Args parse(int argc, char** argv) {
       a.lm_head_loads_before_wait = std::stoi(value());
     } else if (flag == "--gate-up-loads-before-wait-past-short") {
       a.gate_up_loads_before_wait_past_short = std::stoi(value());
-    } else if (flag == "--split-batch-rest" || flag == "--split-batch-rest-past-short") {
+    } else if (flag == "--o-loads-before-wait") {
+      a.o_loads_before_wait = std::stoi(value());
+    } else if (flag == "--gate-up-split-blocks") {
+      a.gate_up_split_blocks = std::stoi(value());
+    } else if (flag == "--gate-up-split-blocks-long") {
+      a.gate_up_split_blocks_long = std::stoi(value());
+    } else if (flag == "--split-batch-rest" || flag == "--split-batch-rest-past-short" || flag == "--o-split-rest") {
       const std::string when = value();
-      SplitBatchRest& rest = flag == "--split-batch-rest" ? a.split_rest : a.split_rest_past_short;
+      SplitBatchRest& rest = flag == "--split-batch-rest"               ? a.split_rest
+                             : flag == "--split-batch-rest-past-short" ? a.split_rest_past_short
+                                                                       : a.o_split_rest;
       if (when == "after-staging") {
         rest = SplitBatchRest::kAfterStaging;
       } else if (when == "after-wait") {
@@ -450,6 +463,7 @@ Args parse(int argc, char** argv) {
                                   " [--gate-up-start-delay NS] [--down-start-delay NS] [--qkv-start-delay NS] [--o-start-delay NS]"
                                   " [--gate-up-loads-before-wait N] [--down-loads-before-wait N] [--lm-head-loads-before-wait N] [--split-batch-rest after-staging|after-wait|when-first-arrived]"
                                   " [--gate-up-loads-before-wait-past-short N] [--split-batch-rest-past-short MOMENT]"
+                                  " [--o-loads-before-wait N] [--o-split-rest MOMENT] [--gate-up-split-blocks N] [--gate-up-split-blocks-long N]"
                                   " [--lm-head-start-delay NS] [--[no-]widen-input] [--bulk-staging] [--qkv-early] [--gate-up-after-o]"
                                   " [--[no-]fused-mlp] [--fused-mlp-before-wait N] [--fused-mlp-block-warps 4|8] [--fused-mlp-blocks N] [--fused-mlp-start-delay NS]"
                                   " [--decode-graph-steps N] [--copy-each-token] [--embed-each-step]"
@@ -881,6 +895,10 @@ int main(int argc, char** argv) {
     options.split_batch_rest = args.split_rest;
     options.gate_up_loads_before_wait_past_short_graph = args.gate_up_loads_before_wait_past_short;
     options.gate_up_split_rest_past_short_graph = args.split_rest_past_short;
+    options.o_loads_before_wait = args.o_loads_before_wait;
+    options.o_split_rest = args.o_split_rest;
+    options.gate_up_split_blocks = args.gate_up_split_blocks;
+    options.gate_up_split_blocks_in_long_graph = args.gate_up_split_blocks_long;
     options.down_start_delay_ns = args.down_delay;
     options.fused_mlp = args.fused_mlp;
     options.mma_three_blocks_per_sm = args.mma_three_per_sm;
@@ -1270,6 +1288,10 @@ int main(int argc, char** argv) {
                      [](CudaModelOptions& o) { o.tensor_core_gemvs_in_long_graph = 0; }),
         defaults_but("past 256 keys gate/up's first batch not split (all of it before the wait)",
                      [](CudaModelOptions& o) { o.gate_up_loads_before_wait_past_short_graph = 0; }),
+        defaults_but("past 256 keys every gate/up block splits, in the main graph too (the forty-fifth session's)",
+                     [](CudaModelOptions& o) { o.gate_up_split_blocks = 0; }),
+        defaults_but("O's first batch split too: 3 steps a warp before the wait, the rest once they are in",
+                     [](CudaModelOptions& o) { o.o_loads_before_wait = 3; }),
         defaults_but("neither (register QKV and O in the long graph, gate/up not split: the forty-fourth session's)",
                      [](CudaModelOptions& o) {
                        o.tensor_core_gemvs_in_long_graph = 0;

@@ -122,13 +122,17 @@ __device__ __forceinline__ int tile_row(const DecodeGemvParams& p, int unit0, in
   }
 }
 
-/// Loads batch `batch` of this warp's steps into (low, high): 16 bytes of tile rows g and
-/// g + 8 a step (-1: a row past the last unit). Chunks past the row read as zero.
+/// Loads steps [begin, end) of batch `batch` of this warp's steps into (low, high): 16
+/// bytes of tile rows g and g + 8 a step (-1: a row past the last unit). Chunks past the
+/// row read as zero. (A split first batch loads its two parts by two calls; the default
+/// range is the whole batch, and with it the bounds fold away.)
 template <int kSteps>
 __device__ __forceinline__ void load_batch(uint4 (&low)[kSteps], uint4 (&high)[kSteps], const DecodeGemvParams& p,
-                                           int row_low, int row_high, int warp, int t, int batch, uint64_t policy) {
+                                           int row_low, int row_high, int warp, int t, int batch, uint64_t policy,
+                                           int begin = 0, int end = kSteps) {
 #pragma unroll
   for (int i = 0; i < kSteps; ++i) {
+    if (i < begin || i >= end) continue;
     const int k = (warp + (batch * kSteps + i) * kWarps) * kStepValues + 8 * t;
     const bool in_row = k < p.K;
     low[i] = in_row && row_low >= 0 ? load_streaming(p.W + size_t(row_low) * p.K + k, policy) : make_uint4(0, 0, 0, 0);
@@ -207,8 +211,18 @@ __device__ __forceinline__ float sum_own_squares(const DecodeGemvParams& p, cons
 // once the first has been multiplied, and so on (one block an SM: two buffers).
 // kProbes: the measurement hooks compiled in, as in the register kernel. kMinBlocks: the
 // blocks an SM the registers are budgeted for (launch bounds).
-template <GemvInput In, GemvOutput Out, bool HasBias, int kBatchSteps, int kBatches, bool kProbes, int kMinBlocks>
+//
+// kSplitFirstBatch (DecodeGemvParams::loads_before_wait, whole-row instances only): only
+// the first loads_before_wait steps of a warp go out before the PDL wait, the rest at
+// the moment DecodeGemvParams::split_rest names, as in the register kernel
+// (decode_kernels.cu). Why for the O projection (the README's exercise 32): its 96
+// blocks ask for all of W_o, 4.7 MB, before their wait, while the attention before them
+// makes its dependent reads of q and the keys; the split keeps half of that out of the
+// queue those reads wait in. An instance of its own, so the default ones carry none of it.
+template <GemvInput In, GemvOutput Out, bool HasBias, int kBatchSteps, int kBatches, bool kProbes, int kMinBlocks,
+          bool kSplitFirstBatch = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_gemv_mma_kernel(DecodeGemvParams p) {
+  static_assert(!kSplitFirstBatch || kBatches == 1, "only a whole-row batch is split around the wait");
   constexpr int kUnits = units_per_tile<Out>();
   constexpr int kBuffers = kBatches == 1 ? 1 : 2;
   extern __shared__ uint4 x_shared[];               // (K/8) the input, normalized for kRmsNorm*
@@ -236,8 +250,29 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_gemv_mma_kernel(D
   uint4 norm_held[kNormHeld];
   if (p.norm_weight_first && !norm_in_epilogue) load_norm_weight<In>(p, norm_held);
   uint4 w_low[kBuffers][kBatchSteps], w_high[kBuffers][kBatchSteps];
+  // (kSplitFirstBatch) Steps [0, before_wait) now, [before_wait, kBatchSteps) later;
+  // blocks from p.split_blocks on (when set) take the whole row now.
+  const bool block_splits = kSplitFirstBatch && (p.split_blocks == 0 || int(blockIdx.x) < p.split_blocks);
+  const int before_wait = block_splits ? min(max(p.loads_before_wait, 1), kBatchSteps) : kBatchSteps;
+  auto load_rest = [&] {
+    load_batch(w_low[0], w_high[0], p, row_low, row_high, warp, t, 0, policy, before_wait, kBatchSteps);
+  };
 #pragma unroll
-  for (int b = 0; b < kBuffers; ++b) load_batch(w_low[b], w_high[b], p, row_low, row_high, warp, t, b, policy);
+  for (int b = 0; b < kBuffers; ++b) {
+    load_batch(w_low[b], w_high[b], p, row_low, row_high, warp, t, b, policy, 0, b == 0 ? before_wait : kBatchSteps);
+  }
+  if constexpr (kSplitFirstBatch) {
+    // kWhenFirstArrived: a value the first loads produce holds each lane until they are
+    // in (value_has_arrived), so a block never has more than the first part in flight.
+    if (p.split_rest == SplitBatchRest::kWhenFirstArrived && before_wait < kBatchSteps) {
+      float arrived = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kBatchSteps; ++i) {
+        if (i < before_wait) arrived += __uint_as_float(w_low[0][i].x) + __uint_as_float(w_high[0][i].x);
+      }
+      if (value_has_arrived(arrived)) load_rest();
+    }
+  }
   if (!p.norm_weight_first && !norm_in_epilogue) load_norm_weight<In>(p, norm_held);
   // Thread u < kUnits stores unit unit0 + u: its epilogue inputs now when no running
   // kernel writes them (the register kernel's reasoning), else after the wait.
@@ -251,6 +286,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_gemv_mma_kernel(D
   // 2. The wait, then the input staged (normalized for kRmsNorm) by the whole block, or
   //    copied in by the bulk-copy engine.
   //    (norm_in_epilogue: x as it is, and this thread's share of its squares.)
+  //    (kSplitFirstBatch, kAfterWait: the rest between the wait and the input's loads; the
+  //    staging's own wait then returns at once.)
+  if constexpr (kSplitFirstBatch) {
+    if (p.split_rest == SplitBatchRest::kAfterWait) {
+      pdl_wait();
+      load_rest();
+    }
+  }
   float squares = 0.0f;
   if (norm_in_epilogue) {
     if (kBulkStaging && p.stage_input_bulk) {
@@ -270,6 +313,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_gemv_mma_kernel(D
     stage_input<In, false, kProbes>(p, x_shared, &warp_partial[0][0], norm_held);
   }
   timeline_mark(timeline, kTimelineStaged);
+  if constexpr (kSplitFirstBatch) {
+    if (p.split_rest == SplitBatchRest::kAfterStaging) load_rest();
+  }
   if (!p.allow_dependents_early) pdl_allow_dependents();
   if (stores && !early) epilogue = load_epilogue_inputs<Out, HasBias>(p, my_unit);
   if (timeline) {  // (measurement) thread 0's weights are in
@@ -322,18 +368,34 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_gemv_mma_kernel(D
 
 // Whole rows: two blocks an SM (122 registers, ptxas -v), or, for rows of K <= 1536 when
 // asked (three_per_sm), three (6 steps a warp: 48 registers of weights instead of 64).
-// Longer rows stream, one block an SM.
-template <GemvInput In, GemvOutput Out, bool HasBias, bool kProbes>
+// Longer rows stream, one block an SM. A split first batch (split) takes a whole-row
+// instance of its own; decode_gemv_mma refuses it for streamed rows.
+template <GemvInput In, GemvOutput Out, bool HasBias, bool kProbes, bool kSplit>
 auto mma_kernel_for(int K, bool three_per_sm) {
-  if (three_per_sm && K <= kMaxShortK) return decode_gemv_mma_kernel<In, Out, HasBias, kShortRowSteps, 1, kProbes, 3>;
-  return K <= kMaxMmaK ? decode_gemv_mma_kernel<In, Out, HasBias, kWholeRowSteps, 1, kProbes, 2>
-                       : decode_gemv_mma_kernel<In, Out, HasBias, kStreamBatchSteps, kStreamBatches, kProbes, 1>;
+  if (three_per_sm && K <= kMaxShortK) {
+    return decode_gemv_mma_kernel<In, Out, HasBias, kShortRowSteps, 1, kProbes, 3, kSplit>;
+  }
+  if (kSplit || K <= kMaxMmaK) return decode_gemv_mma_kernel<In, Out, HasBias, kWholeRowSteps, 1, kProbes, 2, kSplit>;
+  return decode_gemv_mma_kernel<In, Out, HasBias, kStreamBatchSteps, kStreamBatches, kProbes, 1>;
+}
+
+/// Whether a launch splits its first batch: loads_before_wait short of a warp's steps
+/// (ceil(K / 32) steps dealt round the 8 warps; 6 for K = 1536). As many or more: the
+/// whole row before the wait, the default instance.
+bool splits_first_batch(const DecodeGemvParams& p) {
+  const int steps_a_warp = ((p.K + kStepValues - 1) / kStepValues + kWarps - 1) / kWarps;
+  return p.loads_before_wait > 0 && p.loads_before_wait < steps_a_warp;
+}
+
+template <GemvInput In, GemvOutput Out, bool HasBias, bool kProbes>
+auto mma_kernel_for(const DecodeGemvParams& p) {
+  return splits_first_batch(p) ? mma_kernel_for<In, Out, HasBias, kProbes, true>(p.K, p.mma_three_blocks_per_sm)
+                               : mma_kernel_for<In, Out, HasBias, kProbes, false>(p.K, p.mma_three_blocks_per_sm);
 }
 
 template <GemvInput In, GemvOutput Out, bool HasBias>
 auto mma_kernel_for(const DecodeGemvParams& p, bool probes) {
-  return probes ? mma_kernel_for<In, Out, HasBias, true>(p.K, p.mma_three_blocks_per_sm)
-                : mma_kernel_for<In, Out, HasBias, false>(p.K, p.mma_three_blocks_per_sm);
+  return probes ? mma_kernel_for<In, Out, HasBias, true>(p) : mma_kernel_for<In, Out, HasBias, false>(p);
 }
 
 template <GemvInput In, GemvOutput Out>
@@ -369,6 +431,11 @@ void decode_gemv_mma(GemvInput input, GemvOutput output, const DecodeGemvParams&
     throw std::invalid_argument("decode_gemv: the tensor-core kernel takes a plain or kRmsNorm input (or "
                                 "kRmsNormAddPartials for kRopeAppend), K <= " + std::to_string(kMaxStreamK) +
                                 " and residual partials only where it reads them; got K=" + std::to_string(p.K));
+  }
+  if (splits_first_batch(p) && p.K > kMaxMmaK) {
+    throw std::invalid_argument("decode_gemv: the tensor-core kernel splits a whole row around the wait "
+                                "(loads_before_wait), K <= " + std::to_string(kMaxMmaK) + "; got K=" +
+                                std::to_string(p.K) + " (streamed rows keep two batches before it)");
   }
   if (partial_input) {
     launch_mma<GemvInput::kRmsNormAddPartials, GemvOutput::kRopeAppend>(p, pdl, stream);

@@ -105,13 +105,20 @@ __global__ void __launch_bounds__(kThreads, 3)
   uint4 norm_held[kNormHeld];
   if (p.norm_weight_first && !norm_in_epilogue) load_norm_weight<In>(p, norm_held);
   uint4 w[kRows][kBatch];
-  const int before_wait = kSplitFirstBatch ? min(max(p.loads_before_wait, 1), kBatch) : kBatch;
+  // (kSplitFirstBatch) Loads [0, before_wait) of each row now, the rest later; blocks
+  // from p.split_blocks on (when set) take the whole batch now, as the unsplit kernel.
+  const bool block_splits = kSplitFirstBatch && (p.split_blocks == 0 || int(blockIdx.x) < p.split_blocks);
+  const int before_wait = block_splits ? min(max(p.loads_before_wait, 1), kBatch) : kBatch;
+  auto load_rest = [&] {
+    load_batch<Out, kBatch>(w, p, first < p.N ? first : -1, base_first, stride, policy, before_wait, kBatch);
+  };
   load_batch<Out, kBatch>(w, p, first < p.N ? first : -1, base_first, stride, policy, 0, before_wait);
   // (kSplitFirstBatch, kWhenFirstArrived) The rest once those have landed: a value the
   // loads produce, tested (see value_has_arrived), holds each thread until its loads are
-  // in, so a block never has more than the first part in flight.
+  // in, so a block never has more than the first part in flight. (A block that does not
+  // split goes on at once.)
   if constexpr (kSplitFirstBatch) {
-    if (p.split_rest == SplitBatchRest::kWhenFirstArrived) {
+    if (p.split_rest == SplitBatchRest::kWhenFirstArrived && before_wait < kBatch) {
       float arrived = 0.0f;
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
@@ -120,9 +127,7 @@ __global__ void __launch_bounds__(kThreads, 3)
           if (u < before_wait) arrived += __uint_as_float(w[r][u].x);
         }
       }
-      if (value_has_arrived(arrived)) {
-        load_batch<Out, kBatch>(w, p, first < p.N ? first : -1, base_first, stride, policy, before_wait, kBatch);
-      }
+      if (value_has_arrived(arrived)) load_rest();
     }
   }
   // The second batch: (first, its second batch) or (first + 1, its first). The same for
@@ -172,7 +177,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   if constexpr (kSplitFirstBatch) {
     if (p.split_rest == SplitBatchRest::kAfterWait) {
       pdl_wait();
-      load_batch<Out, kBatch>(w, p, first < p.N ? first : -1, base_first, stride, policy, before_wait, kBatch);
+      load_rest();
     }
   }
   if constexpr (kInputFromGlobal) {
@@ -198,9 +203,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   timeline_mark(timeline, kTimelineStaged);
   // (kSplitFirstBatch, kAfterStaging) The rest of the first batch.
   if constexpr (kSplitFirstBatch) {
-    if (p.split_rest == SplitBatchRest::kAfterStaging) {
-      load_batch<Out, kBatch>(w, p, first < p.N ? first : -1, base_first, stride, policy, before_wait, kBatch);
-    }
+    if (p.split_rest == SplitBatchRest::kAfterStaging) load_rest();
   }
   // (second_batch_after_staging) The second batch goes out now: the kernel before has
   // finished, so it queues in front of nobody's loads, and it arrives while the first
@@ -586,6 +589,10 @@ void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, 
     throw std::invalid_argument("decode_gemv: loads_before_wait must be >= 0, and does not combine with "
                                 "second_batch_in_shared or input_from_global; got " +
                                 std::to_string(p.loads_before_wait));
+  }
+  if (p.split_blocks < 0) {
+    throw std::invalid_argument("decode_gemv: split_blocks must be >= 0 (0: every block splits); got " +
+                                std::to_string(p.split_blocks));
   }
   if (p.split_rest != SplitBatchRest::kAfterStaging && p.loads_before_wait == 0) {
     throw std::invalid_argument("decode_gemv: split_rest says when the rest of a split first batch goes out, and "

@@ -272,7 +272,10 @@ struct DecodeGemvParams {
   /// kRegisterLoads, rows that start with a batch of loads before the PDL wait: of that
   /// first batch's loads a lane (a row, kBatch of them: 6 for K <= 1536 row pairs, 9 for
   /// down's), only this many go out before the wait, the rest at the moment split_rest
-  /// names (by default right after the input is staged). 0 (or kBatch or more): all of them before the wait. Why: a kernel's early
+  /// names (by default right after the input is staged). 0 (or kBatch or more): all of
+  /// them before the wait. kTensorCores (whole rows, K <= 2048; longer rows refused): this
+  /// many of a warp's steps (32 values of its 16 tile rows each; 6 for K = 1536, as many
+  /// as the register kernel's loads a row, so that 3 is half the row in either). Why: a kernel's early
   /// loads are bytes in flight in the memory system while the kernels before it make
   /// their small dependent reads, and bench_read_latency measured an L2 hit at 143 ns
   /// alone, 280-290 ns under streams with 64 KB in flight an SM and 540-600 ns with 128 KB
@@ -285,6 +288,13 @@ struct DecodeGemvParams {
   /// (SplitBatchRest; exercise 32 of chapter 08's README; measured in
   /// CudaModelOptions::split_batch_rest). Refused without loads_before_wait.
   SplitBatchRest split_rest = SplitBatchRest::kAfterStaging;
+  /// With loads_before_wait (either kernel): only blocks 0 .. split_blocks - 1 split their
+  /// first batch, the later ones load all of it before the wait (0: every block splits).
+  /// Why (the README's exercise 33): a GEMV's blocks start roughly in index order, the
+  /// first ones while the kernels before still make their dependent reads, the later
+  /// ones as those kernels leave the SMs, when no chain waits behind their loads and a
+  /// split only delays their second half.
+  int split_blocks = 0;
 };
 
 /// y = f(x W^T + b) for one token. One warp per output row (a few consecutive rows per

@@ -118,6 +118,9 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
                                     {"lm_head_loads_before_wait", options_.lm_head_loads_before_wait},
                                     {"gate_up_loads_before_wait_past_short_graph",
                                      options_.gate_up_loads_before_wait_past_short_graph},
+                                    {"o_loads_before_wait", options_.o_loads_before_wait},
+                                    {"gate_up_split_blocks", options_.gate_up_split_blocks},
+                                    {"gate_up_split_blocks_in_long_graph", options_.gate_up_split_blocks_in_long_graph},
                                     {"attention_o_blocks", options_.attention_o_blocks}}) {
     if (value < 0) throw std::invalid_argument(std::string(name) + " must be >= 0, got " + std::to_string(value));
   }
@@ -127,6 +130,10 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     throw std::invalid_argument(
         "gate_up_loads_before_wait / down_loads_before_wait do not combine with the second batch in shared memory "
         "or down's input read in place");
+  }
+  if (options_.o_loads_before_wait > 0 && options_.o_input_from_global) {
+    throw std::invalid_argument("o_loads_before_wait does not combine with o_input_from_global (O's input read "
+                                "in place)");
   }
   if (options_.split_batch_rest != SplitBatchRest::kAfterStaging && options_.gate_up_loads_before_wait == 0 &&
       options_.down_loads_before_wait == 0 && options_.lm_head_loads_before_wait == 0) {
@@ -1013,14 +1020,18 @@ int CudaModel::o_blocks_for(int splits) const {
   return o_blocks > 0 && decode_attention_o_blocks_runs(C_, H_, Hkv_, D_, splits, o_blocks) ? o_blocks : 0;
 }
 
-CudaModel::FirstBatchSplit CudaModel::gate_up_split(bool short_graph) const {
+CudaModel::FirstBatchSplit CudaModel::gate_up_split(bool short_graph, bool long_graph) const {
   // Past the short graph gate/up has a split of its own (beside the larger attention
-  // clusters it wins), where the split can run: not beside the second batch in shared memory.
+  // clusters it wins), where the split can run: not beside the second batch in shared
+  // memory. Either split holds in the first blocks only, where asked.
+  const int blocks = long_graph ? options_.gate_up_split_blocks_in_long_graph : options_.gate_up_split_blocks;
   if (!short_graph && options_.gate_up_loads_before_wait_past_short_graph > 0 &&
       !options_.gate_up_second_batch_in_shared) {
-    return {options_.gate_up_loads_before_wait_past_short_graph, options_.gate_up_split_rest_past_short_graph};
+    return {options_.gate_up_loads_before_wait_past_short_graph, options_.gate_up_split_rest_past_short_graph, blocks};
   }
-  return split_with_rest_option(options_.gate_up_loads_before_wait);
+  FirstBatchSplit split = split_with_rest_option(options_.gate_up_loads_before_wait);
+  if (split.loads_before_wait > 0) split.blocks = blocks;
+  return split;
 }
 
 CudaModel::FirstBatchSplit CudaModel::split_with_rest_option(int loads_before_wait) const {
@@ -1083,6 +1094,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   auto set_first_batch_split = [](DecodeGemvParams& p, FirstBatchSplit split) {
     p.loads_before_wait = split.loads_before_wait;
     p.split_rest = split.rest;
+    p.split_blocks = split.blocks;
   };
   auto step_gemv_settings = [&](DecodeGemvParams& p) {
     p.stream_evict_first = options_.gemv_evict_first;
@@ -1170,6 +1182,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     o.input_from_global = options_.o_input_from_global;
     o.start_delay_ns = options_.o_start_delay_ns;
     o.residual_partials = mlp_partials;  // written three kernels back: settled before O's wait
+    if (options_.o_loads_before_wait > 0) set_first_batch_split(o, {options_.o_loads_before_wait, options_.o_split_rest});
     step_gemv_settings(o);
     const cudaAccessPolicyWindow o_policy = l2_window(o, L2PersistTarget::kO, &L);
     auto launch_o = [&](GemvInput input) {
@@ -1317,7 +1330,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     gate_up.hold = hold_for_attention(l, options_.gate_up_hold_blocks);
     gate_up.hold.first_block = options_.gate_up_hold_first_block;
     gate_up.start_delay_ns = options_.gate_up_start_delay_ns;
-    set_first_batch_split(gate_up, gate_up_split(short_graph));
+    set_first_batch_split(gate_up, gate_up_split(short_graph, long_graph));
     step_gemv_settings(gate_up);
     if (fused_o) gate_up.residual_partials = ResidualPartials{d_o_partials_.data(), Hkv_};
     // (decode_skip's kSkipOAccumulatorInGateUp: measurement only, the values are wrong.)

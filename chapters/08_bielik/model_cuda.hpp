@@ -394,12 +394,39 @@ struct CudaModelOptions {
   /// same lengths with no short graph, clusters of 8 throughout: 1013 against 1010). 0:
   /// those steps split as the short graph's (gate_up_split_rest_past_short_graph is then
   /// not used). Not used where gate/up's second batch goes to shared memory
-  /// (gate_up_second_batch_in_shared, which the split does not combine with) or gate/up
-  /// runs on the tensor cores. Where there is no short graph, every step takes it.
+  /// (gate_up_second_batch_in_shared, which the split does not combine with). On the
+  /// tensor cores it counts a warp's steps (6 for K = 1536), on the register kernel a
+  /// lane's loads a row (6 too). Where there is no short graph, every step takes it.
   /// bench_model --gate-up-loads-before-wait-past-short N,
   /// --split-batch-rest-past-short MOMENT.
   int gate_up_loads_before_wait_past_short_graph = 3;
   SplitBatchRest gate_up_split_rest_past_short_graph = SplitBatchRest::kWhenFirstArrived;
+  /// The O projection's first batch split the same way (exercise 32's second half): this
+  /// many of a warp's steps (the tensor-core kernel) or of a lane's loads a row (the
+  /// register kernel), 6 for Bielik's K = 1536 in either, before the wait, the rest at
+  /// o_split_rest; 0: the whole row before it. Why: O's 96 blocks ask for all of W_o
+  /// (4.7 MB) before their wait, while the attention before them reads q and its keys in
+  /// dependent trips that wait in the same queue. Not with o_input_from_global.
+  /// bench_model --o-loads-before-wait N, --o-split-rest MOMENT.
+  int o_loads_before_wait = 0;
+  SplitBatchRest o_split_rest = SplitBatchRest::kWhenFirstArrived;
+  /// Where gate/up splits its first batch (either option above), only its blocks 0 ..
+  /// gate_up_split_blocks - 1 do, in the long graph gate_up_split_blocks_in_long_graph;
+  /// the later ones load the whole batch before the wait (DecodeGemvParams::split_blocks;
+  /// 0: every block splits). Exercise 33's rule: the first blocks start beside the
+  /// attention and O, whose dependent reads queue behind their loads; the later ones
+  /// start as O's blocks leave or in gate/up's later waves (1120 blocks, at most three an
+  /// SM), when a split only delays their second half. H200 (2026-12-04, forty-sixth
+  /// session, decode_ab.sh, three rounds, 64 tokens after N), against every block
+  /// splitting: the main graph 132 / 200 / 232 / 264 / 300 / 330 / 396 blocks at N = 512
+  /// 984 / 992 / 994 / 995-996 / 994 / 993 / 988 against 987, at N = 1024 - / 952 / 954 /
+  /// 955 / 954 / 952 / - against 947, 264 at N = 300 1010 against 1005; the long graph
+  /// 264 at 1536 / 2048 913 / 902 against 915 / 904 (132: 885); the short graph, which
+  /// splits nothing by default, 264 blocks of 3 loads 1017 against 1022 unsplit (every
+  /// block 1010). So 264 (two blocks an SM), and every block in the long graph.
+  /// bench_model --gate-up-split-blocks N, --gate-up-split-blocks-long N.
+  int gate_up_split_blocks = 264;
+  int gate_up_split_blocks_in_long_graph = 0;
   /// A second stream of the decode graph asks L2 for the last side_prefetch_gate_up_mb MB
   /// of each layer's gate/up weights (half from gate's rows, half from up's: the rows the
   /// GEMV's last blocks read) and the last side_prefetch_down_mb MB of its down weights,
@@ -655,10 +682,13 @@ class CudaModel final : public Backend {
   struct FirstBatchSplit {
     int loads_before_wait = 0;
     SplitBatchRest rest = SplitBatchRest::kAfterStaging;
+    int blocks = 0;  ///< only blocks below this split (0: every block)
   };
   /// Gate/up's split in the decode step over kv_len keys (options' gate_up_loads_before_wait
   /// and split_batch_rest in the short graph, their _past_short_graph forms in the others).
-  FirstBatchSplit gate_up_split_at(int kv_len) const { return gate_up_split(short_attention_step(kv_len)); }
+  FirstBatchSplit gate_up_split_at(int kv_len) const {
+    return gate_up_split(short_attention_step(kv_len), long_attention_step(kv_len));
+  }
   /// Whether the decode step runs the fused MLP (options' fused_mlp, where the model's
   /// shape takes it).
   bool fused_mlp() const { return fused_mlp_; }
@@ -754,7 +784,7 @@ class CudaModel final : public Backend {
   // where none are asked for or the kernel cannot run that many.
   int o_blocks_for(int splits) const;
   // Gate/up's split in a step of the short graph or of another (gate_up_split_at).
-  FirstBatchSplit gate_up_split(bool short_graph) const;
+  FirstBatchSplit gate_up_split(bool short_graph, bool long_graph) const;
   // loads_before_wait loads a row before the wait (0: the whole batch), the rest at
   // options_.split_batch_rest: the split every graph gives down and the lm_head.
   FirstBatchSplit split_with_rest_option(int loads_before_wait) const;

@@ -209,7 +209,7 @@ TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming t
     }
     return false;
   };
-  for (int which = 0; which < 14; ++which) {
+  for (int which = 0; which < 17; ++which) {
     CudaModelOptions options = cuda_options();
     int* option[] = {&options.attention_splits,          &options.attention_min_keys_per_split,
                      &options.attention_o_replicas,      &options.decode_shared_carveout,
@@ -217,15 +217,19 @@ TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming t
                      &options.down_start_delay_ns,       &options.qkv_start_delay_ns,
                      &options.o_start_delay_ns,          &options.lm_head_start_delay_ns,
                      &options.gate_up_loads_before_wait, &options.down_loads_before_wait,
-                     &options.lm_head_loads_before_wait, &options.gate_up_loads_before_wait_past_short_graph};
+                     &options.lm_head_loads_before_wait, &options.gate_up_loads_before_wait_past_short_graph,
+                     &options.o_loads_before_wait,       &options.gate_up_split_blocks,
+                     &options.gate_up_split_blocks_in_long_graph};
     // replicas: at least one; carveout: -1 or a percent
-    const int bad_value[] = {-1, -1, 0, -2, 101, -1, -5, -1, -300, -1, -1, -2, -1, -3};
+    const int bad_value[] = {-1, -1, 0, -2, 101, -1, -5, -1, -300, -1, -1, -2, -1, -3, -1, -2, -1};
     *option[which] = bad_value[which];
     const char* names[] = {"attention_splits",          "attention_min_keys_per_split", "attention_o_replicas",
                            "decode_shared_carveout",    "decode_shared_carveout",       "gate_up_hold_blocks",
                            "down_start_delay_ns",       "qkv_start_delay_ns",           "o_start_delay_ns",
                            "lm_head_start_delay_ns",    "gate_up_loads_before_wait",    "down_loads_before_wait",
-                           "lm_head_loads_before_wait", "gate_up_loads_before_wait_past_short_graph"};
+                           "lm_head_loads_before_wait", "gate_up_loads_before_wait_past_short_graph",
+                           "o_loads_before_wait",       "gate_up_split_blocks",
+                           "gate_up_split_blocks_in_long_graph"};
     INFO(names[which]);
     REQUIRE(refused_naming(options, names[which]));
   }
@@ -234,6 +238,13 @@ TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming t
     CudaModelOptions options = cuda_options();
     options.split_batch_rest = SplitBatchRest::kWhenFirstArrived;
     REQUIRE(refused_naming(options, "split_batch_rest"));
+  }
+  // O's split with O's input read in place (no batch of its own to split).
+  {
+    CudaModelOptions options = cuda_options();
+    options.o_loads_before_wait = 3;
+    options.o_input_from_global = true;
+    REQUIRE(refused_naming(options, "o_loads_before_wait"));
   }
   // No decode steps in a graph, or too many.
   for (int steps : {0, 65}) {
@@ -553,7 +564,9 @@ TEST_CASE("CUDA model: past the short graph gate/up's first batch is split by it
           "[ch08][gpu][model]") {
   const std::string dir = tiny_checkpoint(kSpecs[0]);
   using Split = CudaModel::FirstBatchSplit;
-  auto same = [](Split a, Split b) { return a.loads_before_wait == b.loads_before_wait && a.rest == b.rest; };
+  auto same = [](Split a, Split b) {
+    return a.loads_before_wait == b.loads_before_wait && a.rest == b.rest && a.blocks == b.blocks;
+  };
   // Three graphs: clusters of 4 up to 13 keys, 8 for 14 and 15, 16 from 16 keys on (v6's
   // clusters, sm_90 and newer; elsewhere one graph).
   auto three_graphs = [] {
@@ -562,31 +575,36 @@ TEST_CASE("CUDA model: past the short graph gate/up's first batch is split by it
     options.long_attention_min_keys = 16;
     return options;
   };
-  const bool short_graph = device_is_sm90_or_newer();
-  const Split none{0, SplitBatchRest::kAfterStaging};
-  const Split past_short{3, SplitBatchRest::kWhenFirstArrived};  // the defaults
+  const bool short_graph = device_is_sm90_or_newer(), long_graph = short_graph;
+  const Split none{0, SplitBatchRest::kAfterStaging, 0};
+  // The defaults: 3 loads a row, the rest once they are in; in the first 264 blocks in
+  // the main graph, in every block in the long one.
+  const Split main_split{3, SplitBatchRest::kWhenFirstArrived, 264};
+  const Split long_split{3, SplitBatchRest::kWhenFirstArrived, 0};
   CudaModelOptions options = three_graphs();
   {
-    // In the short graph nothing is split; past it, 3 loads a row, the rest once they are in.
     CudaModel model(dir, options);
-    REQUIRE(same(model.gate_up_split_at(1), short_graph ? none : past_short));
-    REQUIRE(same(model.gate_up_split_at(13), short_graph ? none : past_short));
-    for (int kv_len : {14, 15, 16, 40}) REQUIRE(same(model.gate_up_split_at(kv_len), past_short));
+    REQUIRE(same(model.gate_up_split_at(1), short_graph ? none : main_split));
+    REQUIRE(same(model.gate_up_split_at(13), short_graph ? none : main_split));
+    for (int kv_len : {14, 15}) REQUIRE(same(model.gate_up_split_at(kv_len), main_split));
+    for (int kv_len : {16, 40}) REQUIRE(same(model.gate_up_split_at(kv_len), long_graph ? long_split : main_split));
   }
   // Their own numbers past the short graph, the other options' in it.
   options.gate_up_loads_before_wait_past_short_graph = 5;
   options.gate_up_split_rest_past_short_graph = SplitBatchRest::kAfterWait;
   options.gate_up_loads_before_wait = 2;
-  const Split others{2, SplitBatchRest::kAfterStaging};
   for (int kv_len : {1, 14, 16}) {
     INFO(kv_len << " keys");
+    const int blocks = kv_len >= 16 && long_graph ? 0 : 264;
     REQUIRE(same(CudaModel(dir, options).gate_up_split_at(kv_len),
-                 kv_len > 13 || !short_graph ? Split{5, SplitBatchRest::kAfterWait} : others));
+                 kv_len > 13 || !short_graph ? Split{5, SplitBatchRest::kAfterWait, blocks}
+                                             : Split{2, SplitBatchRest::kAfterStaging, 264}));
   }
   // 0: the steps past the short graph split as the short graph's do.
   options.gate_up_loads_before_wait_past_short_graph = 0;
-  REQUIRE(same(CudaModel(dir, options).gate_up_split_at(14), others));
-  REQUIRE(same(CudaModel(dir, options).gate_up_split_at(16), others));
+  REQUIRE(same(CudaModel(dir, options).gate_up_split_at(14), Split{2, SplitBatchRest::kAfterStaging, 264}));
+  REQUIRE(same(CudaModel(dir, options).gate_up_split_at(16),
+               Split{2, SplitBatchRest::kAfterStaging, long_graph ? 0 : 264}));
   // Beside gate/up's second batch in shared memory (which a split does not combine with)
   // no step splits.
   options = three_graphs();
@@ -596,7 +614,21 @@ TEST_CASE("CUDA model: past the short graph gate/up's first batch is split by it
   // With no short graph every step is past it.
   options = three_graphs();
   options.short_attention_max_keys = 0;
-  REQUIRE(same(CudaModel(dir, options).gate_up_split_at(1), past_short));
+  REQUIRE(same(CudaModel(dir, options).gate_up_split_at(1), main_split));
+  // gate_up_split_blocks and its long-graph form go with whichever split a step takes,
+  // and with none stay 0.
+  options = three_graphs();
+  options.gate_up_split_blocks = 7;
+  options.gate_up_split_blocks_in_long_graph = 5;
+  {
+    CudaModel model(dir, options);
+    REQUIRE(same(model.gate_up_split_at(14), Split{3, SplitBatchRest::kWhenFirstArrived, 7}));
+    REQUIRE(same(model.gate_up_split_at(16), Split{3, SplitBatchRest::kWhenFirstArrived, long_graph ? 5 : 7}));
+    REQUIRE(same(model.gate_up_split_at(1), short_graph ? none : Split{3, SplitBatchRest::kWhenFirstArrived, 7}));
+  }
+  options.gate_up_loads_before_wait = 2;
+  REQUIRE(same(CudaModel(dir, options).gate_up_split_at(1),
+               short_graph ? Split{2, SplitBatchRest::kAfterStaging, 7} : Split{3, SplitBatchRest::kWhenFirstArrived, 7}));
 }
 
 TEST_CASE("CUDA model: the fused MLP matches the CPU backend in prefill and decode", "[ch08][gpu][model]") {
@@ -953,6 +985,22 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       options.down_loads_before_wait = 3;  // on down alone
       options.split_batch_rest = SplitBatchRest::kAfterWait;
       runs.push_back(run(options));
+      // O's (o_loads_before_wait, on the tensor cores): 3 steps a warp once the first are
+      // in (the option's moment), after the wait; 1 after the staging.
+      options = cuda_options();
+      options.o_loads_before_wait = 3;
+      runs.push_back(run(options));
+      options.o_split_rest = SplitBatchRest::kAfterWait;
+      runs.push_back(run(options));
+      options.o_loads_before_wait = 1;
+      options.o_split_rest = SplitBatchRest::kAfterStaging;
+      runs.push_back(run(options));
+      // Gate/up's split in its first 2 blocks only (gate_up_split_blocks), every step.
+      options = cuda_options();
+      options.gate_up_loads_before_wait = 3;
+      options.split_batch_rest = SplitBatchRest::kWhenFirstArrived;
+      options.gate_up_split_blocks = 2;
+      runs.push_back(run(options));
       options = cuda_options();
       options.gate_up_hold_blocks = 1 << 20;  // until the attention's blocks have ended, pulled
       options.hold_until_attention_end = true;
@@ -969,7 +1017,7 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
     // The same kernels in the same order: bit for bit the same logits.
     for (size_t i = 1; i < runs.size(); ++i) {
       INFO(spec.name << " run " << i
-                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early; then the input widened or not; then O after the attention's inputs; then carveouts 0 (graph) and 100 (eager); then O and gate/up held, gate/up blocks 1-2 held, no hold and no pause, 500 ns pauses, then the first batches split, the rest after the staging, after the wait, once the first loads are in, down's alone after the wait; then gate/up held to the pulled attention's end; then the second batches in shared memory, copied before the wait, then after the staging)");
+                     << " (graph/pdl: tt, tf, ft, ff; then no evict-first hint; then the attention started early; then the input widened or not; then O after the attention's inputs; then carveouts 0 (graph) and 100 (eager); then O and gate/up held, gate/up blocks 1-2 held, no hold and no pause, 500 ns pauses, then the first batches split, the rest after the staging, after the wait, once the first loads are in, down's alone after the wait; O's split once its first steps are in, after the wait, 1 after the staging; gate/up's in its first 2 blocks; then gate/up held to the pulled attention's end; then the second batches in shared memory, copied before the wait, then after the staging)");
       REQUIRE(runs[i] == runs[0]);
     }
     // The side branch that asks L2 for gate/up's and down's last rows changes no value:
@@ -1040,6 +1088,16 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       for (CudaModelOptions* options : {&graph_options, &eager_options}) options->tensor_core_gemvs = gemvs;
       INFO(spec.name << " tensor-core GEMVs " << gemvs << ": graph, then eager launches");
       REQUIRE(run(graph_options) == run(eager_options));
+    }
+    // O's split (o_loads_before_wait) on the register kernel, every GEMV there: the same
+    // logits as unsplit.
+    {
+      CudaModelOptions registers = cuda_options();
+      registers.tensor_core_gemvs = registers.tensor_core_gemvs_in_long_graph = 0;
+      const std::vector<float> unsplit = run(registers);
+      registers.o_loads_before_wait = 3;
+      INFO(spec.name << " register GEMVs: O's first batch split, then not");
+      REQUIRE(run(registers) == unsplit);
     }
     // Every staged input copied in by the bulk-copy engine (sm_90+): the same logits as
     // the threads' staging, bit for bit, in a graph and eagerly.
@@ -1713,6 +1771,28 @@ TEST_CASE("decode_gemv: every fused form matches a CPU reference", "[ch08][gpu][
       }, 2, true);
     }
   }
+  // Only the first blocks split (split_blocks), gate/up's production form at Bielik's
+  // size: 1 block, 5 (every later block unsplit) and more blocks than the grid has, at
+  // each moment, lean then probed.
+  for (const int split_blocks : {1, 5, 100000}) {
+    for (SplitBatchRest rest : rests) {
+      const GemvCase& c = epilogue_norm_cases[0];
+      INFO("loads before the wait 3 in blocks below " << split_blocks << ": N=" << c.N << " K=" << c.K << " rest "
+                                                       << int(rest));
+      TestGemvTimeline timeline;
+      timeline.reset();
+      check_gemv_case(c, case_seed, [&](DecodeGemvParams& p, int launch) {
+        p.loads_before_wait = 3;
+        p.split_rest = rest;
+        p.split_blocks = split_blocks;
+        p.norm_in_epilogue = true;
+        p.widen_input = true;
+        if (launch == 1) p.timeline = timeline.values.data();
+        decode_gemv(c.input, c.output, p, true, 0, DecodeGemvKernel::kRegisterLoads);
+      }, 2, true);
+      REQUIRE(timeline.stamped(kTimelineEnd));
+    }
+  }
 }
 
 TEST_CASE("decode_gemv on the tensor cores: every form it takes matches a CPU reference", "[ch08][gpu][kernels]") {
@@ -1792,7 +1872,66 @@ TEST_CASE("decode_gemv on the tensor cores: every form it takes matches a CPU re
       }, 1, true);
     }
   }
-  // What it does not take: K past its batches, an input it does not stage.
+  // The first batch split around the wait (loads_before_wait: the split instances, lean
+  // then probed; the model's o_loads_before_wait): 1, 3 and 5 steps a warp before it,
+  // the rest after the staging, right after the wait or once the first steps are in;
+  // with and without PDL; both whole-row instances; O's shape, QKV's rows with the norm
+  // in the epilogue, and odd ones. K = 344 gives a warp at most 2 steps (11 dealt round
+  // 8 warps), so only 1 splits there, 3 and 5 take the default instance; K = 2040: 8
+  // steps a warp, the last warp's last one short.
+  struct SplitCase {
+    GemvCase c;
+    bool norm_in_epilogue;
+  };
+  const SplitCase split_cases[] = {
+      {{GemvInput::kPlain, GemvOutput::kResidualAdd, 1536, 1536, true}, false},  // O
+      {{GemvInput::kRmsNorm, GemvOutput::kBf16, 2048, 1536, true}, true},        // QKV's rows, its folded norm
+      {{GemvInput::kRmsNorm, GemvOutput::kSwiGLU, 43, 344, false}, false},
+      {{GemvInput::kPlain, GemvOutput::kResidualAdd, 300, 2040, false}, false},
+  };
+  const SplitBatchRest rests[] = {SplitBatchRest::kAfterStaging, SplitBatchRest::kAfterWait,
+                                  SplitBatchRest::kWhenFirstArrived};
+  for (const SplitCase& split_case : split_cases) {
+    const GemvCase& c = split_case.c;
+    for (int variant = 0; variant < 9; ++variant) {
+      const int before = (variant % 3) * 2 + 1;  // 1, 3, 5
+      const bool pdl = before != 3, three_per_sm = variant % 2 == 1 && c.K <= 1536;
+      const SplitBatchRest rest = rests[variant / 3];
+      INFO("steps before the wait " << before << ": N=" << c.N << " K=" << c.K << " output " << int(c.output)
+                                    << " pdl " << pdl << " three blocks an SM " << three_per_sm << " rest "
+                                    << int(rest) << " norm in the epilogue " << split_case.norm_in_epilogue);
+      TestGemvTimeline timeline;
+      timeline.reset();
+      check_gemv_case(c, case_seed, [&](DecodeGemvParams& p, int launch) {
+        p.loads_before_wait = before;
+        p.split_rest = rest;
+        p.stream_evict_first = pdl;
+        p.epilogue_inputs_settled = pdl;
+        p.mma_three_blocks_per_sm = three_per_sm;
+        p.norm_in_epilogue = split_case.norm_in_epilogue;
+        if (launch == 1) p.timeline = timeline.values.data();
+        decode_gemv(c.input, c.output, p, pdl, 0, DecodeGemvKernel::kTensorCores);
+      }, 2, split_case.norm_in_epilogue);
+      REQUIRE(timeline.stamped(kTimelineEnd));
+    }
+  }
+  // Only the first blocks split (split_blocks): 1 and 40 of O's 96, once the first steps
+  // are in and after the staging.
+  for (const int split_blocks : {1, 40}) {
+    for (SplitBatchRest rest : {SplitBatchRest::kWhenFirstArrived, SplitBatchRest::kAfterStaging}) {
+      const GemvCase& c = split_cases[0].c;
+      INFO("steps before the wait 3 in blocks below " << split_blocks << ": N=" << c.N << " K=" << c.K << " rest "
+                                                       << int(rest));
+      check_gemv_case(c, case_seed, [&](DecodeGemvParams& p, int) {
+        p.loads_before_wait = 3;
+        p.split_rest = rest;
+        p.split_blocks = split_blocks;
+        decode_gemv(c.input, c.output, p, true, 0, DecodeGemvKernel::kTensorCores);
+      }, 2);
+    }
+  }
+  // What it does not take: K past its batches, an input it does not stage, a split of a
+  // streamed row (K > 2048).
   DeviceBuffer<uint16_t> x(4096), W(64 * 4096), y(64);
   DecodeGemvParams p{};
   p.y = y.data();
@@ -1802,6 +1941,13 @@ TEST_CASE("decode_gemv on the tensor cores: every form it takes matches a CPU re
   p.K = decode_gemv_mma_max_k() + 8;
   REQUIRE_THROWS_AS(decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false, 0, DecodeGemvKernel::kTensorCores),
                     std::invalid_argument);
+  p.K = 4096;
+  p.loads_before_wait = 3;
+  REQUIRE(contains(error_of<std::invalid_argument>([&] {
+                     decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false, 0, DecodeGemvKernel::kTensorCores);
+                   }),
+                   "loads_before_wait"));
+  p.loads_before_wait = 0;
   // Residual partials (the fused MLP's accumulator) only where it reads them: O's
   // residual add and QKV's input (the model's fused-MLP test runs both); not an input
   // that adds them into an output it has no such form for (gate/up's SwiGLU).
@@ -1839,6 +1985,10 @@ TEST_CASE("decode_gemv refuses a split or a row count it cannot run", "[ch08][gp
   REQUIRE(contains(error_of<std::invalid_argument>([&] { decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false); }),
                    "loads_before_wait"));
   p.input_from_global = false;
+  p.split_blocks = -1;
+  REQUIRE(contains(error_of<std::invalid_argument>([&] { decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false); }),
+                   "split_blocks"));
+  p.split_blocks = 0;
   p.loads_before_wait = 0;
   p.split_rest = SplitBatchRest::kAfterWait;  // when the rest of no split goes out
   REQUIRE(contains(error_of<std::invalid_argument>([&] { decode_gemv(GemvInput::kPlain, GemvOutput::kBf16, p, false); }),
