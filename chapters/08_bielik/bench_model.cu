@@ -1256,8 +1256,8 @@ int main(int argc, char** argv) {
          "pushed with st.async onto block 0's mbarrier, in the long graph O scheduled once their inputs are in; "
          "then the O GEMV, which lets gate/up start early; QKV and O on the tensor cores, QKV's for three "
          "blocks an SM; past 256 keys gate/up's first batch split (up to 1279 keys in its first 264 blocks, "
-         "from 1280 in all): 3 loads a row before the wait, the rest once they are in; QKV's and gate/up's norm weights folded into W_qkv and "
-         "W_gate_up; the norm weight asked for before the weights; gate/up pauses 150 ns and down 500 ns "
+         "from 1280 in all): 3 loads a row before the wait, the rest once they are in; QKV's and gate/up's "
+         "norm weights folded into W_qkv and W_gate_up; the norm weight asked for before the weights; gate/up pauses 150 ns and down 500 ns "
          "at their start; evict-first; 4 steps a graph, the tokens kept on "
          "the GPU until the end, each step's input row written by the argmax before it)",
          true, true, Path::kClusterPerHead, 0, 0},

@@ -219,6 +219,9 @@ __device__ __forceinline__ float sum_own_squares(const DecodeGemvParams& p, cons
 // blocks ask for all of W_o, 4.7 MB, before their wait, while the attention before them
 // makes its dependent reads of q and the keys; the split keeps half of that out of the
 // queue those reads wait in. An instance of its own, so the default ones carry none of it.
+// Measured on the H200 (DECODE_LOG.md, forty-sixth session): O with 2-4 steps before the
+// wait lost 0.8-1.1% over 256 tokens after 16 and 1.3% after 2048, so the model leaves
+// O whole (CudaModelOptions::o_loads_before_wait = 0).
 template <GemvInput In, GemvOutput Out, bool HasBias, int kBatchSteps, int kBatches, bool kProbes, int kMinBlocks,
           bool kSplitFirstBatch = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_gemv_mma_kernel(DecodeGemvParams p) {

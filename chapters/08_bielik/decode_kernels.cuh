@@ -273,16 +273,18 @@ struct DecodeGemvParams {
   /// first batch's loads a lane (a row, kBatch of them: 6 for K <= 1536 row pairs, 9 for
   /// down's), only this many go out before the wait, the rest at the moment split_rest
   /// names (by default right after the input is staged). 0 (or kBatch or more): all of
-  /// them before the wait. kTensorCores (whole rows, K <= 2048; longer rows refused): this
-  /// many of a warp's steps (32 values of its 16 tile rows each; 6 for K = 1536, as many
-  /// as the register kernel's loads a row, so that 3 is half the row in either). Why: a kernel's early
-  /// loads are bytes in flight in the memory system while the kernels before it make
-  /// their small dependent reads, and bench_read_latency measured an L2 hit at 143 ns
-  /// alone, 280-290 ns under streams with 64 KB in flight an SM and 540-600 ns with 128 KB
-  /// (gate/up's first batch: 144 KB an SM). A launch with it set runs an instance of its
-  /// own (the default ones do not carry the split). In the decode step every split lost
-  /// (gate/up's half held back: the chain 1.1 us shorter, the MLP 2.1 us longer; DECODE_LOG.md,
-  /// forty-third session). bench_model measures it.
+  /// them before the wait. kTensorCores (whole rows, K <= 2048; longer rows refused):
+  /// this many of a warp's steps (32 values of its 16 tile rows each; 6 for K = 1536, as
+  /// many as the register kernel's loads a row, so that 3 is half the row in either).
+  /// Why: a kernel's early loads are bytes in flight in the memory system while the
+  /// kernels before it make their small dependent reads, and bench_read_latency measured
+  /// an L2 hit at 143 ns alone, 280-290 ns under streams with 64 KB in flight an SM and
+  /// 540-600 ns with 128 KB (gate/up's first batch: 144 KB an SM). A launch with it set
+  /// runs an instance of its own (the default ones do not carry the split). In the
+  /// decode step (DECODE_LOG.md, forty-third to forty-sixth sessions) gate/up's half
+  /// held back until the staging lost (the chain 1.1 us shorter, the MLP 2.1 us longer),
+  /// sent once the first half is in it wins past the short graph (the model's default
+  /// there), and O's, down's and the lm_head's splits lost. bench_model measures it.
   int loads_before_wait = 0;
   /// With loads_before_wait: when the rest of the split first batch goes out
   /// (SplitBatchRest; exercise 32 of chapter 08's README; measured in

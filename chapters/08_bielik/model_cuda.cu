@@ -1182,7 +1182,9 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     o.input_from_global = options_.o_input_from_global;
     o.start_delay_ns = options_.o_start_delay_ns;
     o.residual_partials = mlp_partials;  // written three kernels back: settled before O's wait
-    if (options_.o_loads_before_wait > 0) set_first_batch_split(o, {options_.o_loads_before_wait, options_.o_split_rest});
+    if (options_.o_loads_before_wait > 0) {
+      set_first_batch_split(o, {options_.o_loads_before_wait, options_.o_split_rest});
+    }
     step_gemv_settings(o);
     const cudaAccessPolicyWindow o_policy = l2_window(o, L2PersistTarget::kO, &L);
     auto launch_o = [&](GemvInput input) {

@@ -406,7 +406,11 @@ struct CudaModelOptions {
   /// register kernel), 6 for Bielik's K = 1536 in either, before the wait, the rest at
   /// o_split_rest; 0: the whole row before it. Why: O's 96 blocks ask for all of W_o
   /// (4.7 MB) before their wait, while the attention before them reads q and its keys in
-  /// dependent trips that wait in the same queue. Not with o_input_from_global.
+  /// dependent trips that wait in the same queue. Not with o_input_from_global. H200
+  /// (2026-12-04, forty-sixth session, decode_ab.sh, three rounds): 2 / 3 / 4 steps, the
+  /// rest once they are in, 1009 / 1007 / 1006 against 1017 over 256 tokens after 16; 3
+  /// 986 against 986 after 512 and 891 against 903 after 2048; 3 with the rest after the
+  /// wait 953. O's second half is on the chain itself, so 0.
   /// bench_model --o-loads-before-wait N, --o-split-rest MOMENT.
   int o_loads_before_wait = 0;
   SplitBatchRest o_split_rest = SplitBatchRest::kWhenFirstArrived;

@@ -627,8 +627,9 @@ TEST_CASE("CUDA model: past the short graph gate/up's first batch is split by it
     REQUIRE(same(model.gate_up_split_at(1), short_graph ? none : Split{3, SplitBatchRest::kWhenFirstArrived, 7}));
   }
   options.gate_up_loads_before_wait = 2;
-  REQUIRE(same(CudaModel(dir, options).gate_up_split_at(1),
-               short_graph ? Split{2, SplitBatchRest::kAfterStaging, 7} : Split{3, SplitBatchRest::kWhenFirstArrived, 7}));
+  REQUIRE(same(CudaModel(dir, options).gate_up_split_at(1), short_graph
+                                                                ? Split{2, SplitBatchRest::kAfterStaging, 7}
+                                                                : Split{3, SplitBatchRest::kWhenFirstArrived, 7}));
 }
 
 TEST_CASE("CUDA model: the fused MLP matches the CPU backend in prefill and decode", "[ch08][gpu][model]") {
