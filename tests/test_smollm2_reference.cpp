@@ -7,8 +7,9 @@
 // first-step top-5 and the same 24 greedy ids; the answer must name Paris.
 //
 // The model folder is not in git (`make models` prepares it). Without it this program
-// prints why and exits 77, which ctest reports as skipped, never as passed.
-// BIELIK_SMOLLM2_DIR overrides where it is looked for.
+// prints why and exits 77, which ctest reports as skipped, never as passed; with
+// BIELIK_REQUIRE_SMOLLM2=1 (as CI sets it) it fails instead. BIELIK_SMOLLM2_DIR overrides
+// where it is looked for.
 #ifndef BIELIK_CATCH2_V3
 #define CATCH_CONFIG_RUNNER
 #endif
@@ -38,10 +39,18 @@ std::string model_dir() {
   return env ? env : std::string(BIELIK_SOURCE_DIR) + "/models/smollm2-135m-instruct";
 }
 
-bool model_present(const std::string& dir) {
+// The first of the four files the test reads that is missing, or "" when all are there.
+std::string missing_model_file(const std::string& dir) {
   for (const char* file : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
-    if (!std::ifstream(dir + "/" + file).good()) return false;
-  return true;
+    if (!std::ifstream(dir + "/" + file).good()) return dir + "/" + file;
+  return "";
+}
+
+// CI prepares the model (`make models`) and sets BIELIK_REQUIRE_SMOLLM2=1, so that a
+// preparation that silently failed turns this test red instead of skipped.
+bool model_required() {
+  const char* env = std::getenv("BIELIK_REQUIRE_SMOLLM2");
+  return env != nullptr && *env != '\0' && std::string(env) != "0";
 }
 
 const nlohmann::json& reference() {
@@ -141,10 +150,15 @@ TEST_CASE("SmolLM2: a chat session's greedy reply is HF's answer", "[ch08][cpu][
 }
 
 int main(int argc, char** argv) {
-  const std::string dir = model_dir();
-  if (!model_present(dir)) {
-    std::printf("no SmolLM2 checkpoint in %s (run `make models`, or set BIELIK_SMOLLM2_DIR): "
-                "skipping the HF reference test (exit code 77 = skipped)\n", dir.c_str());
+  const std::string missing = missing_model_file(model_dir());
+  if (!missing.empty()) {
+    if (model_required()) {
+      std::fprintf(stderr, "BIELIK_REQUIRE_SMOLLM2 is set but %s is missing (run `make models`): failing\n",
+                   missing.c_str());
+      return 1;
+    }
+    std::printf("no SmolLM2 checkpoint: %s is missing (run `make models`, or set BIELIK_SMOLLM2_DIR): "
+                "skipping the HF reference test (exit code 77 = skipped)\n", missing.c_str());
     return 77;
   }
   return Catch::Session().run(argc, argv);
