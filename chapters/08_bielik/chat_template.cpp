@@ -71,7 +71,7 @@ ChatTemplate ChatTemplate::from_tokenizer_config(const std::string& path) {
   json config;
   try {
     config = json::parse(in);
-  } catch (const json::parse_error& error) {
+  } catch (const json::exception& error) {  // parse_error, or out_of_range for a number like 4e335
     fail(path, std::string("malformed JSON: ") + error.what());
   }
   if (!config.is_object()) fail(path, "tokenizer_config.json is not a JSON object");

@@ -1,6 +1,7 @@
 // config.json -> ModelConfig, with every error naming the file and the key.
 #include "model_config.hpp"
 
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -30,7 +31,10 @@ class ConfigReader {
   float number(const char* key, float fallback) const {
     if (!present(key)) return fallback;
     if (!root_[key].is_number()) fail(std::string("key '") + key + "' must be a number, got " + root_[key].dump());
-    return root_[key].get<float>();
+    const double value = root_[key].get<double>();
+    // 1e39 is a valid JSON number and an infinite float: refused rather than run.
+    if (!std::isfinite(float(value))) fail(std::string("key '") + key + "' does not fit a float: " + root_[key].dump());
+    return float(value);
   }
 
   bool boolean(const char* key, bool fallback) const {
@@ -61,9 +65,13 @@ class ConfigReader {
   int integer_value(const char* key, const json& value) const {
     if (!value.is_number_integer())
       fail(std::string("key '") + key + "' must be an integer, got " + value.dump());
-    long long v = value.get<long long>();
-    if (v < -2147483648LL || v > 2147483647LL) fail(std::string("key '") + key + "' is out of range: " + value.dump());
-    return int(v);
+    // An unsigned JSON integer past INT64_MAX would wrap to a negative long long (and
+    // 2^64 - 1 read as -1 would pass as "no id"), so it is range-checked as unsigned.
+    const bool in_range = value.is_number_unsigned() ? value.get<unsigned long long>() <= 2147483647ULL
+                                                     : value.get<long long>() >= -2147483648LL &&
+                                                           value.get<long long>() <= 2147483647LL;
+    if (!in_range) fail(std::string("key '") + key + "' is out of range: " + value.dump());
+    return int(value.get<long long>());
   }
 
   std::string path_;
@@ -78,7 +86,7 @@ ModelConfig load_model_config(const std::string& path) {
   json root;
   try {
     root = json::parse(in);
-  } catch (const json::parse_error& error) {
+  } catch (const json::exception& error) {  // parse_error, or out_of_range for a number like 4e335
     throw std::runtime_error(path + ": malformed JSON: " + error.what());
   }
   if (!root.is_object()) throw std::runtime_error(path + ": config is not a JSON object");
@@ -123,6 +131,9 @@ ModelConfig load_model_config(const std::string& path) {
   require_positive("num_key_value_heads", c.num_key_value_heads);
   require_positive("vocab_size", c.vocab_size);
   require_positive("max_position_embeddings", c.max_position_embeddings);
+  if (!(c.rope_theta > 0.0f)) read.fail("key 'rope_theta' must be positive, got " + std::to_string(c.rope_theta));
+  if (!(c.rms_norm_eps >= 0.0f))
+    read.fail("key 'rms_norm_eps' must not be negative, got " + std::to_string(c.rms_norm_eps));
 
   if (c.num_attention_heads % c.num_key_value_heads != 0)
     read.fail("num_attention_heads (" + std::to_string(c.num_attention_heads) +

@@ -35,8 +35,9 @@ struct ModelConfig {
 /// (model_type "llama" or absent, hidden_act "silu" or absent). Required keys:
 /// hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, vocab_size.
 /// Throws std::runtime_error naming the file and the key: missing/mistyped keys,
-/// non-positive sizes, H % Hkv != 0, odd head_dim, a non-null rope_scaling (not
-/// implemented), unparsable JSON, missing file.
+/// numbers that do not fit (an integer beyond int, a float beyond float), non-positive
+/// sizes or rope_theta, a negative rms_norm_eps, H % Hkv != 0, odd head_dim, a non-null
+/// rope_scaling (not implemented), unparsable JSON, missing file.
 ModelConfig load_model_config(const std::string& config_json_path);
 
 /// One line for logs: "C=1536 F=8960 L=32 H=12 Hkv=2 D=128 V=32000 theta=1e+06 ...".

@@ -177,7 +177,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   json header;
   try {
     header = json::parse(bytes + 8, bytes + 8 + header_size);
-  } catch (const json::parse_error& error) {
+  } catch (const json::exception& error) {  // parse_error, or out_of_range for a number like 4e335
     fail(path, std::string("malformed header JSON: ") + error.what());
   }
   if (!header.is_object()) fail(path, "malformed header: the JSON is not an object");
@@ -239,7 +239,7 @@ Checkpoint Checkpoint::open_dir(const std::string& model_dir) {
     json index;
     try {
       index = json::parse(in);
-    } catch (const json::parse_error& error) {
+    } catch (const json::exception& error) {  // parse_error, or out_of_range for a number like 4e335
       fail(index_path, std::string("malformed JSON: ") + error.what());
     }
     if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())

@@ -91,6 +91,13 @@ TEST_CASE("model config: invalid configs fail naming the file and the key", "[ch
       {"hidden_act", "gelu", "hidden_act 'gelu'"},
       {"eos_token_id", 32000, "key 'eos_token_id' holds 32000"},
       {"hidden_size", 1.5e3, "key 'hidden_size' must be an integer"},
+      // Found by `make fuzz` (tests/fuzz/fuzz_model_config.cpp): values JSON allows and
+      // our types cannot hold, read before as inf or as -1.
+      {"rope_theta", 1e39, "key 'rope_theta' does not fit a float"},
+      {"rope_theta", 0, "key 'rope_theta' must be positive"},
+      {"rms_norm_eps", -1e-6, "key 'rms_norm_eps' must not be negative"},
+      {"eos_token_id", json(18446744073709551615ULL), "key 'eos_token_id' is out of range"},
+      {"bos_token_id", json(9223372036854775808ULL), "key 'bos_token_id' is out of range"},
   };
   for (const Case& c : cases) {
     json j = bielik_like();
@@ -112,6 +119,12 @@ TEST_CASE("model config: invalid configs fail naming the file and the key", "[ch
   REQUIRE(contains(error_of([&] { load_model_config(path); }), "not divisible by num_attention_heads"));
 
   REQUIRE(contains(error_of([&] { load_model_config(dir.write("config.json", "{\"hidden_size\": ")); }), "malformed JSON"));
+  // A number past double's range is nlohmann's out_of_range, not a parse_error: it used
+  // to escape as that type, without the file's name (found by `make fuzz`).
+  path = dir.write("config.json", "{\"hidden_size\": 4e335}");
+  const std::string message = error_of([&] { load_model_config(path); });
+  CHECK(contains(message, path));
+  CHECK(contains(message, "malformed JSON"));
   REQUIRE(contains(error_of([&] { load_model_config(dir.path + "/absent.json"); }), "absent.json"));
 }
 
@@ -184,6 +197,8 @@ TEST_CASE("chat template: non-ChatML, missing or broken configs fail naming the 
   CHECK(contains(message, "no \"chat_template\""));
 
   path = dir.write("tokenizer_config.json", "{\"chat_template\": ");
+  CHECK(contains(error_of([&] { ChatTemplate::from_tokenizer_config(path); }), "malformed JSON"));
+  path = dir.write("tokenizer_config.json", "{\"chat_template\": 4e335}");  // out_of_range while parsing
   CHECK(contains(error_of([&] { ChatTemplate::from_tokenizer_config(path); }), "malformed JSON"));
   CHECK(contains(error_of([&] { ChatTemplate::from_tokenizer_config(dir.path + "/none.json"); }), "none.json"));
 }

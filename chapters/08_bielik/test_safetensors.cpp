@@ -120,6 +120,7 @@ TEST_CASE("safetensors: missing, truncated and malformed files fail with the fil
       {"data cut short", good.substr(0, good.size() - 3), "reach past the data section"},
       {"absurd header length", std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8) + "{}", "implausible"},
       {"header not JSON", safetensors_bytes("{\"w\": {\"dtype\": ", ""), "malformed header JSON"},
+      {"a number past double's range", safetensors_bytes("{\"w\": 4e335}", ""), "malformed header JSON"},
       {"header JSON not an object", safetensors_bytes("[1, 2]", ""), "not an object"},
       {"unknown dtype", safetensors_bytes(R"({"w":{"dtype":"Q4_K","shape":[2],"data_offsets":[0,2]}})", "ab"),
        "unknown dtype 'Q4_K'"},

@@ -154,6 +154,7 @@ TEST_CASE("tokenizer: broken tokenizer.json files fail naming the file", "[ch08]
   };
   std::vector<Case> cases = {
       {"bad JSON", "{\"model\": {", "malformed JSON"},
+      {"a number past double's range", "{\"model\": 4e335}", "malformed JSON"},
       {"no model", edited([](json& j) { j.erase("model"); }), "has no \"model\""},
       {"Unigram", edited([](json& j) { j["model"]["type"] = "Unigram"; }), "model type 'Unigram' is not supported"},
       {"no vocab", edited([](json& j) { j["model"].erase("vocab"); }), "no \"vocab\""},

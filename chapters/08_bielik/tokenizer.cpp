@@ -71,7 +71,7 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
   json root;
   try {
     root = json::parse(in);
-  } catch (const json::parse_error& error) {
+  } catch (const json::exception& error) {  // parse_error, or out_of_range for a number like 4e335
     fail(path, std::string("malformed JSON: ") + error.what());
   }
   if (!root.is_object()) fail(path, "tokenizer.json is not a JSON object");

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# `make fuzz`: the loaders (safetensors, config.json, tokenizer.json, the tokenizer
+# itself) under libFuzzer with AddressSanitizer and UBSan, each target for FUZZ_SECONDS
+# (default 60) starting from its seeds in tests/fuzz/corpus/<target>/.
+#
+# Needs clang with libFuzzer (Debian: clang, libclang-rt-dev); CPU only. New inputs go to
+# build-fuzz/corpus/<target>/, a failing input to build-fuzz/crashes/. To keep a failing
+# input as a regression case, fix the bug and copy the input into the target's seed
+# directory: `make test` replays every seed (test_fuzz_corpus_*), built with the normal
+# compiler, so it is checked from then on even where clang is absent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+seconds=${FUZZ_SECONDS:-60}
+out=${FUZZ_BUILD:-build-fuzz}
+cxx=${FUZZ_CXX:-clang++}
+if ! command -v "$cxx" >/dev/null; then
+  echo "fuzz: $cxx not found (apt-get install clang libclang-rt-dev, or set FUZZ_CXX)" >&2
+  exit 2
+fi
+flags=(-std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+       -I chapters/08_bielik -I tests/fuzz -DBIELIK_SOURCE_DIR="\"$PWD\"")
+mkdir -p "$out/obj" "$out/crashes"
+
+# The loader sources, once, instrumented for coverage but without libFuzzer's main.
+objects=()
+for source in safetensors model_config utf8 pretokenizer tokenizer_bpe tokenizer chat_template; do
+  object="$out/obj/$source.o"
+  if [[ ! -f $object || chapters/08_bielik/$source.cpp -nt $object ]]; then
+    echo "fuzz: compiling $source.cpp"
+    "$cxx" "${flags[@]}" -fsanitize=fuzzer-no-link -c "chapters/08_bielik/$source.cpp" -o "$object"
+  fi
+  objects+=("$object")
+done
+
+build() {  # build <target>
+  echo "fuzz: building $1"
+  "$cxx" "${flags[@]}" -fsanitize=fuzzer "tests/fuzz/$1.cpp" "${objects[@]}" -o "$out/$1"
+}
+
+run() {  # run <target> <seed dir> [VAR=value ...]: FUZZ_SECONDS of fuzzing
+  local target=$1 seeds=$2
+  shift 2
+  mkdir -p "$out/corpus/$target"
+  echo "fuzz: $target for ${seconds}s ${*:-}"
+  env "$@" "$out/$target" -max_total_time="$seconds" -print_final_stats=1 -timeout=10 -rss_limit_mb=4096 \
+    -artifact_prefix="$out/crashes/$target-" "$out/corpus/$target" "$seeds" 2>&1 |
+    grep -E '^(#[0-9]+ +DONE|stat::number_of_executed_units|==[0-9]+==ERROR|.*fuzz check failed|SUMMARY)' || true
+}
+
+for target in fuzz_safetensors fuzz_model_config fuzz_tokenizer_json fuzz_tokenizer_text fuzz_tokenizer_ids; do
+  build "$target"
+done
+
+corpus=tests/fuzz/corpus
+run fuzz_safetensors "$corpus/safetensors"
+run fuzz_model_config "$corpus/model_config"
+run fuzz_tokenizer_json "$corpus/tokenizer_json"
+smollm2=models/smollm2-135m-instruct/tokenizer.json
+for tokenizer in "$corpus/tokenizer_json/bytelevel.json" "$corpus/tokenizer_json/metaspace.json" "$smollm2"; do
+  [[ -f $tokenizer ]] || { echo "fuzz: $tokenizer absent (make models), skipped"; continue; }
+  round_trip=0
+  [[ $tokenizer == *metaspace* ]] || round_trip=1  # byte-level: nothing normalized away
+  run fuzz_tokenizer_text "$corpus/tokenizer_text" BIELIK_FUZZ_TOKENIZER="$tokenizer" BIELIK_FUZZ_ROUND_TRIP=$round_trip
+  run fuzz_tokenizer_ids "$corpus/tokenizer_ids" BIELIK_FUZZ_TOKENIZER="$tokenizer"
+done
+
+crashes=$(find "$out/crashes" -type f | wc -l)
+if ((crashes > 0)); then
+  echo "fuzz: $crashes failing inputs in $out/crashes/" >&2
+  ls "$out/crashes" >&2
+  exit 1
+fi
+echo "fuzz: no failing input"
