@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# `make fuzz`: the loaders (safetensors, config.json, tokenizer.json, the tokenizer
-# itself) under libFuzzer with AddressSanitizer and UBSan, each target for FUZZ_SECONDS
-# (default 60) starting from its seeds in tests/fuzz/corpus/<target>/.
+# `make fuzz`: the loaders (safetensors, config.json, tokenizer_config.json's chat
+# template, tokenizer.json, the tokenizer itself) and the CPU sampler under libFuzzer
+# with AddressSanitizer and UBSan, each target for FUZZ_SECONDS (default 60) starting
+# from its seeds in tests/fuzz/corpus/<target>/.
 #
 # Needs clang with libFuzzer (Debian: clang, libclang-rt-dev); CPU only. New inputs go to
 # build-fuzz/corpus/<target>/, a failing input to build-fuzz/crashes/. To keep a failing
@@ -12,6 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 seconds=${FUZZ_SECONDS:-60}
+only=${FUZZ_ONLY:-.}  # a regex: run only the targets it matches (FUZZ_ONLY=config)
 out=${FUZZ_BUILD:-build-fuzz}
 cxx=${FUZZ_CXX:-clang++}
 if ! command -v "$cxx" >/dev/null; then
@@ -22,9 +24,9 @@ flags=(-std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -f
        -I chapters/08_bielik -I tests/fuzz -DBIELIK_SOURCE_DIR="\"$PWD\"")
 mkdir -p "$out/obj" "$out/crashes"
 
-# The loader sources, once, instrumented for coverage but without libFuzzer's main.
+# The loader and sampler sources, once, instrumented for coverage but without libFuzzer's main.
 objects=()
-for source in safetensors model_config utf8 pretokenizer tokenizer_bpe tokenizer chat_template; do
+for source in safetensors model_config utf8 pretokenizer tokenizer_bpe tokenizer chat_template sampler; do
   object="$out/obj/$source.o"
   if [[ ! -f $object || chapters/08_bielik/$source.cpp -nt $object ]]; then
     echo "fuzz: compiling $source.cpp"
@@ -41,6 +43,7 @@ build() {  # build <target>
 run() {  # run <target> <seed dir> [VAR=value ...]: FUZZ_SECONDS of fuzzing
   local target=$1 seeds=$2
   shift 2
+  [[ $target =~ $only ]] || return 0
   mkdir -p "$out/corpus/$target"
   echo "fuzz: $target for ${seconds}s ${*:-}"
   env "$@" "$out/$target" -max_total_time="$seconds" -print_final_stats=1 -timeout=10 -rss_limit_mb=4096 \
@@ -48,14 +51,18 @@ run() {  # run <target> <seed dir> [VAR=value ...]: FUZZ_SECONDS of fuzzing
     grep -E '^(#[0-9]+ +DONE|stat::number_of_executed_units|==[0-9]+==ERROR|.*fuzz check failed|SUMMARY)' || true
 }
 
-for target in fuzz_safetensors fuzz_model_config fuzz_tokenizer_json fuzz_tokenizer_text fuzz_tokenizer_ids; do
+targets=(fuzz_safetensors fuzz_model_config fuzz_chat_template fuzz_tokenizer_json fuzz_tokenizer_text fuzz_tokenizer_ids
+         fuzz_sampler)
+for target in "${targets[@]}"; do
   build "$target"
 done
 
 corpus=tests/fuzz/corpus
 run fuzz_safetensors "$corpus/safetensors"
 run fuzz_model_config "$corpus/model_config"
+run fuzz_chat_template "$corpus/chat_template"
 run fuzz_tokenizer_json "$corpus/tokenizer_json"
+run fuzz_sampler "$corpus/sampler"
 smollm2=models/smollm2-135m-instruct/tokenizer.json
 for tokenizer in "$corpus/tokenizer_json/bytelevel.json" "$corpus/tokenizer_json/metaspace.json" "$smollm2"; do
   [[ -f $tokenizer ]] || { echo "fuzz: $tokenizer absent (make models), skipped"; continue; }

@@ -82,10 +82,16 @@ ChatTemplate ChatTemplate::from_tokenizer_config(const std::string& path) {
   if (field.is_string()) {
     source = field.get<std::string>();
   } else if (field.is_array()) {
+    // Every field's type checked before it is read: json::value("name", "") would throw
+    // nlohmann's type_error, not our error naming the file, for {"name": 5} (found by
+    // `make fuzz`).
+    auto string_field = [](const json& entry, const char* key) {
+      return entry.is_object() && entry.contains(key) && entry[key].is_string() ? entry[key].get<std::string>()
+                                                                                 : std::string();
+    };
     for (const json& entry : field)
-      if (entry.is_object() && entry.value("name", std::string()) == "default" && entry.contains("template") &&
-          entry["template"].is_string())
-        source = entry["template"].get<std::string>();
+      if (string_field(entry, "name") == "default" && !string_field(entry, "template").empty())
+        source = string_field(entry, "template");
   }
   if (source.empty())
     fail(path, "has no \"chat_template\" (a chat model's tokenizer_config.json carries one)");

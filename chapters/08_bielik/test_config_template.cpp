@@ -198,6 +198,13 @@ TEST_CASE("chat template: non-ChatML, missing or broken configs fail naming the 
 
   path = dir.write("tokenizer_config.json", "{\"chat_template\": ");
   CHECK(contains(error_of([&] { ChatTemplate::from_tokenizer_config(path); }), "malformed JSON"));
+  // The list form with a name that is not a string: refused by name, not with nlohmann's
+  // type_error (found by `make fuzz`).
+  path = dir.write("tokenizer_config.json",
+                   json{{"chat_template", json::array({json{{"name", 5}, {"template", "<|im_start|><|im_end|>"}}})}}.dump());
+  message = error_of([&] { ChatTemplate::from_tokenizer_config(path); });
+  CHECK(contains(message, path));
+  CHECK(contains(message, "no \"chat_template\""));
   path = dir.write("tokenizer_config.json", "{\"chat_template\": 4e335}");  // out_of_range while parsing
   CHECK(contains(error_of([&] { ChatTemplate::from_tokenizer_config(path); }), "malformed JSON"));
   CHECK(contains(error_of([&] { ChatTemplate::from_tokenizer_config(dir.path + "/none.json"); }), "none.json"));

@@ -1,8 +1,9 @@
 // Fuzz target: arbitrary bytes as a config.json (chapter 08's model_config.cpp).
 //
 // Contract (model_config.hpp): load_model_config either returns a config the model can
-// be built from (every size positive, H a multiple of Hkv, D even, D * H sized heads) or
-// throws std::runtime_error naming the file and the key.
+// be built from (every size positive, H a multiple of Hkv, D even, a finite positive
+// rope_theta, a finite rms_norm_eps >= 0) or throws std::runtime_error naming the file.
+#include <cmath>
 #include <stdexcept>
 
 #include "fuzz_check.hpp"
@@ -20,6 +21,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(c.num_attention_heads % c.num_key_value_heads == 0, shape);
     FUZZ_CHECK(c.head_dim > 0 && c.head_dim % 2 == 0, shape);
     FUZZ_CHECK(c.max_position_embeddings > 0, shape);
+    FUZZ_CHECK(std::isfinite(c.rope_theta) && c.rope_theta > 0.0f, shape);
+    FUZZ_CHECK(std::isfinite(c.rms_norm_eps) && c.rms_norm_eps >= 0.0f, shape);
   } catch (const std::runtime_error& e) {
     FUZZ_CHECK(fuzz::names_file(e.what(), path), std::string("the error does not name the file: ") + e.what());
   }
