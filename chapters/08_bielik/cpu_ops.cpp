@@ -1,5 +1,7 @@
 #include "cpu_ops.hpp"
 
+#include "cpu_dot.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -13,33 +15,6 @@ inline float widen(uint16_t bits) {  // bf16 -> fp32 is exact: the bits are the 
   float value;
   std::memcpy(&value, &wide, sizeof(value));
   return value;
-}
-
-// Eight independent partial sums: the compiler turns the inner loop into SIMD
-// multiply-adds (a single running sum would be one long dependency chain, and
-// without -ffast-math the compiler may not reorder it for us).
-inline float dot(const float* a, const float* b, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
-  }
-  float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; i < n; ++i) sum += a[i] * b[i];
-  return sum;
-}
-
-// The same with the weight row still in bf16: used for one token (decode), where each
-// weight is used exactly once and widening it in registers saves a trip through memory.
-inline float dot_bf16(const float* a, const uint16_t* w, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * widen(w[i + j]);
-  }
-  float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; i < n; ++i) sum += a[i] * widen(w[i]);
-  return sum;
 }
 
 }  // namespace
@@ -61,7 +36,7 @@ void matmul_bf16_cpu(ThreadPool& pool, float* out, const float* x, const uint16_
       const uint16_t* w_row = w + n * K;
       for (int64_t k = 0; k < K; ++k) row[k] = widen(w_row[k]);
       const float b = bias ? bias[n] : 0.0f;
-      for (int64_t t = 0; t < T; ++t) out[t * N + n] = dot(x + t * K, row.data(), K) + b;
+      for (int64_t t = 0; t < T; ++t) out[t * N + n] = dot_f32(x + t * K, row.data(), K) + b;
     }
   });
 }
@@ -106,7 +81,7 @@ void attention_cpu(ThreadPool& pool, float* out, const float* q, const float* k_
       scores.resize(size_t(keys));
       float max_score = -INFINITY;
       for (int64_t j = 0; j < keys; ++j) {
-        scores[j] = dot(q_row, k_cache + (j * Hkv + kv) * D, D) * scale;
+        scores[j] = dot_f32(q_row, k_cache + (j * Hkv + kv) * D, D) * scale;
         max_score = std::max(max_score, scores[j]);
       }
       float total = 0;
