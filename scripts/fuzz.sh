@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# `make fuzz`: the loaders (safetensors, config.json, tokenizer_config.json's chat
-# template, tokenizer.json, the tokenizer itself) and the CPU sampler under libFuzzer
-# with AddressSanitizer and UBSan, each target for FUZZ_SECONDS (default 60) starting
-# from its seeds in tests/fuzz/corpus/<target>/.
+# `make fuzz`: the loaders (safetensors, a sharded checkpoint's index, config.json,
+# tokenizer_config.json's chat template, tokenizer.json, the tokenizer itself) and the
+# CPU sampler under libFuzzer with AddressSanitizer and UBSan, each target for
+# FUZZ_SECONDS (default 60) starting from its seeds in tests/fuzz/corpus/<target>/.
 #
 # Needs clang with libFuzzer (Debian: clang, libclang-rt-dev); CPU only. New inputs go to
 # build-fuzz/corpus/<target>/, a failing input to build-fuzz/crashes/. To keep a failing
@@ -36,6 +36,7 @@ for source in safetensors model_config utf8 pretokenizer tokenizer_bpe tokenizer
 done
 
 build() {  # build <target>
+  [[ $1 =~ $only ]] || return 0
   echo "fuzz: building $1"
   "$cxx" "${flags[@]}" -fsanitize=fuzzer "tests/fuzz/$1.cpp" "${objects[@]}" -o "$out/$1"
 }
@@ -51,14 +52,15 @@ run() {  # run <target> <seed dir> [VAR=value ...]: FUZZ_SECONDS of fuzzing
     grep -E '^(#[0-9]+ +DONE|stat::number_of_executed_units|==[0-9]+==ERROR|.*fuzz check failed|SUMMARY)' || true
 }
 
-targets=(fuzz_safetensors fuzz_model_config fuzz_chat_template fuzz_tokenizer_json fuzz_tokenizer_text fuzz_tokenizer_ids
-         fuzz_sampler)
+targets=(fuzz_safetensors fuzz_checkpoint_index fuzz_model_config fuzz_chat_template fuzz_tokenizer_json
+         fuzz_tokenizer_text fuzz_tokenizer_ids fuzz_sampler)
 for target in "${targets[@]}"; do
   build "$target"
 done
 
 corpus=tests/fuzz/corpus
 run fuzz_safetensors "$corpus/safetensors"
+run fuzz_checkpoint_index "$corpus/checkpoint_index"
 run fuzz_model_config "$corpus/model_config"
 run fuzz_chat_template "$corpus/chat_template"
 run fuzz_tokenizer_json "$corpus/tokenizer_json"

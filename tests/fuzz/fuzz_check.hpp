@@ -30,17 +30,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 
 namespace bielik::fuzz {
 
+/// Writes `size` bytes of `data` to `path`, replacing what was there.
+inline void write_scratch_to(const std::string& path, const void* data, size_t size) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(static_cast<const char*>(data), std::streamsize(size));
+  out.close();
+  FUZZ_CHECK(out.good(), "cannot write the scratch file " + path);
+}
+
 /// A per-process file under $TMPDIR (or /tmp) holding `size` bytes of `data`; the same
-/// path every call, so a long run does not fill the disk.
+/// path every call, so a long run does not fill the disk, removed when the process ends.
 inline const std::string& write_scratch(const uint8_t* data, size_t size, const char* suffix) {
   static const std::string path = [&] {
     const char* dir = std::getenv("TMPDIR");
     return std::string(dir && *dir ? dir : "/tmp") + "/bielik_fuzz_" + std::to_string(getpid()) + suffix;
   }();
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(data), std::streamsize(size));
-  out.close();
-  FUZZ_CHECK(out.good(), "cannot write the scratch file " + path);
+  // Registered after `path` is built, so it runs before `path` is destroyed.
+  static const bool cleanup_registered = std::atexit([] { std::remove(path.c_str()); }) == 0;
+  (void)cleanup_registered;
+  write_scratch_to(path, data, size);
   return path;
 }
 

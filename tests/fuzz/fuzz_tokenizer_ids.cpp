@@ -34,9 +34,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const Tokenizer& tok = tokenizer();
   std::vector<int32_t> ids(size / 4);
   if (!ids.empty()) std::memcpy(ids.data(), data, ids.size() * 4);
-  // Most inputs would hold an id out of range; fold all but the first byte's worth into
-  // the vocabulary so that the decoders' own paths get exercised, and keep raw ids when
-  // the input's first byte is odd.
+  // Random 32-bit ids are nearly all outside the vocabulary. So each id is folded into
+  // [0, vocab_size) to exercise the decoders themselves, unless the input's first byte
+  // is odd: then the raw ids go in, to exercise the refusals.
   const bool raw = size > 0 && (data[0] & 1);
   bool in_range = true;
   for (int32_t& id : ids) {
