@@ -111,6 +111,33 @@ __attribute__((target("avx2,fma"))) float dot_bf16_avx2(const float* a, const ui
   return sum;
 }
 
+__attribute__((target("avx2,fma"))) void dot_2x4_f32_avx2(const float* x, const float* rows, int64_t K, float* out,
+                                                          int64_t out_stride) {
+  // acc[t][r]: token t against row r, 8 lanes each; 8 of the 16 vector registers.
+  __m256 acc[4][2];
+  for (auto& token : acc) token[0] = token[1] = _mm256_setzero_ps();
+  const float* row0 = rows;
+  const float* row1 = rows + K;
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    const __m256 w0 = _mm256_loadu_ps(row0 + k), w1 = _mm256_loadu_ps(row1 + k);
+    for (int t = 0; t < 4; ++t) {
+      const __m256 xt = _mm256_loadu_ps(x + t * K + k);
+      acc[t][0] = _mm256_fmadd_ps(xt, w0, acc[t][0]);
+      acc[t][1] = _mm256_fmadd_ps(xt, w1, acc[t][1]);
+    }
+  }
+  for (int t = 0; t < 4; ++t) {
+    float sum0 = lane_sum(acc[t][0]), sum1 = lane_sum(acc[t][1]);
+    for (int64_t tail = k; tail < K; ++tail) {
+      sum0 += x[t * K + tail] * row0[tail];
+      sum1 += x[t * K + tail] * row1[tail];
+    }
+    out[t * out_stride] = sum0;
+    out[t * out_stride + 1] = sum1;
+  }
+}
+
 #else  // not x86-64 with GCC or clang: the portable versions only
 
 bool cpu_has_avx2_fma() { return false; }
@@ -119,6 +146,9 @@ float dot_f32_avx2(const float*, const float*, int64_t) {
 }
 float dot_bf16_avx2(const float*, const uint16_t*, int64_t) {
   throw std::logic_error("dot_bf16_avx2: not built for this CPU (check cpu_has_avx2_fma() first)");
+}
+void dot_2x4_f32_avx2(const float*, const float*, int64_t, float*, int64_t) {
+  throw std::logic_error("dot_2x4_f32_avx2: not built for this CPU (check cpu_has_avx2_fma() first)");
 }
 
 #endif

@@ -29,6 +29,12 @@ bool cpu_has_avx2_fma();
 float dot_f32_avx2(const float* a, const float* b, int64_t n);
 float dot_bf16_avx2(const float* a, const uint16_t* w, int64_t n);
 
+/// A 2 x 4 block of a matmul, for prefill: out[t * out_stride + r] = x_t . rows_r for
+/// the 4 tokens x_t = x + t * K and the 2 fp32 rows rows_r = rows + r * K. Each weight
+/// vector loaded serves 4 tokens and each token vector 2 rows, so 8 multiply-adds need
+/// 6 loads instead of 16: the dots are no longer waiting on loads. AVX2 + FMA only.
+void dot_2x4_f32_avx2(const float* x, const float* rows, int64_t K, float* out, int64_t out_stride);
+
 /// Whether the CPU backend uses the AVX2 versions: cpu_has_avx2_fma(), unless the
 /// environment says BIELIK_CPU_SIMD=0 or set_cpu_simd(false) was called (benchmarks
 /// measure both in one run). Process-wide.

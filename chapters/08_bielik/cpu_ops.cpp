@@ -21,22 +21,53 @@ inline float widen(uint16_t bits) {  // bf16 -> fp32 is exact: the bits are the 
 
 void matmul_bf16_cpu(ThreadPool& pool, float* out, const float* x, const uint16_t* w, const float* bias, int64_t T,
                      int64_t N, int64_t K) {
-  pool.parallel_for(N, [&](int64_t row_begin, int64_t row_end) {
-    if (T == 1) {
-      for (int64_t n = row_begin; n < row_end; ++n) {
-        out[n] = dot_bf16(x, w + n * K, K) + (bias ? bias[n] : 0.0f);
+  if (T == 1) {
+    pool.parallel_for(N, [&](int64_t row_begin, int64_t row_end) {
+      for (int64_t n = row_begin; n < row_end; ++n) out[n] = dot_bf16(x, w + n * K, K) + (bias ? bias[n] : 0.0f);
+    });
+    return;
+  }
+  // Many tokens: widen each weight row once, then reuse it for all T tokens, so the
+  // weights stream from memory once per chunk instead of once per token.
+  auto one_row = [&](int64_t n, float* row) {  // row: K floats of scratch
+    for (int64_t k = 0; k < K; ++k) row[k] = widen(w[n * K + k]);
+    const float b = bias ? bias[n] : 0.0f;
+    for (int64_t t = 0; t < T; ++t) out[t * N + n] = dot_f32(x + t * K, row, K) + b;
+  };
+  if (!cpu_simd_enabled()) {
+    pool.parallel_for(N, [&](int64_t row_begin, int64_t row_end) {
+      thread_local std::vector<float> row;
+      row.resize(size_t(K));
+      for (int64_t n = row_begin; n < row_end; ++n) one_row(n, row.data());
+    });
+    return;
+  }
+  // AVX2: rows in pairs (2p, 2p + 1) against four tokens at a time (cpu_dot.hpp's 2 x 4
+  // block), so the dots stop waiting on loads. The threads split the pairs, not the rows:
+  // which rows share a block then depends on N alone, and the results (the block sums
+  // in another order than a single dot) do not depend on the thread count.
+  pool.parallel_for((N + 1) / 2, [&](int64_t pair_begin, int64_t pair_end) {
+    thread_local std::vector<float> rows;
+    rows.resize(size_t(2 * K));
+    for (int64_t pair = pair_begin; pair < pair_end; ++pair) {
+      const int64_t n = 2 * pair;
+      if (n + 1 == N) {  // an odd N's last row
+        one_row(n, rows.data());
+        continue;
       }
-      return;
-    }
-    // Many tokens: widen each weight row once, then reuse it for all T tokens, so the
-    // weights stream from memory once per chunk instead of once per token.
-    thread_local std::vector<float> row;
-    row.resize(size_t(K));
-    for (int64_t n = row_begin; n < row_end; ++n) {
-      const uint16_t* w_row = w + n * K;
-      for (int64_t k = 0; k < K; ++k) row[k] = widen(w_row[k]);
-      const float b = bias ? bias[n] : 0.0f;
-      for (int64_t t = 0; t < T; ++t) out[t * N + n] = dot_f32(x + t * K, row.data(), K) + b;
+      for (int64_t k = 0; k < 2 * K; ++k) rows[k] = widen(w[n * K + k]);  // rows n and n + 1
+      int64_t t = 0;
+      for (; t + 4 <= T; t += 4) dot_2x4_f32_avx2(x + t * K, rows.data(), K, out + t * N + n, N);
+      for (; t < T; ++t) {
+        out[t * N + n] = dot_f32(x + t * K, rows.data(), K);
+        out[t * N + n + 1] = dot_f32(x + t * K, rows.data() + K, K);
+      }
+      if (bias) {
+        for (t = 0; t < T; ++t) {
+          out[t * N + n] += bias[n];
+          out[t * N + n + 1] += bias[n + 1];
+        }
+      }
     }
   });
 }

@@ -96,10 +96,12 @@ TEST_CASE("CPU model: token-by-token decode over the KV cache matches prefill", 
       std::vector<float> step = cpu.decode(ref.prompt[t]);
       REQUIRE(cpu.position() == int(t + 1));
       require_rows_match(std::string(model) + " decode", step, ref, t, 1);
-      // Decode and prefill run the same math in a different loop order (fused bf16 dot
-      // for one token): they agree far inside the reference tolerance.
+      // Decode and prefill run the same math in a different order (one token's fused
+      // bf16 dot; with AVX2, a prefill's matmul sums in 2 x 4 blocks with one accumulator
+      // per dot where decode keeps four): measured 1.3e-6 apart, ten times inside the
+      // reference's 1e-4.
       std::vector<float> prefill_row(all.begin() + long(t * ref.V), all.begin() + long((t + 1) * ref.V));
-      CompareResult same = compare("decode vs prefill", step, prefill_row, 1e-6);
+      CompareResult same = compare("decode vs prefill", step, prefill_row, 1e-5);
       INFO(same.report);
       REQUIRE(same.passed);
     }
