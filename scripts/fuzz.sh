@@ -6,8 +6,9 @@
 #
 # Needs clang with libFuzzer (Debian: clang, libclang-rt-dev); CPU only. New inputs go to
 # build-fuzz/corpus/<target>/, a failing input to build-fuzz/crashes/. To keep a failing
-# input as a regression case, fix the bug and copy the input into the target's seed
-# directory: `make test` replays every seed (test_fuzz_corpus_*), built with the normal
+# input as a regression case, fix the bug, copy the input into the target's seed
+# directory and delete it from build-fuzz/crashes/ (the script fails while any is
+# there): `make test` replays every seed (test_fuzz_corpus_*), built with the normal
 # compiler, so it is checked from then on even where clang is absent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +29,8 @@ mkdir -p "$out/obj" "$out/crashes"
 objects=()
 for source in safetensors model_config utf8 pretokenizer tokenizer_bpe tokenizer chat_template sampler; do
   object="$out/obj/$source.o"
-  if [[ ! -f $object || chapters/08_bielik/$source.cpp -nt $object ]]; then
+  if [[ ! -f $object || chapters/08_bielik/$source.cpp -nt $object ||
+        -n $(find chapters/08_bielik -name '*.hpp' -newer "$object" -print -quit) ]]; then
     echo "fuzz: compiling $source.cpp"
     "$cxx" "${flags[@]}" -fsanitize=fuzzer-no-link -c "chapters/08_bielik/$source.cpp" -o "$object"
   fi
