@@ -1,6 +1,8 @@
 // The CPU backend's dot products: portable C++ and AVX2 + FMA, picked at run time.
 #include "cpu_dot.hpp"
 
+#include "bf16.hpp"
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -14,13 +16,6 @@
 namespace bielik {
 
 namespace {
-
-inline float widen(uint16_t bits) {  // bf16 -> fp32 is exact: the bits are the top half
-  const uint32_t wide = uint32_t(bits) << 16;
-  float value;
-  std::memcpy(&value, &wide, sizeof(value));
-  return value;
-}
 
 // -1: not decided yet; then 0 or 1. Decided on first use from the CPU and the environment.
 std::atomic<int> simd_state{-1};
@@ -47,10 +42,10 @@ float dot_bf16_portable(const float* a, const uint16_t* w, int64_t n) {
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * widen(w[i + j]);
+    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * bf16_bits_to_float(w[i + j]);
   }
   float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; i < n; ++i) sum += a[i] * widen(w[i]);
+  for (; i < n; ++i) sum += a[i] * bf16_bits_to_float(w[i]);
   return sum;
 }
 
@@ -107,7 +102,7 @@ __attribute__((target("avx2,fma"))) float dot_bf16_avx2(const float* a, const ui
   }
   for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_bf16x8(w + i), acc0);
   float sum = lane_sum(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
-  for (; i < n; ++i) sum += a[i] * widen(w[i]);
+  for (; i < n; ++i) sum += a[i] * bf16_bits_to_float(w[i]);
   return sum;
 }
 

@@ -1,5 +1,6 @@
 #include "cpu_ops.hpp"
 
+#include "bf16.hpp"
 #include "cpu_dot.hpp"
 
 #include <algorithm>
@@ -8,17 +9,6 @@
 #include <vector>
 
 namespace bielik {
-namespace {
-
-inline float widen(uint16_t bits) {  // bf16 -> fp32 is exact: the bits are the top half
-  uint32_t wide = uint32_t(bits) << 16;
-  float value;
-  std::memcpy(&value, &wide, sizeof(value));
-  return value;
-}
-
-}  // namespace
-
 void matmul_bf16_cpu(ThreadPool& pool, float* out, const float* x, const uint16_t* w, const float* bias, int64_t T,
                      int64_t N, int64_t K) {
   if (T == 1) {
@@ -30,7 +20,7 @@ void matmul_bf16_cpu(ThreadPool& pool, float* out, const float* x, const uint16_
   // Many tokens: widen each weight row once, then reuse it for all T tokens, so the
   // weights stream from memory once per chunk instead of once per token.
   auto one_row = [&](int64_t n, float* row) {  // row: K floats of scratch
-    for (int64_t k = 0; k < K; ++k) row[k] = widen(w[n * K + k]);
+    for (int64_t k = 0; k < K; ++k) row[k] = bf16_bits_to_float(w[n * K + k]);
     const float b = bias ? bias[n] : 0.0f;
     for (int64_t t = 0; t < T; ++t) out[t * N + n] = dot_f32(x + t * K, row, K) + b;
   };
@@ -55,7 +45,7 @@ void matmul_bf16_cpu(ThreadPool& pool, float* out, const float* x, const uint16_
         one_row(n, rows.data());
         continue;
       }
-      for (int64_t k = 0; k < 2 * K; ++k) rows[k] = widen(w[n * K + k]);  // rows n and n + 1
+      for (int64_t k = 0; k < 2 * K; ++k) rows[k] = bf16_bits_to_float(w[n * K + k]);  // rows n and n + 1
       int64_t t = 0;
       for (; t + 4 <= T; t += 4) dot_2x4_f32_avx2(x + t * K, rows.data(), K, out + t * N + n, N);
       for (; t < T; ++t) {

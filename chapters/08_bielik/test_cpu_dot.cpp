@@ -16,13 +16,6 @@ using namespace bielik;
 
 namespace {
 
-float widen(uint16_t bits) {
-  const uint32_t wide = uint32_t(bits) << 16;
-  float value;
-  std::memcpy(&value, &wide, sizeof(value));
-  return value;
-}
-
 const int kLengths[] = {0, 1, 7, 8, 9, 31, 32, 33, 63, 100, 576, 1536, 8960};
 
 }  // namespace
@@ -42,7 +35,7 @@ TEST_CASE("cpu dot: portable and AVX2 builds agree with float64 at odd and model
     const std::vector<uint16_t> w = random_bf16(size_t(n) + 1, engine());
     double f32_ref = 0.0, bf16_ref = 0.0, magnitude = 0.0;
     std::vector<float> w_wide(size_t(n) + 1);
-    for (int i = 0; i <= n; ++i) w_wide[size_t(i)] = widen(w[size_t(i)]);
+    for (int i = 0; i <= n; ++i) w_wide[size_t(i)] = bf16_bits_to_float(w[size_t(i)]);
     for (int i = 1; i <= n; ++i) {
       f32_ref += double(a[size_t(i)]) * b[size_t(i)];
       bf16_ref += double(a[size_t(i)]) * w_wide[size_t(i)];
@@ -125,7 +118,7 @@ TEST_CASE("cpu dot: matmul_bf16_cpu with either build against float64 at odd sha
               for (int n = 0; n < N; ++n) {
                 double reference = with_bias ? bias[size_t(n)] : 0.0, magnitude = std::fabs(reference);
                 for (int k = 0; k < K; ++k) {
-                  const double product = double(x[size_t(t * K + k)]) * widen(w[size_t(n * K + k)]);
+                  const double product = double(x[size_t(t * K + k)]) * bf16_bits_to_float(w[size_t(n * K + k)]);
                   reference += product;
                   magnitude += std::fabs(product);
                 }

@@ -7,38 +7,15 @@
 // pushing them one by one and flushing gives decode(ids), every piece and the whole are
 // valid UTF-8 (bytes that never complete a character become U+FFFD), and
 // decode(ids, skip_special) leaves out exactly the special tokens.
-#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
-#include "fuzz_check.hpp"
-#include "tokenizer.hpp"
-#include "utf8.hpp"
+#include "fuzz_tokenizer.hpp"
 
 using namespace bielik;
 
-namespace {
-
-const Tokenizer& tokenizer() {
-  static const Tokenizer loaded = [] {
-    const char* path = std::getenv("BIELIK_FUZZ_TOKENIZER");
-    return Tokenizer::from_file(path && *path ? path
-                                              : BIELIK_SOURCE_DIR "/models/smollm2-135m-instruct/tokenizer.json");
-  }();
-  return loaded;
-}
-
-}  // namespace
-
-// libFuzzer calls this once before the first input: loading a real tokenizer.json (1.7 MB
-// for SmolLM2) under ASan can take longer than one input's -timeout, so it happens here.
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  (void)tokenizer();
-  return 0;
-}
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const Tokenizer& tok = tokenizer();
+  const Tokenizer& tok = fuzz::tokenizer();
   std::vector<int32_t> ids(size / 4);
   if (!ids.empty()) std::memcpy(ids.data(), data, ids.size() * 4);
   // Random 32-bit ids are nearly all outside the vocabulary. So each id is folded into
@@ -61,15 +38,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   FUZZ_CHECK(utf8::find_invalid(decoded) == std::string::npos, "decode gave invalid UTF-8");
 
-  StreamDecoder stream(tok);
-  std::string streamed;
-  for (int32_t id : ids) {
-    const std::string piece = stream.push(id);
-    FUZZ_CHECK(utf8::find_invalid(piece) == std::string::npos, "the stream handed out half a character");
-    streamed += piece;
-  }
-  streamed += stream.flush();
-  FUZZ_CHECK(streamed == decoded, "streamed '" + streamed + "' != decoded '" + decoded + "'");
+  fuzz::check_stream_equals_decode(ids, decoded);
 
   std::vector<int32_t> plain;
   for (int32_t id : ids)

@@ -15,36 +15,16 @@
 #include <cstdlib>
 #include <stdexcept>
 
-#include "fuzz_check.hpp"
-#include "tokenizer.hpp"
-#include "utf8.hpp"
+#include "fuzz_tokenizer.hpp"
 
 using namespace bielik;
-
-namespace {
-
-const char* setting(const char* name, const char* fallback) {
-  const char* value = std::getenv(name);
-  return value && *value ? value : fallback;
-}
-
-const Tokenizer& tokenizer() {
-  static const Tokenizer loaded = Tokenizer::from_file(
-      setting("BIELIK_FUZZ_TOKENIZER", BIELIK_SOURCE_DIR "/models/smollm2-135m-instruct/tokenizer.json"));
-  return loaded;
-}
-
-}  // namespace
-
-// libFuzzer calls this once before the first input: loading a real tokenizer.json (1.7 MB
-// for SmolLM2) under ASan can take longer than one input's -timeout, so it happens here.
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  (void)tokenizer();
-  return 0;
-}
+using fuzz::tokenizer;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const bool round_trip = std::string(setting("BIELIK_FUZZ_ROUND_TRIP", "0")) == "1";
+  static const bool round_trip = [] {
+    const char* value = std::getenv("BIELIK_FUZZ_ROUND_TRIP");
+    return value != nullptr && std::string(value) == "1";
+  }();
   const std::string text(reinterpret_cast<const char*>(data), size);
   const bool valid = utf8::find_invalid(text) == std::string::npos;
   std::vector<int32_t> ids;
@@ -74,14 +54,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (round_trip && spellable) FUZZ_CHECK(decoded == text, "decode(encode(text)) != text: '" + decoded + "'");
 
-  StreamDecoder stream(tokenizer());
-  std::string streamed;
-  for (int32_t id : ids) {
-    const std::string piece = stream.push(id);
-    FUZZ_CHECK(utf8::find_invalid(piece) == std::string::npos, "the stream handed out half a character");
-    streamed += piece;
-  }
-  streamed += stream.flush();
-  FUZZ_CHECK(streamed == decoded, "streamed '" + streamed + "' != decoded '" + decoded + "'");
+  fuzz::check_stream_equals_decode(ids, decoded);
   return 0;
 }
