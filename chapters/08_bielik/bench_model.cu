@@ -74,6 +74,7 @@ struct Args {
   int decode_graph_steps = CudaModelOptions{}.decode_graph_steps;        ///< --decode-graph-steps N
   bool generate_copy_each_token = false;                                  ///< --copy-each-token
   bool embed_each_step = false;  ///< --embed-each-step: argmax_writes_next_input off
+  int argmax_in_lm_head = -1;    ///< --argmax-in-lm-head 0|1: CudaModelOptions::argmax_in_lm_head (-1: default)
   int fused_mlp_delay = CudaModelOptions{}.fused_mlp_start_delay_ns;    ///< --fused-mlp-start-delay NS
   bool prefill_attention_clusters = true;  ///< --prefill-attention v6 (default) or v5
   bool decode_only = false;  ///< load, decode, print tokens/s, stop (for a profiler's timeline)
@@ -259,6 +260,8 @@ Args parse(int argc, char** argv) {
       a.generate_copy_each_token = true;
     } else if (flag == "--embed-each-step") {
       a.embed_each_step = true;
+    } else if (flag == "--argmax-in-lm-head") {
+      a.argmax_in_lm_head = std::stoi(value()) != 0;
     } else if (flag == "--fused-mlp-start-delay") {
       a.fused_mlp_delay = std::stoi(value());
     } else if (flag == "--down-shared") {
@@ -466,7 +469,7 @@ Args parse(int argc, char** argv) {
                                   " [--o-loads-before-wait N] [--o-split-rest MOMENT] [--gate-up-split-blocks N] [--gate-up-split-blocks-long N]"
                                   " [--lm-head-start-delay NS] [--[no-]widen-input] [--bulk-staging] [--qkv-early] [--gate-up-after-o]"
                                   " [--[no-]fused-mlp] [--fused-mlp-before-wait N] [--fused-mlp-block-warps 4|8] [--fused-mlp-blocks N] [--fused-mlp-start-delay NS]"
-                                  " [--decode-graph-steps N] [--copy-each-token] [--embed-each-step]"
+                                  " [--decode-graph-steps N] [--copy-each-token] [--embed-each-step] [--argmax-in-lm-head 0|1]"
                                   " [--down-shared] [--down-shared-after-staging] [--gate-up-shared-after-staging]"
                                   " [--down-global-input|--down-staged-input] [--o-global-input]"
                                   " [--rope-after-wait]"
@@ -911,6 +914,7 @@ int main(int argc, char** argv) {
     options.decode_graph_steps = args.decode_graph_steps;
     options.generate_copy_each_token = args.generate_copy_each_token;
     if (args.embed_each_step) options.argmax_writes_next_input = false;
+    if (args.argmax_in_lm_head >= 0) options.argmax_in_lm_head = args.argmax_in_lm_head == 1;
     options.fused_mlp_start_delay_ns = args.fused_mlp_delay;
     options.decode_skip = args.decode_skip;
     options.qkv_start_delay_ns = args.qkv_delay;
@@ -1264,6 +1268,9 @@ int main(int argc, char** argv) {
         defaults_but("a graph a step", [](CudaModelOptions& o) { o.decode_graph_steps = 1; }),
         defaults_but("each step embeds its token in a kernel of its own (the argmax does not write the next input)",
                      [](CudaModelOptions& o) { o.argmax_writes_next_input = false; }),
+        defaults_but("the argmax folded into the lm_head (its last block chooses and commits) or in a kernel of "
+                     "its own, whichever the defaults do not",
+                     [](CudaModelOptions& o) { o.argmax_in_lm_head = !o.argmax_in_lm_head; }),
         defaults_but("a graph a step, each step's token copied back after it (no history on the GPU)",
                      [](CudaModelOptions& o) {
                        o.decode_graph_steps = 1;

@@ -262,14 +262,17 @@ __device__ __forceinline__ void rope_append_pair(const DecodeGemvParams& p, int 
   }
 }
 
-/// The epilogue of output n with its global inputs already loaded.
+/// The epilogue of output n with its global inputs already loaded. Returns the value
+/// stored for kF32 (the logit, which a folded argmax compares), 0 for the others.
 template <GemvOutput Out>
-__device__ __forceinline__ void store_output_loaded(const DecodeGemvParams& p, int n, const float (&acc)[2],
-                                                    const EpilogueInputs& in) {
+__device__ __forceinline__ float store_output_loaded(const DecodeGemvParams& p, int n, const float (&acc)[2],
+                                                     const EpilogueInputs& in) {
   if constexpr (Out == GemvOutput::kBf16) {
     static_cast<__nv_bfloat16*>(p.y)[n] = __float2bfloat16(acc[0] + in.bias[0]);
   } else if constexpr (Out == GemvOutput::kF32) {
-    static_cast<float*>(p.y)[n] = acc[0] + in.bias[0];
+    const float logit = acc[0] + in.bias[0];
+    static_cast<float*>(p.y)[n] = logit;
+    return logit;
   } else if constexpr (Out == GemvOutput::kSwiGLU) {
     const float gate = round_bf16(acc[0] + in.bias[0]);  // the values an unfused GEMM would store
     const float up = round_bf16(acc[1] + in.bias[1]);
@@ -280,12 +283,14 @@ __device__ __forceinline__ void store_output_loaded(const DecodeGemvParams& p, i
   } else {  // kResidualAdd: one lane owns y[n], so the read-modify-write needs no atomics
     static_cast<__nv_bfloat16*>(p.y)[n] = __float2bfloat16(in.residual + round_bf16(acc[0] + in.bias[0]));
   }
+  return 0.0f;
 }
 
-/// The epilogue of output n: bias, then the output's own step (see GemvOutput).
+/// The epilogue of output n: bias, then the output's own step (see GemvOutput). Returns
+/// what store_output_loaded returns.
 template <GemvOutput Out, bool HasBias>
-__device__ __forceinline__ void store_output(const DecodeGemvParams& p, int n, const float (&acc)[2]) {
-  store_output_loaded<Out>(p, n, acc, load_epilogue_inputs<Out, HasBias>(p, n));
+__device__ __forceinline__ float store_output(const DecodeGemvParams& p, int n, const float (&acc)[2]) {
+  return store_output_loaded<Out>(p, n, acc, load_epilogue_inputs<Out, HasBias>(p, n));
 }
 
 // One batch of a warp's weight loads: chunks base, base + stride, ... of unit `unit`'s
@@ -433,48 +438,6 @@ __device__ __forceinline__ void accumulate_batch_global_input(float (&acc)[2], c
   }
 }
 
-/// Ends a row (unit): the warp's sum; with split > 1 the `split` warps that shared the
-/// row meet in `warp_partial` ((kWarps, rows) floats; two block barriers, so every warp
-/// of the block must call it the same number of times); lane 0 of the first part runs
-/// the epilogue. row < 0: nothing is stored. acc is zeroed for the next row.
-/// `early`: the row's epilogue inputs, already loaded by the lane that stores (see
-/// decode_gemv_kernel), or nullptr to load them here. `dot_scale`: what the row's sums
-/// are multiplied by before the epilogue (norm_in_epilogue's inverse RMS; 1: as they are).
-template <GemvOutput Out, bool HasBias>
-__device__ __forceinline__ void finish_row(const DecodeGemvParams& p, int row, float (&acc)[2],
-                                           float (*warp_partial)[rows_per_unit<Out>()], int split,
-                                           const EpilogueInputs* early = nullptr, float dot_scale = 1.0f) {
-  constexpr int kRows = rows_per_unit<Out>();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % split;
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) acc[r] = warp_sum(acc[r]);
-  if (split > 1) {
-    if (lane == 0) {
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) warp_partial[warp][r] = acc[r];
-    }
-    __syncthreads();
-    if (part == 0) {
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        acc[r] = 0.0f;
-        for (int q = 0; q < split; ++q) acc[r] += warp_partial[warp + q][r];
-      }
-    }
-    __syncthreads();
-  }
-  if (row >= 0 && part == 0 && lane == 0) {
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) acc[r] *= dot_scale;  // (x 1 is exact)
-    if (early) {
-      store_output_loaded<Out>(p, row, acc, *early);
-    } else {
-      store_output<Out, HasBias>(p, row, acc);
-    }
-  }
-  acc[0] = acc[1] = 0.0f;
-}
-
 // (value, index) a beats b: larger value, or the same value at a lower index.
 __device__ __forceinline__ bool beats(float a, int ia, float b, int ib) { return a > b || (a == b && ia < ib); }
 
@@ -494,6 +457,111 @@ struct ArgmaxState {
   }
 };
 
+/// Ends a row (unit): the warp's sum; with split > 1 the `split` warps that shared the
+/// row meet in `warp_partial` ((kWarps, rows) floats; two block barriers, so every warp
+/// of the block must call it the same number of times); lane 0 of the first part runs
+/// the epilogue. row < 0: nothing is stored. acc is zeroed for the next row.
+/// `early`: the row's epilogue inputs, already loaded by the lane that stores (see
+/// decode_gemv_kernel), or nullptr to load them here. `dot_scale`: what the row's sums
+/// are multiplied by before the epilogue (norm_in_epilogue's inverse RMS; 1: as they are).
+/// Returns, in the lane that stored, what store_output returns (kF32: the logit, which
+/// the argmax folded into the lm_head compares); 0 elsewhere.
+template <GemvOutput Out, bool HasBias>
+__device__ __forceinline__ float finish_row(const DecodeGemvParams& p, int row, float (&acc)[2],
+                                            float (*warp_partial)[rows_per_unit<Out>()], int split,
+                                            const EpilogueInputs* early = nullptr, float dot_scale = 1.0f) {
+  constexpr int kRows = rows_per_unit<Out>();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % split;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) acc[r] = warp_sum(acc[r]);
+  if (split > 1) {
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) warp_partial[warp][r] = acc[r];
+    }
+    __syncthreads();
+    if (part == 0) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        acc[r] = 0.0f;
+        for (int q = 0; q < split; ++q) acc[r] += warp_partial[warp + q][r];
+      }
+    }
+    __syncthreads();
+  }
+  float stored = 0.0f;
+  if (row >= 0 && part == 0 && lane == 0) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) acc[r] *= dot_scale;  // (x 1 is exact)
+    stored = early ? store_output_loaded<Out>(p, row, acc, *early) : store_output<Out, HasBias>(p, row, acc);
+  }
+  acc[0] = acc[1] = 0.0f;
+  return stored;
+}
+
+/// The block's argmax from every thread's share: the first maximum over the block (ties
+/// go to the lower index), a NaN anywhere remembered. The result is thread 0's; the other
+/// threads' return values are their warps' or their own. Every thread of the block must
+/// call it (one barrier). kBlockThreads: the block's size, a multiple of 32.
+template <int kBlockThreads>
+__device__ __forceinline__ ArgmaxState block_reduce_argmax(const ArgmaxState& mine) {
+  constexpr int kBlockWarps = kBlockThreads / 32;
+  __shared__ float s_value[kBlockWarps];
+  __shared__ int s_index[kBlockWarps];
+  __shared__ int s_nan[kBlockWarps];
+  ArgmaxState r = mine;
+  r.nan = __any_sync(0xffffffffu, mine.nan);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float other = __shfl_xor_sync(0xffffffffu, r.best, offset);
+    const int other_index = __shfl_xor_sync(0xffffffffu, r.best_index, offset);
+    if (beats(other, other_index, r.best, r.best_index)) {
+      r.best = other;
+      r.best_index = other_index;
+    }
+  }
+  if (threadIdx.x % 32 == 0) {
+    s_value[threadIdx.x / 32] = r.best;
+    s_index[threadIdx.x / 32] = r.best_index;
+    s_nan[threadIdx.x / 32] = r.nan;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kBlockWarps; ++w) {
+      if (beats(s_value[w], s_index[w], r.best, r.best_index)) {
+        r.best = s_value[w];
+        r.best_index = s_index[w];
+      }
+      r.nan = r.nan || s_nan[w];
+    }
+  }
+  return r;
+}
+
+/// Chooses the block's token from every thread's share (block_reduce_argmax: the first
+/// maximum, -1 after a NaN or with no value at all) and commits it: *token, then, when
+/// d_length is not null, history[*d_length] (when in range) and *d_length += 1. Returns
+/// the token to every thread. Every thread of the block must call it (two barriers).
+template <int kBlockThreads>
+__device__ __forceinline__ int32_t block_commit_argmax(const ArgmaxState& mine, int32_t* token, int* d_length,
+                                                       int32_t* history, int history_size) {
+  __shared__ int32_t s_chosen;
+  const ArgmaxState block = block_reduce_argmax<kBlockThreads>(mine);
+  if (threadIdx.x == 0) {
+    const int32_t chosen = block.nan || block.best_index == INT_MAX ? -1 : block.best_index;
+    s_chosen = chosen;
+    *token = chosen;
+    if (d_length) {
+      // The token that follows position *d_length, kept where the host can fetch a whole
+      // generation with one copy (CudaModel::generate_greedy).
+      if (history && *d_length < history_size) history[*d_length] = chosen;
+      *d_length += 1;
+    }
+  }
+  __syncthreads();
+  return s_chosen;
+}
+
 /// One block of kBlockThreads: *token = argmax(logits) (the first maximum; -1 if any
 /// logit is NaN), then *d_length += 1 when d_length is not null. Returns the token to
 /// every thread of the block. The logits are read through L2 (in the persistent step
@@ -506,14 +574,7 @@ struct ArgmaxState {
 template <int kBlockThreads>
 __device__ __forceinline__ int32_t block_argmax_commit(int32_t* token, const float* logits, int V, int* d_length,
                                                        int32_t* history = nullptr, int history_size = 0) {
-  constexpr int kBlockWarps = kBlockThreads / 32;
   constexpr int kBatch = 8;
-  __shared__ float s_value[kBlockWarps];
-  __shared__ int s_index[kBlockWarps];
-  __shared__ int s_nan;
-  __shared__ int32_t s_chosen;
-  if (threadIdx.x == 0) s_nan = 0;
-  __syncthreads();
   ArgmaxState state;
   // Whole chunks only when the logits are 16-byte aligned (cudaMalloc'd buffers are);
   // the rest, or everything otherwise, one value at a time.
@@ -539,42 +600,7 @@ __device__ __forceinline__ int32_t block_argmax_commit(int32_t* token, const flo
     }
   }
   for (int i = 4 * chunks + int(threadIdx.x); i < V; i += kBlockThreads) state.consider(__ldcg(logits + i), i);
-  float best = state.best;
-  int best_index = state.best_index;
-  if (state.nan) s_nan = 1;
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) {
-    const float other = __shfl_xor_sync(0xffffffffu, best, offset);
-    const int other_index = __shfl_xor_sync(0xffffffffu, best_index, offset);
-    if (beats(other, other_index, best, best_index)) {
-      best = other;
-      best_index = other_index;
-    }
-  }
-  if (threadIdx.x % 32 == 0) {
-    s_value[threadIdx.x / 32] = best;
-    s_index[threadIdx.x / 32] = best_index;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kBlockWarps; ++w) {
-      if (beats(s_value[w], s_index[w], best, best_index)) {
-        best = s_value[w];
-        best_index = s_index[w];
-      }
-    }
-    const int32_t chosen = s_nan || best_index == INT_MAX ? -1 : best_index;
-    s_chosen = chosen;
-    *token = chosen;
-    if (d_length) {
-      // The token that follows position *d_length, kept where the host can fetch a whole
-      // generation with one copy (CudaModel::generate_greedy).
-      if (history && *d_length < history_size) history[*d_length] = chosen;
-      *d_length += 1;
-    }
-  }
-  __syncthreads();
-  return s_chosen;
+  return block_commit_argmax<kBlockThreads>(state, token, d_length, history, history_size);
 }
 
 /// The measurement hooks of a decode GEMV (DecodeGemvParams::timeline, ::hold and

@@ -39,6 +39,62 @@ namespace {
 constexpr int kMaxK = 16384;      // K bf16 values of shared memory: 32 KB, under the 48 KB default
 
 
+// DecodeGemvParams::argmax (ArgmaxFold), at the end of an lm_head block: the block's best
+// row goes to block_best, and the last block to finish chooses among all blocks' and
+// commits, as decode_argmax does after the GEMV. The classic last-block reduction: each
+// block's thread 0 writes its best, fences (so that the best is visible to every block
+// before the count is), then counts; the one that counts last sees every best.
+template <int kBlockThreads>
+__device__ __forceinline__ void fold_argmax(const ArgmaxFold& f, const ArgmaxState& rows_best, int V) {
+  __shared__ bool s_last;
+  const ArgmaxState block = block_reduce_argmax<kBlockThreads>(rows_best);
+  if (threadIdx.x == 0) {
+    // row -2 marks a NaN; a block without rows sends (-inf, INT_MAX), which never wins.
+    f.block_best[blockIdx.x] =
+        block.nan ? make_int2(0, -2) : make_int2(__float_as_int(block.best), block.best_index);
+    __threadfence();
+    s_last = atomicAdd(f.blocks_done, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  // Blocks cover rising row ranges, so a thread's bests (block b, b + kBlockThreads, ...)
+  // come in rising row order, which consider's first-maximum rule needs. kBatch loads
+  // are asked for before any is compared: one trip to L2 for up to kBatch x kBlockThreads
+  // blocks (the lm_head's one wave: ~360).
+  constexpr int kBatch = 4;
+  ArgmaxState state;
+  const int blocks = int(gridDim.x);
+  for (int base = 0; base < blocks; base += kBatch * kBlockThreads) {
+    int2 held[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = base + b * kBlockThreads + int(threadIdx.x);
+      if (i < blocks) held[b] = __ldcg(f.block_best + i);
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = base + b * kBlockThreads + int(threadIdx.x);
+      if (i < blocks) {
+        if (held[b].y == -2) {
+          state.nan = true;
+        } else if (held[b].y != INT_MAX) {
+          state.consider(__int_as_float(held[b].x), held[b].y);
+        }
+      }
+    }
+  }
+  const int32_t chosen = block_commit_argmax<kBlockThreads>(state, f.token, f.d_length, f.history, f.history_size);
+  if (threadIdx.x == 0) *f.blocks_done = 0;  // for the next launch, which the kernel's end orders after this
+  if (f.next.table == nullptr) return;
+  // The next step's input row, as decode_argmax copies it.
+  if (f.next_vectorized) {
+    embedding_copy_row<true>(f.next.x, f.next.table, chosen, f.next.C, V, threadIdx.x, kBlockThreads);
+  } else {
+    embedding_copy_row<false>(f.next.x, f.next.table, chosen, f.next.C, V, threadIdx.x, kBlockThreads);
+  }
+}
+
 // Weights a warp copies into shared memory before the PDL wait with kSecondBatchShared:
 // one batch, (kRows, kBatch, 32) uint4.
 template <GemvOutput Out, int kBatch>
@@ -236,6 +292,10 @@ __global__ void __launch_bounds__(kThreads, 3)
   // 3. The rows: dot products against the staged input, then the epilogue. The trip
   //    count is the same for every warp of the block (the barriers below need that).
   bool loaded = true;  // the first batch is already in registers
+  // (kF32 with p.argmax) The first maximum of the rows this thread stored (its warp's
+  // rows rise: consider's first-maximum rule holds).
+  const bool fold = Out == GemvOutput::kF32 && p.argmax.token != nullptr;
+  ArgmaxState rows_best;
   for (int i = 0; i < rows_per_warp; ++i) {
     const int row = first + i;
     const bool valid = row < p.N;
@@ -280,7 +340,11 @@ __global__ void __launch_bounds__(kThreads, 3)
     if (sum_squares) dot_scale = rsqrtf(warp_sum(squares) / float(p.K) + p.eps);
     loaded = false;
     if (i == 0) timeline_fold_when_ready(timeline, kTimelineFirstDot, acc[0] + acc[1]);  // (measurement)
-    finish_row<Out, HasBias>(p, valid ? row : -1, acc, warp_partial, split, &epilogue, dot_scale);
+    const float stored = finish_row<Out, HasBias>(p, valid ? row : -1, acc, warp_partial, split, &epilogue, dot_scale);
+    if (fold && stores && valid) rows_best.consider(stored, row);
+  }
+  if constexpr (Out == GemvOutput::kF32) {
+    if (fold) fold_argmax<kThreads>(p.argmax, rows_best, p.N);
   }
   timeline_mark(timeline, kTimelineEnd);
 }
@@ -420,6 +484,11 @@ void launch_gemv(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaStream
   const int rows_per_warp = p.rows_per_warp > 0 ? p.rows_per_warp : one_wave_rows;
   const int units_per_block = kWarps / split;
   const int blocks = (p.N + units_per_block * rows_per_warp - 1) / (units_per_block * rows_per_warp);
+  if (p.argmax.token && blocks > p.argmax.capacity) {
+    throw std::invalid_argument("decode_gemv: the folded argmax's block_best holds " +
+                                std::to_string(p.argmax.capacity) + " blocks, the grid has " +
+                                std::to_string(blocks));
+  }
   launch_kernel(pdl, kernel, dim3(blocks), dim3(kThreads), shared_bytes, stream, p, rows_per_warp, split);
 }
 
@@ -566,8 +635,21 @@ __global__ void __launch_bounds__(kArgmaxThreads) decode_argmax_kernel(int32_t* 
 
 }  // namespace
 
-void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& p, bool pdl, cudaStream_t stream,
+void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& params, bool pdl, cudaStream_t stream,
                  DecodeGemvKernel kernel) {
+  DecodeGemvParams p = params;  // (a copy: the folded argmax's row-copy form is decided here)
+  if (p.argmax.token) {
+    const ArgmaxFold& f = p.argmax;
+    const bool register_loads = kernel == DecodeGemvKernel::kAuto || kernel == DecodeGemvKernel::kRegisterLoads;
+    if (output != GemvOutput::kF32 || !register_loads || !f.block_best || !f.blocks_done || f.capacity < 1 ||
+        (f.history && (!f.d_length || f.history_size < 1)) || (f.next.table && (!f.next.x || f.next.C <= 0))) {
+      throw std::invalid_argument(
+          "decode_gemv: a folded argmax needs kF32 on the register kernel (kAuto or kRegisterLoads), block_best with "
+          "capacity >= 1 and blocks_done; a history needs d_length and history_size >= 1, the next input row its "
+          "destination and C >= 1");
+    }
+    p.argmax.next_vectorized = f.next.table && embedding_rows_vectorizable(f.next.x, f.next.table, f.next.C);
+  }
   const bool x_needed = input != GemvInput::kAttentionMerge;
   if (p.K <= 0 || p.N <= 0 || p.K % 8 != 0 || p.K > kMaxK || !p.y || (x_needed && !aligned_16(p.x)) ||
       !aligned_16(p.W) ||

@@ -147,6 +147,36 @@ enum GemvTimelineEvent {
   kGemvTimelineEvents = 6
 };
 
+/// Where decode_argmax also writes the next step's input: the embedding row of the token
+/// it chose, x = table[token] (zeros when the token is -1), so that a step that follows on
+/// the GPU needs no embedding launch of its own (CudaModelOptions::argmax_writes_next_input).
+struct NextInputRow {
+  const __nv_bfloat16* table = nullptr;  ///< (V, C) the embedding table, or nullptr: no row written
+  __nv_bfloat16* x = nullptr;            ///< (C) the decode step's input row
+  int C = 0;
+};
+
+/// DecodeGemvParams::argmax: the greedy choice folded into the lm_head's GEMV (kF32 on
+/// the register kernel), instead of decode_argmax in a kernel of its own after it. Each
+/// block writes its rows' logits as before and keeps the first maximum of them in
+/// registers; the block's best (value, row) goes to block_best[block], and the last block
+/// to finish (a counter, after a fence: the classic "last block" reduction) picks the
+/// first maximum among them, commits it exactly as decode_argmax does (token, history,
+/// *d_length += 1, the next input row) and resets the counter for the next launch. The
+/// same token as decode_argmax over the written logits, -1 if one of them is NaN.
+/// Why: one kernel boundary and one 128 KB read of the logits less a decode step.
+struct ArgmaxFold {
+  int32_t* token = nullptr;      ///< (1) or nullptr: no argmax folded in
+  int* d_length = nullptr;       ///< (1) or nullptr: no commit
+  int32_t* history = nullptr;    ///< (history_size) or nullptr, as decode_argmax's
+  int history_size = 0;
+  NextInputRow next;             ///< as decode_argmax's
+  int2* block_best = nullptr;    ///< (capacity) each block's (value bits, row); row -2: a NaN
+  unsigned* blocks_done = nullptr;  ///< (1) 0 before the first launch; the last block resets it
+  int capacity = 0;              ///< block_best's length: decode_gemv refuses a larger grid
+  bool next_vectorized = false;  ///< (set by decode_gemv) the row copy in 16-byte pieces
+};
+
 /// Arguments of one decode GEMV.
 struct DecodeGemvParams {
   void* y;                           ///< (N) bf16, or float for kF32; in/out for kResidualAdd
@@ -297,6 +327,9 @@ struct DecodeGemvParams {
   /// ones as those kernels leave the SMs, when no chain waits behind their loads and a
   /// split only delays their second half.
   int split_blocks = 0;
+  /// kF32 on kRegisterLoads only (refused elsewhere): the argmax of the logits folded in
+  /// (ArgmaxFold; token null: off). The model's argmax_in_lm_head.
+  ArgmaxFold argmax;
 };
 
 /// y = f(x W^T + b) for one token. One warp per output row (a few consecutive rows per
@@ -358,15 +391,6 @@ int decode_gemv_mma_max_k();
 /// @param d_length (1) the number of tokens already in the cache
 void decode_rope_append(__nv_bfloat16* qkv, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache, const int* d_length,
                         const RopeTable& table, int H, int Hkv, int max_context, bool pdl, cudaStream_t stream = 0);
-
-/// Where decode_argmax also writes the next step's input: the embedding row of the token
-/// it chose, x = table[token] (zeros when the token is -1), so that a step that follows on
-/// the GPU needs no embedding launch of its own (CudaModelOptions::argmax_writes_next_input).
-struct NextInputRow {
-  const __nv_bfloat16* table = nullptr;  ///< (V, C) the embedding table, or nullptr: no row written
-  __nv_bfloat16* x = nullptr;            ///< (C) the decode step's input row
-  int C = 0;
-};
 
 /// token[0] = argmax(logits) (lowest index on ties; -1 if a logit is NaN), then, when
 /// d_length is not null, *d_length += 1: the commit of the decode step, on the GPU.

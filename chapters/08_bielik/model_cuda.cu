@@ -177,6 +177,10 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
         ", " + std::to_string(options_.side_prefetch_blocks) + ", " + std::to_string(options_.side_prefetch_fork) +
         ", " + std::to_string(options_.side_prefetch_stride_bytes));
   }
+  if (options_.argmax_in_lm_head && (options_.tensor_core_gemvs & kTensorCoreLmHead)) {
+    throw std::invalid_argument("argmax_in_lm_head needs the lm_head on the register kernel: it does not combine "
+                                "with kTensorCoreLmHead in tensor_core_gemvs");
+  }
   if (!(options_.l2_persist_mb >= 0.0)) {
     throw std::invalid_argument("l2_persist_mb must be >= 0 (0: off), got " + std::to_string(options_.l2_persist_mb));
   }
@@ -290,6 +294,12 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     p_logits_ = DeviceBuffer<__nv_bfloat16>(size_t(std::min(kLogitRows, Tc)) * V_);
     d_token_ = DeviceBuffer<int32_t>(1);
     d_history_ = DeviceBuffer<int32_t>(size_t(context));
+    if (options_.argmax_in_lm_head) {
+      // The lm_head's grid never has more blocks than rows (one row a block at least).
+      d_argmax_block_best_ = DeviceBuffer<int2>(size_t(V_));
+      d_argmax_blocks_done_ = DeviceBuffer<unsigned>(1);
+      d_argmax_blocks_done_.fill_bytes(0);
+    }
     d_x_ = DeviceBuffer<__nv_bfloat16>(C_);
     d_qkv_ = DeviceBuffer<__nv_bfloat16>(QKV_);
     d_attn_ = DeviceBuffer<__nv_bfloat16>(size_t(H_) * D_);
@@ -1378,16 +1388,29 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   step_gemv_settings(head);
   if (fused_mlp_) head.residual_partials = ResidualPartials{mlp_accumulator(layers_.size() - 1), 1};
   const GemvInput head_input = fused_mlp_ ? GemvInput::kRmsNormAddPartials : GemvInput::kRmsNorm;
+  // The argmax overwrites the input token (the next step's input when generating) and
+  // commits the step on the GPU: the device KV length += 1. In its own kernel after the
+  // lm_head, or folded into the lm_head's last block (options_.argmax_in_lm_head).
+  const NextInputRow next_input = next_input_by_argmax ? NextInputRow{embed_, d_x_.data(), C_} : NextInputRow{};
+  if (options_.argmax_in_lm_head) {
+    head.argmax.token = d_token_.data();
+    head.argmax.d_length = d_length;
+    head.argmax.history = d_history_.data();
+    head.argmax.history_size = context;
+    head.argmax.next = next_input;
+    head.argmax.block_best = d_argmax_block_best_.data();
+    head.argmax.blocks_done = d_argmax_blocks_done_.data();
+    head.argmax.capacity = V_;
+  }
   {
     ScopedLaunchAccessPolicy window(l2_window(head, L2PersistTarget::kLmHead, nullptr));
     decode_gemv(head_input, GemvOutput::kF32, head, pdl, s, gemv_kernel(kTensorCoreLmHead, head_input, &head));
   }
   done("lm_head");
-  // The argmax overwrites the input token (the next step's input when generating) and
-  // commits the step on the GPU: the device KV length += 1.
-  const NextInputRow next_input = next_input_by_argmax ? NextInputRow{embed_, d_x_.data(), C_} : NextInputRow{};
-  decode_argmax(d_token_.data(), d_logits_.data(), V_, d_length, pdl, s, d_history_.data(), context, next_input);
-  done("argmax");
+  if (!options_.argmax_in_lm_head) {
+    decode_argmax(d_token_.data(), d_logits_.data(), V_, d_length, pdl, s, d_history_.data(), context, next_input);
+    done("argmax");
+  }
   if (side_branch) {
     CUDA_CHECK(cudaEventRecord(side_join_, side_stream_));
     CUDA_CHECK(cudaStreamWaitEvent(s, side_join_, 0));

@@ -140,6 +140,13 @@ struct CudaModelOptions {
   /// before the graph makes the row. Layer 0's QKV then loads RoPE's position after its
   /// wait: the argmax before it commits the length.
   bool argmax_writes_next_input = true;
+  /// The decode step's argmax is folded into the lm_head's GEMV (decode_gemv's
+  /// ArgmaxFold): each of its blocks keeps the first maximum of the logits it writes,
+  /// and the last block to finish chooses among the blocks' and commits (the token, the
+  /// history, the length, the next input row), instead of decode_argmax in a kernel of its
+  /// own reading the 128 KB of logits again. One kernel boundary less a step. Needs the
+  /// lm_head on the register kernel (refused with kTensorCoreLmHead in tensor_core_gemvs).
+  bool argmax_in_lm_head = false;
   bool use_pdl = true;       ///< programmatic dependent launch between decode kernels and between prefill's small kernels (sm_90+)
   /// Prefill attention with chapter 05's v6 on sm_90+ (each query block's key tiles split
   /// over a thread block cluster) instead of attention_forward (v5, or v3 on GPUs with
@@ -857,6 +864,8 @@ class CudaModel final : public Backend {
   // Decode buffers (one token).
   DeviceBuffer<int32_t> d_token_;       // (1) input token; the argmax overwrites it
   DeviceBuffer<int32_t> d_history_;     // (max_context) the argmax's token after each position
+  DeviceBuffer<int2> d_argmax_block_best_;       // (V) argmax_in_lm_head: each lm_head block's best
+  DeviceBuffer<unsigned> d_argmax_blocks_done_;  // (1) argmax_in_lm_head: blocks counted, zeroed
   DeviceBuffer<__nv_bfloat16> d_x_;     // (C) residual stream
   DeviceBuffer<__nv_bfloat16> d_qkv_;   // ((H + 2 Hkv) D)
   DeviceBuffer<__nv_bfloat16> d_attn_;  // (H D)

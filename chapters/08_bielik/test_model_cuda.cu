@@ -1340,7 +1340,7 @@ TEST_CASE("CUDA model: greedy tokens equal the CPU backend's", "[ch08][gpu][mode
 }
 
 TEST_CASE("CUDA model: generate_greedy gives the same tokens with several steps a graph, with a copy a step, "
-          "and with the input embedded by each step",
+          "with the input embedded by each step, and with the argmax folded into the lm_head",
           "[ch08][gpu][model]") {
   const uint64_t seed = fresh_seed();
   INFO("prompt seed " << seed);
@@ -1353,23 +1353,27 @@ TEST_CASE("CUDA model: generate_greedy gives the same tokens with several steps 
     const std::vector<int32_t> prompt = random_prompt(20, spec.V, seed);
     constexpr int kSteps = 120;
     // Variants 0-4 take the next input from the argmax (argmax_writes_next_input, the
-    // default); 5 and the reference 6 embed the token in every step, as before it.
-    constexpr int kVariants = 7;
+    // default); 5 and the reference 6 embed the token in every step, as before it; 7 and
+    // 8 fold the argmax into the lm_head (argmax_in_lm_head) or do not, whichever the
+    // default does not, queued (7) and one step at a time (8).
+    constexpr int kVariants = 9, kReference = 6;
+    const bool folded_by_default = CudaModelOptions{}.argmax_in_lm_head;
     std::vector<std::vector<int32_t>> runs;
     for (int variant = 0; variant < kVariants; ++variant) {
       CudaModelOptions options = cuda_options();
       options.short_attention_max_keys = 40;
       options.long_attention_min_keys = 90;
-      const bool default_steps = variant == 0 || variant == 5;
+      const bool default_steps = variant == 0 || variant == 5 || variant == 7;
       options.decode_graph_steps =
           default_steps ? CudaModelOptions{}.decode_graph_steps : variant == 1 ? 3 : variant == 2 ? 8 : 1;
       options.generate_copy_each_token = variant == 3;
-      options.argmax_writes_next_input = variant < 5;
+      options.argmax_writes_next_input = variant < 5 || variant >= 7;
+      if (variant >= 7) options.argmax_in_lm_head = !folded_by_default;
       CudaModel cuda(dir, options);
       const std::vector<float> logits = cuda.prefill(prompt);
       const int32_t first = argmax(logits.data(), spec.V);
       std::vector<int32_t> tokens;
-      if (variant == 4 || variant == 6) {  // one step at a time (6: the reference)
+      if (variant == 4 || variant == kReference || variant == 8) {  // one step at a time
         tokens.push_back(cuda.decode_greedy(first));
         for (int i = 1; i < kSteps; ++i) tokens.push_back(cuda.decode_greedy(tokens.back()));
       } else {
@@ -1383,12 +1387,14 @@ TEST_CASE("CUDA model: generate_greedy gives the same tokens with several steps 
       REQUIRE(std::all_of(tokens.begin(), tokens.end(), [&](int32_t t) { return t >= 0 && t < spec.V; }));
       runs.push_back(tokens);
     }
-    for (size_t i = 0; i + 1 < runs.size(); ++i) {
+    for (size_t i = 0; i < runs.size(); ++i) {
+      if (int(i) == kReference) continue;
       INFO(spec.name << " variant " << i
                      << " (0: the default steps a graph, 1: 3 steps, 2: 8 steps, 3: a step a graph and a copy a step, "
-                        "4: decode_greedy, 5: the default steps with the token embedded by each step) against "
-                     << "decode_greedy with the token embedded by each step");
-      REQUIRE(runs[i] == runs.back());
+                        "4: decode_greedy, 5: the default steps with the token embedded by each step, 7: the default "
+                        "steps with the argmax folded into the lm_head or not, the other way from the default, 8: "
+                        "decode_greedy so) against decode_greedy with the token embedded by each step");
+      REQUIRE(runs[i] == runs[kReference]);
     }
     // A sequence of few distinct tokens proves less about the order (the argmax kernel's
     // test checks where the history puts each token).
@@ -1400,16 +1406,22 @@ TEST_CASE("CUDA model: generate_greedy gives the same tokens with several steps 
     // decode() and decode_sample() write the token from the host, then embed it
     // (embed_host_token): the logits equal, bit for bit, those of steps that embed it
     // themselves, and so does a sampled token.
-    CudaModelOptions by_argmax = cuda_options(), by_step = cuda_options();
+    // The argmax folded into the lm_head (or not: the other way from the default) writes
+    // the same logits too.
+    CudaModelOptions by_argmax = cuda_options(), by_step = cuda_options(), other_fold = cuda_options();
     by_step.argmax_writes_next_input = false;
-    CudaModel a(dir, by_argmax), b(dir, by_step);
+    other_fold.argmax_in_lm_head = !folded_by_default;
+    CudaModel a(dir, by_argmax), b(dir, by_step), c(dir, other_fold);
     REQUIRE(a.prefill(prompt) == b.prefill(prompt));
-    int32_t token = runs.back()[0];
+    REQUIRE(c.prefill(prompt) == b.prefill(prompt));
+    int32_t token = runs[kReference][0];
     for (int i = 0; i < 6; ++i) {
       const std::vector<float> from_argmax = a.decode(token), from_step = b.decode(token);
       REQUIRE(from_argmax == from_step);
+      REQUIRE(c.decode(token) == from_step);
       token = argmax(from_argmax.data(), spec.V);
     }
+    REQUIRE(c.position() == a.position());
     SamplerOptions sampled;
     sampled.temperature = 0.8f;
     sampled.top_k = 20;
@@ -1457,6 +1469,11 @@ TEST_CASE("CUDA model: context overflow throws before touching the cache", "[ch0
   negative = cuda_options();
   negative.long_attention_splits = -1;
   REQUIRE_THROWS_AS(CudaModel(dir, negative), std::invalid_argument);
+  // The argmax folds only into the register kernel's lm_head.
+  CudaModelOptions folded_on_tensor_cores = cuda_options();
+  folded_on_tensor_cores.argmax_in_lm_head = true;
+  folded_on_tensor_cores.tensor_core_gemvs |= kTensorCoreLmHead;
+  REQUIRE_THROWS_AS(CudaModel(dir, folded_on_tensor_cores), std::invalid_argument);
 }
 
 namespace {
@@ -2948,6 +2965,159 @@ TEST_CASE("decode_argmax: odd vocabularies and unaligned logits; the next input 
     REQUIRE_THROWS_AS(decode_argmax(token.data(), d_logits.data(), kV, nullptr, false, 0, nullptr, 0,
                                     NextInputRow{next.table, next.x, 0}),
                       std::invalid_argument);
+  }
+}
+
+TEST_CASE("decode_gemv: the argmax folded into the lm_head chooses and commits as decode_argmax",
+          "[ch08][gpu][kernels]") {
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 engine(seed);
+  struct FoldCase {
+    GemvInput input;
+    int N, K, table_C;
+  };
+  // Bielik's lm_head; odd sizes (a last block with fewer rows); a single row; rows of
+  // K > 2048 split over several warps (the warps of a row meet before the epilogue).
+  const FoldCase cases[] = {{GemvInput::kRmsNorm, 32000, 1536, 64},
+                            {GemvInput::kPlain, 1003, 200, 37},
+                            {GemvInput::kPlain, 1, 8, 8},
+                            {GemvInput::kRmsNorm, 50, 5000, 64}};
+  uint64_t case_seed = seed;
+  for (const FoldCase& c : cases) {
+    std::vector<uint16_t> x = random_bf16(c.K, ++case_seed, 2.0f);
+    std::vector<uint16_t> W = random_bf16(size_t(c.N) * c.K, ++case_seed, 1.0f / std::sqrt(float(c.K)));
+    std::vector<uint16_t> bias = random_bf16(c.N, ++case_seed, 0.5f);
+    std::vector<uint16_t> norm = random_bf16(c.K, ++case_seed, 0.2f);
+    for (auto& v : norm) v = float_to_bf16_bits(1.0f + bf16_bits_to_float(v));  // positive: x's signs stay
+    // A tie for the maximum across blocks: rows a < b both follow x's signs (the largest
+    // dot product by far) and take a zero bias, so they compute the same logit bit for bit.
+    std::uniform_int_distribution<int> pick_a(0, std::max(0, c.N / 2 - 1));
+    const int a = pick_a(engine);
+    const int b = c.N > 1 ? std::uniform_int_distribution<int>(a + 1, c.N - 1)(engine) : a;
+    for (int row : {a, b}) {
+      for (int k = 0; k < c.K; ++k) {
+        W[size_t(row) * c.K + k] = float_to_bf16_bits(bf16_bits_to_float(x[k]) < 0 ? -0.25f : 0.25f);
+      }
+    }
+    bias[a] = bias[b] = 0;
+    const std::vector<uint16_t> table = random_bf16(size_t(c.N) * c.table_C, ++case_seed, 1.0f);
+    DeviceBuffer<uint16_t> d_x(x), d_W(W), d_bias(bias), d_norm(norm), d_table(table), next_x(size_t(c.table_C) + 8);
+    DeviceBuffer<float> plain_logits(size_t(c.N)), folded_logits(size_t(c.N));
+    DeviceBuffer<int32_t> token(1), history(std::vector<int32_t>(64, -7));
+    DeviceBuffer<int> length(1);
+    DeviceBuffer<int2> block_best(size_t(c.N));
+    DeviceBuffer<unsigned> blocks_done(1);
+    blocks_done.fill_bytes(0);
+    auto params = [&](DeviceBuffer<float>& y) {
+      return test_gemv_params(y.data(), d_x, d_norm, d_W, &d_bias, c.N, c.K);
+    };
+    auto fold = [&](DecodeGemvParams& p) {
+      p.argmax.token = token.data();
+      p.argmax.d_length = length.data();
+      p.argmax.history = history.data();
+      p.argmax.history_size = 64;
+      p.argmax.next = NextInputRow{reinterpret_cast<const __nv_bfloat16*>(d_table.data()),
+                                   reinterpret_cast<__nv_bfloat16*>(next_x.data()), c.table_C};
+      p.argmax.block_best = block_best.data();
+      p.argmax.blocks_done = blocks_done.data();
+      p.argmax.capacity = c.N;
+    };
+    // Each launch form: PDL or not, one wave or a row a warp (more blocks), the first
+    // batch split, the probed instance (a timeline); twice each, on the same counter: a
+    // counter left above zero would make no block the last one, and nothing would commit.
+    TestGemvTimeline timeline;
+    for (int form = 0; form < 5; ++form) {
+      INFO(c.N << " x " << c.K << " form " << form << " (0: PDL, 1: no PDL, 2: a row a warp, 3: first batch "
+                                                     "split, 4: probed)");
+      const bool pdl = form != 1;
+      auto set_form = [&](DecodeGemvParams& p) {
+        if (form == 2) p.rows_per_warp = 1;
+        if (form == 3) p.loads_before_wait = 3;
+        if (form == 4) {
+          timeline.reset();
+          p.timeline = timeline.values.data();
+        }
+      };
+      plain_logits.fill_bytes(0xFF);
+      DecodeGemvParams plain = params(plain_logits);
+      set_form(plain);
+      decode_gemv(c.input, GemvOutput::kF32, plain, pdl);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<float> logits = plain_logits.to_host();
+      REQUIRE(std::none_of(logits.begin(), logits.end(), [](float v) { return std::isnan(v); }));
+      const int32_t expected = decode_argmax_cpu(logits.data(), c.N);
+      REQUIRE(expected == a);  // the planted maximum, the lower index of the tie
+      for (int repeat = 0; repeat < 2; ++repeat) {
+        INFO("launch " << repeat);
+        folded_logits.fill_bytes(0xFF);
+        next_x.fill_bytes(0xFF);
+        token.copy_from_host(std::vector<int32_t>{-9});
+        const int start = 10 + repeat;
+        length.copy_from_host(std::vector<int>{start});
+        DecodeGemvParams folded = params(folded_logits);
+        set_form(folded);
+        fold(folded);
+        decode_gemv(c.input, GemvOutput::kF32, folded, pdl);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        REQUIRE(folded_logits.to_host() == logits);  // the logits are written as before, bit for bit
+        REQUIRE(token.to_host()[0] == expected);
+        REQUIRE(length.to_host()[0] == start + 1);
+        REQUIRE(history.to_host()[start] == expected);
+        REQUIRE(blocks_done.to_host()[0] == 0u);
+        const std::vector<uint16_t> row = next_x.to_host();
+        REQUIRE(std::equal(row.begin(), row.begin() + c.table_C, table.begin() + size_t(expected) * c.table_C));
+        REQUIRE(std::all_of(row.begin() + c.table_C, row.end(), [](uint16_t v) { return v == 0xFFFF; }));
+      }
+      if (form == 4) REQUIRE(timeline.stamped(kTimelineEnd));
+    }
+    std::vector<int32_t> expected_history(64, -7);
+    expected_history[10] = expected_history[11] = a;
+    REQUIRE(history.to_host() == expected_history);  // nothing else touched
+
+    // A NaN in one row's weights makes that logit NaN: the token is -1 and the next input
+    // row zeros, as decode_argmax gives.
+    {
+      std::vector<uint16_t> with_nan = W;
+      const int row = std::uniform_int_distribution<int>(0, c.N - 1)(engine);
+      with_nan[size_t(row) * c.K + std::uniform_int_distribution<int>(0, c.K - 1)(engine)] = 0x7FC0;
+      d_W.copy_from_host(with_nan);
+      next_x.fill_bytes(0xFF);
+      length.copy_from_host(std::vector<int>{3});
+      DecodeGemvParams folded = params(folded_logits);
+      fold(folded);
+      decode_gemv(c.input, GemvOutput::kF32, folded, true);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      INFO("NaN in row " << row);
+      REQUIRE(std::isnan(folded_logits.to_host()[row]));
+      REQUIRE(token.to_host()[0] == -1);
+      REQUIRE(length.to_host()[0] == 4);
+      REQUIRE(blocks_done.to_host()[0] == 0u);
+      const std::vector<uint16_t> zeros = next_x.to_host();
+      REQUIRE(std::all_of(zeros.begin(), zeros.begin() + c.table_C, [](uint16_t v) { return v == 0; }));
+      d_W.copy_from_host(W);
+    }
+
+    // Refusals: another output, another kernel, a block_best too short for the grid, a
+    // history without a length, a next row without a destination.
+    auto refused = [&](const std::function<void(DecodeGemvParams&)>& edit, GemvOutput output, DecodeGemvKernel kernel) {
+      DecodeGemvParams p = params(folded_logits);
+      fold(p);
+      edit(p);
+      REQUIRE_THROWS_AS(decode_gemv(c.input, output, p, true, 0, kernel), std::invalid_argument);
+    };
+    auto nothing = [](DecodeGemvParams&) {};
+    refused(nothing, GemvOutput::kBf16, DecodeGemvKernel::kAuto);
+    refused(nothing, GemvOutput::kF32, DecodeGemvKernel::kRegisterPipelined);
+    refused(nothing, GemvOutput::kF32, DecodeGemvKernel::kTensorCores);
+    refused([](DecodeGemvParams& p) { p.argmax.blocks_done = nullptr; }, GemvOutput::kF32, DecodeGemvKernel::kAuto);
+    refused([](DecodeGemvParams& p) { p.argmax.d_length = nullptr; }, GemvOutput::kF32, DecodeGemvKernel::kAuto);
+    refused([](DecodeGemvParams& p) { p.argmax.next.x = nullptr; }, GemvOutput::kF32, DecodeGemvKernel::kAuto);
+    if (c.N >= 8) {
+      refused([](DecodeGemvParams& p) { p.argmax.capacity = 1; p.rows_per_warp = 1; }, GemvOutput::kF32,
+              DecodeGemvKernel::kAuto);
+    }
+    REQUIRE(length.to_host()[0] == 4);  // no refused launch ran
   }
 }
 
