@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# compute-sanitizer over the GPU tests: device code checked the way `make sanitize` checks
+# host code. Run on a GPU machine after a build (scripts/gpu_run.sh or `make build`).
+#
+#   [BUILD=build] [SANITIZE_TOOLS="memcheck racecheck"] [SANITIZE_SECONDS=420] \
+#     [SANITIZE_ONLY=regex] bash scripts/gpu_sanitize.sh
+#
+# Each GPU test (ctest label gpu) runs under each tool, with compute-sanitizer's
+# --error-exitcode, so that a reported hazard fails the run even where the test's own
+# assertions pass. The tools slow kernels 10-100x: chapter 08's model tests run only
+# their kernel cases ([kernels]); racecheck (shared-memory hazards between a block's
+# threads) runs on the chapters' own tests, not on chapter 08's (hours under racecheck).
+# No new test starts once SANITIZE_SECONDS have passed; each test has at most a fifth of
+# them. A test cut by either limit is reported as "not finished", never as clean.
+# Output: a table on stdout (test, tool, verdict, seconds) and, per run, the
+# sanitizer's log under $OUT (or build/gpu_sanitize/).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+build="${BUILD:-build}"
+tools="${SANITIZE_TOOLS:-memcheck racecheck}"
+budget="${SANITIZE_SECONDS:-420}"
+only="${SANITIZE_ONLY:-.}"
+out="${OUT:-$build/gpu_sanitize}"
+mkdir -p "$out"
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+if [ ! -x "$sanitizer" ]; then
+  echo "gpu_sanitize: compute-sanitizer not found (PATH or /usr/local/cuda/bin)" >&2
+  exit 2
+fi
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "gpu_sanitize: no GPU on this machine: nothing checked" >&2
+  exit 2
+fi
+
+# The GPU tests ctest knows, in its order.
+mapfile -t tests < <(ctest --test-dir "$build" -L gpu -N | sed -n 's/^ *Test *#[0-9]*: *\(.*\)$/\1/p')
+if [ ${#tests[@]} -eq 0 ]; then
+  echo "gpu_sanitize: no GPU tests in $build (build first)" >&2
+  exit 2
+fi
+
+start=$(date +%s)
+per_test=$((budget / 5))
+failed=0
+echo "| test | tool | verdict | s |"
+echo "|---|---|---|---|"
+for tool in $tools; do
+  for name in "${tests[@]}"; do
+    [[ "$name" =~ $only ]] || continue
+    if [[ "$name" == test_ch08_* || "$name" == test_chat_* ]] && [ "$tool" != memcheck ]; then continue; fi
+    args=()
+    [ "$name" = test_ch08_model_cuda ] && args=("[kernels]")
+    if [ $(( $(date +%s) - start )) -ge "$budget" ]; then
+      echo "| $name | $tool | not started: SANITIZE_SECONDS spent | |"
+      continue
+    fi
+    exe=$(find "$build" -type f -name "$name" -perm -u+x | head -1)
+    if [ -z "$exe" ]; then
+      echo "| $name | $tool | not built | |"
+      failed=1
+      continue
+    fi
+    log="$out/$name.$tool.log"
+    t0=$(date +%s)
+    # The tests read their golden files relative to nothing: they carry absolute paths.
+    timeout "$per_test" "$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit 20 "$exe" "${args[@]}" \
+      >"$log" 2>&1
+    status=$?
+    seconds=$(( $(date +%s) - t0 ))
+    case $status in
+      0) verdict="clean" ;;
+      86) verdict="**hazards reported** (see $log)"; failed=1 ;;
+      124) verdict="not finished in ${per_test} s" ;;
+      *) verdict="**test failed, exit $status** (see $log)"; failed=1 ;;
+    esac
+    summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1)
+    echo "| $name ${args[*]} | $tool | $verdict ${summary:+($summary)} | $seconds |"
+  done
+done
+exit $failed
