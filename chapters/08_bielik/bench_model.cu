@@ -1263,13 +1263,13 @@ int main(int argc, char** argv) {
          "from 1280 in all): 3 loads a row before the wait, the rest once they are in; QKV's and gate/up's "
          "norm weights folded into W_qkv and W_gate_up; the norm weight asked for before the weights; gate/up pauses 150 ns and down 500 ns "
          "at their start; evict-first; 4 steps a graph, the tokens kept on "
-         "the GPU until the end, each step's input row written by the argmax before it)",
+         "the GPU until the end, each step's argmax folded into the lm_head, whose last block writes the next "
+         "step's input row)",
          true, true, Path::kClusterPerHead, 0, 0},
         defaults_but("a graph a step", [](CudaModelOptions& o) { o.decode_graph_steps = 1; }),
         defaults_but("each step embeds its token in a kernel of its own (the argmax does not write the next input)",
                      [](CudaModelOptions& o) { o.argmax_writes_next_input = false; }),
-        defaults_but("the argmax folded into the lm_head (its last block chooses and commits) or in a kernel of "
-                     "its own, whichever the defaults do not",
+        defaults_but("the argmax in a kernel of its own after the lm_head (not folded into it)",
                      [](CudaModelOptions& o) { o.argmax_in_lm_head = !o.argmax_in_lm_head; }),
         defaults_but("a graph a step, each step's token copied back after it (no history on the GPU)",
                      [](CudaModelOptions& o) {

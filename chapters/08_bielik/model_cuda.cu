@@ -177,10 +177,6 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
         ", " + std::to_string(options_.side_prefetch_blocks) + ", " + std::to_string(options_.side_prefetch_fork) +
         ", " + std::to_string(options_.side_prefetch_stride_bytes));
   }
-  if (options_.argmax_in_lm_head && (options_.tensor_core_gemvs & kTensorCoreLmHead)) {
-    throw std::invalid_argument("argmax_in_lm_head needs the lm_head on the register kernel: it does not combine "
-                                "with kTensorCoreLmHead in tensor_core_gemvs");
-  }
   if (!(options_.l2_persist_mb >= 0.0)) {
     throw std::invalid_argument("l2_persist_mb must be >= 0 (0: off), got " + std::to_string(options_.l2_persist_mb));
   }
@@ -1389,10 +1385,13 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   if (fused_mlp_) head.residual_partials = ResidualPartials{mlp_accumulator(layers_.size() - 1), 1};
   const GemvInput head_input = fused_mlp_ ? GemvInput::kRmsNormAddPartials : GemvInput::kRmsNorm;
   // The argmax overwrites the input token (the next step's input when generating) and
-  // commits the step on the GPU: the device KV length += 1. In its own kernel after the
-  // lm_head, or folded into the lm_head's last block (options_.argmax_in_lm_head).
+  // commits the step on the GPU: the device KV length += 1. Folded into the lm_head's last
+  // block (options_.argmax_in_lm_head) where the lm_head runs on the register kernel, else
+  // in a kernel of its own after it.
   const NextInputRow next_input = next_input_by_argmax ? NextInputRow{embed_, d_x_.data(), C_} : NextInputRow{};
-  if (options_.argmax_in_lm_head) {
+  const DecodeGemvKernel head_kernel = gemv_kernel(kTensorCoreLmHead, head_input, &head);
+  const bool argmax_folded = options_.argmax_in_lm_head && head_kernel != DecodeGemvKernel::kTensorCores;
+  if (argmax_folded) {
     head.argmax.token = d_token_.data();
     head.argmax.d_length = d_length;
     head.argmax.history = d_history_.data();
@@ -1404,10 +1403,10 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   }
   {
     ScopedLaunchAccessPolicy window(l2_window(head, L2PersistTarget::kLmHead, nullptr));
-    decode_gemv(head_input, GemvOutput::kF32, head, pdl, s, gemv_kernel(kTensorCoreLmHead, head_input, &head));
+    decode_gemv(head_input, GemvOutput::kF32, head, pdl, s, head_kernel);
   }
   done("lm_head");
-  if (!options_.argmax_in_lm_head) {
+  if (!argmax_folded) {
     decode_argmax(d_token_.data(), d_logits_.data(), V_, d_length, pdl, s, d_history_.data(), context, next_input);
     done("argmax");
   }

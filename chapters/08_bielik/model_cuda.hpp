@@ -144,9 +144,12 @@ struct CudaModelOptions {
   /// ArgmaxFold): each of its blocks keeps the first maximum of the logits it writes,
   /// and the last block to finish chooses among the blocks' and commits (the token, the
   /// history, the length, the next input row), instead of decode_argmax in a kernel of its
-  /// own reading the 128 KB of logits again. One kernel boundary less a step. Needs the
-  /// lm_head on the register kernel (refused with kTensorCoreLmHead in tensor_core_gemvs).
-  bool argmax_in_lm_head = false;
+  /// own reading the 128 KB of logits again. One kernel boundary less a step. Only where
+  /// the lm_head runs on the register kernel: with kTensorCoreLmHead in a graph's
+  /// tensor_core_gemvs the argmax stays a kernel of its own there.
+  /// Measured (H200, 2026-12-05, three alternating rounds): 1015 / 1015 / 1015 against
+  /// 1014 / 1014 / 1014 tokens/s, 256 tokens after 16 (DECODE_LOG.md, forty-eighth session).
+  bool argmax_in_lm_head = true;
   bool use_pdl = true;       ///< programmatic dependent launch between decode kernels and between prefill's small kernels (sm_90+)
   /// Prefill attention with chapter 05's v6 on sm_90+ (each query block's key tiles split
   /// over a thread block cluster) instead of attention_forward (v5, or v3 on GPUs with
