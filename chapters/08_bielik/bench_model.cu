@@ -1270,7 +1270,7 @@ int main(int argc, char** argv) {
         defaults_but("each step embeds its token in a kernel of its own (the argmax does not write the next input)",
                      [](CudaModelOptions& o) { o.argmax_writes_next_input = false; }),
         defaults_but("the argmax in a kernel of its own after the lm_head (not folded into it)",
-                     [](CudaModelOptions& o) { o.argmax_in_lm_head = !o.argmax_in_lm_head; }),
+                     [](CudaModelOptions& o) { o.argmax_in_lm_head = false; }),
         defaults_but("a graph a step, each step's token copied back after it (no history on the GPU)",
                      [](CudaModelOptions& o) {
                        o.decode_graph_steps = 1;
