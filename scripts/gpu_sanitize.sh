@@ -22,6 +22,15 @@ tools="${SANITIZE_TOOLS:-memcheck racecheck}"
 budget="${SANITIZE_SECONDS:-420}"
 only="${SANITIZE_ONLY:-.}"
 out="${OUT:-$build/gpu_sanitize}"
+if ! [[ "$budget" =~ ^[1-9][0-9]*$ ]]; then
+  echo "gpu_sanitize: SANITIZE_SECONDS must be a positive whole number of seconds, not '$budget'" >&2
+  exit 2
+fi
+per_test="${SANITIZE_TEST_SECONDS:-$((budget >= 5 ? budget / 5 : 1))}"
+if ! [[ "$per_test" =~ ^[1-9][0-9]*$ ]]; then
+  echo "gpu_sanitize: SANITIZE_TEST_SECONDS must be a positive whole number of seconds, not '$per_test'" >&2
+  exit 2
+fi
 mkdir -p "$out"
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 if [ ! -x "$sanitizer" ]; then
@@ -41,7 +50,6 @@ if [ ${#tests[@]} -eq 0 ]; then
 fi
 
 start=$(date +%s)
-per_test="${SANITIZE_TEST_SECONDS:-$((budget / 5))}"
 failed=0
 echo "| test | tool | verdict | s |"
 echo "|---|---|---|---|"

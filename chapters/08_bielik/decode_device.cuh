@@ -604,11 +604,11 @@ __device__ __forceinline__ int32_t block_argmax_commit(int32_t* token, const flo
 }
 
 /// The measurement hooks of a decode GEMV (DecodeGemvParams::timeline,
-/// DecodeGemvParams::hold and DecodeGemvParams::stage_input_bulk) are compiled only into the kernels' kProbes instances, which the
-/// launchers pick when one of them is asked for. Tested at run time instead, null in the
-/// defaults, they cost the default decode step 0.5% (H200, 2026-12-03, DECODE_LOG.md,
-/// twenty-ninth session): a test and its code in the hot path still change what the
-/// compiler can do with the registers around it.
+/// DecodeGemvParams::hold and DecodeGemvParams::stage_input_bulk) are compiled only into
+/// the kernels' kProbes instances, which the launchers pick when one of them is asked
+/// for. Tested at run time instead, null in the defaults, they cost the default decode
+/// step 0.5% (H200, 2026-12-03, DECODE_LOG.md, twenty-ninth session): a test and its code
+/// in the hot path still change what the compiler can do with the registers around it.
 template <bool kProbes>
 __device__ __forceinline__ unsigned long long* probe_timeline(const DecodeGemvParams& p) {
   return kProbes ? p.timeline : nullptr;  // a compile-time null: every stamp folds away
