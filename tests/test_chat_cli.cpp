@@ -146,6 +146,20 @@ TEST_CASE("bielik-chat: bad command lines and missing models fail clearly", "[ch
   CHECK(number.status == 2);
   CHECK(contains(number.err, "--temperature expects a number"));
 
+  // Text that is not UTF-8: a flag's, refused before the model is read (the model
+  // folder does not exist here); a typed turn's, by its own offset, and the chat goes on.
+  Run bad_prompt = run_chat("--model /nonexistent/model --prompt 'ab\xff'");
+  CHECK(bad_prompt.status == 2);
+  CHECK(contains(bad_prompt.err, "--prompt is not valid UTF-8 at byte 2 of 3"));
+  Run bad_system = run_chat("--model /nonexistent/model --system '\xc5' --prompt hi");
+  CHECK(bad_system.status == 2);
+  CHECK(contains(bad_system.err, "--system is not valid UTF-8 at byte 0 of 1"));
+  Run bad_turn = run_chat("--model '" + tiny_dir() + "'" + kGreedy, "ab\xff\nHi!\n");
+  INFO("stderr: " << bad_turn.err);
+  CHECK(bad_turn.status == 0);
+  CHECK(contains(bad_turn.err, "the message is not valid UTF-8 at byte 2 of 3"));
+  CHECK(bad_turn.out == expected_answer() + "\n");  // the refused turn left no trace
+
   Run device = run_chat("--model '" + tiny_dir() + "' --device tpu --prompt hi");
   CHECK(device.status == 1);
   CHECK(contains(device.err, "unknown device 'tpu'"));

@@ -24,6 +24,7 @@
 #include "chat_session.hpp"
 #include "chat_template.hpp"
 #include "tokenizer.hpp"
+#include "utf8.hpp"
 
 using namespace bielik;
 
@@ -82,6 +83,17 @@ int parse_int(const std::string& flag, const std::string& text) {
   return parse_number<int>(flag, text, [](const std::string& s, size_t* used) { return std::stoi(s, used); });
 }
 
+// --prompt and --system are text for the model: checked before any file is read, so
+// that bad bytes are reported as the flag's, not after loading a 3 GB model.
+std::string utf8_text(const std::string& flag, const std::string& value) {
+  const size_t bad = utf8::find_invalid(value);
+  if (bad != std::string::npos) {
+    throw UsageError(flag + " is not valid UTF-8 at byte " + std::to_string(bad) + " of " +
+                     std::to_string(value.size()));
+  }
+  return value;
+}
+
 Args parse_args(int argc, char** argv) {
   Args args;
   for (int i = 1; i < argc; ++i) {
@@ -95,9 +107,9 @@ Args parse_args(int argc, char** argv) {
     if (flag == "--model") {
       args.model = value;
     } else if (flag == "--prompt") {
-      args.prompt = value, args.one_shot = true;
+      args.prompt = utf8_text(flag, value), args.one_shot = true;
     } else if (flag == "--system") {
-      args.system = value;
+      args.system = utf8_text(flag, value);
     } else if (flag == "--max-new-tokens") {
       args.max_new_tokens = parse_int(flag, value);
       if (args.max_new_tokens < 1) throw UsageError("--max-new-tokens must be at least 1");

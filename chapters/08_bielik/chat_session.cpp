@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <stdexcept>
+#include <string>
+
+#include "utf8.hpp"
 
 namespace bielik {
 namespace {
@@ -29,6 +32,10 @@ ChatSession::ChatSession(Backend& backend, const Tokenizer& tokenizer, const Cha
                          const SamplerOptions& sampling, const std::string& system_prompt)
     : backend_(backend), tokenizer_(tokenizer), template_(chat_template), sampler_(sampling),
       system_prompt_(system_prompt) {
+  if (const size_t bad = utf8::find_invalid(system_prompt_); bad != std::string::npos) {
+    throw std::invalid_argument("the system prompt is not valid UTF-8 at byte " + std::to_string(bad) + " of " +
+                                std::to_string(system_prompt_.size()));
+  }
   const int32_t stop = tokenizer_.token_to_id(template_.stop_token());
   if (stop >= 0) stop_ids_.push_back(stop);
   for (int eos : backend_.config().eos_token_ids) {
@@ -61,6 +68,12 @@ TurnStats ChatSession::reply(const std::string& user_text, int max_new_tokens,
                              const std::function<void(const std::string&)>& on_text,
                              const std::atomic<bool>* interrupt) {
   if (max_new_tokens < 1) throw std::invalid_argument("max_new_tokens must be at least 1");
+  // Checked here, not only by the tokenizer: its offset would count the template's text
+  // around the message, which the user never typed.
+  if (const size_t bad = utf8::find_invalid(user_text); bad != std::string::npos) {
+    throw std::invalid_argument("the message is not valid UTF-8 at byte " + std::to_string(bad) + " of " +
+                                std::to_string(user_text.size()));
+  }
   const Clock::time_point start = Clock::now();
   TurnStats stats;
 

@@ -52,15 +52,17 @@ struct TurnStats {
 class ChatSession {
  public:
   /// All references must outlive the session. `system_prompt` empty: none of our own
-  /// (the template may still insert its default one, as SmolLM2's does).
+  /// (the template may still insert its default one, as SmolLM2's does); one that is not
+  /// valid UTF-8 is refused (std::invalid_argument naming the byte).
   ChatSession(Backend& backend, const Tokenizer& tokenizer, const ChatTemplate& chat_template,
               const SamplerOptions& sampling, const std::string& system_prompt = "");
 
   /// One turn: adds the user message, prefills the new tokens, samples up to
   /// max_new_tokens, calling on_text with each piece of text as soon as it is complete
   /// UTF-8. Stops early when `interrupt` (may be null) becomes true. Throws
-  /// std::length_error when the new turn does not fit in the context; the conversation
-  /// and the cache are then exactly as before the call.
+  /// std::length_error when the new turn does not fit in the context, and
+  /// std::invalid_argument naming the byte when `user_text` is not valid UTF-8; the
+  /// conversation and the cache are then exactly as before the call.
   TurnStats reply(const std::string& user_text, int max_new_tokens,
                   const std::function<void(const std::string&)>& on_text,
                   const std::atomic<bool>* interrupt = nullptr);

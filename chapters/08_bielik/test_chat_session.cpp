@@ -137,6 +137,49 @@ TEST_CASE("chat session: a turn that does not fit leaves the conversation as it 
   CHECK(session.reply("again", 4, ignore).generated_tokens >= 1);
 }
 
+TEST_CASE("chat session: a message that is not UTF-8 is refused by its own offset, nothing changed",
+          "[ch08][cpu][chat]") {
+  TinyChat chat("tiny_bielik", 0);
+  ChatSession session(chat.model, chat.tokenizer, chat.chat_template, kGreedy);
+  auto ignore = [](const std::string&) {};
+  session.reply("Hi", 4, ignore);
+  const std::vector<int32_t> tokens = session.tokens();
+  const size_t messages = session.messages().size();
+  const int position = chat.model.position();
+
+  // A lone continuation byte at 3, a truncated two-byte "ł" (C5 82) at the end, an
+  // overlong '/' at 0: the offset counts the user's bytes, not the template's around them.
+  const struct {
+    std::string text;
+    size_t bad;
+  } cases[] = {{std::string("abc\x80" "def"), 3}, {std::string("zaba \xc5"), 5}, {std::string("\xc0\xaf"), 0}};
+  for (const auto& c : cases) {
+    std::string message;
+    try {
+      session.reply(c.text, 4, ignore);
+    } catch (const std::invalid_argument& e) {
+      message = e.what();
+    }
+    CHECK(message == "the message is not valid UTF-8 at byte " + std::to_string(c.bad) + " of " +
+                         std::to_string(c.text.size()));
+    CHECK(session.tokens() == tokens);
+    CHECK(session.messages().size() == messages);
+    CHECK(chat.model.position() == position);
+  }
+  // The conversation goes on, and valid multi-byte text passes.
+  CHECK(session.reply("\xc5\x82\xc3\xb3" "d\xc5\xba", 2, ignore).generated_tokens >= 1);
+  CHECK(session.messages().size() == messages + 2);
+
+  const std::string system = "be \xff" " brief";
+  std::string message;
+  try {
+    ChatSession bad_system(chat.model, chat.tokenizer, chat.chat_template, kGreedy, system);
+  } catch (const std::invalid_argument& e) {
+    message = e.what();
+  }
+  CHECK(message == "the system prompt is not valid UTF-8 at byte 3 of " + std::to_string(system.size()));
+}
+
 TEST_CASE("chat session: an interrupt stops the reply after the current token", "[ch08][cpu][chat]") {
   TinyChat chat("tiny_bielik", 0);
   ChatSession session(chat.model, chat.tokenizer, chat.chat_template, kGreedy);
