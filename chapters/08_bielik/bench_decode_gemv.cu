@@ -220,7 +220,8 @@ int main(int argc, char** argv) {
     DeviceBuffer<float> y(size_t(shape.N));  // big enough for bf16 or f32 outputs
     // Down's form (its rows split over warps) is timed with its input read in place, its
     // fastest form in this chain (the model stages it, which is faster in the step); the
-    // big GEMVs (gate/up, down) pause 300 ns at each block's start, as in the model.
+    // big GEMVs (gate/up, down) pause 300 ns at each block's start, as the model did when
+    // these rows were written (since the forty-first session: gate/up 150 ns, down 500).
     const bool in_place = shape.output == GemvOutput::kResidualAdd && shape.K > 2048;
     const bool big = shape.output == GemvOutput::kSwiGLU || in_place;
     // x staged by one bulk copy (DecodeGemvParams::stage_input_bulk; set around the rows

@@ -296,8 +296,9 @@ struct DecodeGemvParams {
   HoldForSignal hold;
   /// Register kernels: each block pauses this long (thread 0 reads %globaltimer, the
   /// block waits for it at a barrier) before its first weight loads. 0: no pause. The
-  /// model's gate/up and down pause 300 ns (CudaModelOptions::gate_up_start_delay_ns:
-  /// measured faster, not yet explained).
+  /// model's gate/up pauses 150 ns and down 500 ns (CudaModelOptions::
+  /// gate_up_start_delay_ns, down_start_delay_ns; 300 ns each until the forty-first
+  /// session): measured faster, not yet explained.
   int start_delay_ns = 0;
   /// kRegisterLoads, rows that start with a batch of loads before the PDL wait: of that
   /// first batch's loads a lane (a row, kBatch of them: 6 for K <= 1536 row pairs, 9 for
