@@ -86,11 +86,7 @@ int parse_int(const std::string& flag, const std::string& text) {
 // --prompt and --system are text for the model: checked before any file is read, so
 // that bad bytes are reported as the flag's, not after loading a 3 GB model.
 std::string utf8_text(const std::string& flag, const std::string& value) {
-  const size_t bad = utf8::find_invalid(value);
-  if (bad != std::string::npos) {
-    throw UsageError(flag + " is not valid UTF-8 at byte " + std::to_string(bad) + " of " +
-                     std::to_string(value.size()));
-  }
+  if (std::string bad = utf8::invalid_description(flag, value); !bad.empty()) throw UsageError(bad);
   return value;
 }
 

@@ -32,9 +32,8 @@ ChatSession::ChatSession(Backend& backend, const Tokenizer& tokenizer, const Cha
                          const SamplerOptions& sampling, const std::string& system_prompt)
     : backend_(backend), tokenizer_(tokenizer), template_(chat_template), sampler_(sampling),
       system_prompt_(system_prompt) {
-  if (const size_t bad = utf8::find_invalid(system_prompt_); bad != std::string::npos) {
-    throw std::invalid_argument("the system prompt is not valid UTF-8 at byte " + std::to_string(bad) + " of " +
-                                std::to_string(system_prompt_.size()));
+  if (std::string bad = utf8::invalid_description("the system prompt", system_prompt_); !bad.empty()) {
+    throw std::invalid_argument(bad);
   }
   const int32_t stop = tokenizer_.token_to_id(template_.stop_token());
   if (stop >= 0) stop_ids_.push_back(stop);
@@ -70,9 +69,8 @@ TurnStats ChatSession::reply(const std::string& user_text, int max_new_tokens,
   if (max_new_tokens < 1) throw std::invalid_argument("max_new_tokens must be at least 1");
   // Checked here, not only by the tokenizer: its offset would count the template's text
   // around the message, which the user never typed.
-  if (const size_t bad = utf8::find_invalid(user_text); bad != std::string::npos) {
-    throw std::invalid_argument("the message is not valid UTF-8 at byte " + std::to_string(bad) + " of " +
-                                std::to_string(user_text.size()));
+  if (std::string bad = utf8::invalid_description("the message", user_text); !bad.empty()) {
+    throw std::invalid_argument(bad);
   }
   const Clock::time_point start = Clock::now();
   TurnStats stats;

@@ -48,6 +48,22 @@ std::vector<int32_t> tail(const std::vector<int32_t>& v, size_t count) {
   return std::vector<int32_t>(v.end() - long(count), v.end());
 }
 
+// What a refused turn must leave as it was: the conversation and the model's cache.
+struct ConversationState {
+  std::vector<int32_t> tokens;
+  size_t messages;
+  int position;
+
+  ConversationState(const ChatSession& session, const CpuModel& model)
+      : tokens(session.tokens()), messages(session.messages().size()), position(model.position()) {}
+
+  void check_unchanged(const ChatSession& session, const CpuModel& model) const {
+    CHECK(session.tokens() == tokens);
+    CHECK(session.messages().size() == messages);
+    CHECK(model.position() == position);
+  }
+};
+
 }  // namespace
 
 TEST_CASE("chat session: the first turn matches the numpy reference id for id", "[ch08][cpu][chat]") {
@@ -115,14 +131,10 @@ TEST_CASE("chat session: a turn that does not fit leaves the conversation as it 
   ChatSession session(chat.model, chat.tokenizer, chat.chat_template, kGreedy);
   auto ignore = [](const std::string&) {};
   session.reply("Hi", 4, ignore);
-  const std::vector<int32_t> tokens = session.tokens();
-  const size_t messages = session.messages().size();
-  const int position = chat.model.position();
+  const ConversationState before(session, chat.model);
 
   CHECK_THROWS_AS(session.reply(std::string(60, 'x'), 4, ignore), std::length_error);
-  CHECK(session.tokens() == tokens);
-  CHECK(session.messages().size() == messages);
-  CHECK(chat.model.position() == position);
+  before.check_unchanged(session, chat.model);
 
   // The chat keeps working with something that fits...
   TurnStats ok = session.reply("ok", 2, ignore);
@@ -143,9 +155,7 @@ TEST_CASE("chat session: a message that is not UTF-8 is refused by its own offse
   ChatSession session(chat.model, chat.tokenizer, chat.chat_template, kGreedy);
   auto ignore = [](const std::string&) {};
   session.reply("Hi", 4, ignore);
-  const std::vector<int32_t> tokens = session.tokens();
-  const size_t messages = session.messages().size();
-  const int position = chat.model.position();
+  const ConversationState before(session, chat.model);
 
   // A lone continuation byte at 3, a truncated two-byte "ł" (C5 82) at the end, an
   // overlong '/' at 0: the offset counts the user's bytes, not the template's around them.
@@ -154,30 +164,18 @@ TEST_CASE("chat session: a message that is not UTF-8 is refused by its own offse
     size_t bad;
   } cases[] = {{std::string("abc\x80" "def"), 3}, {std::string("zaba \xc5"), 5}, {std::string("\xc0\xaf"), 0}};
   for (const auto& c : cases) {
-    std::string message;
-    try {
-      session.reply(c.text, 4, ignore);
-    } catch (const std::invalid_argument& e) {
-      message = e.what();
-    }
-    CHECK(message == "the message is not valid UTF-8 at byte " + std::to_string(c.bad) + " of " +
-                         std::to_string(c.text.size()));
-    CHECK(session.tokens() == tokens);
-    CHECK(session.messages().size() == messages);
-    CHECK(chat.model.position() == position);
+    CHECK(error_of<std::invalid_argument>([&] { session.reply(c.text, 4, ignore); }) ==
+          "the message is not valid UTF-8 at byte " + std::to_string(c.bad) + " of " + std::to_string(c.text.size()));
+    before.check_unchanged(session, chat.model);
   }
   // The conversation goes on, and valid multi-byte text passes.
   CHECK(session.reply("\xc5\x82\xc3\xb3" "d\xc5\xba", 2, ignore).generated_tokens >= 1);
-  CHECK(session.messages().size() == messages + 2);
+  CHECK(session.messages().size() == before.messages + 2);
 
   const std::string system = "be \xff" " brief";
-  std::string message;
-  try {
-    ChatSession bad_system(chat.model, chat.tokenizer, chat.chat_template, kGreedy, system);
-  } catch (const std::invalid_argument& e) {
-    message = e.what();
-  }
-  CHECK(message == "the system prompt is not valid UTF-8 at byte 3 of " + std::to_string(system.size()));
+  CHECK(error_of<std::invalid_argument>([&] {
+          ChatSession bad_system(chat.model, chat.tokenizer, chat.chat_template, kGreedy, system);
+        }) == "the system prompt is not valid UTF-8 at byte 3 of " + std::to_string(system.size()));
 }
 
 TEST_CASE("chat session: an interrupt stops the reply after the current token", "[ch08][cpu][chat]") {

@@ -47,6 +47,12 @@ size_t find_invalid(const std::string& bytes) {
   return std::string::npos;
 }
 
+std::string invalid_description(const std::string& what, const std::string& bytes) {
+  const size_t bad = find_invalid(bytes);
+  if (bad == std::string::npos) return "";
+  return what + " is not valid UTF-8 at byte " + std::to_string(bad) + " of " + std::to_string(bytes.size());
+}
+
 uint32_t decode(const std::string& bytes, size_t i, size_t* length) {
   Scan s = scan(bytes, i);
   *length = s.length;

@@ -28,6 +28,11 @@ Scan scan(const std::string& bytes, size_t i);
 /// Byte offset of the first byte that is not part of a valid character, or npos.
 size_t find_invalid(const std::string& bytes);
 
+/// "<what> is not valid UTF-8 at byte N of M" for the first invalid byte of `bytes`, or
+/// "" when they are valid: the words a refusal of user text uses (the chat's message,
+/// system prompt and flags).
+std::string invalid_description(const std::string& what, const std::string& bytes);
+
 /// The code point of the valid character at bytes[i], and its length in *length.
 uint32_t decode(const std::string& bytes, size_t i, size_t* length);
 
