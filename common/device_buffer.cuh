@@ -2,7 +2,11 @@
 /// @brief Owning RAII buffers for device memory.
 #pragma once
 
+#include <sys/stat.h>
+
 #include <cstddef>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "cuda_check.cuh"
@@ -67,10 +71,23 @@ class DeviceBuffer {
   size_t count_ = 0;
 };
 
-/// True when at least one CUDA device is usable (false on CI machines with no GPU).
+/// True when at least one CUDA device is usable; false on a machine that has no GPU:
+/// cudaGetDeviceCount says there is no device, or says the driver is insufficient where
+/// no NVIDIA kernel driver is loaded at all (/proc/driver/nvidia absent: a machine with
+/// the toolkit only, as CI, gets cudaErrorInsufficientDriver). Any other error means a
+/// GPU machine whose GPU cannot be used (a broken or mismatched driver) and throws
+/// std::runtime_error with CUDA's message, so tests fail there instead of skipping.
 inline bool cuda_device_available() {
   int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status == cudaSuccess) return count > 0;
+  cudaGetLastError();  // clear the error so that it does not surface in a later check
+  if (status == cudaErrorNoDevice) return false;
+  struct stat driver;
+  if (status == cudaErrorInsufficientDriver && stat("/proc/driver/nvidia", &driver) != 0) return false;
+  throw std::runtime_error(std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(status) + ": " +
+                           cudaGetErrorString(status) +
+                           " (not a machine without a GPU: its NVIDIA driver or device is unusable)");
 }
 
 }  // namespace bielik

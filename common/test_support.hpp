@@ -4,7 +4,9 @@
 
 #include <stdlib.h>
 
+#include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <random>
@@ -22,9 +24,42 @@ inline std::string golden_path(const std::string& chapter, const std::string& fi
   return std::string(BIELIK_GOLDEN_DIR) + "/" + chapter + "/" + file;
 }
 
-/// A random generator seeded freshly on every run, so each run of a test draws new
-/// inputs (the seed is printed by the caller via INFO on failure to reproduce it).
-inline uint64_t fresh_seed() { return std::random_device{}() * 0x9E3779B97F4A7C15ull ^ std::random_device{}(); }
+/// True when the environment variable `name` is set to anything but "" or "0".
+inline bool env_flag(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' && std::string(value) != "0";
+}
+
+/// True when a missing SmolLM2 checkpoint (`make models`) must fail the tests that read
+/// it rather than skip them: CI prepares the model and sets BIELIK_REQUIRE_SMOLLM2=1, so
+/// that a preparation that silently failed turns those tests red.
+inline bool smollm2_required() { return env_flag("BIELIK_REQUIRE_SMOLLM2"); }
+
+/// The seed of one test's random inputs: fresh on every run, so each run draws new
+/// inputs, or BIELIK_TEST_SEED (a decimal number) to rerun a failure with the inputs it
+/// had. Every seed is printed here, as the line to paste, since not every caller INFOs it
+/// and a run on the GPU machine is only seen through its log. A value that is not a
+/// whole decimal number in range throws, naming the variable, instead of being half read.
+inline uint64_t fresh_seed() {
+  uint64_t seed = 0;
+  const char* text = std::getenv("BIELIK_TEST_SEED");
+  if (text != nullptr && *text != '\0') {  // set but empty: unset, as for the other variables
+    const std::string value = text;
+    errno = 0;
+    char* end = nullptr;
+    const unsigned long long parsed = std::strtoull(text, &end, 10);
+    if (value.find_first_not_of("0123456789") != std::string::npos || errno == ERANGE || *end != '\0') {
+      throw std::invalid_argument("BIELIK_TEST_SEED='" + value +
+                                  "' is not a seed: give a decimal number in [0, 2^64), as the tests print it");
+    }
+    seed = parsed;
+  } else {
+    seed = std::random_device{}() * 0x9E3779B97F4A7C15ull ^ std::random_device{}();
+  }
+  std::printf("seed %llu (BIELIK_TEST_SEED=%llu reruns it)\n", static_cast<unsigned long long>(seed),
+              static_cast<unsigned long long>(seed));
+  return seed;
+}
 
 /// Normal(0, scale) values already rounded to bf16, returned as bits.
 inline std::vector<uint16_t> random_bf16(size_t count, uint64_t seed, float scale = 1.0f) {

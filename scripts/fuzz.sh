@@ -8,8 +8,9 @@
 # build-fuzz/corpus/<target>/, a failing input to build-fuzz/crashes/. To keep a failing
 # input as a regression case, fix the bug, copy the input into the target's seed
 # directory and delete it from build-fuzz/crashes/ (the script fails while any is
-# there): `make test` replays every seed (test_fuzz_corpus_*), built with the normal
-# compiler, so it is checked from then on even where clang is absent.
+# there, and when a fuzzer exits nonzero without leaving one): `make test` replays
+# every seed (test_fuzz_corpus_*), built with the normal compiler, so it is checked
+# from then on even where clang is absent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,7 +31,7 @@ objects=()
 for source in safetensors model_config utf8 pretokenizer tokenizer_bpe tokenizer chat_template sampler; do
   object="$out/obj/$source.o"
   if [[ ! -f $object || chapters/08_bielik/$source.cpp -nt $object ||
-        -n $(find chapters/08_bielik -name '*.hpp' -newer "$object" -print -quit) ]]; then
+        -n $(find chapters/08_bielik \( -name '*.hpp' -o -name '*.inc' \) -newer "$object" -print -quit) ]]; then
     echo "fuzz: compiling $source.cpp"
     "$cxx" "${flags[@]}" -fsanitize=fuzzer-no-link -c "chapters/08_bielik/$source.cpp" -o "$object"
   fi
@@ -43,15 +44,24 @@ build() {  # build <target>
   "$cxx" "${flags[@]}" -fsanitize=fuzzer "tests/fuzz/$1.cpp" "${objects[@]}" -o "$out/$1"
 }
 
+failed_runs=()
 run() {  # run <target> <seed dir> [VAR=value ...]: FUZZ_SECONDS of fuzzing
-  local target=$1 seeds=$2
+  local target=$1 seeds=$2 status=0
   shift 2
   [[ $target =~ $only ]] || return 0
   mkdir -p "$out/corpus/$target"
   echo "fuzz: $target for ${seconds}s ${*:-}"
+  # grep finding none of its lines is no failure; the fuzzer's own exit status is: one that
+  # fails without leaving a crash file (it cannot start, a bad option or environment, a
+  # fuzz check in its initialization) would otherwise pass unnoticed.
   env "$@" "$out/$target" -max_total_time="$seconds" -print_final_stats=1 -timeout=10 -rss_limit_mb=4096 \
     -artifact_prefix="$out/crashes/$target-" "$out/corpus/$target" "$seeds" 2>&1 |
-    grep -E '^(#[0-9]+ +DONE|stat::number_of_executed_units|==[0-9]+==ERROR|.*fuzz check failed|SUMMARY)' || true
+    grep -E '^(#[0-9]+ +DONE|stat::number_of_executed_units|==[0-9]+==ERROR|.*fuzz check failed|SUMMARY)' ||
+    status=${PIPESTATUS[0]}
+  if ((status != 0)); then
+    echo "fuzz: $target ${*:-} exited with status $status" >&2
+    failed_runs+=("$target ${*:-}(exit $status)")
+  fi
 }
 
 targets=(fuzz_safetensors fuzz_checkpoint_index fuzz_model_config fuzz_chat_template fuzz_tokenizer_json
@@ -80,6 +90,12 @@ crashes=$(find "$out/crashes" -type f | wc -l)
 if ((crashes > 0)); then
   echo "fuzz: $crashes failing inputs in $out/crashes/" >&2
   ls "$out/crashes" >&2
+fi
+if ((${#failed_runs[@]} > 0)); then
+  echo "fuzz: ${#failed_runs[@]} fuzzer runs failed:" >&2
+  printf '  %s\n' "${failed_runs[@]}" >&2
+fi
+if ((crashes > 0 || ${#failed_runs[@]} > 0)); then
   exit 1
 fi
 echo "fuzz: no failing input"

@@ -11,6 +11,9 @@
 # and bench_outputs.tar (each bench program's output and CSV tables).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# This is the GPU machine: a GPU test that finds no CUDA device fails here instead of
+# exiting 77 ("skipped"), so a run whose GPU went missing cannot pass with nothing run.
+export BIELIK_REQUIRE_GPU=1
 labels="${1:-.}"
 benches="${2:-.}"
 out="${OUT:-build/gpu_run}"

@@ -3,7 +3,8 @@
 # host code. Run on a GPU machine after a build (scripts/gpu_run.sh or `make build`).
 #
 #   [BUILD=build] [SANITIZE_TOOLS="memcheck racecheck"] [SANITIZE_SECONDS=420] \
-#     [SANITIZE_TEST_SECONDS=N] [SANITIZE_ONLY=regex] bash scripts/gpu_sanitize.sh
+#     [SANITIZE_TEST_SECONDS=N] [SANITIZE_ONLY=regex] [SANITIZE_ALLOW_UNFINISHED=1] \
+#     bash scripts/gpu_sanitize.sh
 #
 # Each GPU test (ctest label gpu) runs under each tool, with compute-sanitizer's
 # --error-exitcode, so that a reported hazard fails the run even where the test's own
@@ -13,6 +14,9 @@
 # No new test starts once SANITIZE_SECONDS have passed; each test has at most a fifth of
 # them (or SANITIZE_TEST_SECONDS: chapter 08's kernel cases take ~160 s under memcheck). A
 # test cut by either limit is reported as "not finished", never as clean.
+# Exit status: 1 when any test failed, reported a hazard or was not built; else 3 when
+# any test did not finish or start within the limits (a run of timeouts checked nothing:
+# SANITIZE_ALLOW_UNFINISHED=1 accepts that, for a deliberately partial run); else 0.
 # Output: a table on stdout (test, tool, verdict, seconds) and, per run, the
 # sanitizer's log under $OUT (or build/gpu_sanitize/).
 set -uo pipefail
@@ -51,6 +55,7 @@ fi
 
 start=$(date +%s)
 failed=0
+unfinished=0
 echo "| test | tool | verdict | s |"
 echo "|---|---|---|---|"
 for tool in $tools; do
@@ -61,6 +66,7 @@ for tool in $tools; do
     [ "$name" = test_ch08_model_cuda ] && args=("[kernels]")
     if [ $(( $(date +%s) - start )) -ge "$budget" ]; then
       echo "| $name | $tool | not started: SANITIZE_SECONDS spent | |"
+      unfinished=1
       continue
     fi
     exe=$(find "$build" -type f -name "$name" -perm -u+x | head -1)
@@ -79,11 +85,23 @@ for tool in $tools; do
     case $status in
       0) verdict="clean" ;;
       86) verdict="**hazards reported** (see $log)"; failed=1 ;;
-      124) verdict="not finished in ${per_test} s" ;;
+      124) verdict="not finished in ${per_test} s"; unfinished=1 ;;
       *) verdict="**test failed, exit $status** (see $log)"; failed=1 ;;
     esac
     summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1)
     echo "| $name ${args[*]} | $tool | $verdict ${summary:+($summary)} | $seconds |"
   done
 done
-exit $failed
+if [ $failed -ne 0 ]; then
+  exit 1
+fi
+if [ $unfinished -ne 0 ]; then
+  if [ "${SANITIZE_ALLOW_UNFINISHED:-0}" = 1 ]; then
+    echo "gpu_sanitize: some tests did not finish (allowed: SANITIZE_ALLOW_UNFINISHED=1)" >&2
+    exit 0
+  fi
+  echo "gpu_sanitize: some tests did not finish within the limits: not checked (exit 3;" \
+    "raise SANITIZE_SECONDS / SANITIZE_TEST_SECONDS, or SANITIZE_ALLOW_UNFINISHED=1)" >&2
+  exit 3
+fi
+exit 0
