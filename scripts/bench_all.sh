@@ -1,68 +1,189 @@
 #!/usr/bin/env bash
 # The one-call GPU benchmark of issue 7, on a machine with a GPU:
 #
-#   [OUT=dir] [CHAPTERS=regex] [SKIP_COMPILED=1] bash scripts/bench_all.sh
+#   [OUT=dir] [BUILD=dir] [CHAPTERS=regex] [MODEL_DIR=dir] [SKIP_COMPILED=1] [SKIP_PYTORCH=1] \
+#     bash scripts/bench_all.sh
 #
-#  1. makes the Bielik-shaped random checkpoint if absent (models/bielik-shaped-random,
-#     scripts/make_random_checkpoint.py: torch + safetensors);
-#  2. builds bench_model (chapters 01-05, 07 and 08: CHAPTERS defaults to '0[1234578]');
-#  3. runs bench_model -> build/bench/model.json (+ its tables as CSV);
+#  0. clears this run's outputs in $BUILD/bench (every *.json, bench_model's model_*.csv),
+#     so nothing an earlier run (or another GPU) left there reaches the report, and checks
+#     that python3 has the packages of scripts/requirements-bench.txt (it names what is
+#     missing and skips the steps that need it; it installs nothing: a GPU machine is
+#     often offline);
+#  1. picks the checkpoint: MODEL_DIR when set; else the real Bielik-1.5B-v3.0-Instruct
+#     in models/bielik-1.5b-v3.0-instruct (the folder `make chat MODEL=bielik` and
+#     scripts/download_bielik.sh fill) when it is complete, *instead of* the random one
+#     (same tensors and bytes per token, so the same speed, and the logits check then
+#     runs on the real weights); else models/bielik-shaped-random, made here if absent
+#     (scripts/make_random_checkpoint.py: torch + safetensors). Random weights are only
+#     ever written into that default folder;
+#  2. builds bench_model into its own tree, build-bench (BUILD overrides), so the main
+#     build/ keeps its full chapter set. CHAPTERS defaults to '0[1234578]' (chapters
+#     01-05, 07, 08) in build-bench, and to every chapter in a BUILD you name. After
+#     scripts/gpu_run.sh (or `make bench`) has built build/ in full, BUILD=build reuses
+#     that tree instead of compiling a second one;
+#  3. runs bench_model -> $BUILD/bench/model.json (+ its tables as model_*.csv);
 #  3b. checks the CUDA backend's logits against HF transformers on the same checkpoint
-#     (scripts/compare_hf_logits.py -> build/bench/hf_logits.json);
-#  4. runs the PyTorch baseline -> build/bench/pytorch.json (SKIP_COMPILED=1 skips the
+#     (scripts/compare_hf_logits.py -> $BUILD/bench/hf_logits.json);
+#  4. runs the PyTorch baseline -> $BUILD/bench/pytorch.json (SKIP_COMPILED=1 skips the
 #     torch.compile run, which takes minutes to compile; SKIP_PYTORCH=1 skips the step,
 #     for a quick check of our own numbers);
-#  5. writes docs/benchmarks.md and docs/benchmarks.png (scripts/make_bench_report.py),
-#     and copies them with the JSON files to $OUT when it is set.
+#  5. writes docs/benchmarks.md and docs/benchmarks.png (scripts/make_bench_report.py;
+#     it refuses without model.json, leaves out a baseline from another GPU or checkpoint,
+#     and deletes a stale plot when matplotlib is missing), and copies them with the JSON
+#     files to $OUT when it is set.
 # A failing step is reported and the later steps still run on what exists, so one broken
-# baseline does not lose the project's own numbers.
+# baseline does not lose the project's own numbers; the exit status is then 1. Without
+# model.json there is nothing to report or compare with: the run stops after step 3b.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-model="${MODEL_DIR:-models/bielik-shaped-random}"
-build="${BUILD:-build}"
+cd "$(dirname "$0")/.." || exit 1
+random_model=models/bielik-shaped-random
+bielik_model=models/bielik-1.5b-v3.0-instruct  # the Makefile's BIELIK_DIR
+build="${BUILD:-build-bench}"
+if [ -n "${BUILD:-}" ]; then chapters="${CHAPTERS-}"; else chapters="${CHAPTERS-0[1234578]}"; fi
 bench_dir="$build/bench"
 mkdir -p "$bench_dir"
 status=0
+report_written=0
 step() { echo "== $(date -u +%H:%M:%S) $*"; }
-# Copies what exists so far to $OUT: a run cut short still returns the finished steps.
+# Copies what this run produced so far to $OUT: a run cut short still returns the
+# finished steps, and a report this run did not write (an older docs/benchmarks.md) is
+# never sent as if it were this run's.
 publish() {
   [ -n "${OUT:-}" ] || return 0
   mkdir -p "$OUT"
   # The device tool returns at most 8 files: the report, the plot, the JSON files, and
-  # every CSV table in one archive.
-  cp docs/benchmarks.md docs/benchmarks.png "$bench_dir"/*.json "$OUT"/ 2>/dev/null
-  tar -C "$bench_dir" -cf "$OUT/bench_csv.tar" $(cd "$bench_dir" && ls *.csv 2>/dev/null) 2>/dev/null
+  # bench_model's CSV tables and this run's logs in one archive.
+  if [ "$report_written" = 1 ]; then
+    cp docs/benchmarks.md "$OUT"/
+    [ -f docs/benchmarks.png ] && cp docs/benchmarks.png "$OUT"/
+  fi
+  cp "$bench_dir"/*.json "$OUT"/ 2>/dev/null
+  tar -C "$bench_dir" -cf "$OUT/bench_csv.tar" $(cd "$bench_dir" && ls model_*.csv ./*.log 2>/dev/null) 2>/dev/null
   return 0
 }
+report() {
+  if python3 scripts/make_bench_report.py --bench-dir "$bench_dir" --out docs --checkpoint-kind "$kind"; then
+    report_written=1
+  else
+    echo "report: FAILED (docs/benchmarks.md not written)"
+    status=1
+  fi
+}
 
-step "checkpoint $model"
-if [ ! -f "$model/model.safetensors" ]; then
+# 0. This run's outputs only: the JSON files and bench_model's tables. The chapters'
+# own bench_* CSVs (`make bench` writes them here just before calling this script) stay;
+# the report does not read them.
+rm -f "$bench_dir"/*.json "$bench_dir"/model_*.csv "$bench_dir"/*.log
+
+# Which packages of scripts/requirements-bench.txt python3 lacks (a broken install, such
+# as a torch that cannot find its CUDA libraries, counts as missing).
+missing=$(python3 - <<'EOF'
+import importlib
+lacking = []
+for name in ("torch", "transformers", "safetensors", "matplotlib", "numpy", "ml_dtypes"):
+    try:
+        importlib.import_module(name)
+    except Exception:
+        lacking.append(name)
+print(" ".join(lacking))
+EOF
+)
+has() { local m; for m in "$@"; do case " $missing " in *" $m "*) return 1 ;; esac; done; return 0; }
+# needs <step> <module...>: true when python3 has them all, else says what is missing.
+needs() {
+  local what="$1" m lacking=()
+  shift
+  for m in "$@"; do has "$m" || lacking+=("$m"); done
+  [ ${#lacking[@]} -eq 0 ] && return 0
+  echo "$what: SKIPPED: python3 has no ${lacking[*]} (pip install -r scripts/requirements-bench.txt)"
+  return 1
+}
+if [ -n "$missing" ]; then
+  step "python3 lacks: $missing (scripts/requirements-bench.txt); the steps that need them are skipped"
+  has matplotlib || echo "   without matplotlib the report has no plot and an old docs/benchmarks.png is deleted"
+fi
+
+# Any checkpoint the loader reads: config.json and the weights (one file, or the index
+# and every shard it lists).
+checkpoint_complete() {
+  local shard index="$1/model.safetensors.index.json"
+  [ -s "$1/config.json" ] || return 1
+  if [ -s "$index" ]; then
+    for shard in $(grep -o '"model-[0-9]*-of-[0-9]*\.safetensors"' "$index" | tr -d '"' | sort -u); do
+      [ -s "$1/$shard" ] || return 1
+    done
+    return 0
+  fi
+  [ -s "$1/model.safetensors" ]
+}
+# A complete Bielik download: what scripts/download_bielik.sh checks for (the tokenizer too).
+bielik_complete() {
+  [ -s "$1/tokenizer.json" ] && [ -s "$1/tokenizer_config.json" ] && checkpoint_complete "$1"
+}
+
+# 1. The checkpoint.
+if [ -n "${MODEL_DIR:-}" ]; then
+  model="${MODEL_DIR%/}"
+  kind=given
+  [ "$(realpath -m "$model")" = "$(realpath -m "$random_model")" ] && kind=random
+  [ "$(realpath -m "$model")" = "$(realpath -m "$bielik_model")" ] && kind=real
+elif bielik_complete "$bielik_model"; then
+  model="$bielik_model"
+  kind=real
+else
+  [ -d "$bielik_model" ] && echo "note: $bielik_model is incomplete (bash scripts/download_bielik.sh" \
+    "finishes it): benchmarking the random checkpoint"
+  model="$random_model"
+  kind=random
+fi
+step "checkpoint $model ($kind)"
+if ! checkpoint_complete "$model"; then
+  if [ "$kind" != random ]; then
+    echo "checkpoint: FAILED: $model has no complete checkpoint (config.json + model.safetensors, or" \
+         "model.safetensors.index.json + its shards). Random weights are only made in $random_model."
+    exit 1
+  fi
+  needs "random checkpoint" torch safetensors || { echo "checkpoint: FAILED"; exit 1; }
   python3 scripts/make_random_checkpoint.py --out "$model" || { echo "checkpoint: FAILED"; exit 1; }
 fi
 
-step "build bench_model (CHAPTERS='${CHAPTERS-0[1234578]}')"
-make configure BUILD="$build" CHAPTERS="${CHAPTERS-0[1234578]}" CUDA_ARCH="${CUDA_ARCH:-}" >"$bench_dir/configure.log" 2>&1 \
+# 2. Build.
+step "build bench_model in $build (CHAPTERS='$chapters')"
+make configure BUILD="$build" CHAPTERS="$chapters" CUDA_ARCH="${CUDA_ARCH:-}" >"$bench_dir/configure.log" 2>&1 \
   && cmake --build "$build" --target bench_model -j "$(nproc)" >"$bench_dir/build.log" 2>&1
 if [ $? -ne 0 ]; then
-  tail -40 "$bench_dir/configure.log" "$bench_dir/build.log"
+  tail -n 40 "$bench_dir/configure.log" "$bench_dir/build.log"
   echo "build: FAILED"
   exit 1
 fi
 
+# 3. Our numbers.
 step "bench_model"
 BIELIK_BENCH_DIR="$bench_dir" "$build/chapters/08_bielik/bench_model" --model "$model" --out "$bench_dir/model.json" \
   || { echo "bench_model: FAILED"; status=1; }
 
 step "logits vs HF transformers (same checkpoint)"
-cmake --build "$build" --target dump_logits -j "$(nproc)" >>"$bench_dir/build.log" 2>&1 \
-  && python3 scripts/compare_hf_logits.py --model "$model" --dump-logits "$build/chapters/08_bielik/dump_logits" \
-       --out "$bench_dir/hf_logits.json" \
-  || { echo "compare_hf_logits: FAILED"; status=1; }
+if needs "compare_hf_logits" torch transformers safetensors numpy; then
+  cmake --build "$build" --target dump_logits -j "$(nproc)" >>"$bench_dir/build.log" 2>&1 \
+    && python3 scripts/compare_hf_logits.py --model "$model" --dump-logits "$build/chapters/08_bielik/dump_logits" \
+         --out "$bench_dir/hf_logits.json" \
+    || { echo "compare_hf_logits: FAILED"; status=1; }
+else
+  status=1
+fi
+
+if [ ! -f "$bench_dir/model.json" ]; then
+  # Nothing to compare a baseline with, and the report refuses without it.
+  step "no model.json: no report, no PyTorch baseline (status 1)"
+  publish
+  exit 1
+fi
 
 step "report (our numbers)"
-python3 scripts/make_bench_report.py --bench-dir "$bench_dir" --out docs || status=1
+report
 publish
 
+# 4. The baseline.
 if [ "${SKIP_PYTORCH:-0}" = 1 ]; then
   step "done without the PyTorch baseline (status $status)"
   exit $status
@@ -71,11 +192,16 @@ fi
 step "PyTorch baseline"
 compiled_flag=()
 [ "${SKIP_COMPILED:-0}" = 1 ] && compiled_flag=(--skip-compiled)
-python3 scripts/bench_pytorch.py --model "$model" --out "$bench_dir/pytorch.json" "${compiled_flag[@]}" \
-  || { echo "bench_pytorch: FAILED"; status=1; }
+if needs "bench_pytorch" torch transformers safetensors; then
+  python3 scripts/bench_pytorch.py --model "$model" --out "$bench_dir/pytorch.json" "${compiled_flag[@]}" \
+    || { echo "bench_pytorch: FAILED"; status=1; }
+else
+  status=1
+fi
 
+# 5. The report with the baseline.
 step "report (with the baseline)"
-python3 scripts/make_bench_report.py --bench-dir "$bench_dir" --out docs || status=1
+report
 
 publish
 step "done (status $status)"

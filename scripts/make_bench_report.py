@@ -1,23 +1,44 @@
 """Turns one GPU run's benchmark outputs into docs/benchmarks.md and a PNG plot.
 
-    python scripts/make_bench_report.py --bench-dir build/bench --out docs
+    python scripts/make_bench_report.py --bench-dir build-bench/bench --out docs \
+        [--checkpoint-kind random|real|given]
 
-Reads (whatever is present):
-  model.json     from bench_model (chapter 08): TTFT, decode tokens/s, GB/s, memory, breakdown
-  pytorch.json   from scripts/bench_pytorch.py: the same measurements for HF transformers
-  *.csv          the chapter benchmark tables (BenchTable rows)
+Reads, from --bench-dir (scripts/bench_all.sh clears them at the start of each run, so
+every file there is this run's):
+  model.json      from bench_model (chapter 08): TTFT, decode tokens/s, GB/s, memory,
+                  breakdown. Required: without it nothing is written (exit 1), so an
+                  older report is never replaced by one without our numbers.
+  pytorch.json    from scripts/bench_pytorch.py: the same measurements for HF transformers.
+                  Used only when it names the same GPU and checkpoint as model.json;
+                  otherwise left out with a note (our numbers stand on their own, but a
+                  ratio across GPUs or checkpoints would be meaningless).
+  hf_logits.json  from scripts/compare_hf_logits.py: our logits and transformers-bf16's
+                  against a fp32 reference; same GPU and checkpoint check.
+  model_*.csv     bench_model's tables (BenchTable rows). The chapters' own bench_*
+                  tables in the same folder are not included: this script cannot tell
+                  whether they come from this run.
 Writes docs/benchmarks.md (tables, ratios, the gap to each target) and
-docs/benchmarks.png (decode tokens/s and TTFT side by side) when matplotlib is there.
+docs/benchmarks.png (decode tokens/s and TTFT side by side). Without matplotlib there
+is no plot: a docs/benchmarks.png left from an earlier run is deleted (it would show
+other numbers beside this report), the report says so, and a warning is printed.
 """
 import argparse
 import csv
 import glob
 import json
 import os
+import sys
 from datetime import datetime, timezone
 
 LLAMA_CPP = {"decode_tok_s": 218.0, "prefill_ms": {"512": 16.4, "2048": 63.0},
              "source": "issue 7 anchor: llama.cpp CUDA, F16, flash attention, early-2025 build, same GPU kind"}
+
+CHECKPOINT_KINDS = {
+    "random": "random weights of Bielik's shape (the same tensors and bytes per token as the real model, "
+              "so the same speed; the logits check then tests arithmetic, not language)",
+    "real": "the real Bielik-1.5B-v3.0-Instruct weights",
+    "given": "the checkpoint given to the benchmark",
+}
 
 
 def load_json(path):
@@ -33,117 +54,280 @@ def table(headers, rows):
     return "\n".join(lines)
 
 
-def main():
+def same_device(ours, theirs):
+    """bench_model writes 'NVIDIA H200 (sm_90, 132 SMs, 139 GiB)', torch 'NVIDIA H200'."""
+    if not ours or not theirs:
+        return False
+    return ours == theirs or ours.startswith(theirs + " (")
+
+
+def same_checkpoint(ours, theirs):
+    if not ours or not theirs:
+        return False
+    if os.path.normpath(ours) == os.path.normpath(theirs):
+        return True
+    return os.path.exists(ours) and os.path.exists(theirs) and os.path.samefile(ours, theirs)
+
+
+def comparable(model, other, name):
+    """None when `other` (pytorch.json or hf_logits.json) is from the same GPU and
+    checkpoint as model.json, else the reason it is not, for the report's note."""
+    if not same_device(model.get("device"), other.get("device")):
+        return f"{name} names the GPU '{other.get('device')}', model.json '{model.get('device')}'"
+    if not same_checkpoint(model.get("model"), other.get("model")):
+        if other.get("model") is None:
+            return f"{name} does not name its checkpoint (written by an older script)"
+        return f"{name} names the checkpoint '{other.get('model')}', model.json '{model.get('model')}'"
+    return None
+
+
+def load_pyplot():
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def write_plot(plt, path, model, torch_result, title):
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    names, values = ["this project"], [model["decode_tok_s"]]
+    if torch_result:
+        for key, label in (("decode_eager_tok_s", "PyTorch eager"), ("decode_compiled_tok_s", "PyTorch compiled")):
+            if key in torch_result:
+                names.append(label)
+                values.append(torch_result[key])
+    names.append("llama.cpp (anchor)")
+    values.append(LLAMA_CPP["decode_tok_s"])
+    left.bar(names, values, color=["tab:green"] + ["tab:gray"] * (len(names) - 1))
+    if model.get("floor_ms"):
+        left.axhline(1000 / model["floor_ms"], color="tab:red", linestyle="--", label="bandwidth floor")
+        left.legend()
+    left.set_ylabel("decode tokens/s (higher is better)")
+    left.tick_params(axis="x", labelrotation=20)
+    ns = sorted(model.get("ttft_ms", {}).keys(), key=int)
+    right.plot([int(n) for n in ns], [model["ttft_ms"][n] for n in ns], "o-", label="this project")
+    if torch_result:
+        tp = {str(k): v for k, v in torch_result.get("prefill_ms", {}).items()}
+        right.plot([int(n) for n in ns if n in tp], [tp[n] for n in ns if n in tp], "s-", label="PyTorch eager")
+    right.set_xscale("log", base=2)
+    right.set_yscale("log")
+    right.set_xlabel("prompt tokens")
+    right.set_ylabel("TTFT ms (lower is better)")
+    right.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    # Written beside the final name and renamed: an interrupted run leaves no half plot.
+    partial = path + ".partial.png"
+    fig.savefig(partial, dpi=110)
+    plt.close(fig)
+    os.replace(partial, path)
+
+
+def logits_section(logits):
+    """The 'Logits against HF transformers' section from compare_hf_logits.py's JSON."""
+    out = ["## Logits against HF transformers", ""]
+    out.append(f"The same {logits.get('tokens', '?')}-token random prompt through this project's CUDA backend and "
+               "through transformers' LlamaForCausalLM twice: in bf16 (as its users run it) and in fp32 (the same "
+               "bf16 weights, activations kept in fp32: the reference). Error: the relative norm error of a "
+               "position's logits against fp32, over every position.")
+    out.append("")
+    rows = []
+    for label, error_key, agreement_key in (
+            ("this project (CUDA, bf16)", "ours_vs_fp32", "top1_agreement_ours_vs_fp32"),
+            ("HF transformers, bf16", "hf_bf16_vs_fp32", "top1_agreement_hf_bf16_vs_fp32")):
+        error = logits.get(error_key, {})
+        rows.append([label, "fp32", f"{error.get('max', float('nan')):.4f}", f"{error.get('mean', float('nan')):.4f}",
+                     f"{100 * logits.get(agreement_key, float('nan')):.1f}%"])
+    error = logits.get("ours_vs_hf_bf16", {})
+    rows.append(["this project", "HF transformers, bf16", f"{error.get('max', float('nan')):.4f}",
+                 f"{error.get('mean', float('nan')):.4f}",
+                 f"{100 * logits.get('top1_agreement_ours_vs_hf_bf16', float('nan')):.1f}%"])
+    out.append(table(["logits of", "against", "max rel. error", "mean rel. error", "top-1 token agrees"], rows))
+    out.append("")
+    verdict = "passed" if logits.get("passed") else "**FAILED**"
+    out.append(f"Verdict: {verdict}. The rule: {logits.get('rule', '?')}, tolerance {logits.get('tolerance', '?')}. "
+               "Both bf16 paths round every activation, at different places, so ours is judged by its distance "
+               "to fp32 beside transformers-bf16's own, not by its distance to transformers-bf16.")
+    out.append("")
+    return out
+
+
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--bench-dir", default="build/bench")
+    parser.add_argument("--bench-dir", default="build-bench/bench")
     parser.add_argument("--out", default="docs")
-    args = parser.parse_args()
+    parser.add_argument("--checkpoint-kind", choices=sorted(CHECKPOINT_KINDS), default="given",
+                        help="what the checkpoint is, for the report's wording (bench_all.sh sets it)")
+    args = parser.parse_args(argv)
 
     model = load_json(os.path.join(args.bench_dir, "model.json"))
+    if model is None:
+        print(f"make_bench_report: {os.path.join(args.bench_dir, 'model.json')} is missing (bench_model failed or "
+              f"did not run): not writing {os.path.join(args.out, 'benchmarks.md')}, which keeps its earlier "
+              "report.", file=sys.stderr)
+        return 1
+    notes = []  # what this report leaves out, and why: printed at its top
     torch_result = load_json(os.path.join(args.bench_dir, "pytorch.json"))
+    if torch_result is None:
+        notes.append("PyTorch baseline: not in this report (no pytorch.json: not run yet, skipped, or failed), so "
+                     "no PyTorch column or ratio below.")
+    else:
+        reason = comparable(model, torch_result, "pytorch.json")
+        if reason:
+            notes.append(f"PyTorch baseline left out: {reason}. Ratios are only meaningful on the same GPU "
+                         "and checkpoint.")
+            torch_result = None
+    logits = load_json(os.path.join(args.bench_dir, "hf_logits.json"))
+    if logits is None:
+        notes.append("Logits check against HF transformers: not in this run (no hf_logits.json: skipped or "
+                     "failed before writing it).")
+    else:
+        reason = comparable(model, logits, "hf_logits.json")
+        if reason:
+            notes.append(f"Logits check left out: {reason}.")
+            logits = None
+    plt = load_pyplot()
+    png_path = os.path.join(args.out, "benchmarks.png")
+    if plt is None:
+        notes.append("No plot: matplotlib is not installed where this report was generated "
+                     "(`pip install -r scripts/requirements-bench.txt`).")
+
     out = []
     out.append("# Benchmarks")
     out.append("")
-    out.append(f"Generated by `scripts/make_bench_report.py` from one `make bench` run "
+    out.append(f"Generated by `scripts/make_bench_report.py` from one `scripts/bench_all.sh` run "
                f"({datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}). Batch 1, bf16. "
                "Every number below is a median measured in that run; ratios compare runs on the same GPU.")
     out.append("")
-    if model:
-        out.append(f"Device: {model.get('device', '?')}. Checkpoint: `{model.get('model', '?')}` "
-                   f"({model.get('weights_gb', 0):.2f} GB of weights). Copy bandwidth measured in the same run: "
-                   f"{model.get('copy_gbs', 0):.0f} GB/s, so the decode floor (weights read once per token) is "
-                   f"{model.get('floor_ms', 0):.3f} ms/token = {1000 / model['floor_ms']:.0f} tokens/s."
-                   if model.get("floor_ms") else "")
+    for note in notes:
+        out.append(f"> **Note:** {note}")
         out.append("")
-        out.append("## Decode (one token at a time, KV cache, 256 tokens, EOS ignored)")
+    out.append(f"Device: {model.get('device', '?')}. Checkpoint: `{model.get('model', '?')}` "
+               f"({model.get('weights_gb', 0):.2f} GB of weights): {CHECKPOINT_KINDS[args.checkpoint_kind]}."
+               + (f" Copy bandwidth measured in the same run: {model.get('copy_gbs', 0):.0f} GB/s, so the decode "
+                  f"floor (weights read once per token) is {model['floor_ms']:.3f} ms/token = "
+                  f"{1000 / model['floor_ms']:.0f} tokens/s." if model.get("floor_ms") else ""))
+    out.append("")
+    if plt is not None:
+        out.append("![decode tokens/s and TTFT against the baselines](benchmarks.png)")
         out.append("")
-        rows = [["this project (CUDA graph)", f"{model['decode_tok_s']:.0f}", f"{1000 / model['decode_tok_s']:.3f}",
-                 f"{model.get('decode_gbs', 0):.0f}", f"{model.get('decode_pct_copy', 0):.1f}%", "1.00x"]]
-        if torch_result:
-            for key, label in (("decode_eager_tok_s", "PyTorch + HF transformers, eager"),
-                               ("decode_compiled_tok_s", "PyTorch, StaticCache + torch.compile (CUDA graphs)")):
-                if key in torch_result:
-                    v = torch_result[key]
-                    rows.append([label, f"{v:.0f}", f"{1000 / v:.3f}", "", "",
-                                 f"{model['decode_tok_s'] / v:.2f}x faster"])
-        rows.append(["llama.cpp (anchor from issue 7, not run here)", f"{LLAMA_CPP['decode_tok_s']:.0f}",
-                     f"{1000 / LLAMA_CPP['decode_tok_s']:.3f}", "", "",
-                     f"{model['decode_tok_s'] / LLAMA_CPP['decode_tok_s']:.2f}x faster"])
-        out.append(table(["engine", "tokens/s", "ms/token", "GB/s", "% of copy BW", "this project vs engine"], rows))
-        out.append("")
-        out.append("## Prefill: time to first token")
-        out.append("")
-        eager = {str(k): v for k, v in model.get("ttft_eager_ms", {}).items()}
-        if eager:
-            out.append("A prompt length's first prefill launches its kernels from the host; from its second on, "
-                       "the prefill replays a CUDA graph captured for that length (`CudaModelOptions::prefill_graphs`). "
-                       "The main column is the replay (the median of 7 runs after two warm-ups), the next one every "
-                       "run launched from the host, as a length seen for the first time is.")
-            out.append("")
-        rows = []
-        for n, ms in sorted(model.get("ttft_ms", {}).items(), key=lambda item: int(item[0])):
-            row = [n, f"{ms:.2f}"] + ([f"{eager[str(n)]:.2f}" if str(n) in eager else ""] if eager else []) + \
-                [f"{int(n) / ms * 1000:.0f}"]
-            if torch_result and str(n) in {str(k) for k in torch_result.get("prefill_ms", {})}:
-                t = {str(k): v for k, v in torch_result["prefill_ms"].items()}[str(n)]
-                row += [f"{t:.2f}", f"{t / ms:.2f}x"]
-            else:
-                row += ["", ""]
-            row.append(f"{LLAMA_CPP['prefill_ms'][str(n)]:.1f}" if str(n) in LLAMA_CPP["prefill_ms"] else "")
-            rows.append(row)
-        out.append(table(["prompt tokens", "this project (ms)"] +
-                         (["this project, launched from the host (ms)"] if eager else []) +
-                         ["tokens/s", "PyTorch eager (ms)", "speed-up", "llama.cpp anchor (ms)"], rows))
-        out.append("")
-        if "peak_memory_gb" in model:
-            out.append("## GPU memory")
-            out.append("")
-            out.append(f"Peak {model['peak_memory_gb']:.2f} GB = weights {model.get('weights_gb', 0):.2f} GB + KV cache "
-                       f"{model.get('kv_cache_gb', 0):.2f} GB + other {model['peak_memory_gb'] - model.get('weights_gb', 0) - model.get('kv_cache_gb', 0):.2f} GB.")
-            out.append("")
-        out.append("## Against the targets (issue 7)")
-        out.append("")
-        if "H200" not in model.get("device", ""):
-            # Issue 7's targets and its llama.cpp anchor are H200 figures: on another GPU the
-            # verdicts below compare across cards, which the reader must be told.
-            out.append(f"Issue 7's targets (and the llama.cpp anchor above) are H200 figures; this run is on "
-                       f"{model.get('device', 'another GPU')}, so each verdict compares across GPUs. "
-                       "The percentages of this run's own copy bandwidth are the comparable measure.")
-            out.append("")
-        rows = []
-        decode = model["decode_tok_s"]
-        rows.append(["decode tokens/s", ">= 1150", f"{decode:.0f}", "met" if decode >= 1150 else
-                     f"missed: {decode / 1150:.0%} of the target"])
-        ttft = {str(k): v for k, v in model.get("ttft_ms", {}).items()}.get("512")
-        if ttft is not None:
-            measured = f"{ttft:.2f} ms"
-            if "512" in eager:
-                measured += f" (graph replayed; {eager['512']:.2f} ms launched from the host)"
-            rows.append(["TTFT, 512-token prompt", "<= 4 ms", measured, "met" if ttft <= 4 else
-                         f"missed by {100 * (ttft / 4 - 1):.0f}%"])
-        if "peak_memory_gb" in model and model.get("weights_gb"):
-            base = model["weights_gb"] + model.get("kv_cache_gb", 0)
-            over = 100 * (model["peak_memory_gb"] / base - 1)
-            rows.append(["peak GPU memory", "<= weights + KV cache + 10%", f"+{over:.1f}%",
-                         "met" if over <= 10 else "missed"])
-        out.append(table(["what", "target", "measured", "verdict"], rows))
-        out.append("")
-        if model.get("breakdown"):
-            out.append("## One decode step, per kernel (summed over the layers)")
-            out.append("")
-            total = sum(k["us"] for k in model["breakdown"])
-            out.append(table(["kernel", "us", "% of step", "GB/s"],
-                             [[k["kernel"], f"{k['us']:.1f}", f"{100 * k['us'] / total:.1f}%",
-                               f"{k.get('gbs', 0):.0f}" if k.get("gbs") else ""] for k in model["breakdown"]]))
-            out.append("")
+    decode_tokens = model.get("decode_tokens", 256)
+    out.append(f"## Decode (one token at a time, KV cache, {decode_tokens} tokens, EOS ignored)")
+    out.append("")
+    rows = [["this project (CUDA graph)", f"{model['decode_tok_s']:.0f}", f"{1000 / model['decode_tok_s']:.3f}",
+             f"{model.get('decode_gbs', 0):.0f}", f"{model.get('decode_pct_copy', 0):.1f}%", "1.00x"]]
     if torch_result:
+        for key, label in (("decode_eager_tok_s", "PyTorch + HF transformers, eager"),
+                           ("decode_compiled_tok_s", "PyTorch, StaticCache + torch.compile (CUDA graphs)")):
+            if key in torch_result:
+                v = torch_result[key]
+                rows.append([label, f"{v:.0f}", f"{1000 / v:.3f}", "", "",
+                             f"{model['decode_tok_s'] / v:.2f}x faster"])
+    rows.append(["llama.cpp (anchor from issue 7, not run here)", f"{LLAMA_CPP['decode_tok_s']:.0f}",
+                 f"{1000 / LLAMA_CPP['decode_tok_s']:.3f}", "", "",
+                 f"{model['decode_tok_s'] / LLAMA_CPP['decode_tok_s']:.2f}x faster"])
+    out.append(table(["engine", "tokens/s", "ms/token", "GB/s", "% of copy BW", "this project vs engine"], rows))
+    out.append("")
+    if torch_result and torch_result.get("decode_tokens") not in (None, decode_tokens):
+        out.append(f"PyTorch decoded {torch_result['decode_tokens']} tokens, this project {decode_tokens}.")
+        out.append("")
+    out.append("## Prefill: time to first token")
+    out.append("")
+    eager = {str(k): v for k, v in model.get("ttft_eager_ms", {}).items()}
+    if eager:
+        out.append("A prompt length's first prefill launches its kernels from the host; from its second on, "
+                   "the prefill replays a CUDA graph captured for that length (`CudaModelOptions::prefill_graphs`). "
+                   "The main column is the replay (the median of 7 runs after two warm-ups), the next one every "
+                   "run launched from the host, as a length seen for the first time is.")
+        out.append("")
+    torch_prefill = {str(k): v for k, v in torch_result.get("prefill_ms", {}).items()} if torch_result else {}
+    rows = []
+    for n, ms in sorted(model.get("ttft_ms", {}).items(), key=lambda item: int(item[0])):
+        row = [n, f"{ms:.2f}"] + ([f"{eager[str(n)]:.2f}" if str(n) in eager else ""] if eager else []) + \
+            [f"{int(n) / ms * 1000:.0f}"]
+        if str(n) in torch_prefill:
+            t = torch_prefill[str(n)]
+            row += [f"{t:.2f}", f"{t / ms:.2f}x"]
+        else:
+            row += ["", ""]
+        row.append(f"{LLAMA_CPP['prefill_ms'][str(n)]:.1f}" if str(n) in LLAMA_CPP["prefill_ms"] else "")
+        rows.append(row)
+    out.append(table(["prompt tokens", "this project (ms)"] +
+                     (["this project, launched from the host (ms)"] if eager else []) +
+                     ["tokens/s", "PyTorch eager (ms)", "speed-up", "llama.cpp anchor (ms)"], rows))
+    out.append("")
+    if "peak_memory_gb" in model:
+        out.append("## GPU memory")
+        out.append("")
+        out.append(f"Peak {model['peak_memory_gb']:.2f} GB = weights {model.get('weights_gb', 0):.2f} GB + KV cache "
+                   f"{model.get('kv_cache_gb', 0):.2f} GB + other {model['peak_memory_gb'] - model.get('weights_gb', 0) - model.get('kv_cache_gb', 0):.2f} GB.")
+        out.append("")
+    if logits:
+        out += logits_section(logits)
+    out.append("## Against the targets (issue 7)")
+    out.append("")
+    if "H200" not in model.get("device", ""):
+        # Issue 7's targets and its llama.cpp anchor are H200 figures: on another GPU the
+        # verdicts below compare across cards, which the reader must be told.
+        out.append(f"Issue 7's targets (and the llama.cpp anchor above) are H200 figures; this run is on "
+                   f"{model.get('device', 'another GPU')}, so each verdict compares across GPUs. "
+                   "The percentages of this run's own copy bandwidth are the comparable measure.")
+        out.append("")
+    rows = []
+    decode = model["decode_tok_s"]
+    rows.append(["decode tokens/s", ">= 1150", f"{decode:.0f}", "met" if decode >= 1150 else
+                 f"missed: {decode / 1150:.0%} of the target"])
+    ttft = {str(k): v for k, v in model.get("ttft_ms", {}).items()}.get("512")
+    if ttft is not None:
+        measured = f"{ttft:.2f} ms"
+        if "512" in eager:
+            measured += f" (graph replayed; {eager['512']:.2f} ms launched from the host)"
+        rows.append(["TTFT, 512-token prompt", "<= 4 ms", measured, "met" if ttft <= 4 else
+                     f"missed by {100 * (ttft / 4 - 1):.0f}%"])
+    if logits:
+        rows.append(["logits vs HF transformers", "within bf16 tolerance (the rule above)",
+                     f"max rel. error {logits['ours_vs_fp32']['max']:.3f} against transformers-bf16's "
+                     f"{logits['hf_bf16_vs_fp32']['max']:.3f}, both vs fp32",
+                     "met" if logits.get("passed") else "missed"])
+    if "peak_memory_gb" in model and model.get("weights_gb"):
+        base = model["weights_gb"] + model.get("kv_cache_gb", 0)
+        over = 100 * (model["peak_memory_gb"] / base - 1)
+        rows.append(["peak GPU memory", "<= weights + KV cache + 10%", f"+{over:.1f}%",
+                     "met" if over <= 10 else "missed"])
+    out.append(table(["what", "target", "measured", "verdict"], rows))
+    out.append("")
+    if model.get("breakdown"):
+        out.append("## One decode step, per kernel (summed over the layers)")
+        out.append("")
+        total = sum(k["us"] for k in model["breakdown"])
+        out.append(table(["kernel", "us", "% of step", "GB/s"],
+                         [[k["kernel"], f"{k['us']:.1f}", f"{100 * k['us'] / total:.1f}%",
+                           f"{k.get('gbs', 0):.0f}" if k.get("gbs") else ""] for k in model["breakdown"]]))
+        out.append("")
+    if torch_result:
+        method = []
+        if "prefill_runs" in torch_result:
+            method.append(f"TTFT the median of {torch_result['prefill_runs']} runs after two warm-ups, "
+                          f"{torch_result.get('prefill_last_logits', '?')}, the last position's logits copied "
+                          "to the host")
+        if "decode_runs" in torch_result:
+            method.append(f"decode the median of {torch_result['decode_runs']} runs of "
+                          f"{torch_result.get('decode_tokens', '?')} tokens after an untimed "
+                          f"{torch_result.get('decode_prompt_tokens', '?')}-token prefill")
         out.append(f"PyTorch {torch_result.get('torch')}, transformers {torch_result.get('transformers')}"
+                   + (f"; {'; '.join(method)}" if method else "")
                    + (f"; compiled run failed: `{torch_result['decode_compiled_error']}`"
                       if "decode_compiled_error" in torch_result else "") + ".")
         out.append("")
-    csvs = sorted(glob.glob(os.path.join(args.bench_dir, "*.csv")))
+    # Only bench_model's own tables: bench_all.sh clears model_*.csv before the run, so
+    # these are this run's. Other CSVs in the folder (the chapters' bench_* programs, run
+    # by `make bench`) may be older, so they stay out of a report dated by this run.
+    csvs = sorted(glob.glob(os.path.join(args.bench_dir, "model_*.csv")))
     if csvs:
-        out.append("## Chapter kernels")
+        out.append("## bench_model's tables")
         out.append("")
         for path in csvs:
             with open(path) as f:
@@ -154,46 +338,30 @@ def main():
             out.append("")
             out.append(table(rows[0], rows[1:]))
             out.append("")
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "benchmarks.md"), "w") as f:
-        f.write("\n".join(out) + "\n")
 
-    if model:
-        try:
-            import matplotlib
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
-            return
-        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-        names, values = ["this project"], [model["decode_tok_s"]]
-        if torch_result:
-            for key, label in (("decode_eager_tok_s", "PyTorch eager"), ("decode_compiled_tok_s", "PyTorch compiled")):
-                if key in torch_result:
-                    names.append(label)
-                    values.append(torch_result[key])
-        names.append("llama.cpp (anchor)")
-        values.append(LLAMA_CPP["decode_tok_s"])
-        left.bar(names, values, color=["tab:green"] + ["tab:gray"] * (len(names) - 1))
-        if model.get("floor_ms"):
-            left.axhline(1000 / model["floor_ms"], color="tab:red", linestyle="--", label="bandwidth floor")
-            left.legend()
-        left.set_ylabel("decode tokens/s (higher is better)")
-        left.tick_params(axis="x", labelrotation=20)
-        ns = sorted(model.get("ttft_ms", {}).keys(), key=int)
-        right.plot([int(n) for n in ns], [model["ttft_ms"][n] for n in ns], "o-", label="this project")
-        if torch_result:
-            tp = {str(k): v for k, v in torch_result.get("prefill_ms", {}).items()}
-            right.plot([int(n) for n in ns if n in tp], [tp[n] for n in ns if n in tp], "s-", label="PyTorch eager")
-        right.set_xscale("log", base=2)
-        right.set_yscale("log")
-        right.set_xlabel("prompt tokens")
-        right.set_ylabel("TTFT ms (lower is better)")
-        right.legend()
-        fig.suptitle(f"Bielik-shaped 1.6B, batch 1, bf16, {model.get('device', '')}")
-        fig.tight_layout()
-        fig.savefig(os.path.join(args.out, "benchmarks.png"), dpi=110)
+    os.makedirs(args.out, exist_ok=True)
+    if plt is not None:
+        title = ("Bielik-1.5B-v3.0-Instruct" if args.checkpoint_kind == "real" else
+                 "Bielik-shaped 1.6B, random weights" if args.checkpoint_kind == "random" else
+                 os.path.basename(os.path.normpath(model.get("model", "?"))))
+        write_plot(plt, png_path, model, torch_result, f"{title}, batch 1, bf16, {model.get('device', '')}")
+    elif os.path.exists(png_path):
+        os.remove(png_path)
+        print(f"make_bench_report: WARNING: matplotlib is not installed: deleted {png_path} (an earlier run's "
+              "plot) and wrote the report without one. pip install -r scripts/requirements-bench.txt",
+              file=sys.stderr)
+    else:
+        print("make_bench_report: WARNING: matplotlib is not installed: the report has no plot. "
+              "pip install -r scripts/requirements-bench.txt", file=sys.stderr)
+    for note in notes:
+        print(f"make_bench_report: note: {note}", file=sys.stderr)
+    md_path = os.path.join(args.out, "benchmarks.md")
+    with open(md_path + ".partial", "w") as f:
+        f.write("\n".join(out) + "\n")
+    os.replace(md_path + ".partial", md_path)
+    print(f"make_bench_report: wrote {md_path}" + (f" and {png_path}" if plt is not None else ""))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

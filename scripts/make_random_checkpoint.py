@@ -8,6 +8,11 @@ the same bytes per token as the real Bielik-1.5B-v3.0-Instruct: what a speed ben
 needs. Values: normal(0, 0.02) weights (a common initialisation), small biases, unit
 norm weights, so activations stay in a realistic range. Needs torch + safetensors (the
 GPU machine has both); random numbers are drawn on the GPU when there is one.
+
+model.safetensors is written last, beside its final name and renamed when whole, so a
+folder with that file is complete: an interrupted run leaves none, and the next run
+starts again. Refuses a folder that holds a real checkpoint's files (a tokenizer, a
+shard index), so random weights never land beside real ones.
 """
 import argparse
 import json
@@ -33,6 +38,11 @@ def main():
     if os.path.exists(done) and os.path.exists(os.path.join(args.out, "config.json")):
         print(f"{args.out}: already there")
         return
+    real = [f for f in ("tokenizer.json", "tokenizer_config.json", "model.safetensors.index.json")
+            if os.path.exists(os.path.join(args.out, f))]
+    if real:
+        raise SystemExit(f"make_random_checkpoint: {args.out} holds {', '.join(real)}, a real checkpoint's "
+                         "files: not writing random weights there (choose another --out)")
     with open(args.config) as f:
         cfg = json.load(f)
     cfg = {k: v for k, v in cfg.items() if not k.startswith("_")}
@@ -69,9 +79,21 @@ def main():
                 tensors[p + f"mlp.{name}.bias"] = randn(shape[0], std=0.01)
 
     os.makedirs(args.out, exist_ok=True)
-    save_file(tensors, done, metadata={"format": "pt"})
-    with open(os.path.join(args.out, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=1)
+    # config.json first, the weights last: each written to a partial file and renamed, so
+    # model.safetensors exists only when both are whole. The partial names are fixed, so
+    # a run killed outright leaves one file the next run overwrites, not a pile.
+    config_partial, weights_partial = os.path.join(args.out, ".config.json.partial"), done + ".partial"
+    try:
+        with open(config_partial, "w") as f:
+            json.dump(cfg, f, indent=1)
+        os.replace(config_partial, os.path.join(args.out, "config.json"))
+        save_file(tensors, weights_partial, metadata={"format": "pt"})
+        os.replace(weights_partial, done)
+    except BaseException:  # Ctrl-C included: leave nothing half written
+        for path in (config_partial, weights_partial):
+            if os.path.exists(path):
+                os.remove(path)
+        raise
     params = sum(t.numel() for t in tensors.values())
     print(f"{args.out}: {len(tensors)} tensors, {params:,} parameters, {2 * params / 1e9:.2f} GB bf16")
 

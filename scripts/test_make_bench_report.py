@@ -1,0 +1,210 @@
+"""Tests of scripts/make_bench_report.py on synthetic benchmark outputs (no GPU needed).
+
+    python3 scripts/test_make_bench_report.py
+
+The fixtures follow the writers' schemas (bench_model.cu's JSON at the end of its main,
+scripts/bench_pytorch.py, scripts/compare_hf_logits.py) with round numbers, so every
+expected figure below is worked out by hand. matplotlib is replaced by a stand-in that
+writes a small file (present) or by an import that fails (missing), so both paths run
+whether or not matplotlib is installed.
+"""
+import contextlib
+import io
+import json
+import os
+import sys
+import tempfile
+import types
+import unittest
+from unittest import mock
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import make_bench_report  # noqa: E402
+
+DEVICE = "NVIDIA H200 (sm_90, 132 SMs, 139 GiB)"
+CHECKPOINT = "models/bielik-shaped-random"
+
+
+def model_json():
+    return {"device": DEVICE, "model": CHECKPOINT, "weights_gb": 3.2, "kv_cache_gb": 0.3, "copy_gbs": 4000.0,
+            "floor_ms": 0.8, "ttft_ms": {"16": 2.0, "128": 2.5, "512": 4.0, "2048": 12.0},
+            "ttft_eager_ms": {"16": 2.1, "128": 2.6, "512": 4.2, "2048": 12.5}, "decode_tokens": 256,
+            "decode_tok_s": 1000.0, "decode_gbs": 3200.0, "decode_pct_copy": 80.0, "peak_memory_gb": 3.7,
+            "breakdown": [{"kernel": "gate_up_swiglu", "us": 600.0, "gbs": 2500.0},
+                          {"kernel": "argmax", "us": 400.0}]}
+
+
+def pytorch_json(**changes):
+    result = {"device": "NVIDIA H200", "model": CHECKPOINT, "torch": "2.11.0", "transformers": "5.17.0",
+              "prefill_runs": 7, "prefill_last_logits": "prefill with logits_to_keep=1", "decode_prompt_tokens": 16,
+              "decode_tokens": 256, "decode_runs": 5,
+              "prefill_ms": {"16": 20.0, "128": 20.0, "512": 24.0, "2048": 30.0},
+              "decode_eager_tok_s": 40.0, "decode_compiled_tok_s": 250.0}
+    result.update(changes)
+    return result
+
+
+def logits_json(**changes):
+    result = {"model": CHECKPOINT, "tokens": 64, "device": "NVIDIA H200",
+              "ours_vs_fp32": {"max": 0.035, "mean": 0.02, "first_position": 0.01, "last_position": 0.03},
+              "hf_bf16_vs_fp32": {"max": 0.038, "mean": 0.021, "first_position": 0.01, "last_position": 0.03},
+              "ours_vs_hf_bf16": {"max": 0.05, "mean": 0.03, "first_position": 0.02, "last_position": 0.04},
+              "top1_agreement_ours_vs_fp32": 0.984375, "top1_agreement_hf_bf16_vs_fp32": 0.96875,
+              "top1_agreement_ours_vs_hf_bf16": 0.953125,
+              "rule": "ours_vs_fp32 <= max(tolerance, 1.25 * hf_bf16_vs_fp32) at every position",
+              "tolerance": 0.02, "passed": True}
+    result.update(changes)
+    return result
+
+
+def fake_matplotlib():
+    """A stand-in whose savefig writes a few bytes: enough to see the plot path run."""
+    figure = mock.MagicMock()
+    figure.savefig.side_effect = lambda path, **kwargs: open(path, "wb").write(b"fake png")
+    pyplot = mock.MagicMock()
+    pyplot.subplots.return_value = (figure, (mock.MagicMock(), mock.MagicMock()))
+    matplotlib = types.ModuleType("matplotlib")
+    matplotlib.use = lambda backend: None
+    matplotlib.pyplot = pyplot
+    return {"matplotlib": matplotlib, "matplotlib.pyplot": pyplot}
+
+
+NO_MATPLOTLIB = {"matplotlib": None, "matplotlib.pyplot": None}  # `import matplotlib` raises ImportError
+
+
+class ReportTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.bench = os.path.join(self.tmp.name, "bench")
+        self.docs = os.path.join(self.tmp.name, "docs")
+        os.makedirs(self.bench)
+        os.makedirs(self.docs)
+        # What an earlier run left in docs/: must be replaced, or kept when nothing is written.
+        for name, text in (("benchmarks.md", "OLD REPORT\n"), ("benchmarks.png", "OLD PLOT")):
+            with open(os.path.join(self.docs, name), "w") as f:
+                f.write(text)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def write(self, name, content):
+        with open(os.path.join(self.bench, name), "w") as f:
+            f.write(content if isinstance(content, str) else json.dumps(content))
+
+    def run_report(self, modules, *extra):
+        stderr = io.StringIO()
+        with mock.patch.dict(sys.modules, modules), contextlib.redirect_stderr(stderr), \
+                contextlib.redirect_stdout(io.StringIO()):
+            code = make_bench_report.main(["--bench-dir", self.bench, "--out", self.docs, *extra])
+        return code, stderr.getvalue()
+
+    def read(self, name):
+        with open(os.path.join(self.docs, name)) as f:
+            return f.read()
+
+    def test_normal_report(self):
+        self.write("model.json", model_json())
+        self.write("pytorch.json", pytorch_json())
+        self.write("hf_logits.json", logits_json())
+        self.write("model_decode.csv", "decode path,tokens/s\ngraph,1000\n")
+        self.write("rmsnorm.csv", "version,GB/s\nv1,123456\n")  # a chapter table: not this run's to report
+        code, _ = self.run_report(fake_matplotlib(), "--checkpoint-kind", "random")
+        self.assertEqual(code, 0)
+        md = self.read("benchmarks.md")
+        self.assertNotIn("OLD REPORT", md)
+        self.assertNotIn("> **Note:**", md)
+        # 1000 / 40 = 25, 1000 / 250 = 4, 1000 / 218 = 4.587; TTFT 24 / 4 = 6.
+        self.assertIn("| PyTorch + HF transformers, eager | 40 | 25.000 |  |  | 25.00x faster |", md)
+        self.assertIn("| PyTorch, StaticCache + torch.compile (CUDA graphs) | 250 | 4.000 |  |  | 4.00x faster |", md)
+        self.assertIn("| 512 | 4.00 | 4.20 | 128000 | 24.00 | 6.00x | 16.4 |", md)
+        self.assertIn("## Logits against HF transformers", md)
+        self.assertIn("| this project (CUDA, bf16) | fp32 | 0.0350 | 0.0200 | 98.4% |", md)
+        self.assertIn("| HF transformers, bf16 | fp32 | 0.0380 | 0.0210 | 96.9% |", md)
+        self.assertIn("| this project | HF transformers, bf16 | 0.0500 | 0.0300 | 95.3% |", md)
+        self.assertIn("Verdict: passed.", md)
+        self.assertIn("| logits vs HF transformers |", md)
+        self.assertIn("random weights of Bielik's shape", md)
+        self.assertIn("![decode tokens/s and TTFT against the baselines](benchmarks.png)", md)
+        self.assertIn("### model_decode", md)
+        self.assertNotIn("rmsnorm", md)
+        self.assertIn("median of 5 runs of 256 tokens after an untimed 16-token prefill", md)
+        self.assertEqual(self.read("benchmarks.png"), "fake png")  # the old plot replaced
+        self.assertFalse(os.path.exists(os.path.join(self.docs, "benchmarks.png.partial.png")))
+
+    def test_missing_model_json_is_refused(self):
+        self.write("pytorch.json", pytorch_json())
+        self.write("hf_logits.json", logits_json())
+        code, stderr = self.run_report(fake_matplotlib())
+        self.assertEqual(code, 1)
+        self.assertIn("model.json is missing", stderr)
+        self.assertEqual(self.read("benchmarks.md"), "OLD REPORT\n")
+        self.assertEqual(self.read("benchmarks.png"), "OLD PLOT")
+
+    def test_baselines_from_another_gpu_are_left_out(self):
+        self.write("model.json", model_json())
+        self.write("pytorch.json", pytorch_json(device="NVIDIA H100 80GB HBM3"))
+        self.write("hf_logits.json", logits_json(device="NVIDIA H100 80GB HBM3"))
+        code, stderr = self.run_report(fake_matplotlib())
+        self.assertEqual(code, 0)
+        md = self.read("benchmarks.md")
+        self.assertIn("PyTorch baseline left out: pytorch.json names the GPU 'NVIDIA H100 80GB HBM3'", md)
+        self.assertIn("Logits check left out: hf_logits.json names the GPU 'NVIDIA H100 80GB HBM3'", md)
+        self.assertNotIn("PyTorch + HF transformers, eager |", md)
+        self.assertNotIn("x faster |", md.replace("4.59x faster |", ""))  # only the llama.cpp anchor's ratio
+        self.assertNotIn("| 24.00 |", md)
+        self.assertNotIn("## Logits against HF transformers", md)
+        self.assertIn("PyTorch baseline left out", stderr)
+
+    def test_baseline_of_another_checkpoint_or_unnamed_is_left_out(self):
+        self.write("model.json", model_json())
+        self.write("pytorch.json", pytorch_json(model="models/bielik-1.5b-v3.0-instruct"))
+        self.assertEqual(self.run_report(fake_matplotlib())[0], 0)
+        self.assertIn("names the checkpoint 'models/bielik-1.5b-v3.0-instruct'", self.read("benchmarks.md"))
+        self.assertNotIn("25.00x faster", self.read("benchmarks.md"))
+        old = pytorch_json()
+        del old["model"]  # an older bench_pytorch.py's file (prefill inside its decode timing)
+        self.write("pytorch.json", old)
+        self.assertEqual(self.run_report(fake_matplotlib())[0], 0)
+        self.assertIn("does not name its checkpoint", self.read("benchmarks.md"))
+        self.assertNotIn("25.00x faster", self.read("benchmarks.md"))
+
+    def test_same_checkpoint_spelled_differently_is_kept(self):
+        self.write("model.json", model_json())
+        self.write("pytorch.json", pytorch_json(model="./models/bielik-shaped-random/"))
+        self.assertEqual(self.run_report(fake_matplotlib())[0], 0)
+        self.assertIn("25.00x faster", self.read("benchmarks.md"))
+
+    def test_without_matplotlib_the_stale_plot_goes(self):
+        self.write("model.json", model_json())
+        code, stderr = self.run_report(NO_MATPLOTLIB)
+        self.assertEqual(code, 0)
+        md = self.read("benchmarks.md")
+        self.assertNotIn("OLD REPORT", md)
+        self.assertNotIn("benchmarks.png", md)
+        self.assertIn("No plot: matplotlib is not installed", md)
+        self.assertFalse(os.path.exists(os.path.join(self.docs, "benchmarks.png")))
+        self.assertIn("WARNING: matplotlib is not installed", stderr)
+        self.assertIn("PyTorch baseline: not in this report", md)
+        self.assertIn("Logits check against HF transformers: not in this run", md)
+
+    def test_failed_logits_check_is_reported(self):
+        self.write("model.json", model_json())
+        self.write("hf_logits.json", logits_json(passed=False, ours_vs_fp32={"max": 0.2, "mean": 0.1}))
+        self.assertEqual(self.run_report(NO_MATPLOTLIB)[0], 0)
+        md = self.read("benchmarks.md")
+        self.assertIn("Verdict: **FAILED**.", md)
+        self.assertIn("max rel. error 0.200 against transformers-bf16's 0.038, both vs fp32 | missed |", md)
+
+    def test_real_checkpoint_wording_and_other_gpu_note(self):
+        real = model_json()
+        real["model"] = "models/bielik-1.5b-v3.0-instruct"
+        real["device"] = "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79 GiB)"
+        self.write("model.json", real)
+        self.assertEqual(self.run_report(NO_MATPLOTLIB, "--checkpoint-kind", "real")[0], 0)
+        md = self.read("benchmarks.md")
+        self.assertIn("the real Bielik-1.5B-v3.0-Instruct weights", md)
+        self.assertIn("this run is on NVIDIA H100 80GB HBM3", md)
+
+
+if __name__ == "__main__":
+    unittest.main()
