@@ -22,6 +22,8 @@ bielik_add_test(test_ch08_config_template CHAPTER 08 SOURCES ${loaders_dir}/test
                 LIBS bielik_ch08_loaders)
 bielik_add_test(test_ch08_tokenizer CHAPTER 08 SOURCES ${loaders_dir}/test_tokenizer.cpp
                 LIBS bielik_ch08_loaders GOLDEN 08_tokenizer)
+bielik_add_test(test_ch08_unicode CHAPTER 08 SOURCES ${loaders_dir}/test_unicode_classes.cpp
+                LIBS bielik_ch08_loaders GOLDEN 08_tokenizer)
 # Where models/smollm2-135m-instruct is looked for (optional tests on the real SmolLM2,
 # skipped with a warning until scripts/prepare_smollm2.py has run; BIELIK_SMOLLM2_DIR
 # in the environment overrides the path).

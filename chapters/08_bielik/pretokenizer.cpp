@@ -16,61 +16,12 @@ struct Range {
   uint32_t first, last;
 };
 
-// General category L* (Lu Ll Lt Lm Lo) as ranges, for the blocks named in the comments,
-// taken from the Unicode Character Database. test_tokenizer checks every code point of
-// these blocks against Python's unicodedata (golden/gen_08_tokenizer.py), so a wrong
-// range here fails a test. Outside these blocks a code point is "other" (neither letter
-// nor number): text in scripts not listed (Devanagari, Thai, ...) is then pre-tokenized
-// like punctuation, which yields valid but different (longer) token sequences than HF.
-constexpr Range kLetters[] = {
-    // Basic Latin .. Armenian
-    {0x0041, 0x005A}, {0x0061, 0x007A}, {0x00AA, 0x00AA}, {0x00B5, 0x00B5}, {0x00BA, 0x00BA},
-    {0x00C0, 0x00D6}, {0x00D8, 0x00F6}, {0x00F8, 0x02C1}, {0x02C6, 0x02D1}, {0x02E0, 0x02E4},
-    {0x02EC, 0x02EC}, {0x02EE, 0x02EE}, {0x0370, 0x0374}, {0x0376, 0x0377}, {0x037A, 0x037D},
-    {0x037F, 0x037F}, {0x0386, 0x0386}, {0x0388, 0x038A}, {0x038C, 0x038C}, {0x038E, 0x03A1},
-    {0x03A3, 0x03F5}, {0x03F7, 0x0481}, {0x048A, 0x052F}, {0x0531, 0x0556}, {0x0559, 0x0559},
-    {0x0560, 0x0588},
-    // Hebrew, Arabic
-    {0x05D0, 0x05EA}, {0x05EF, 0x05F2}, {0x0620, 0x064A}, {0x066E, 0x066F}, {0x0671, 0x06D3},
-    {0x06D5, 0x06D5}, {0x06E5, 0x06E6}, {0x06EE, 0x06EF}, {0x06FA, 0x06FC}, {0x06FF, 0x06FF},
-    // Latin Extended Additional, Greek Extended
-    {0x1E00, 0x1F15}, {0x1F18, 0x1F1D}, {0x1F20, 0x1F45}, {0x1F48, 0x1F4D}, {0x1F50, 0x1F57},
-    {0x1F59, 0x1F59}, {0x1F5B, 0x1F5B}, {0x1F5D, 0x1F5D}, {0x1F5F, 0x1F7D}, {0x1F80, 0x1FB4},
-    {0x1FB6, 0x1FBC}, {0x1FBE, 0x1FBE}, {0x1FC2, 0x1FC4}, {0x1FC6, 0x1FCC}, {0x1FD0, 0x1FD3},
-    {0x1FD6, 0x1FDB}, {0x1FE0, 0x1FEC}, {0x1FF2, 0x1FF4}, {0x1FF6, 0x1FFC},
-    // punctuation, super/subscripts, letterlike, number forms, arrows, math, symbols
-    {0x2071, 0x2071}, {0x207F, 0x207F}, {0x2090, 0x209C}, {0x2102, 0x2102}, {0x2107, 0x2107},
-    {0x210A, 0x2113}, {0x2115, 0x2115}, {0x2119, 0x211D}, {0x2124, 0x2124}, {0x2126, 0x2126},
-    {0x2128, 0x2128}, {0x212A, 0x212D}, {0x212F, 0x2139}, {0x213C, 0x213F}, {0x2145, 0x2149},
-    {0x214E, 0x214E}, {0x2183, 0x2184},
-    // CJK punctuation, Hiragana, Katakana
-    {0x3005, 0x3006}, {0x3031, 0x3035}, {0x303B, 0x303C}, {0x3041, 0x3096}, {0x309D, 0x309F},
-    {0x30A1, 0x30FA}, {0x30FC, 0x30FF},
-    // CJK ideographs (Ext A + URO)
-    {0x3400, 0x4DBF}, {0x4E00, 0x9FFF},
-    // Hangul syllables
-    {0xAC00, 0xD7A3},
-    // halfwidth and fullwidth forms
-    {0xFF21, 0xFF3A}, {0xFF41, 0xFF5A}, {0xFF66, 0xFFBE}, {0xFFC2, 0xFFC7}, {0xFFCA, 0xFFCF},
-    {0xFFD2, 0xFFD7}, {0xFFDA, 0xFFDC},
-};
-
-// General category N* (Nd Nl No), same blocks.
-constexpr Range kNumbers[] = {
-    // Basic Latin .. Armenian
-    {0x0030, 0x0039}, {0x00B2, 0x00B3}, {0x00B9, 0x00B9}, {0x00BC, 0x00BE},
-    // Hebrew, Arabic
-    {0x0660, 0x0669}, {0x06F0, 0x06F9},
-    // punctuation, super/subscripts, letterlike, number forms, arrows, math, symbols
-    {0x2070, 0x2070}, {0x2074, 0x2079}, {0x2080, 0x2089}, {0x2150, 0x2182}, {0x2185, 0x2189},
-    {0x2460, 0x249B}, {0x24EA, 0x24FF}, {0x2776, 0x2793},
-    // CJK punctuation, Hiragana, Katakana
-    {0x3007, 0x3007}, {0x3021, 0x3029}, {0x3038, 0x303A},
-    // halfwidth and fullwidth forms
-    {0xFF10, 0xFF19},
-    // emoji and pictographs
-    {0x1F100, 0x1F10C},
-};
+// kLetters (general category L: Lu Ll Lt Lm Lo), kNumbers (N: Nd Nl No) and
+// kUnicodeVersion, generated for every plane from Python's unicodedata by
+// scripts/gen_unicode_tables.py: HF's ByteLevel regex decides by \p{L} and \p{N}, so a
+// letter we called "other" would glue to a following apostrophe ("ﬁ'" "s" where HF
+// gives "ﬁ" "'s"). test_ch08_unicode checks every code point against unicodedata.
+#include "unicode_tables.inc"
 
 template <size_t N>
 bool in_ranges(const Range (&ranges)[N], uint32_t cp) {
@@ -82,9 +33,14 @@ bool in_ranges(const Range (&ranges)[N], uint32_t cp) {
 
 }  // namespace
 
-bool is_letter(uint32_t cp) { return in_ranges(kLetters, cp); }
-bool is_number(uint32_t cp) { return in_ranges(kNumbers, cp); }
+// ASCII, most of the text, skips the binary search over ~650 and ~130 ranges.
+bool is_letter(uint32_t cp) { return cp < 0x80 ? (cp | 0x20) - 'a' < 26 : in_ranges(kLetters, cp); }
+bool is_number(uint32_t cp) { return cp < 0x80 ? cp - '0' < 10 : in_ranges(kNumbers, cp); }
 
+const char* unicode_tables_version() { return kUnicodeVersion; }
+
+// Oniguruma's Unicode \s (U+0009..U+000D, U+0085 and categories Zs Zl Zp), short enough
+// to list; the same set as the White_Space property that Rust's regex \s uses.
 bool is_whitespace(uint32_t cp) {
   return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
          (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||

@@ -22,13 +22,17 @@ namespace bielik {
 
 // --- Unicode classes used by the GPT-2 regex and Digits -------------------------------
 
-/// General category L* (letters). Exact for the blocks listed in pretokenizer.cpp
-/// (Latin, Greek, Cyrillic, Armenian, Hebrew, Arabic, CJK, Hangul, fullwidth, symbols,
-/// emoji); code points outside them count as neither letter nor number.
+/// General category L* (Lu Ll Lt Lm Lo: the regex's \p{L}), every plane, from the
+/// generated unicode_tables.inc. Combining marks (M*) are not letters, as in HF.
 bool is_letter(uint32_t cp);
-/// General category N* (Nd, Nl, No: 0-9, ², ½, Ⅻ, ١, ...), same coverage.
+/// General category N* (Nd, Nl, No: 0-9, ², ½, Ⅻ, ١, ...): \p{N} and Rust's
+/// char::is_numeric (HF's Digits), every plane.
 bool is_number(uint32_t cp);
-/// The Unicode White_Space property (what `\s` means in the Rust regex crate).
+/// The Unicode version of those tables ("14.0.0"): code points assigned after it count
+/// as neither letter nor number (HF's engines use newer tables; see unicode_tables.inc).
+const char* unicode_tables_version();
+/// `\s` of HF's regex engine (Oniguruma, Unicode): U+0009..U+000D, U+0085, Zs, Zl, Zp;
+/// the same set as the White_Space property (`\s` in the Rust regex crate).
 bool is_whitespace(uint32_t cp);
 
 // --- The pieces ------------------------------------------------------------------------
