@@ -7,9 +7,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -61,6 +64,25 @@ std::string expected_answer(const std::string& model = "tiny_smollm") {
 }
 
 const std::string kGreedy = " --temperature 0 --max-new-tokens 12 --threads 2";
+
+// A scratch copy of a tiny model folder whose tokenizer.json is `edit`ed (parsed JSON),
+// removed when the test ends.
+struct EditedModel {
+  std::filesystem::path dir;
+  EditedModel(const std::string& model, const std::string& name,
+              const std::function<void(nlohmann::json&)>& edit) {
+    namespace fs = std::filesystem;
+    dir = fs::temp_directory_path() / ("bielik_cli_" + name + "_" + std::to_string(getpid()));
+    fs::create_directories(dir);
+    for (const char* file : {"config.json", "model.safetensors", "tokenizer_config.json"})
+      fs::copy_file(model_dir(model) + "/" + file, dir / file, fs::copy_options::overwrite_existing);
+    nlohmann::json tokenizer = nlohmann::json::parse(read_file(model_dir(model) + "/tokenizer.json"));
+    edit(tokenizer);
+    std::ofstream(dir / "tokenizer.json") << tokenizer.dump();
+  }
+  ~EditedModel() { std::filesystem::remove_all(dir); }
+  std::string arg() const { return "--model '" + dir.string() + "'"; }
+};
 
 }  // namespace
 
@@ -146,6 +168,29 @@ TEST_CASE("bielik-chat: bad command lines and missing models fail clearly", "[ch
   CHECK(number.status == 2);
   CHECK(contains(number.err, "--temperature expects a number"));
 
+  // Numbers std::stof reads but the sampler cannot use (1 / inf = 0 gave uniform noise;
+  // a NaN was reported after the model had loaded), and out-of-range ones: flag errors,
+  // said before the model is read (the folder does not exist).
+  const struct {
+    const char* flags;
+    const char* expected;
+  } bad_numbers[] = {
+      {"--temperature inf", "--temperature must be a finite number >= 0, got 'inf'"},
+      {"--temperature nan", "--temperature must be a finite number >= 0, got 'nan'"},
+      {"--temperature -1", "--temperature must be a finite number >= 0, got '-1'"},
+      {"--top-k -3", "--top-k must be >= 0 (0 = all), got '-3'"},
+      {"--top-p nan", "--top-p must be in (0, 1], got 'nan'"},
+      {"--top-p inf", "--top-p must be in (0, 1], got 'inf'"},
+      {"--top-p 0", "--top-p must be in (0, 1], got '0'"},
+  };
+  for (const auto& bad : bad_numbers) {
+    Run run = run_chat(std::string("--model /nonexistent/model --prompt hi ") + bad.flags);
+    INFO(bad.flags << "\nstderr: " << run.err);
+    CHECK(run.status == 2);
+    CHECK(contains(run.err, bad.expected));
+    CHECK(contains(run.err, "usage:"));
+  }
+
   // Text that is not UTF-8: a flag's, refused before the model is read (the model
   // folder does not exist here); a typed turn's, by its own offset, and the chat goes on.
   Run bad_prompt = run_chat("--model /nonexistent/model --prompt 'ab\xff'");
@@ -173,6 +218,48 @@ TEST_CASE("bielik-chat: bad command lines and missing models fail clearly", "[ch
   fs::remove_all(partial);
   CHECK(no_tokenizer.status == 1);
   CHECK(contains(no_tokenizer.err, "tokenizer.json"));
+}
+
+TEST_CASE("bielik-chat: another model's tokenizer is refused at load, naming both files", "[ch08][cpu][cli]") {
+  // tiny_smollm (vocab_size 259) with tiny_bielik's tokenizer (ids 0..299).
+  EditedModel mixed("tiny_smollm", "mixed", [](nlohmann::json& tokenizer) {
+    tokenizer = nlohmann::json::parse(read_file(model_dir("tiny_bielik") + "/tokenizer.json"));
+  });
+  Run run = run_chat(mixed.arg() + " --prompt 'Hi!'" + kGreedy);
+  INFO("stderr: " << run.err);
+  CHECK(run.status == 1);
+  CHECK(contains(run.err, "cannot load the model"));
+  CHECK(contains(run.err, (mixed.dir / "tokenizer.json").string() + ": its largest token id is 299"));
+  CHECK(contains(run.err, "config.json's vocab_size is 259"));
+  CHECK(run.out.empty());
+}
+
+TEST_CASE("bielik-chat: a token the tokenizer has no text for fails the turn, the chat goes on", "[ch08][cpu][cli]") {
+  // The reference's first reply token taken out of the tokenizer (a padded vocabulary's
+  // padding id looks the same: a row of the model with no token). It used to escape as
+  // std::out_of_range and abort the program.
+  const std::vector<int32_t> prompt = load_npy(golden_path("08_bielik", "tiny_smollm_chat_prompt.npy")).to_int32();
+  const int32_t first = load_npy(golden_path("08_bielik", "tiny_smollm_chat_reply.npy")).to_int32().at(0);
+  REQUIRE(std::find(prompt.begin(), prompt.end(), first) == prompt.end());  // the prompt still encodes the same
+  const std::string token = Tokenizer::from_file(tiny_dir() + "/tokenizer.json").token_string(first);
+  EditedModel gap("tiny_smollm", "gap", [&](nlohmann::json& tokenizer) { tokenizer["model"]["vocab"].erase(token); });
+  const std::string expected = "the model chose token id " + std::to_string(first) + ", which " +
+                               (gap.dir / "tokenizer.json").string() + " has no token for";
+
+  Run one_shot = run_chat(gap.arg() + " --prompt 'Hi!'" + kGreedy);
+  INFO("stderr: " << one_shot.err);
+  CHECK(one_shot.status == 1);
+  CHECK(contains(one_shot.err, expected));
+
+  // Interactive: each turn fails the same way, and the chat goes on to /stats and the end.
+  Run chat = run_chat(gap.arg() + kGreedy, "Hi!\nHi!\n/stats\n");
+  INFO("stderr: " << chat.err);
+  CHECK(chat.status == 0);
+  const size_t once = chat.err.find(expected);
+  REQUIRE(once != std::string::npos);
+  CHECK(chat.err.find(expected, once + 1) != std::string::npos);
+  CHECK(contains(chat.err, "0 of 96 tokens used"));  // /stats: the failed turns left an empty cache
+  CHECK(contains(chat.err, "turns      0 (0 messages)"));
 }
 
 #endif  // BIELIK_TEST_CHAT_CUDA

@@ -19,8 +19,15 @@ std::string resolve_device(const std::string& requested) {
   if (requested == "cpu") return "cpu";
 #ifdef BIELIK_HAVE_CUDA_BACKEND
   // No driver, or a driver without a device, both read as "no device": cudaGetDeviceCount
-  // fails or counts 0, and the statically linked runtime needs nothing else to say so.
-  const bool have_device = cuda_device_available();
+  // fails or counts 0, and the statically linked runtime needs nothing else to say so. A
+  // GPU whose driver is broken is an error even for "auto", not a quiet fall back to the
+  // far slower CPU backend: the user learns why, and how to choose the CPU.
+  bool have_device = false;
+  try {
+    have_device = cuda_device_available();
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(std::string(e.what()) + "; use --device cpu to run on the CPU");
+  }
   if (requested == "auto") return have_device ? "cuda" : "cpu";
   if (!have_device) {
     throw std::runtime_error("--device cuda: no CUDA device found (no GPU, or no NVIDIA driver); use --device cpu");

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -110,15 +111,19 @@ Args parse_args(int argc, char** argv) {
       args.max_new_tokens = parse_int(flag, value);
       if (args.max_new_tokens < 1) throw UsageError("--max-new-tokens must be at least 1");
     } else if (flag == "--temperature") {
+      // std::stof reads "inf" and "nan": refused here, before a model is loaded.
       args.sampling.temperature =
           parse_number<float>(flag, value, [](const std::string& s, size_t* used) { return std::stof(s, used); });
-      if (args.sampling.temperature < 0) throw UsageError("--temperature must be >= 0");
+      if (!(std::isfinite(args.sampling.temperature) && args.sampling.temperature >= 0))
+        throw UsageError("--temperature must be a finite number >= 0, got '" + value + "'");
     } else if (flag == "--top-k") {
       args.sampling.top_k = parse_int(flag, value);
+      if (args.sampling.top_k < 0) throw UsageError("--top-k must be >= 0 (0 = all), got '" + value + "'");
     } else if (flag == "--top-p") {
       args.sampling.top_p =
           parse_number<float>(flag, value, [](const std::string& s, size_t* used) { return std::stof(s, used); });
-      if (!(args.sampling.top_p > 0 && args.sampling.top_p <= 1)) throw UsageError("--top-p must be in (0, 1]");
+      if (!(args.sampling.top_p > 0 && args.sampling.top_p <= 1))  // also false for NaN
+        throw UsageError("--top-p must be in (0, 1], got '" + value + "'");
     } else if (flag == "--seed") {
       args.sampling.seed = parse_number<uint64_t>(
           flag, value, [](const std::string& s, size_t* used) { return uint64_t(std::stoull(s, used)); });
@@ -187,22 +192,30 @@ void print_session_stats(const ChatSession& session, Backend& backend, const Arg
   }
 }
 
-// One turn with streaming output; false when the turn did not fit in the context.
-bool answer(ChatSession& session, const std::string& text, const Args& args, Totals& totals) {
+// One turn with streaming output. Returns the exit status a one-shot run ends with: 0
+// answered, 3 the turn did not fit in the context, 1 it failed. A failed turn leaves
+// the conversation as it was before it (ChatSession::reply), so the chat can go on.
+int answer(ChatSession& session, const std::string& text, const Args& args, Totals& totals) {
   g_interrupted = false;
   TurnStats stats;
+  bool wrote = false;  // part of an answer is on stdout
   try {
-    stats = session.reply(text, args.max_new_tokens, [](const std::string& piece) {
+    stats = session.reply(text, args.max_new_tokens, [&wrote](const std::string& piece) {
       std::fwrite(piece.data(), 1, piece.size(), stdout);
       std::fflush(stdout);
+      wrote = true;
     }, &g_interrupted);
   } catch (const std::length_error& e) {
     std::fprintf(stderr, "bielik-chat: %s.\n", e.what());
     std::fprintf(stderr, "Type /reset to start a new conversation, or send something shorter.\n");
-    return false;
-  } catch (const std::invalid_argument& e) {  // e.g. input that is not UTF-8: nothing was run yet
+    return 3;
+  } catch (const std::exception& e) {
+    // Text that is not UTF-8 (refused before anything ran), or a failure while the
+    // answer was being written: a NaN logit, a token the tokenizer has no text for.
+    if (wrote) std::fputc('\n', stdout);
+    std::fflush(stdout);
     std::fprintf(stderr, "bielik-chat: %s\n", e.what());
-    return false;
+    return 1;
   }
   g_interrupted = false;
   std::fputc('\n', stdout);
@@ -212,7 +225,7 @@ bool answer(ChatSession& session, const std::string& text, const Args& args, Tot
   totals.prompt_tokens += stats.prompt_tokens;
   totals.generated_tokens += stats.generated_tokens;
   totals.last = stats;
-  return true;
+  return 0;
 }
 
 int repl(ChatSession& session, Backend& backend, const Args& args) {
@@ -304,7 +317,7 @@ int main(int argc, char** argv) {
 
   if (args.one_shot) {
     Totals totals;
-    return answer(*session, args.prompt, args, totals) ? 0 : 3;
+    return answer(*session, args.prompt, args, totals);
   }
   std::fprintf(stderr, "bielik-chat: %s on %s, context %d tokens. /reset /stats /quit; Ctrl-C stops an answer.\n",
                args.model.c_str(), backend->name().c_str(), backend->context_size());

@@ -35,10 +35,27 @@ ChatSession::ChatSession(Backend& backend, const Tokenizer& tokenizer, const Cha
   if (std::string bad = utf8::invalid_description("the system prompt", system_prompt_); !bad.empty()) {
     throw std::invalid_argument(bad);
   }
+  // The tokenizer's ids index the model's embedding rows: a tokenizer with more tokens
+  // than the model has rows belongs to another model. Fewer is normal (a vocabulary
+  // padded to a round size); the padding ids have no text (see reply()).
+  const int vocab_size = backend_.config().vocab_size;
+  if (tokenizer_.vocab_size() > vocab_size) {
+    throw std::runtime_error(tokenizer_.path() + ": its largest token id is " +
+                             std::to_string(tokenizer_.vocab_size() - 1) + ", but config.json's vocab_size is " +
+                             std::to_string(vocab_size) + ": the tokenizer does not belong to this model");
+  }
+  // A reply ends at the template's <|im_end|> or at config.json's eos ids. A tokenizer
+  // without <|im_end|> can still end turns with an eos id (the model then writes the
+  // marker as plain text first); with neither, every reply would run to the token limit.
   const int32_t stop = tokenizer_.token_to_id(template_.stop_token());
   if (stop >= 0) stop_ids_.push_back(stop);
   for (int eos : backend_.config().eos_token_ids) {
     if (std::find(stop_ids_.begin(), stop_ids_.end(), eos) == stop_ids_.end()) stop_ids_.push_back(eos);
+  }
+  if (stop_ids_.empty()) {
+    throw std::runtime_error(tokenizer_.path() + " has no token '" + template_.stop_token() +
+                             "' (the chat template's end of turn) and config.json has no eos_token_id: "
+                             "no token could end a reply");
   }
   if (template_.add_bos()) {
     bos_id_ = tokenizer_.token_to_id(template_.bos_token());
@@ -98,6 +115,7 @@ TurnStats ChatSession::reply(const std::string& user_text, int max_new_tokens,
 
   // 2. Prefill. The backend checks the fit before touching its cache; a rebuild checks
   //    it here, before reset() throws the old cache away.
+  const std::vector<int32_t> tokens_before = tokens_;
   if (stats.full_reprefill) {
     if (feed.size() > size_t(backend_.context_size())) {
       throw std::length_error("prompt of " + std::to_string(feed.size()) + " tokens exceeds the context of " +
@@ -107,51 +125,73 @@ TurnStats ChatSession::reply(const std::string& user_text, int max_new_tokens,
     tokens_.clear();
   }
   std::vector<float> logits = backend_.prefill(feed);
+  const size_t messages_before = messages_.size();
+  const std::string rendered_before = rendered_;
   messages_ = std::move(next);
   rendered_ = full;
   tokens_.insert(tokens_.end(), fresh.begin(), fresh.end());
   stats.prompt_tokens = int(feed.size());
 
-  // 3. Generate: sample, stream, feed the token back, until a stop.
-  StreamDecoder stream(tokenizer_);
-  std::vector<int32_t> reply_ids;
-  int32_t id = sampler_.sample(logits);  // the first token, from the prompt's logits
-  for (;;) {
-    if (reply_ids.empty()) stats.ttft_seconds = seconds_since(start);
-    if (is_stop(id)) {
-      stats.stop = StopReason::kEndOfTurn;
-      break;
+  try {
+    // 3. Generate: sample, stream, feed the token back, until a stop.
+    StreamDecoder stream(tokenizer_);
+    std::vector<int32_t> reply_ids;
+    int32_t id = sampler_.sample(logits);  // the first token, from the prompt's logits
+    for (;;) {
+      if (reply_ids.empty()) stats.ttft_seconds = seconds_since(start);
+      if (is_stop(id)) {
+        stats.stop = StopReason::kEndOfTurn;
+        break;
+      }
+      reply_ids.push_back(id);
+      tokens_.push_back(id);  // pending until decoded below (or by the next turn's prefill)
+      std::string piece;
+      try {
+        piece = stream.push(id);
+      } catch (const std::out_of_range&) {  // a padding id of a padded vocabulary: no text to show
+        throw std::runtime_error("the model chose token id " + std::to_string(id) + ", which " + tokenizer_.path() +
+                                 " has no token for (config.json's vocab_size is " +
+                                 std::to_string(backend_.config().vocab_size) + ", the tokenizer's " +
+                                 std::to_string(tokenizer_.vocab_size()) + ")");
+      }
+      if (!piece.empty()) on_text(piece);
+      if (int(reply_ids.size()) >= max_new_tokens) {
+        stats.stop = StopReason::kTokenLimit;
+        break;
+      }
+      if (interrupt != nullptr && interrupt->load()) {
+        stats.stop = StopReason::kInterrupted;
+        break;
+      }
+      if (backend_.position() >= backend_.context_size()) {
+        stats.stop = StopReason::kContextFull;
+        break;
+      }
+      const Clock::time_point step = Clock::now();
+      id = backend_.decode_sample(id, sampler_);  // the step and the next draw (on the GPU with CUDA)
+      stats.decode_seconds += seconds_since(step);
+      ++stats.decode_steps;
     }
-    reply_ids.push_back(id);
-    tokens_.push_back(id);  // pending until decoded below (or by the next turn's prefill)
-    const std::string piece = stream.push(id);
-    if (!piece.empty()) on_text(piece);
-    if (int(reply_ids.size()) >= max_new_tokens) {
-      stats.stop = StopReason::kTokenLimit;
-      break;
-    }
-    if (interrupt != nullptr && interrupt->load()) {
-      stats.stop = StopReason::kInterrupted;
-      break;
-    }
-    if (backend_.position() >= backend_.context_size()) {
-      stats.stop = StopReason::kContextFull;
-      break;
-    }
-    const Clock::time_point step = Clock::now();
-    id = backend_.decode_sample(id, sampler_);  // the step and the next draw (on the GPU with CUDA)
-    stats.decode_seconds += seconds_since(step);
-    ++stats.decode_steps;
-  }
-  const std::string tail = stream.flush();
-  if (!tail.empty()) on_text(tail);
+    const std::string tail = stream.flush();
+    if (!tail.empty()) on_text(tail);
 
-  // 4. The reply joins the conversation as exactly the text of its tokens, so the next
-  //    turn's rendering starts with rendered_ again.
-  const std::string reply_text = tokenizer_.decode(reply_ids);
-  messages_.push_back({"assistant", reply_text});
-  rendered_ += reply_text;
-  stats.generated_tokens = int(reply_ids.size());
+    // 4. The reply joins the conversation as exactly the text of its tokens, so the next
+    //    turn's rendering starts with rendered_ again.
+    const std::string reply_text = tokenizer_.decode(reply_ids);
+    messages_.push_back({"assistant", reply_text});
+    rendered_ += reply_text;
+    stats.generated_tokens = int(reply_ids.size());
+  } catch (...) {
+    // The turn failed after its prefill (a NaN logit, a token with no text, a backend
+    // error): the conversation goes back to before the call. The cache cannot drop its
+    // newest tokens, so it is emptied; the next turn then finds position() == 0 and
+    // prefills tokens_ from the start.
+    messages_.resize(messages_before);
+    rendered_ = rendered_before;
+    tokens_ = tokens_before;
+    backend_.reset();
+    throw;
+  }
   return stats;
 }
 

@@ -53,7 +53,11 @@ class ChatSession {
  public:
   /// All references must outlive the session. `system_prompt` empty: none of our own
   /// (the template may still insert its default one, as SmolLM2's does); one that is not
-  /// valid UTF-8 is refused (std::invalid_argument naming the byte).
+  /// valid UTF-8 is refused (std::invalid_argument naming the byte). Throws
+  /// std::runtime_error naming tokenizer.json when its ids go past config.json's
+  /// vocab_size (another model's tokenizer; a model vocabulary larger than the
+  /// tokenizer's is fine), or when no token can end a reply (neither the template's
+  /// <|im_end|> nor an eos id from config.json).
   ChatSession(Backend& backend, const Tokenizer& tokenizer, const ChatTemplate& chat_template,
               const SamplerOptions& sampling, const std::string& system_prompt = "");
 
@@ -62,7 +66,11 @@ class ChatSession {
   /// UTF-8. Stops early when `interrupt` (may be null) becomes true. Throws
   /// std::length_error when the new turn does not fit in the context, and
   /// std::invalid_argument naming the byte when `user_text` is not valid UTF-8; the
-  /// conversation and the cache are then exactly as before the call.
+  /// conversation and the cache are then exactly as before the call. An error while
+  /// the reply is generated (a NaN logit: std::invalid_argument from the sampler; a
+  /// token the tokenizer has no text for, as a padded vocabulary's padding ids:
+  /// std::runtime_error) is rethrown with the conversation as before the call and the
+  /// cache emptied: the next turn prefills the whole conversation again.
   TurnStats reply(const std::string& user_text, int max_new_tokens,
                   const std::function<void(const std::string&)>& on_text,
                   const std::atomic<bool>* interrupt = nullptr);

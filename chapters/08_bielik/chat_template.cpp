@@ -42,25 +42,29 @@ std::string unescape_jinja(const std::string& text) {
 // A template that writes a fixed system turn when the conversation has none (SmolLM2)
 // contains the literal "<|im_start|>system\n...<|im_end|>". The per-message part writes
 // "'<|im_start|>' + message['role']" instead, so a literal system turn is the default.
+// Some templates (Qwen2.5's form) first write the caller's system message,
+// "'<|im_start|>system\n' + messages[0]['content'] + ...", and the fixed default in the
+// else-branch after it: so every "<|im_start|>system" is looked at, the first fixed one wins.
 std::string find_default_system(const std::string& source) {
   const std::string head = "<|im_start|>system";
-  size_t at = source.find(head);
-  if (at == std::string::npos) return "";
-  size_t text_start = at + head.size();
-  if (source.compare(text_start, 1, "\n") == 0)
-    text_start += 1;
-  else if (source.compare(text_start, 2, "\\n") == 0)
-    text_start += 2;
-  else
-    return "";
-  size_t end = source.find("<|im_end|>", text_start);
-  if (end == std::string::npos) return "";
-  std::string text = source.substr(text_start, end - text_start);
-  // Anything computed (Jinja expressions, string concatenation) is not a fixed prompt.
-  if (text.find("{{") != std::string::npos || text.find("{%") != std::string::npos ||
-      text.find("' +") != std::string::npos || text.find("message") != std::string::npos)
-    return "";
-  return unescape_jinja(text);
+  for (size_t at = source.find(head); at != std::string::npos; at = source.find(head, at + head.size())) {
+    size_t text_start = at + head.size();
+    if (source.compare(text_start, 1, "\n") == 0)
+      text_start += 1;
+    else if (source.compare(text_start, 2, "\\n") == 0)
+      text_start += 2;
+    else
+      continue;
+    size_t end = source.find("<|im_end|>", text_start);
+    if (end == std::string::npos) return "";
+    std::string text = source.substr(text_start, end - text_start);
+    // Anything computed (Jinja expressions, string concatenation) is not a fixed prompt.
+    if (text.find("{{") != std::string::npos || text.find("{%") != std::string::npos ||
+        text.find("' +") != std::string::npos || text.find("message") != std::string::npos)
+      continue;
+    return unescape_jinja(text);
+  }
+  return "";
 }
 
 }  // namespace

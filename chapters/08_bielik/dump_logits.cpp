@@ -7,6 +7,7 @@
 //
 // Writes (T, V) float32. Errors (missing model, bad ids, a prompt beyond the context)
 // print one line naming the problem and exit 1.
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -29,8 +30,19 @@ std::vector<int32_t> parse_ids(const std::string& text) {
   while (std::getline(stream, item, ',')) {
     if (item.empty()) continue;
     size_t used = 0;
-    long value = std::stol(item, &used);
-    if (used != item.size()) throw std::invalid_argument("--tokens: '" + item + "' is not an integer");
+    long long value = -1;  // std::stoll's own errors say only "stoll": ours name the item
+    try {
+      value = std::stoll(item, &used);
+    } catch (const std::out_of_range&) {  // digits, but past 64 bits: refused as an id below
+      used = item.size();
+    } catch (const std::invalid_argument&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size()) throw std::invalid_argument("--tokens: '" + item + "' is not an integer");
+    // A cast would wrap 4294967301 to 5, a valid id: ids are checked against the
+    // vocabulary by the backend, but only after they are int32.
+    if (value < 0 || value > INT32_MAX)
+      throw std::invalid_argument("--tokens: '" + item + "' is not a token id (0 to 2147483647)");
     ids.push_back(static_cast<int32_t>(value));
   }
   if (ids.empty()) throw std::invalid_argument("--tokens: no ids given");

@@ -131,9 +131,15 @@ ModelConfig load_model_config(const std::string& path) {
   require_positive("num_key_value_heads", c.num_key_value_heads);
   require_positive("vocab_size", c.vocab_size);
   require_positive("max_position_embeddings", c.max_position_embeddings);
-  if (!(c.rope_theta > 0.0f)) read.fail("key 'rope_theta' must be positive, got " + std::to_string(c.rope_theta));
-  if (!(c.rms_norm_eps >= 0.0f))
-    read.fail("key 'rms_norm_eps' must not be negative, got " + std::to_string(c.rms_norm_eps));
+  // RoPE divides by powers of rope_theta; RMSNorm adds eps under a square root, and an
+  // all-zero row would divide by zero with eps 0. (<< prints 1e-06, not to_string's 0.000001.)
+  auto require_positive_number = [&](const char* key, float value) {
+    std::ostringstream text;
+    text << value;
+    if (!(value > 0.0f)) read.fail(std::string("key '") + key + "' must be positive, got " + text.str());
+  };
+  require_positive_number("rope_theta", c.rope_theta);
+  require_positive_number("rms_norm_eps", c.rms_norm_eps);
 
   if (c.num_attention_heads % c.num_key_value_heads != 0)
     read.fail("num_attention_heads (" + std::to_string(c.num_attention_heads) +
@@ -149,8 +155,6 @@ ModelConfig load_model_config(const std::string& path) {
   require_positive("head_dim", c.head_dim);
   if (c.head_dim % 2 != 0)
     read.fail("key 'head_dim' must be even for rotate-half RoPE, got " + std::to_string(c.head_dim));
-  if (!(c.rope_theta > 0.0f)) read.fail("key 'rope_theta' must be positive");
-  if (!(c.rms_norm_eps > 0.0f)) read.fail("key 'rms_norm_eps' must be positive");
 
   if (c.bos_token_id >= c.vocab_size)
     read.fail("key 'bos_token_id' = " + std::to_string(c.bos_token_id) + " is outside the vocabulary (vocab_size " +

@@ -36,7 +36,7 @@ struct ModelConfig {
 /// hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, vocab_size.
 /// Throws std::runtime_error naming the file and the key: missing/mistyped keys,
 /// numbers that do not fit (an integer beyond int, a float beyond float), non-positive
-/// sizes or rope_theta, a negative rms_norm_eps, H % Hkv != 0, odd head_dim, a non-null
+/// sizes, rope_theta or rms_norm_eps, H % Hkv != 0, odd head_dim, a non-null
 /// rope_scaling (not implemented), unparsable JSON, missing file.
 ModelConfig load_model_config(const std::string& config_json_path);
 

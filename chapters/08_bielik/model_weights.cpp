@@ -1,5 +1,6 @@
 #include "model_weights.hpp"
 
+#include <set>
 #include <stdexcept>
 
 namespace bielik {
@@ -64,6 +65,38 @@ ModelWeights map_model_weights(const Checkpoint& checkpoint, const ModelConfig& 
   // A tied head reuses the embedding matrix (SmolLM2). Some tied checkpoints still
   // carry a copy named lm_head.weight; HF ignores it, and so do we.
   w.lm_head = config.tie_word_embeddings ? w.embed : &checkpoint.tensor_checked("lm_head.weight", "BF16", {V, C});
+
+  // Every tensor of the checkpoint must have been used: layers past num_hidden_layers
+  // (a config edited or taken from a smaller sibling) would otherwise load and babble.
+  // Tolerated: the tied copy of lm_head above, and the RoPE frequency buffers older
+  // exports saved (self_attn.rotary_emb.inv_freq), which we compute from rope_theta.
+  std::set<std::string> used;
+  auto use = [&](const TensorView* t) {
+    if (t != nullptr) used.insert(t->name);
+  };
+  use(w.embed), use(w.final_norm), use(w.lm_head);
+  for (const LayerWeights& l : w.layers)
+    for (const TensorView* t : {l.input_norm, l.wq, l.bq, l.wk, l.bk, l.wv, l.bv, l.wo, l.bo, l.post_norm, l.w_gate,
+                                l.b_gate, l.w_up, l.b_up, l.w_down, l.b_down})
+      use(t);
+  auto tolerated = [&](const std::string& name) {
+    const std::string inv_freq = ".rotary_emb.inv_freq";
+    const bool ends_inv_freq =
+        name.size() > inv_freq.size() && name.compare(name.size() - inv_freq.size(), inv_freq.size(), inv_freq) == 0;
+    return ends_inv_freq || (config.tie_word_embeddings && name == "lm_head.weight");
+  };
+  std::vector<std::string> extra;
+  for (const std::string& name : checkpoint.names())
+    if (used.count(name) == 0 && !tolerated(name)) extra.push_back(name);
+  if (!extra.empty()) {
+    std::string listed;
+    for (size_t i = 0; i < extra.size() && i < 3; ++i) listed += (i ? ", '" : "'") + extra[i] + "'";
+    if (extra.size() > 3) listed += " and " + std::to_string(extra.size() - 3) + " more";
+    throw std::runtime_error(checkpoint.file_of(extra.front()) + ": " + std::to_string(extra.size()) +
+                             " tensors are not part of the model config.json describes (num_hidden_layers " +
+                             std::to_string(config.num_hidden_layers) + "): " + listed +
+                             "; is config.json this checkpoint's own?");
+  }
   return w;
 }
 

@@ -20,7 +20,9 @@
 /// The attention biases exist iff config.attention_bias (Bielik: true, SmolLM2: false),
 /// the MLP biases iff config.mlp_bias. "iff" both ways: a missing bias would be a crash
 /// later, an unexpected one would be silently ignored and give wrong text, so both are
-/// load errors here. Every tensor must be BF16.
+/// load errors here. Every tensor must be BF16. For the same reason a tensor the config
+/// does not use (layers past num_hidden_layers) is an error; only a tied model's copy of
+/// lm_head.weight and saved RoPE buffers (*.rotary_emb.inv_freq) are ignored.
 #pragma once
 
 #include <string>
@@ -63,7 +65,8 @@ struct ModelWeights {
 /// load_model_config, which has already checked its sizes (positive, H divisible by
 /// Hkv, even D). Throws std::runtime_error naming the
 /// tensor, its shape and the expected shape; for a bias that disagrees with the
-/// config, naming the bias and the config flag.
+/// config, naming the bias and the config flag; for tensors the config does not use,
+/// naming the file and the first few of them.
 ModelWeights map_model_weights(const Checkpoint& checkpoint, const ModelConfig& config);
 
 }  // namespace bielik

@@ -36,7 +36,12 @@ int32_t argmax(const float* logits, int V) {
 }
 
 Sampler::Sampler(const SamplerOptions& options) : options_(options), engine_(options.seed) {
-  if (std::isnan(options.temperature)) throw std::invalid_argument("sampler: temperature is NaN");
+  // An infinite temperature makes 1 / temperature 0 and (logit - max) * 0 NaN for a
+  // -inf logit: uniform noise or NaN probabilities, never what was asked for.
+  if (!std::isfinite(options.temperature)) {
+    throw std::invalid_argument("sampler: temperature must be a finite number, got " +
+                                std::to_string(options.temperature));
+  }
   if (!(options.top_p > 0.0f && options.top_p <= 1.0f)) {
     throw std::invalid_argument("sampler: top_p must be in (0, 1], got " + std::to_string(options.top_p));
   }
@@ -140,11 +145,15 @@ int32_t Sampler::sample_with_uniform(const float* logits, int V, double u) const
   }
   const std::vector<std::pair<int32_t, double>> pool = candidates(logits, V);
   double cumulative = 0;
+  int32_t last_possible = pool.front().first;  // the most likely: its probability is > 0
   for (const auto& candidate : pool) {
     cumulative += candidate.second;
     if (u < cumulative) return candidate.first;
+    if (candidate.second > 0) last_possible = candidate.first;
   }
-  return pool.back().first;  // u landed in the rounding slack of the sum
+  // u landed in the rounding slack of the sum. The pool may end in tokens of probability
+  // 0 (top-k keeps k even when fewer have any mass: -inf logits, exp underflow).
+  return last_possible;
 }
 
 }  // namespace bielik

@@ -22,7 +22,7 @@
 namespace bielik {
 
 struct SamplerOptions {
-  float temperature = 0.0f;  ///< <= 0: greedy
+  float temperature = 0.0f;  ///< <= 0: greedy; finite
   int top_k = 0;             ///< <= 0: no limit
   float top_p = 1.0f;        ///< in (0, 1]; 1: no limit
   uint64_t seed = 0;
@@ -30,7 +30,8 @@ struct SamplerOptions {
 
 class Sampler {
  public:
-  /// Throws std::invalid_argument for top_p outside (0, 1] or a NaN temperature.
+  /// Throws std::invalid_argument for top_p outside (0, 1] or a temperature that is NaN
+  /// or infinite.
   explicit Sampler(const SamplerOptions& options);
 
   /// The next token for `logits` (V). Throws std::invalid_argument when a logit is NaN

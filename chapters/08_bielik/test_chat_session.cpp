@@ -2,6 +2,9 @@
 // tokenizer and a ChatML template): the first turn against the numpy reference, and
 // the multi-turn KV-cache reuse against a from-scratch run of the same tokens.
 #include <atomic>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -62,6 +65,44 @@ struct ConversationState {
     CHECK(session.messages().size() == messages);
     CHECK(model.position() == position);
   }
+};
+
+// A backend that plays a script instead of running a model: each prefill or decode
+// returns logits (V) whose argmax is the script's next id (every logit NaN for kNan),
+// and the tokens it is fed stay in `fed` until reset(), as a KV cache holds them.
+constexpr int32_t kNan = -1;
+
+class ScriptedBackend : public Backend {
+ public:
+  ScriptedBackend(int vocab_size, std::vector<int> eos_ids) {
+    config_.vocab_size = vocab_size;
+    config_.eos_token_ids = std::move(eos_ids);
+  }
+  std::vector<float> prefill(const std::vector<int32_t>& tokens, Logits = Logits::kLast) override {
+    if (tokens.empty()) throw std::invalid_argument("empty prompt");
+    if (fed.size() + tokens.size() > size_t(context_size())) throw std::length_error("does not fit");
+    for (int32_t token : tokens)
+      if (token < 0 || token >= config_.vocab_size) throw std::out_of_range("token id " + std::to_string(token));
+    fed.insert(fed.end(), tokens.begin(), tokens.end());
+    if (script.empty()) throw std::logic_error("the test's script ran out");
+    const int32_t next = script.front();
+    script.erase(script.begin());
+    std::vector<float> logits(size_t(config_.vocab_size), next == kNan ? NAN : 0.0f);
+    if (next != kNan) logits[size_t(next)] = 1.0f;
+    return logits;
+  }
+  std::vector<float> decode(int32_t token) override { return prefill({token}); }
+  void reset() override { fed.clear(); }
+  int position() const override { return int(fed.size()); }
+  int context_size() const override { return 256; }
+  const ModelConfig& config() const override { return config_; }
+  std::string name() const override { return "scripted"; }
+
+  std::vector<int32_t> script;  // ids the "model" predicts, consumed front first
+  std::vector<int32_t> fed;     // the cache's tokens
+
+ private:
+  ModelConfig config_;
 };
 
 }  // namespace
@@ -190,4 +231,130 @@ TEST_CASE("chat session: an interrupt stops the reply after the current token", 
   TurnStats next = session.reply("Dalej", 3, [](const std::string&) {}, &interrupt);
   CHECK(next.generated_tokens >= 1);
   CHECK(chat.model.position() == int(session.tokens().size()) - (next.stop == StopReason::kEndOfTurn ? 0 : 1));
+}
+
+TEST_CASE("chat session: a tokenizer with ids past config.json's vocab_size is refused", "[ch08][cpu][chat]") {
+  // tiny_bielik's tokenizer (ids 0..299) on tiny_smollm's model (vocab_size 259): its ids
+  // 259..299 would index past the embedding table.
+  TinyChat smollm("tiny_smollm", 0);
+  const std::string bielik_dir = golden_path("08_bielik", "tiny_bielik");
+  const Tokenizer bielik_tokenizer = Tokenizer::from_file(bielik_dir + "/tokenizer.json");
+  REQUIRE(bielik_tokenizer.vocab_size() == 300);
+  const std::string message = error_of<std::runtime_error>(
+      [&] { ChatSession session(smollm.model, bielik_tokenizer, smollm.chat_template, kGreedy); });
+  INFO(message);
+  CHECK(contains(message, bielik_dir + "/tokenizer.json"));
+  CHECK(contains(message, "largest token id is 299"));
+  CHECK(contains(message, "config.json's vocab_size is 259"));
+
+  // The other way round is a padded vocabulary: the model has rows no token uses. Fine.
+  TinyChat bielik("tiny_bielik", 0);
+  ChatSession padded(bielik.model, smollm.tokenizer, smollm.chat_template, kGreedy);
+  CHECK(padded.stop_ids() == std::vector<int32_t>{2});
+}
+
+TEST_CASE("chat session: a reply that fails midway leaves the conversation as before, the cache rebuilt",
+          "[ch08][cpu][chat]") {
+  const std::string dir = golden_path("08_bielik", "tiny_bielik");
+  const Tokenizer tokenizer = Tokenizer::from_file(dir + "/tokenizer.json");
+  const ChatTemplate chat_template = ChatTemplate::from_tokenizer_config(dir + "/tokenizer_config.json");
+  // A padded vocabulary: ids 300..303 are rows of the model that no token has.
+  ScriptedBackend backend(tokenizer.vocab_size() + 4, {});
+  const int32_t padding_id = tokenizer.vocab_size() + 1, stop = tokenizer.token_to_id("<|im_end|>");
+  const std::vector<int32_t> words = tokenizer.encode("Ala ma kota");
+  REQUIRE(words.size() >= 3);
+  REQUIRE(stop >= 0);
+  ChatSession session(backend, tokenizer, chat_template, kGreedy);
+  REQUIRE(session.stop_ids() == std::vector<int32_t>{stop});
+  std::string streamed;
+  auto collect = [&](const std::string& piece) { streamed += piece; };
+
+  backend.script = {words[0], words[1], stop};
+  TurnStats first = session.reply("Hej", 10, collect);
+  REQUIRE(first.stop == StopReason::kEndOfTurn);
+  REQUIRE(session.messages().back().content == tokenizer.decode({words[0], words[1]}));
+
+  // Each way a reply can fail after its prefill: the model picks a padding id (no text
+  // to show), or a NaN logit (a broken forward pass; the sampler refuses it).
+  struct Failure {
+    const char* what;
+    int32_t bad;
+    const char* expected;
+  } failures[] = {{"padding id", padding_id, "has no token for"}, {"NaN logits", kNan, "is NaN"}};
+  for (const Failure& failure : failures) {
+    INFO(failure.what);
+    const std::vector<int32_t> tokens = session.tokens();
+    const std::vector<ChatMessage> messages = session.messages();
+    backend.script = {words[2], failure.bad};
+    streamed.clear();
+    const std::string message = error_of([&] { session.reply("Dalej", 10, collect); });
+    INFO(message);
+    CHECK(contains(message, failure.expected));
+    if (failure.bad == padding_id) {
+      CHECK(contains(message, "token id " + std::to_string(padding_id)));
+      CHECK(contains(message, dir + "/tokenizer.json"));
+    }
+    CHECK(streamed == tokenizer.decode({words[2]}));  // what was shown before the failure
+    // The conversation is as before the call; the cache, which cannot drop its newest
+    // tokens, is empty.
+    CHECK(session.tokens() == tokens);
+    REQUIRE(session.messages().size() == messages.size());
+    CHECK(session.messages().back().content == messages.back().content);
+    CHECK(backend.position() == 0);
+
+    // The next turn feeds the whole conversation again, then goes on as usual.
+    backend.script = {words[1], stop};
+    TurnStats next = session.reply("Dalej", 10, collect);
+    CHECK(next.stop == StopReason::kEndOfTurn);
+    CHECK(std::vector<int32_t>(session.tokens().begin(), session.tokens().begin() + long(tokens.size())) == tokens);
+    CHECK(backend.fed == session.tokens());  // the cache holds every token, from position 0
+    CHECK(next.prompt_tokens == int(session.tokens().size()) - 1);  // all but the reply's one token
+    CHECK(session.messages().size() == messages.size() + 2);
+    CHECK(tokenizer.decode(session.tokens()) + "<|im_end|>\n" ==
+          "<s>" + chat_template.render(session.messages(), false));
+  }
+
+  // A failure in the first turn leaves an empty conversation.
+  session.reset();
+  backend.script = {kNan};
+  CHECK_THROWS_AS(session.reply("Hej", 10, collect), std::invalid_argument);
+  CHECK(session.tokens().empty());
+  CHECK(session.messages().empty());
+  CHECK(backend.position() == 0);
+  backend.script = {words[0], stop};
+  CHECK(session.reply("Hej", 10, collect).stop == StopReason::kEndOfTurn);
+  CHECK(backend.fed == session.tokens());
+}
+
+TEST_CASE("chat session: no token that can end a reply is a load error naming tokenizer.json", "[ch08][cpu][chat]") {
+  // tiny_bielik's tokenizer without <|im_end|> (as an added token and in the vocabulary).
+  const std::string dir = golden_path("08_bielik", "tiny_bielik");
+  nlohmann::json json;
+  std::ifstream(dir + "/tokenizer.json") >> json;
+  json["model"]["vocab"].erase("<|im_end|>");
+  nlohmann::json added = nlohmann::json::array();
+  for (const auto& token : json["added_tokens"])
+    if (token["content"] != "<|im_end|>") added.push_back(token);
+  json["added_tokens"] = added;
+  TempDir temp;
+  const std::string path = temp.write("tokenizer.json", json.dump());
+  const Tokenizer tokenizer = Tokenizer::from_file(path);
+  REQUIRE(tokenizer.token_to_id("<|im_end|>") == -1);
+  const ChatTemplate chat_template = ChatTemplate::from_tokenizer_config(dir + "/tokenizer_config.json");
+
+  // Without an eos id in config.json, every reply would run to the token limit.
+  ScriptedBackend no_eos(tokenizer.vocab_size(), {});
+  const std::string message =
+      error_of<std::runtime_error>([&] { ChatSession session(no_eos, tokenizer, chat_template, kGreedy); });
+  INFO(message);
+  CHECK(contains(message, path));
+  CHECK(contains(message, "'<|im_end|>'"));
+  CHECK(contains(message, "eos_token_id"));
+
+  // With one, replies end there.
+  ScriptedBackend with_eos(tokenizer.vocab_size(), {2});
+  ChatSession session(with_eos, tokenizer, chat_template, kGreedy);
+  CHECK(session.stop_ids() == std::vector<int32_t>{2});
+  with_eos.script = {tokenizer.encode("Ala")[0], 2};
+  CHECK(session.reply("Hej", 10, [](const std::string&) {}).stop == StopReason::kEndOfTurn);
 }

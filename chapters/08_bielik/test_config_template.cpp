@@ -94,8 +94,10 @@ TEST_CASE("model config: invalid configs fail naming the file and the key", "[ch
       // Values JSON allows and our types cannot hold, read before as inf or as -1 (found
       // while fixing what `make fuzz` found; tests/fuzz/fuzz_model_config.cpp checks them).
       {"rope_theta", 1e39, "key 'rope_theta' does not fit a float"},
-      {"rope_theta", 0, "key 'rope_theta' must be positive"},
-      {"rms_norm_eps", -1e-6, "key 'rms_norm_eps' must not be negative"},
+      {"rope_theta", 0, "key 'rope_theta' must be positive, got 0"},
+      {"rope_theta", -10000.0, "key 'rope_theta' must be positive, got -10000"},
+      {"rms_norm_eps", -1e-6, "key 'rms_norm_eps' must be positive, got -1e-06"},
+      {"rms_norm_eps", 0, "key 'rms_norm_eps' must be positive, got 0"},
       {"eos_token_id", json(18446744073709551615ULL), "key 'eos_token_id' is out of range"},
       {"bos_token_id", json(9223372036854775808ULL), "key 'bos_token_id' is out of range"},
   };
@@ -181,6 +183,29 @@ TEST_CASE("chat template: ChatML prompts, default system turn, BOS", "[ch08][cpu
                                     {{"name", "default"}, {"template", kBosTemplate}}}},
                  {"bos_token", "<s>"}};
   REQUIRE(ChatTemplate::from_tokenizer_config(dir.write("tokenizer_config.json", listed.dump())).add_bos());
+}
+
+TEST_CASE("chat template: a default system turn in the else-branch after the caller's", "[ch08][cpu]") {
+  // The form of Qwen2.5's template (its tool branch left out): the first
+  // "<|im_start|>system" writes messages[0]'s content, the fixed default comes after it.
+  const char* source =
+      "{%- if messages[0]['role'] == 'system' %}"
+      "{{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}"
+      "{%- else %}{{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud.<|im_end|>\n' }}{%- endif %}"
+      "{%- for message in messages %}{%- if not (message.role == 'system' and loop.first) %}"
+      "{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}{%- endif %}"
+      "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}";
+  TempDir dir;
+  const ChatTemplate chat = ChatTemplate::from_tokenizer_config(
+      dir.write("tokenizer_config.json", json{{"chat_template", source}, {"eos_token", "<|im_end|>"}}.dump()));
+  CHECK(chat.default_system_prompt() == "You are Qwen, created by Alibaba Cloud.");
+  // What the template renders, worked out by hand: the else-branch, then the turns...
+  CHECK(chat.render({{"user", "Hej"}}, true) ==
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud.<|im_end|>\n"
+        "<|im_start|>user\nHej<|im_end|>\n<|im_start|>assistant\n");
+  // ...or the caller's system message in the first branch, written once.
+  CHECK(chat.render({{"system", "Mów po polsku."}, {"user", "Hej"}}, false) ==
+        "<|im_start|>system\nMów po polsku.<|im_end|>\n<|im_start|>user\nHej<|im_end|>\n");
 }
 
 TEST_CASE("chat template: non-ChatML, missing or broken configs fail naming the file", "[ch08][cpu]") {

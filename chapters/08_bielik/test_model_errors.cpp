@@ -91,6 +91,46 @@ TEST_CASE("model loading: biases must agree with attention_bias / mlp_bias", "[c
   CHECK(contains(message, "lm_head.weight"));
 }
 
+TEST_CASE("model loading: tensors the config does not use are refused, saved RoPE buffers ignored",
+          "[ch08][cpu][errors]") {
+  // tiny_smollm has 3 layers; a config saying 2 used to load and run on layers 0-1 alone.
+  std::string dir = edited_copy(tiny("tiny_smollm"), "fewer_layers", nullptr, [](std::string& config) {
+    config.replace(config.find("\"num_hidden_layers\": 3"), 22, "\"num_hidden_layers\": 2");
+  });
+  std::string message = error_of<std::runtime_error>([&] { CpuModel m(dir); });
+  INFO(message);
+  CHECK(contains(message, dir + "/model.safetensors"));
+  CHECK(contains(message, "'model.layers.2.input_layernorm.weight'"));  // the first extras, sorted
+  CHECK(contains(message, "num_hidden_layers 2"));
+  CHECK(contains(message, "9 tensors"));  // layer 2's two norms and seven projections (no biases)
+
+  // A tensor no Llama layer has.
+  dir = edited_copy(tiny("tiny_bielik"), "stray_tensor", [](TensorMap& t) {
+    t["model.extra_gate.weight"] = t["model.norm.weight"];
+  });
+  message = error_of<std::runtime_error>([&] { CpuModel m(dir); });
+  INFO(message);
+  CHECK(contains(message, "1 tensors are not part of the model"));
+  CHECK(contains(message, "'model.extra_gate.weight'"));
+
+  // Tolerated extras: RoPE's inv_freq buffers (computed from rope_theta here), and a tied
+  // model's copy of the embedding as lm_head.weight. Both checkpoints load and give the
+  // unedited model's logits.
+  dir = edited_copy(tiny("tiny_bielik"), "inv_freq", [](TensorMap& t) {
+    for (int layer = 0; layer < 2; ++layer) {
+      EditableTensor inv_freq{"F32", {8}, std::vector<uint8_t>(8 * 4, 0)};
+      t["model.layers." + std::to_string(layer) + ".self_attn.rotary_emb.inv_freq"] = inv_freq;
+    }
+  });
+  const std::vector<int32_t> prompt = {1, 5, 9};
+  CHECK(CpuModel(dir, CpuModelOptions{1, 8}).prefill(prompt) ==
+        CpuModel(tiny("tiny_bielik"), CpuModelOptions{1, 8}).prefill(prompt));
+  dir = edited_copy(tiny("tiny_smollm"), "tied_head_copy",
+                    [](TensorMap& t) { t["lm_head.weight"] = t["model.embed_tokens.weight"]; });
+  CHECK(CpuModel(dir, CpuModelOptions{1, 8}).prefill(prompt) ==
+        CpuModel(tiny("tiny_smollm"), CpuModelOptions{1, 8}).prefill(prompt));
+}
+
 TEST_CASE("model loading: a weight in the wrong dtype is rejected", "[ch08][cpu][errors]") {
   const std::string name = "model.norm.weight";
   std::string dir = edited_copy(tiny("tiny_bielik"), "wrong_dtype", [&](TensorMap& t) {

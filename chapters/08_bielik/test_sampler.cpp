@@ -208,4 +208,32 @@ TEST_CASE("the sampler rejects NaN logits and bad options", "[ch08][cpu][sampler
   REQUIRE_THROWS_AS(Sampler(SamplerOptions{1.0f, 0, 0.0f, 1}), std::invalid_argument);
   REQUIRE_THROWS_AS(Sampler(SamplerOptions{1.0f, 0, 1.5f, 1}), std::invalid_argument);
   REQUIRE_THROWS_AS(Sampler(SamplerOptions{NAN, 0, 1.0f, 1}), std::invalid_argument);
+  // 1 / inf = 0 made every probability equal (or NaN next to a -inf logit).
+  CHECK(contains(error_of<std::invalid_argument>([] { Sampler(SamplerOptions{INFINITY, 0, 1.0f, 1}); }),
+                 "temperature must be a finite number"));
+  CHECK_THROWS_AS(Sampler(SamplerOptions{-INFINITY, 0, 1.0f, 1}), std::invalid_argument);
+  CHECK_THROWS_AS(Sampler(SamplerOptions{1.0f, 0, INFINITY, 1}), std::invalid_argument);
+  CHECK_THROWS_AS(Sampler(SamplerOptions{1.0f, 0, NAN, 1}), std::invalid_argument);
+}
+
+TEST_CASE("a draw in the rounding slack of the sum never picks a token of probability 0", "[ch08][cpu][sampler]") {
+  // Top-k 3 over two finite logits and two -inf ones: the pool is the two finite tokens
+  // and one of probability 0. For some pairs the normalized probabilities sum to one ulp
+  // below 1, and the largest draw there is, 1 - 2^-53, lands past them. It used to fall
+  // back to the pool's last entry: the masked token.
+  const double largest_draw = double((uint64_t(1) << 53) - 1) * 0x1.0p-53;
+  Sampler sampler(SamplerOptions{1.0f, 3, 1.0f, 1});
+  int in_slack = 0;
+  for (int step = 1; step <= 400; ++step) {
+    const std::vector<float> logits = {0.0f, 0.01f * float(step), -INFINITY, -INFINITY};
+    double sum = 0;
+    for (const auto& candidate : sampler.candidates(logits.data(), 4)) sum += candidate.second;
+    if (!(sum <= largest_draw)) continue;  // the draw lands inside the sum: nothing to test here
+    ++in_slack;
+    const int32_t drawn = sampler.sample_with_uniform(logits.data(), 4, largest_draw);
+    INFO("logits 0, " << logits[1] << ": drew " << drawn);
+    CHECK((drawn == 0 || drawn == 1));
+  }
+  INFO("pairs whose probabilities sum below the largest draw");
+  REQUIRE(in_slack > 0);
 }

@@ -185,24 +185,74 @@ TEST_CASE("tokenizer: broken tokenizer.json files fail naming the file", "[ch08]
   REQUIRE(Tokenizer::from_file(path).vocab_size() > 256);
 }
 
-TEST_CASE("pre-tokenizer: Unicode classes equal Python's unicodedata on the covered blocks", "[ch08][cpu]") {
-  json classes = read_json(golden_path("08_tokenizer", "unicode_classes.json"));
-  size_t checked = 0, wrong = 0;
-  for (const json& run : classes["runs"]) {
-    uint32_t first = run[0].get<uint32_t>(), last = run[1].get<uint32_t>();
-    std::string expected = run[2].get<std::string>();
-    for (uint32_t cp = first; cp <= last; ++cp, ++checked) {
-      std::string got = is_whitespace(cp) ? "space" : is_letter(cp) ? "L" : is_number(cp) ? "N" : "other";
-      if (got != expected && wrong++ < 10) {
-        INFO("U+" << std::hex << cp << " expected " << expected << " got " << got);
-        CHECK(got == expected);
-      }
-    }
+TEST_CASE("tokenizer: ids far beyond the vocabulary are refused naming the file, small gaps load",
+          "[ch08][cpu]") {
+  TempDir temp;
+  const std::string path = temp.file("tokenizer.json");
+  const json good = read_json(tokenizer_path("bytelevel"));
+  const int64_t entries = int64_t(good["model"]["vocab"].size()), added = int64_t(good["added_tokens"].size());
+  auto edited = [&](auto edit) {
+    json j = good;
+    edit(j);
+    return j.dump();
+  };
+  struct Case {
+    const char* what;
+    std::string text;
+    const char* expected;
+  };
+  // Each id used to size a table: INT32_MAX + 1 wrapped (an out-of-bounds write), a vocab
+  // id of INT32_MAX asked for a vector past max_size(), 300000000 for tens of GB.
+  const std::vector<Case> cases = {
+      {"added token id INT32_MAX",
+       edited([](json& j) { j["added_tokens"].push_back({{"id", 2147483647}, {"content", "<|far|>"}}); }),
+       "far beyond the"},
+      {"added token id 300000000",
+       edited([](json& j) { j["added_tokens"].push_back({{"id", 300000000}, {"content", "<|far|>"}}); }),
+       "far beyond the"},
+      {"added token id -1", edited([](json& j) { j["added_tokens"].push_back({{"id", -1}, {"content", "<|neg|>"}}); }),
+       "needs an integer \"id\""},
+      {"vocab id INT32_MAX", edited([](json& j) { j["model"]["vocab"]["zzqq"] = 2147483647; }),
+       "vocab entry 'zzqq' has id 2147483647, far beyond the"},
+      {"vocab id 300000000", edited([](json& j) { j["model"]["vocab"]["zzqq"] = 300000000; }),
+       "vocab entry 'zzqq' has id 300000000, far beyond the"},
+      {"vocab id past INT32_MAX", edited([](json& j) { j["model"]["vocab"]["zzqq"] = 4294967296LL; }),
+       "not a non-negative integer"},
+      {"vocab id -3", edited([](json& j) { j["model"]["vocab"]["zzqq"] = -3; }), "not a non-negative integer"},
+  };
+  for (const Case& c : cases) {
+    std::ofstream(path) << c.text;
+    const std::string message = error_of<std::runtime_error>([&] { Tokenizer::from_file(path); });
+    INFO("case: " << c.what << "\nmessage: " << message);
+    CHECK(contains(message, path));
+    CHECK(contains(message, c.expected));
   }
-  INFO("unicode version " << classes["unicode_version"].get<std::string>());
-  REQUIRE(checked > 40000);
-  REQUIRE(wrong == 0);
+
+  // The rule's edge (tokenizer_bpe.hpp's max_token_id): an added token at exactly
+  // 4 * (vocab + added tokens) + 1024 loads, one more is refused.
+  const int64_t limit = 4 * (entries + added + 1) + 1024;
+  std::ofstream(path) << edited(
+      [&](json& j) { j["added_tokens"].push_back({{"id", limit}, {"content", "<|edge|>"}}); });
+  const Tokenizer edge = Tokenizer::from_file(path);
+  CHECK(edge.vocab_size() == limit + 1);
+  CHECK(edge.token_to_id("<|edge|>") == limit);
+  std::ofstream(path) << edited(
+      [&](json& j) { j["added_tokens"].push_back({{"id", limit + 1}, {"content", "<|edge|>"}}); });
+  CHECK(contains(error_of<std::runtime_error>([&] { Tokenizer::from_file(path); }), "far beyond the"));
+
+  // A few ids with no token (a gap before an added token) are normal: the file loads,
+  // and a gap id is refused by decode like any id outside the vocabulary.
+  std::ofstream(path) << edited(
+      [&](json& j) { j["added_tokens"].push_back({{"id", entries + added + 10}, {"content", "<|gap|>"}}); });
+  const Tokenizer gapped = Tokenizer::from_file(path);
+  const int32_t gap_token = gapped.token_to_id("<|gap|>");
+  CHECK(gap_token == entries + added + 10);
+  CHECK(gapped.decode({gap_token}) == "<|gap|>");
+  CHECK(contains(error_of<std::out_of_range>([&] { gapped.decode({gap_token - 1}); }),
+                 "token id " + std::to_string(gap_token - 1) + " is not in the vocabulary"));
 }
+
+// The pre-tokenizer's Unicode classes, every code point: test_unicode_classes.cpp.
 
 TEST_CASE("pre-tokenizer: GPT-2 split by hand on hand-made cases", "[ch08][cpu]") {
   using V = std::vector<std::string>;
@@ -229,13 +279,17 @@ TEST_CASE("utf8: repair and complete prefixes", "[ch08][cpu]") {
   CHECK(utf8::encode(0x1F44B) == "\xF0\x9F\x91\x8B");
 }
 
-// Optional: the real SmolLM2 tokenizer, when scripts/prepare_smollm2.py has been run.
+// Optional (required with BIELIK_REQUIRE_SMOLLM2=1, as CI sets it): the real SmolLM2
+// tokenizer, when scripts/prepare_smollm2.py has been run.
 // Its expected ids come from HF tokenizers, written by that script (tokenizer_cases.json).
 TEST_CASE("tokenizer: SmolLM2-135M-Instruct's real tokenizer equals HF (if prepared)", "[ch08][cpu]") {
   const char* env = std::getenv("BIELIK_SMOLLM2_DIR");
   std::string dir = env ? env : std::string(BIELIK_SOURCE_DIR) + "/models/smollm2-135m-instruct";
   std::string cases_path = dir + "/tokenizer_cases.json";
   if (!std::ifstream(cases_path).good()) {
+    if (smollm2_required()) {  // CI prepared it: a missing file is a failed preparation, not a skip
+      FAIL("BIELIK_REQUIRE_SMOLLM2 is set but " << cases_path << " is missing (run `make models`)");
+    }
     WARN("no " << cases_path << ": run `python scripts/prepare_smollm2.py` to test the real SmolLM2 tokenizer");
     return;
   }

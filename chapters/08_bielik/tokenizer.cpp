@@ -160,20 +160,24 @@ Tokenizer Tokenizer::from_json(const json& root, const std::string& path) {
   }
 
   // Added tokens: the strings matched before anything else.
-  int32_t size = t.model_.size();
+  int64_t size = t.model_.size();  // int64: an id of INT32_MAX + 1 must not wrap
   const json& added = root.value("added_tokens", json::array());
   if (!added.is_array()) fail(path, "\"added_tokens\" is not a list");
+  const int64_t entries = int64_t(t.model_.entries()) + int64_t(added.size());
   for (const json& a : added) {
     if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() || !a.contains("content") ||
         !a["content"].is_string() || a["id"].get<int64_t>() < 0 || a["id"].get<int64_t>() > INT32_MAX)
       fail(path, "added token " + a.dump() + " needs an integer \"id\" and a string \"content\"");
+    if (a["id"].get<int64_t>() > max_token_id(entries))
+      fail(path, "added token " + a.dump() + " has an id far beyond the " + std::to_string(entries) +
+                     " tokens of the file (vocabulary and added tokens; ids must be numbered from 0)");
     AddedToken token{a["content"].get<std::string>(), a["id"].get<int32_t>(), a.value("special", false),
                      a.value("lstrip", false), a.value("rstrip", false), a.value("single_word", false),
                      a.value("normalized", false)};
     if (token.content.empty()) fail(path, "added token " + std::to_string(token.id) + " has empty content");
     t.added_ids_[token.content] = token.id;
     t.added_.push_back(token);
-    size = std::max(size, token.id + 1);
+    size = std::max(size, int64_t(token.id) + 1);
   }
   for (AddedToken& token : t.added_)
     if (token.normalized) token.content = t.normalize(token.content);
@@ -189,7 +193,7 @@ Tokenizer Tokenizer::from_json(const json& root, const std::string& path) {
     t.special_[size_t(id)] = a.value("special", false);
   }
   t.token_bytes_.resize(size_t(size));
-  for (int32_t id = 0; id < size; ++id) t.token_bytes_[size_t(id)] = t.decode_token(id, false);
+  for (int32_t id = 0; id < int32_t(size); ++id) t.token_bytes_[size_t(id)] = t.decode_token(id, false);
   return t;
 }
 

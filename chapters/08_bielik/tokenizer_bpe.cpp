@@ -38,12 +38,16 @@ BpeModel BpeModel::from_json(const json& model, const std::string& path) {
 
   BpeModel bpe;
   if (!model.contains("vocab") || !model["vocab"].is_object()) fail(path, "model has no \"vocab\" object");
-  int32_t max_id = -1;
+  const int64_t entries = int64_t(model["vocab"].size());
+  int64_t max_id = -1;
   for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
     if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 || it.value().get<int64_t>() > INT32_MAX)
       fail(path, "vocab entry '" + it.key() + "' has id " + it.value().dump() + ", not a non-negative integer");
-    int32_t id = it.value().get<int32_t>();
-    bpe.ids_[it.key()] = id;
+    const int64_t id = it.value().get<int64_t>();
+    if (id > max_token_id(entries))
+      fail(path, "vocab entry '" + it.key() + "' has id " + std::to_string(id) + ", far beyond the " +
+                     std::to_string(entries) + " entries of the vocabulary (ids must be numbered from 0)");
+    bpe.ids_[it.key()] = int32_t(id);
     max_id = std::max(max_id, id);
   }
   bpe.tokens_.assign(size_t(max_id + 1), std::string());

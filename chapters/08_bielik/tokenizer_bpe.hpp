@@ -15,6 +15,13 @@
 
 namespace bielik {
 
+/// The largest token id a tokenizer.json listing `entries` tokens may use. Ids index
+/// dense tables (id -> string, about 100 bytes per id), so one stray id such as
+/// 2147483647 would ask for hundreds of GB, or overflow. Real files number their tokens
+/// from 0 with at most a few gaps; four times the entries (plus room for a tiny test
+/// vocabulary with a few special tokens far above it) is far beyond any of them.
+inline int64_t max_token_id(int64_t entries) { return 4 * entries + 1024; }
+
 class BpeModel {
  public:
   /// Reads tokenizer.json's "model" object (type "BPE"); merges may be "a b" strings
@@ -32,6 +39,8 @@ class BpeModel {
   int32_t id(const std::string& token) const;
   /// One more than the highest id in the vocabulary.
   int32_t size() const { return int32_t(tokens_.size()); }
+  /// How many tokens the vocabulary lists (size() counts the ids it skips too).
+  int32_t entries() const { return int32_t(ids_.size()); }
   /// The byte a "<0xNN>" token stands for, or -1 (only with byte_fallback).
   int byte_of(int32_t id) const;
 

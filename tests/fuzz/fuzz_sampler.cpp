@@ -3,8 +3,8 @@
 // The input is read as: temperature, top_p (two floats), top_k (int32), the uniform draw
 // (a uint32 scaled into [0, 1)), then the logits (floats: any bit pattern, so NaN, +-inf,
 // denormals and 3e38 all occur). Contract (sampler.hpp):
-//   - options: top_p outside (0, 1] or a NaN temperature are refused with
-//     std::invalid_argument by the constructor, anything else is accepted;
+//   - options: top_p outside (0, 1] or a temperature that is not finite (NaN, +-inf) are
+//     refused with std::invalid_argument by the constructor, anything else is accepted;
 //   - logits: a NaN or +inf logit, every logit -inf, or none at all, are refused with
 //     std::invalid_argument; otherwise candidates() is a distribution: ids inside the
 //     vocabulary, no id twice, finite probabilities that sum to 1, most likely first, at
@@ -45,7 +45,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!logits.empty()) std::memcpy(logits.data(), data, logits.size() * 4);
   const int V = int(logits.size());
 
-  const bool options_valid = !std::isnan(options.temperature) && options.top_p > 0.0f && options.top_p <= 1.0f;
+  const bool options_valid = std::isfinite(options.temperature) && options.top_p > 0.0f && options.top_p <= 1.0f;
   bool logits_valid = V > 0, any_finite = false;
   for (float logit : logits) {
     if (std::isnan(logit) || logit == INFINITY) logits_valid = false;
