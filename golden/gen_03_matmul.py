@@ -16,12 +16,20 @@ Exact cases (exact_*): small integers, so every product, every partial sum in fp
 the bf16 output are exact (|y| <= 256 fits bf16's 8-bit mantissa). Whatever order a
 kernel sums in, its output must equal these bf16 bits.
 
+Rounding cases (rounding_*): integers in -8..8 whose sums go far past 256 (|x W^T| <=
+C_in * 64 < 2^17) and a bias in quarter steps (|b| < 64). Every partial sum and the sum
+plus the bias are still exact in fp32 (at most 20 significant bits), in any order, but
+not in bf16: the stored answer is the exact value rounded to bf16 once (nearest even),
+which is what matmul.cuh promises ("bias added in fp32, one rounding to bf16"). A kernel
+that rounds the sum to bf16 and then adds the bias rounds twice and misses many of
+these bits (the generator checks that it would, and prints how many).
+
 Rows of y are independent (y[t] depends on x[t] only), so the GEMV tests (T <= 8)
 reuse the first rows of the T = 64 cases.
 """
 import numpy as np
 
-from golden_common import parse_out_dir, rng, save, to_bf16
+from golden_common import bf16_values, parse_out_dir, rng, save, to_bf16
 
 RANDOM_CASES = {
     # name: (T, C_in, C_out, seed)
@@ -43,6 +51,12 @@ EXACT_CASES = {
     "exact_a": (37, 56, 45, 2, 4, 321),     # |y| <= 56*4 + 4 = 228
     "exact_b": (130, 200, 200, 1, 8, 322),  # |y| <= 200 + 8 = 208
     "exact_c": (9, 61, 33, 2, 4, 323),      # C_in % 8 != 0: |y| <= 61*4 + 4 = 248
+}
+
+ROUNDING_CASES = {
+    # name: (T, C_in, C_out, value range of x and W, seed); bias: quarters in (-64, 64)
+    "rounding_a": (70, 1536, 264, 8, 331),  # Bielik's C_in, the 16-byte paths
+    "rounding_b": (19, 997, 131, 8, 332),   # C_in % 8 != 0, odd C_out: the scalar paths
 }
 
 
@@ -79,6 +93,26 @@ def main():
         assert np.abs(y_bias).max() <= 256 and np.abs(y_nobias).max() <= 256
         for suffix, array in (("x", x), ("W", W), ("b", b), ("y_nobias", y_nobias), ("y_bias", y_bias)):
             save(out, f"{name}_{suffix}", to_bf16(array))  # integers <= 256: exact in bf16
+
+    for name, (T, C_in, C_out, value, seed) in ROUNDING_CASES.items():
+        r = rng(seed)
+        x = r.integers(-value, value + 1, size=(T, C_in))
+        W = r.integers(-value, value + 1, size=(C_out, C_in))
+        b = r.integers(-255, 256, size=C_out) / 4.0  # 8 significant bits at most: exact in bf16
+        y_nobias = x @ W.T  # int64: exact
+        y_bias = y_nobias + b  # float64: exact (|y| < 2^17 in quarter steps)
+        assert C_in * value * value < 2**17 and np.abs(y_bias).max() < 2**17
+        # float32 holds every partial sum and y_bias exactly, so to_bf16 (float32 -> bf16,
+        # nearest even) is the one rounding of the exact value.
+        assert np.array_equal(y_bias.astype(np.float32).astype(np.float64), y_bias)
+        single = to_bf16(y_bias)
+        double = to_bf16(bf16_values(to_bf16(y_nobias)) + b)  # the sum rounded before the bias
+        differ = np.mean(bf16_values(single) != bf16_values(double))
+        assert differ > 0.1, f"{name}: a second rounding would change only {differ:.1%} of the outputs"
+        print(f"{name}: T={T} C_in={C_in} C_out={C_out} max |y| {np.abs(y_bias).max():.0f}; "
+              f"rounding before the bias would change {differ:.1%} of the outputs")
+        for suffix, array in (("x", x), ("W", W), ("b", b), ("y_nobias", y_nobias), ("y_bias", y_bias)):
+            save(out, f"{name}_{suffix}", to_bf16(array))
 
 
 if __name__ == "__main__":

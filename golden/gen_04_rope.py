@@ -9,7 +9,8 @@ with float64 angles from the bf16 inputs. Positions reach 8191 (the end of Bieli
 context), where a float32 angle pos * inv_freq is visibly off (printed below).
 Cases: odd head counts (H=3, Hkv=1, T=7) at D=64 and D=128, SmolLM2's heads
 (theta 1e5, D=64), Bielik's heads (theta 1e6, D=128) for a 512-token prompt appended
-after 7680 cached tokens, and a single decode token.
+after 7680 cached tokens, a single decode token, and D=40: even but not a multiple of
+16, so v1 and v2 must handle it and v3 must refuse it.
 """
 import numpy as np
 
@@ -24,6 +25,7 @@ CASES = {
     "smollm2": (33, 9, 3, 64, 1e5, list(range(33)), 403),
     "bielik": (512, 12, 2, 128, 1e6, list(range(7680, 8192)), 404),
     "decode": (1, 12, 2, 128, 1e6, [5000], 405),
+    "d40": (9, 5, 1, 40, 1e4, [0, 1, 2, 3, 1000, 4096, 8000, 8190, 8191], 406),
 }
 
 

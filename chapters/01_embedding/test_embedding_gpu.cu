@@ -1,6 +1,7 @@
 // Chapter 01, GPU: every version against the golden rows (bit-exact), against the CPU
-// reference on fresh random inputs, and with invalid ids. Outputs are poisoned with
-// 0xFF bytes (bf16 NaN) first, so an element a kernel forgot to write fails.
+// reference on fresh random inputs, and with invalid ids on each copy path (16-byte
+// vectors, C % 8 != 0, pointers off the 16-byte grid). Outputs are poisoned with 0xFF
+// bytes (bf16 NaN) first, so an element a kernel forgot to write fails.
 #include <string>
 
 #include "catch_compat.hpp"
@@ -13,20 +14,28 @@ using namespace bielik;
 
 namespace {
 
-// Runs one version and returns the output rows as bf16 bits.
+// Runs one version and returns the output rows as bf16 bits. The table and the output
+// start `offset` elements into their allocations: offset 1 puts them 2 bytes off the
+// 16-byte grid, so the versions must take their element-by-element path.
 std::vector<uint16_t> run_version(const EmbeddingVersion& version, const std::vector<uint16_t>& table_bits,
-                                  const std::vector<int32_t>& ids, int T, int C, int V, int* invalid_count_out) {
-  DeviceBuffer<uint16_t> table(table_bits);
+                                  const std::vector<int32_t>& ids, int T, int C, int V, int* invalid_count_out,
+                                  size_t offset = 0) {
+  std::vector<uint16_t> shifted(offset, 0);
+  shifted.insert(shifted.end(), table_bits.begin(), table_bits.end());
+  DeviceBuffer<uint16_t> table(shifted);
   DeviceBuffer<int32_t> token_ids(ids);
-  DeviceBuffer<uint16_t> out(size_t(T) * C);
+  DeviceBuffer<uint16_t> out(size_t(T) * C + offset);
   DeviceBuffer<int> invalid(1);
   out.fill_bytes(0xFF);
   invalid.fill_bytes(0);
-  version.launch(reinterpret_cast<__nv_bfloat16*>(out.data()), reinterpret_cast<const __nv_bfloat16*>(table.data()),
-                 token_ids.data(), T, C, V, invalid.data(), 0);
+  version.launch(reinterpret_cast<__nv_bfloat16*>(out.data()) + offset,
+                 reinterpret_cast<const __nv_bfloat16*>(table.data()) + offset, token_ids.data(), T, C, V,
+                 invalid.data(), 0);
   CUDA_CHECK(cudaDeviceSynchronize());
   *invalid_count_out = invalid.to_host()[0];
-  return out.to_host();
+  std::vector<uint16_t> all = out.to_host();
+  for (size_t i = 0; i < offset; ++i) REQUIRE(all[i] == 0xFFFF);  // nothing written before the output
+  return std::vector<uint16_t>(all.begin() + long(offset), all.end());
 }
 
 }  // namespace
@@ -66,19 +75,32 @@ TEST_CASE("every embedding version matches the CPU reference on fresh random inp
 }
 
 TEST_CASE("invalid ids are counted and give zero rows, never out-of-bounds reads", "[ch01][gpu]") {
-  const int T = 4, C = 16, V = 10;
-  std::vector<uint16_t> table = random_bf16(size_t(V) * C, fresh_seed());
-  std::vector<int32_t> ids = {3, -7, 10, 9};  // positions 1 and 2 are invalid
-  for (const EmbeddingVersion& version : kEmbeddingVersions) {
-    INFO("version " << version.name);
-    int invalid = -1;
-    std::vector<uint16_t> out = run_version(version, table, ids, T, C, V, &invalid);
-    REQUIRE(invalid == 2);
-    for (int c = 0; c < C; ++c) {
-      REQUIRE(out[0 * C + c] == table[3 * C + c]);
-      REQUIRE(bf16_bits_to_float(out[1 * C + c]) == 0.0f);
-      REQUIRE(bf16_bits_to_float(out[2 * C + c]) == 0.0f);
-      REQUIRE(out[3 * C + c] == table[9 * C + c]);
+  // Each copy path checks ids on its own: C = 16 with aligned pointers (16-byte vectors),
+  // C = 13 (rows off the 16-byte grid: element copies), and C = 16 with the table and
+  // the output one element (2 bytes) into their allocations (the misaligned fallback).
+  const int T = 4, V = 10;
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  struct Path {
+    const char* name;
+    int C;
+    size_t offset;
+  };
+  for (const Path& path : {Path{"16-byte vectors", 16, 0}, Path{"C % 8 != 0", 13, 0}, Path{"misaligned", 16, 1}}) {
+    const int C = path.C;
+    std::vector<uint16_t> table = random_bf16(size_t(V) * C, seed + C);
+    std::vector<int32_t> ids = {3, -7, 10, 9};  // positions 1 and 2 are invalid
+    for (const EmbeddingVersion& version : kEmbeddingVersions) {
+      INFO("path " << path.name << " version " << version.name);
+      int invalid = -1;
+      std::vector<uint16_t> out = run_version(version, table, ids, T, C, V, &invalid, path.offset);
+      REQUIRE(invalid == 2);
+      for (int c = 0; c < C; ++c) {
+        REQUIRE(out[0 * C + c] == table[3 * C + c]);
+        REQUIRE(bf16_bits_to_float(out[1 * C + c]) == 0.0f);
+        REQUIRE(bf16_bits_to_float(out[2 * C + c]) == 0.0f);
+        REQUIRE(out[3 * C + c] == table[9 * C + c]);
+      }
     }
   }
 }

@@ -79,6 +79,12 @@ void rmsnorm_v4_fused_residual_pdl(__nv_bfloat16* y, __nv_bfloat16* residual, co
                                    const __nv_bfloat16* weight, int T, int C, float eps, cudaStream_t stream,
                                    bool pdl);
 
+/// The size check every GPU version runs first, before any CUDA call: throws
+/// std::invalid_argument naming `launcher` for T < 0 or C < 0. (C = -8 passed v3's and
+/// v4's `C % 8 == 0` test and wrote nothing; a negative T launched nothing or failed the
+/// launch with CUDA's generic message.) T = 0 or C = 0 is an empty call and writes nothing.
+void rmsnorm_check_sizes(const char* launcher, int T, int C);
+
 /// Every plain RMSNorm version, in order, so tests and the benchmark loop over one list.
 using RmsnormLauncher = void (*)(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, int, int, float,
                                  cudaStream_t);

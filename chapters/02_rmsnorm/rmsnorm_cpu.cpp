@@ -1,6 +1,8 @@
 // The reference: read it first. Two passes per row: the mean of the squares, then the
 // scaled copy. The GPU versions compute the same thing in fp32 and round once to bf16.
 #include <cmath>
+#include <stdexcept>
+#include <string>
 
 #include "bf16.hpp"
 #include "rmsnorm.cuh"
@@ -22,6 +24,14 @@ void normalize_row(float* y, const float* x, const float* weight, int C, float e
 void rmsnorm_cpu(float* y, const float* x, const float* weight, int T, int C, float eps) {
   for (int t = 0; t < T; ++t) {
     normalize_row(y + size_t(t) * C, x + size_t(t) * C, weight, C, eps);
+  }
+}
+
+// Here rather than in a .cu file: it is host code every GPU launcher shares.
+void rmsnorm_check_sizes(const char* launcher, int T, int C) {
+  if (T < 0 || C < 0) {
+    throw std::invalid_argument(std::string(launcher) + ": needs T >= 0 and C >= 0, got T=" + std::to_string(T) +
+                                " C=" + std::to_string(C));
   }
 }
 

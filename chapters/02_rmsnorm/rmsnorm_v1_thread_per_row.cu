@@ -34,6 +34,7 @@ __global__ void rmsnorm_v1_thread_per_row_kernel(__nv_bfloat16* y,              
 
 void rmsnorm_v1_thread_per_row(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* weight, int T, int C,
                                float eps, cudaStream_t stream) {
+  rmsnorm_check_sizes("rmsnorm_v1_thread_per_row", T, C);
   if (T == 0 || C == 0) return;
   int threads = 128;
   int blocks = (T + threads - 1) / threads;

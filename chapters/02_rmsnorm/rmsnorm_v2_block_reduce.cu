@@ -48,6 +48,7 @@ __global__ void rmsnorm_v2_block_reduce_kernel(__nv_bfloat16* y,             // 
 
 void rmsnorm_v2_block_reduce(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* weight, int T, int C,
                              float eps, cudaStream_t stream) {
+  rmsnorm_check_sizes("rmsnorm_v2_block_reduce", T, C);
   if (T == 0 || C == 0) return;
   rmsnorm_v2_block_reduce_kernel<<<T, kThreads, 0, stream>>>(y, x, weight, C, eps);
   CUDA_CHECK_LAUNCH();

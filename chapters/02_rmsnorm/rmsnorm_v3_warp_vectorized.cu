@@ -88,6 +88,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarpSize)
 
 void rmsnorm_v3_warp_vectorized(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* weight, int T, int C,
                                 float eps, cudaStream_t stream) {
+  rmsnorm_check_sizes("rmsnorm_v3_warp_vectorized", T, C);
   if (T == 0 || C == 0) return;
   int threads = kWarpsPerBlock * kWarpSize;
   int blocks = (T + kWarpsPerBlock - 1) / kWarpsPerBlock;

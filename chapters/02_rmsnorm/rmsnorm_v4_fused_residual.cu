@@ -103,6 +103,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarpSize)
 void rmsnorm_v4_fused_residual_pdl(__nv_bfloat16* y, __nv_bfloat16* residual, const __nv_bfloat16* x,
                                    const __nv_bfloat16* weight, int T, int C, float eps, cudaStream_t stream,
                                    bool pdl) {
+  rmsnorm_check_sizes("rmsnorm_v4_fused_residual", T, C);
   if (T == 0 || C == 0) return;
   const dim3 threads(kWarpsPerBlock * kWarpSize), blocks((T + kWarpsPerBlock - 1) / kWarpsPerBlock);
   bool launched = false;

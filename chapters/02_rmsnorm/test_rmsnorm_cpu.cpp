@@ -1,7 +1,9 @@
 // Chapter 02, CPU: the references against a row checked by hand and against the
 // float64 golden cases (fp32 math: relative norm error under tolerance::kFp32; the
-// bf16 residual stream of the fused op bit for bit).
+// bf16 residual stream of the fused op bit for bit), and the GPU launchers' refusal of
+// negative sizes (checked before any CUDA call).
 #include <cmath>
+#include <stdexcept>
 #include <string>
 
 #include "catch_compat.hpp"
@@ -71,5 +73,32 @@ TEST_CASE("fused_residual_rmsnorm_cpu matches the golden cases", "[ch02][cpu]") 
                                    tolerance::kFp32);
     INFO(result.report);
     REQUIRE(result.passed);
+  }
+}
+
+TEST_CASE("every GPU rmsnorm launcher refuses negative sizes before any CUDA call", "[ch02][cpu]") {
+  // C = -8 passed v3's and v4's C % 8 == 0 test and wrote nothing at all. The pointers
+  // are null: a launcher that got past its check would fail with another message.
+  const int bad_sizes[][2] = {{1, -8}, {1, -1}, {-1, 8}, {0, -8}};  // T, C
+  for (const auto& size : bad_sizes) {
+    for (const RmsnormVersion& version : kRmsnormVersions) {
+      INFO(version.name << " T=" << size[0] << " C=" << size[1]);
+      std::string error =
+          error_of<std::invalid_argument>([&] { version.launch(nullptr, nullptr, nullptr, size[0], size[1], 1e-6f, 0); });
+      REQUIRE(contains(error, version.name));
+      REQUIRE(contains(error, "T >= 0 and C >= 0"));
+    }
+    for (const FusedResidualRmsnormVersion& version : kFusedResidualRmsnormVersions) {
+      INFO(version.name << " T=" << size[0] << " C=" << size[1]);
+      std::string error = error_of<std::invalid_argument>(
+          [&] { version.launch(nullptr, nullptr, nullptr, nullptr, size[0], size[1], 1e-6f, 0); });
+      REQUIRE(contains(error, "rmsnorm_v4_fused_residual"));
+    }
+    INFO("the PDL launch, T=" << size[0] << " C=" << size[1]);
+    REQUIRE(contains(error_of<std::invalid_argument>([&] {
+                       rmsnorm_v4_fused_residual_pdl(nullptr, nullptr, nullptr, nullptr, size[0], size[1], 1e-6f, 0,
+                                                     true);
+                     }),
+                     "rmsnorm_v4_fused_residual"));
   }
 }

@@ -140,12 +140,15 @@ TEST_CASE("every rmsnorm version matches the float64 golden cases", "[ch02][gpu]
 
 TEST_CASE("every rmsnorm version matches the CPU reference on fresh random inputs", "[ch02][gpu]") {
   uint64_t seed = fresh_seed();
-  // (T, C, eps, scale): tiny rows, Bielik, odd C, SmolLM2, rows needing 9 and 16
-  // vectors per lane (the widest register form), and C = 4104 > 4096 (scalar form).
+  // (T, C, eps, scale): tiny rows, Bielik, odd C, SmolLM2, and C = 4104 > 4096 (scalar
+  // form). With the vector path, each lane holds ceil(C / 256) vectors, rounded up to a
+  // compiled instance of 1, 2, 3, 4, 6, 8, 12 or 16 (rmsnorm_warp.cuh): C = 8, 512, 576,
+  // 1024, 1536, 2048, 2056 (9 -> 12) and 4096 run each of them once.
   for (auto [T, C, eps, scale] : {std::tuple{1, 8, 1e-6f, 1.0f}, std::tuple{33, 1536, 1e-6f, 3.0f},
                                   std::tuple{5, 577, 1e-5f, 1.0f}, std::tuple{17, 576, 1e-5f, 0.01f},
-                                  std::tuple{6, 2056, 1e-6f, 1.0f}, std::tuple{2, 4096, 1e-6f, 1.0f},
-                                  std::tuple{3, 4104, 1e-6f, 1.0f}}) {
+                                  std::tuple{3, 512, 1e-6f, 1.0f}, std::tuple{3, 1024, 1e-6f, 1.0f},
+                                  std::tuple{3, 2048, 1e-6f, 1.0f}, std::tuple{6, 2056, 1e-6f, 1.0f},
+                                  std::tuple{2, 4096, 1e-6f, 1.0f}, std::tuple{3, 4104, 1e-6f, 1.0f}}) {
     INFO("seed " << seed << " T=" << T << " C=" << C << " eps=" << eps << " scale=" << scale);
     std::vector<uint16_t> x = random_bf16(size_t(T) * C, seed, scale);
     std::vector<uint16_t> w = random_bf16(size_t(C), seed + 1, 1.0f);
@@ -199,8 +202,11 @@ TEST_CASE("every fused residual rmsnorm version matches the golden cases", "[ch0
 
 TEST_CASE("every fused version matches the CPU reference on fresh random inputs", "[ch02][gpu]") {
   uint64_t seed = fresh_seed();
+  // Every vectors-per-lane instance of v4 (1, 2, 3, 4, 6, 8, 12, 16: C = 8, 512, 576,
+  // 1024, 1536, 2048, 2056, 4096, as in the plain test above), odd C and C > 4096.
   for (auto [T, C] : {std::tuple{1, 8}, std::tuple{33, 1536}, std::tuple{5, 577}, std::tuple{17, 576},
-                      std::tuple{6, 2056}, std::tuple{3, 4104}}) {
+                      std::tuple{3, 512}, std::tuple{3, 1024}, std::tuple{3, 2048}, std::tuple{6, 2056},
+                      std::tuple{2, 4096}, std::tuple{3, 4104}}) {
     INFO("seed " << seed << " T=" << T << " C=" << C);
     std::vector<uint16_t> residual = random_bf16(size_t(T) * C, seed, 4.0f);
     std::vector<uint16_t> x = random_bf16(size_t(T) * C, seed + 1), w = random_bf16(size_t(C), seed + 2);

@@ -10,7 +10,11 @@
 // Prefill T = 2048 through gate_proj is 56 GFLOP: ~70 us at 800 TFLOP/s.
 //
 // Every timed output is first compared with cuBLASLt's on the same inputs (relative
-// norm error <= 1e-2; "CHECK FAILED" otherwise): a fast wrong kernel is not fast.
+// norm error <= 1e-2; "CHECK FAILED" otherwise): a fast wrong kernel is not fast. Each
+// table has a check column: the GEMM tables, the GEMV table (every version at every T,
+// v6's instances too), the tile table, the back-to-back table (v5's check at that T) and
+// the bias table (each version with and without its bias). cuBLASLt's rows are the
+// reference ("reference"); cudaMemcpy's check nothing ("-").
 //
 // BIELIK_BENCH_VERSIONS=regex times only the matching versions (cuBLASLt, the
 // reference, always runs), e.g. BIELIK_BENCH_VERSIONS='v4|v5'.
@@ -18,6 +22,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <regex>
 #include <string>
 
@@ -50,6 +55,24 @@ constexpr int kMaxT = 2048;
 
 __nv_bfloat16* bf16(uint16_t* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
 
+// Relative norm error of the first `count` outputs of y against the reference's.
+bool outputs_match(const DeviceBuffer<uint16_t>& y, const DeviceBuffer<uint16_t>& reference, size_t count) {
+  std::vector<uint16_t> got = y.to_host(), want = reference.to_host();
+  got.resize(count);
+  want.resize(count);
+  return compare_bf16("bench", got, bf16_to_float(want), tolerance::kBf16Output).passed;
+}
+
+// Runs `launch` once into y, poisoned first (0xFF: bf16 NaN, so an unwritten output
+// fails), and compares its first T rows with `reference`: the check column's word.
+const char* check_run(DeviceBuffer<uint16_t>& y, const DeviceBuffer<uint16_t>& reference, int T, int C_out,
+                      const std::function<void()>& launch) {
+  y.fill_bytes(0xFF);
+  launch();
+  CUDA_CHECK(cudaDeviceSynchronize());
+  return outputs_match(y, reference, size_t(T) * C_out) ? "ok" : "CHECK FAILED";
+}
+
 // Enough repeats for a stable median, few for slow kernels.
 BenchTiming time_adaptive(const std::function<void()>& launch) {
   BenchTiming probe = time_gpu(launch, BenchOptions{1, 1, true});
@@ -73,14 +96,7 @@ struct Problem {
     launch(out, bf16(x.data()), bf16(W.data()), bias(), T, shape.C_in, shape.C_out, 0);
   }
   // Relative norm error of y (first T rows) against the cuBLASLt reference.
-  bool matches_reference(int T) {
-    size_t count = size_t(T) * shape.C_out;
-    std::vector<uint16_t> got = y.to_host(), want = y_reference.to_host();
-    got.resize(count);
-    want.resize(count);
-    std::vector<float> want_f = bf16_to_float(want);
-    return compare_bf16("bench", got, want_f, tolerance::kBf16Output).passed;
-  }
+  bool matches_reference(int T) { return outputs_match(y, y_reference, size_t(T) * shape.C_out); }
 };
 
 struct Entry {
@@ -125,7 +141,7 @@ int main(int argc, char** argv) {
   // them: the host's launch rate is out of the measurement.
   BenchTable gemv("GEMV (decode): bandwidth vs the D2D copy ceiling",
                   {"shape", "T", "version", "isolated (us)", "GB/s", "% of copy BW", "back-to-back (us)", "GB/s",
-                   "% of copy BW", "in a graph (us)", "GB/s", "% of copy BW"});
+                   "% of copy BW", "in a graph (us)", "GB/s", "% of copy BW", "check"});
   for (const Shape& shape : kShapes) {
     size_t w_elements = size_t(shape.C_out) * shape.C_in;
     int copies = int(std::clamp<double>(std::ceil(2.5 * l2_bytes / (2.0 * w_elements)), 2, 256));
@@ -137,7 +153,7 @@ int main(int argc, char** argv) {
     }
     constexpr int kMaxTokens = std::max(kGemvV2MaxTokens, kMatmulV6MaxTokens);
     DeviceBuffer<uint16_t> x(random_bf16(size_t(kMaxTokens) * shape.C_in, 5)), b(random_bf16(shape.C_out, 6));
-    DeviceBuffer<uint16_t> y(size_t(kMaxTokens) * shape.C_out);
+    DeviceBuffer<uint16_t> y(size_t(kMaxTokens) * shape.C_out), y_reference(size_t(kMaxTokens) * shape.C_out);
     const __nv_bfloat16* bias = shape.bias ? bf16(b.data()) : nullptr;
     // cudaMemcpy moving the same bytes (copying half of W's bytes reads and writes W's
     // size): what any kernel of this size pays for launch, ramp-up and tail.
@@ -157,10 +173,14 @@ int main(int argc, char** argv) {
       gemv.add_row({shape.name, "-", "cudaMemcpy, same bytes", fmt(isolated.median_ms * 1e3, 1), fmt(gbs, 0),
                     fmt(100 * gbs / copy_gbs, 1), fmt(batched.median_ms * 1e3, 1), fmt(batched_gbs, 0),
                     fmt(100 * batched_gbs / copy_gbs, 1), fmt(graphed.median_ms * 1e3, 1), fmt(graph_gbs, 0),
-                    fmt(100 * graph_gbs / copy_gbs, 1)});
+                    fmt(100 * graph_gbs / copy_gbs, 1), "-"});
     }
     for (int T : {1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 32, 64}) {  // past v1's 8: v2 to 16, v6 to 64
       double bytes = 2.0 * (w_elements + size_t(T) * (shape.C_in + shape.C_out) + (shape.bias ? shape.C_out : 0));
+      // The reference for this T: cuBLASLt on the first weight copy (all copies are equal).
+      matmul_cublaslt(bf16(y_reference.data()), bf16(x.data()), bf16(weights[0].data()), bias, T, shape.C_in,
+                      shape.C_out);
+      CUDA_CHECK(cudaDeviceSynchronize());
       for (Launch launch : {Launch(gemv_v1_warp_per_row), Launch(gemv_v2_tensor_cores), Launch(matmul_v6_few_tokens),
                             Launch(matmul_cublaslt)}) {
         if (launch == gemv_v1_warp_per_row && T > kGemvMaxTokens) continue;
@@ -174,6 +194,8 @@ int main(int argc, char** argv) {
           launch(bf16(y.data()), bf16(x.data()), bf16(weights[i].data()), bias, T, shape.C_in, shape.C_out, stream);
         };
         auto run = [&](int i) { run_on(i, 0); };
+        const char* check = launch == matmul_cublaslt ? "reference"
+                                                      : check_run(y, y_reference, T, shape.C_out, [&] { run(0); });
         BenchTiming isolated = time_gpu([&] { run(0); });
         BenchTiming batched = time_gpu_back_to_back(run, copies);
         double gbs = gb_per_s(bytes, isolated.median_ms), batched_gbs = gb_per_s(bytes, batched.median_ms);
@@ -187,6 +209,7 @@ int main(int argc, char** argv) {
         } else {
           row.insert(row.end(), {"", "", ""});
         }
+        row.push_back(check);
         gemv.add_row(row);
       }
       // Each of v6's instances (the default one is in the rows above), in a graph only.
@@ -197,12 +220,13 @@ int main(int argc, char** argv) {
           matmul_v6_few_tokens_config(config, 0, bf16(y.data()), bf16(x.data()), bf16(weights[i].data()), bias, T,
                                       shape.C_in, shape.C_out, stream);
         };
-        run_on(0, 0);  // first launch outside the capture: it sets the kernel's attributes
+        // The check is also the first launch outside the capture: it sets the kernel's attributes.
+        const char* check = check_run(y, y_reference, T, shape.C_out, [&] { run_on(0, 0); });
         BenchTiming graphed = time_gpu_graph(run_on, copies);
         double graph_gbs = gb_per_s(bytes, graphed.median_ms);
         gemv.add_row({shape.name, std::to_string(T), std::string("v6: ") + matmul_v6_config_name(config), "", "", "",
                       "", "", "", fmt(graphed.median_ms * 1e3, 1), fmt(graph_gbs, 0),
-                      fmt(100 * graph_gbs / copy_gbs, 1)});
+                      fmt(100 * graph_gbs / copy_gbs, 1), check});
       }
     }
   }
@@ -212,12 +236,12 @@ int main(int argc, char** argv) {
   BenchTable best("best own tensor-core kernel vs cuBLASLt",
                   {"shape", "T", "cuBLASLt (us)", "best own", "own (us)", "% of cuBLASLt"});
   BenchTable tiles("tile shapes at large T (the picked one marked *)",
-                   {"shape", "T", "kernel", "tile", "time (us)", "TFLOP/s"});
+                   {"shape", "T", "kernel", "tile", "time (us)", "TFLOP/s", "check"});
   BenchTable steady("back to back: 20 launches, no L2 flush between (how prefill runs them)",
                     {"shape", "T", "cuBLASLt (us)", "v5, picked tile (us)", "% of cuBLASLt", "cuBLASLt isolated (us)",
-                     "v5 isolated (us)"});
+                     "v5 isolated (us)", "v5 check"});
   BenchTable bias_cost("what the bias costs: HasBias=true vs false instantiations",
-                       {"shape", "T", "version", "no bias (us)", "bias (us)", "difference"});
+                       {"shape", "T", "version", "no bias (us)", "bias (us)", "difference", "check (no bias / bias)"});
 
   for (const Shape& shape : kShapes) {
     Problem problem(shape);
@@ -229,6 +253,7 @@ int main(int argc, char** argv) {
       double cublas_ms = time_adaptive([&] { problem.run(matmul_cublaslt, bf16(problem.y.data()), T); }).median_ms;
       double best_ms = 1e30;
       const char* best_name = "";
+      const char* v5_check = "not run";  // v5's check at this T, for the back-to-back table
       for (const Entry& entry : entries) {
         bool is_gemv = entry.launch == gemv_v1_warp_per_row;
         if (is_gemv && T > kGemvMaxTokens) continue;
@@ -244,6 +269,7 @@ int main(int argc, char** argv) {
         bool ok = problem.matches_reference(T);
         BenchTiming timing = time_adaptive([&] { problem.run(entry.launch, bf16(problem.y.data()), T); });
         double ms = timing.median_ms;
+        if (entry.launch == matmul_v5_wgmma) v5_check = ok ? "ok" : "CHECK FAILED";
         if (entry.own_tensor_core && ok && ms < best_ms) {
           best_ms = ms;
           best_name = entry.name;
@@ -264,27 +290,31 @@ int main(int argc, char** argv) {
         const double lt_b2b = time_gpu_back_to_back([&](int) { run_lt(); }, 20).median_ms;
         const double v5_isolated = time_adaptive(run_v5).median_ms;
         steady.add_row({shape.name, std::to_string(T), fmt(lt_b2b * 1e3, 1), fmt(v5_b2b * 1e3, 1),
-                        fmt(100 * lt_b2b / v5_b2b, 1), fmt(cublas_ms * 1e3, 1), fmt(v5_isolated * 1e3, 1)});
+                        fmt(100 * lt_b2b / v5_b2b, 1), fmt(cublas_ms * 1e3, 1), fmt(v5_isolated * 1e3, 1), v5_check});
       }
 
       if (T >= 512) {  // which tile shape wins, and does the pick agree?
         for (int i = 0; i < matmul_v4_tile_count(); ++i) {
-          BenchTiming t = time_adaptive([&] {
+          auto run_tile = [&] {
             matmul_v4_tensor_cores_tile(i, bf16(problem.y.data()), bf16(problem.x.data()), bf16(problem.W.data()),
                                         problem.bias(), T, shape.C_in, shape.C_out, 0);
-          });
+          };
+          const char* check = check_run(problem.y, problem.y_reference, T, shape.C_out, run_tile);
+          BenchTiming t = time_adaptive(run_tile);
           bool picked = i == matmul_v4_pick_tile(T, shape.C_out);
           tiles.add_row({shape.name, std::to_string(T), "v4", std::string(matmul_v4_tile_name(i)) + (picked ? " *" : ""),
-                         fmt(t.median_ms * 1e3, 1), fmt(tflop_per_s(flops, t.median_ms), 1)});
+                         fmt(t.median_ms * 1e3, 1), fmt(tflop_per_s(flops, t.median_ms), 1), check});
         }
         for (int i = 0; time_v5_tiles && i < matmul_v5_tile_count(); ++i) {
-          BenchTiming t = time_adaptive([&] {
+          auto run_tile = [&] {
             matmul_v5_wgmma_tile(i, bf16(problem.y.data()), bf16(problem.x.data()), bf16(problem.W.data()),
                                  problem.bias(), T, shape.C_in, shape.C_out, 0);
-          });
+          };
+          const char* check = check_run(problem.y, problem.y_reference, T, shape.C_out, run_tile);
+          BenchTiming t = time_adaptive(run_tile);
           bool picked = i == matmul_v5_pick_tile(T, shape.C_out);
           tiles.add_row({shape.name, std::to_string(T), "v5", std::string(matmul_v5_tile_name(i)) + (picked ? " *" : ""),
-                         fmt(t.median_ms * 1e3, 1), fmt(tflop_per_s(flops, t.median_ms), 1)});
+                         fmt(t.median_ms * 1e3, 1), fmt(tflop_per_s(flops, t.median_ms), 1), check});
         }
       }
 
@@ -294,16 +324,28 @@ int main(int argc, char** argv) {
           bool is_gemv = entry.launch == gemv_v1_warp_per_row;
           if (entry.launch == matmul_cublaslt || (T == 1 ? is_gemv : entry.own_tensor_core)) compared.push_back(entry);
         }
+        // References with and without the bias (y_reference holds the former: the shape
+        // has one), so that both instantiations are checked before they are timed.
+        DeviceBuffer<uint16_t> reference_no_bias(size_t(T) * shape.C_out);
+        matmul_cublaslt(bf16(reference_no_bias.data()), bf16(problem.x.data()), bf16(problem.W.data()), nullptr, T,
+                        shape.C_in, shape.C_out);
         for (const Entry& entry : compared) {
           auto launch_with = [&](const __nv_bfloat16* b) {
             entry.launch(bf16(problem.y.data()), bf16(problem.x.data()), bf16(problem.W.data()), b, T, shape.C_in,
                          shape.C_out, 0);
           };
+          std::string check = "reference";
+          if (entry.launch != matmul_cublaslt) {
+            check = std::string(check_run(problem.y, reference_no_bias, T, shape.C_out, [&] { launch_with(nullptr); })) +
+                    " / " +
+                    check_run(problem.y, problem.y_reference, T, shape.C_out,
+                              [&] { launch_with(bf16(problem.b.data())); });
+          }
           BenchTiming without = time_gpu([&] { launch_with(nullptr); });
           BenchTiming with = time_gpu([&] { launch_with(bf16(problem.b.data())); });
           bias_cost.add_row({shape.name, std::to_string(T), entry.name, fmt(without.median_ms * 1e3, 2),
                              fmt(with.median_ms * 1e3, 2),
-                             fmt(100 * (with.median_ms - without.median_ms) / without.median_ms, 1) + " %"});
+                             fmt(100 * (with.median_ms - without.median_ms) / without.median_ms, 1) + " %", check});
         }
       }
     }

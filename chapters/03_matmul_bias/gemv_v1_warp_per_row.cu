@@ -173,11 +173,12 @@ void gemv_launch(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* 
 
 void gemv_v1_warp_per_row(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W,
                           const __nv_bfloat16* bias, int T, int C_in, int C_out, cudaStream_t stream) {
+  matmul_check_sizes("gemv_v1_warp_per_row", T, C_in, C_out);
   if (T > kGemvMaxTokens) {
     throw std::invalid_argument("gemv_v1_warp_per_row: T=" + std::to_string(T) + " > " +
                                 std::to_string(kGemvMaxTokens) + "; use a GEMM");
   }
-  if (T <= 0 || C_out == 0) return;
+  if (T == 0 || C_out == 0) return;
   // 16-byte loads of x and W rows; y and bias are written/read one value at a time.
   bool vector = C_in % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(W) % 16 == 0;
   switch (T) {  // T becomes a compile-time constant: acc[T] lives in registers

@@ -128,7 +128,8 @@ bool gemv_v2_supported(const __nv_bfloat16* x, const __nv_bfloat16* W, int T, in
 
 void gemv_v2_tensor_cores(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W,
                           const __nv_bfloat16* bias, int T, int C_in, int C_out, cudaStream_t stream) {
-  if (T == 0 || C_out <= 0) return;
+  matmul_check_sizes("gemv_v2_tensor_cores", T, C_in, C_out);
+  if (T == 0 || C_out == 0) return;
   if (!gemv_v2_supported(x, W, T, C_in)) {
     throw std::invalid_argument("gemv_v2_tensor_cores: needs 1 <= T <= " + std::to_string(kGemvV2MaxTokens) +
                                 ", C_in % 8 == 0 and 16-byte aligned x and W; got T=" + std::to_string(T) +

@@ -19,9 +19,12 @@
 /// into one of two instantiations, and the one without bias contains no bias code at
 /// all, not even a branch.
 ///
-/// Sizes: any T >= 0, C_in >= 1, C_out >= 1. The fast paths need 16-byte rows (C_in % 8
-/// == 0), an even C_out and 16-byte-aligned pointers (what cudaMalloc returns); any
-/// other shape or pointer takes a scalar path of the same version (see each file).
+/// Sizes: any T >= 0, C_in >= 1, C_out >= 0 (T = 0 or C_out = 0 writes nothing); every
+/// launcher throws std::invalid_argument for other sizes, before any CUDA call. The fast
+/// paths need 16-byte rows (C_in % 8 == 0), an even C_out and 16-byte-aligned pointers
+/// (what cudaMalloc returns); any other shape or pointer takes a scalar path of the same
+/// version (see each file), except where a launcher below says it throws (gemv_v2, v6,
+/// matmul_cublaslt_w_in_out).
 ///
 /// Symbols: T tokens; C_in and C_out the layer's input and output features (for Bielik
 /// C = 1536, F = 8960, V = 32000, Hkv * D = 256). Inside the kernels the GEMM names are
@@ -65,7 +68,7 @@ void matmul_v4_tensor_cores(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv
                             const __nv_bfloat16* bias, int T, int C_in, int C_out, cudaStream_t stream = 0);
 
 /// v4 with a fixed tile shape, for the benchmark's "which tile" table.
-/// @param tile 0 .. matmul_v4_tile_count()-1
+/// @param tile 0 .. matmul_v4_tile_count()-1 (std::invalid_argument otherwise)
 void matmul_v4_tensor_cores_tile(int tile, __nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W,
                                  const __nv_bfloat16* bias, int T, int C_in, int C_out, cudaStream_t stream = 0);
 int matmul_v4_tile_count();
@@ -82,7 +85,8 @@ void matmul_v5_wgmma(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat
                      int T, int C_in, int C_out, cudaStream_t stream = 0);
 /// True when this build contains the sm_90a kernels and the current GPU is compute 9.0.
 bool matmul_v5_available();
-/// v5 with a fixed tile shape (benchmark and tests). @param tile 0 .. matmul_v5_tile_count()-1
+/// v5 with a fixed tile shape (benchmark and tests).
+/// @param tile 0 .. matmul_v5_tile_count()-1 (std::invalid_argument otherwise)
 void matmul_v5_wgmma_tile(int tile, __nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W,
                           const __nv_bfloat16* bias, int T, int C_in, int C_out, cudaStream_t stream = 0);
 int matmul_v5_tile_count();
@@ -189,7 +193,7 @@ inline constexpr MatmulVersion kMatmulVersions[] = {
 /// decode (T = 1), where, launched back to back, it beats cuBLASLt on every Bielik
 /// shape; cuBLASLt for T >= 2, where it is the fastest on the large layers (our GEMV
 /// re-reads x per row and loses from T = 2 on gate/up/down; our best GEMM, v5, reaches
-/// 50-82% of it at T = 2048).
+/// 70-83% of it at T = 2048: bench_h200_v5_tiles.txt, gate/up 70.0% to down 82.6%).
 /// Same parameters as v1.
 inline void matmul_forward(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W,
                            const __nv_bfloat16* bias, int T, int C_in, int C_out, cudaStream_t stream = 0) {

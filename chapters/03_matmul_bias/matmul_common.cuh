@@ -1,16 +1,39 @@
 /// @file matmul_common.cuh
-/// @brief Pieces every matmul version shares: the bias flag, the vector-path test, the
-/// epilogue that adds the bias and rounds to bf16.
+/// @brief Pieces every matmul version shares: the size check, the bias flag, the
+/// vector-path test, the epilogue that adds the bias and rounds to bf16.
 #pragma once
 
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #include "cuda_check.cuh"
 
 namespace bielik {
+
+/// The sizes matmul.cuh promises to handle: T >= 0, C_in >= 1, C_out >= 0 (T = 0 or
+/// C_out = 0 is an empty product and writes nothing). Anything else is a caller's bug
+/// that would otherwise pass silently (a negative C_in made every version store the
+/// bias alone; a negative T launched nothing), so every launcher calls this first,
+/// before any CUDA call, and it throws std::invalid_argument naming the launcher.
+inline void matmul_check_sizes(const char* launcher, int T, int C_in, int C_out) {
+  if (T < 0 || C_in < 1 || C_out < 0) {
+    throw std::invalid_argument(std::string(launcher) + ": needs T >= 0, C_in >= 1 and C_out >= 0, got T=" +
+                                std::to_string(T) + " C_in=" + std::to_string(C_in) +
+                                " C_out=" + std::to_string(C_out));
+  }
+}
+
+/// Throws std::invalid_argument unless 0 <= tile < count (the fixed-tile launchers).
+inline void matmul_check_tile(const char* launcher, int tile, int count) {
+  if (tile < 0 || tile >= count) {
+    throw std::invalid_argument(std::string(launcher) + ": tile " + std::to_string(tile) + " does not exist (0.." +
+                                std::to_string(count - 1) + ")");
+  }
+}
 
 /// Turns the run-time question "is there a bias?" into a compile-time one, once, at the
 /// launch: `f` receives std::true_type or std::false_type, whose value, a constant

@@ -44,6 +44,7 @@
 #include "cuda_check.cuh"
 #include "device_buffer.cuh"
 #include "matmul.cuh"
+#include "matmul_common.cuh"
 
 namespace bielik {
 
@@ -191,12 +192,14 @@ class CublasLt {
 
 void matmul_cublaslt(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W, const __nv_bfloat16* bias,
                      int T, int C_in, int C_out, cudaStream_t stream) {
+  matmul_check_sizes("matmul_cublaslt", T, C_in, C_out);  // before the first call creates the handle
   if (T == 0 || C_out == 0) return;
   CublasLt::instance().matmul(y, x, W, bias, T, C_in, C_out, stream);
 }
 
 void matmul_cublaslt_w_in_out(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W_in_out,
                               const __nv_bfloat16* bias, int T, int C_in, int C_out, cudaStream_t stream) {
+  matmul_check_sizes("matmul_cublaslt_w_in_out", T, C_in, C_out);
   if (T == 0 || C_out == 0) return;
   CublasLt::instance().matmul(y, x, W_in_out, bias, T, C_in, C_out, stream, true);
 }

@@ -35,6 +35,7 @@ __global__ void matmul_v1_naive_kernel(__nv_bfloat16* y,           // (M, N)
 
 void matmul_v1_naive(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W, const __nv_bfloat16* bias,
                      int T, int C_in, int C_out, cudaStream_t stream) {
+  matmul_check_sizes("matmul_v1_naive", T, C_in, C_out);
   if (T == 0 || C_out == 0) return;
   int threads = 256;
   dim3 grid((C_out + threads - 1) / threads, T < 65535 ? T : 65535);

@@ -56,6 +56,7 @@ __global__ void __launch_bounds__(kV2Tile * kV2Tile)
 
 void matmul_v2_smem_tiling(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W,
                            const __nv_bfloat16* bias, int T, int C_in, int C_out, cudaStream_t stream) {
+  matmul_check_sizes("matmul_v2_smem_tiling", T, C_in, C_out);
   if (T == 0 || C_out == 0) return;
   dim3 threads(kV2Tile, kV2Tile);
   dim3 grid((C_out + kV2Tile - 1) / kV2Tile, (T + kV2Tile - 1) / kV2Tile);

@@ -102,6 +102,7 @@ __global__ void __launch_bounds__(kV3Threads, 2)
 
 void matmul_v3_register_blocking(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W,
                                  const __nv_bfloat16* bias, int T, int C_in, int C_out, cudaStream_t stream) {
+  matmul_check_sizes("matmul_v3_register_blocking", T, C_in, C_out);
   if (T == 0 || C_out == 0) return;
   dim3 grid((C_out + kV3Tile - 1) / kV3Tile, (T + kV3Tile - 1) / kV3Tile);
   bool vector = matmul_vector_path_ok(y, x, W, bias, C_in, C_out);

@@ -229,12 +229,15 @@ int matmul_v4_pick_tile(int T, int C_out) { return pick_tile_shape(kV4Tiles, T, 
 
 void matmul_v4_tensor_cores_tile(int tile, __nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W,
                                  const __nv_bfloat16* bias, int T, int C_in, int C_out, cudaStream_t stream) {
+  matmul_check_sizes("matmul_v4_tensor_cores_tile", T, C_in, C_out);
+  matmul_check_tile("matmul_v4_tensor_cores_tile", tile, kV4TileCount);
   if (T == 0 || C_out == 0) return;
   kV4Tiles[tile].launch(y, x, W, bias, T, C_out, C_in, stream);
 }
 
 void matmul_v4_tensor_cores(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W,
                             const __nv_bfloat16* bias, int T, int C_in, int C_out, cudaStream_t stream) {
+  matmul_check_sizes("matmul_v4_tensor_cores", T, C_in, C_out);  // before the tile pick asks the GPU
   if (T == 0 || C_out == 0) return;
   matmul_v4_tensor_cores_tile(matmul_v4_pick_tile(T, C_out), y, x, W, bias, T, C_in, C_out, stream);
 }

@@ -173,6 +173,8 @@ bool matmul_v5_available() {
 
 void matmul_v5_wgmma_tile(int tile, __nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W,
                           const __nv_bfloat16* bias, int T, int C_in, int C_out, cudaStream_t stream) {
+  matmul_check_sizes("matmul_v5_wgmma_tile", T, C_in, C_out);
+  matmul_check_tile("matmul_v5_wgmma_tile", tile, kV5TileCount);
   if (T == 0 || C_out == 0) return;
   if (!matmul_vector_path_ok(y, x, W, bias, C_in, C_out)) {  // no 16-byte copies possible
     matmul_v4_tensor_cores(y, x, W, bias, T, C_in, C_out, stream);
@@ -183,6 +185,7 @@ void matmul_v5_wgmma_tile(int tile, __nv_bfloat16* y, const __nv_bfloat16* x, co
 
 void matmul_v5_wgmma(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W, const __nv_bfloat16* bias,
                      int T, int C_in, int C_out, cudaStream_t stream) {
+  matmul_check_sizes("matmul_v5_wgmma", T, C_in, C_out);  // before the tile pick asks the GPU
   matmul_v5_wgmma_tile(matmul_v5_pick_tile(T, C_out), y, x, W, bias, T, C_in, C_out, stream);
 }
 

@@ -269,7 +269,8 @@ int matmul_v6_splits(int T, int C_in, int C_out) {
 void matmul_v6_few_tokens_config(int config, int splits, __nv_bfloat16* y, const __nv_bfloat16* x,
                                  const __nv_bfloat16* W, const __nv_bfloat16* bias, int T, int C_in, int C_out,
                                  cudaStream_t stream) {
-  if (T == 0 || C_out <= 0) return;
+  matmul_check_sizes("matmul_v6_few_tokens", T, C_in, C_out);
+  if (T == 0 || C_out == 0) return;
   if (!matmul_v6_supported(x, W, T, C_in)) {
     throw std::invalid_argument("matmul_v6_few_tokens: needs 1 <= T <= " + std::to_string(kMatmulV6MaxTokens) +
                                 ", C_in % 8 == 0 and 16-byte aligned x and W; got T=" + std::to_string(T) +

@@ -1,5 +1,8 @@
 // Chapter 03, CPU: the fp32 reference against the float64 golden answers (random cases
-// within fp32 rounding, exact integer cases bit for bit), and the layout it assumes.
+// within fp32 rounding, exact integer cases bit for bit), the layout it assumes, and the
+// launchers' refusal of impossible sizes (checked before any CUDA call, so no GPU needed).
+#include <functional>
+#include <stdexcept>
 #include <string>
 
 #include "catch_compat.hpp"
@@ -39,8 +42,11 @@ TEST_CASE("matmul_cpu matches the float64 golden answers", "[ch03][cpu]") {
   }
 }
 
-TEST_CASE("matmul_cpu is exact on small integers", "[ch03][cpu]") {
-  for (const char* name : {"exact_a", "exact_b", "exact_c"}) {
+TEST_CASE("matmul_cpu is exact on integers, and one rounding to bf16 gives the golden bits", "[ch03][cpu]") {
+  // exact_*: the fp32 sums are the answers themselves. rounding_*: the fp32 sums are exact
+  // but need more bits than bf16 has; rounded once they must give the golden bits, which
+  // checks the generator's "one rounding" answers independently of numpy.
+  for (const char* name : {"exact_a", "exact_b", "exact_c", "rounding_a", "rounding_b"}) {
     NpyArray x = golden(name, "x"), W = golden(name, "W"), b = golden(name, "b");
     int T = int(x.shape[0]), C_in = int(x.shape[1]), C_out = int(W.shape[0]);
     std::vector<float> bias = b.to_float();
@@ -49,8 +55,60 @@ TEST_CASE("matmul_cpu is exact on small integers", "[ch03][cpu]") {
       matmul_cpu(y.data(), x.to_float().data(), W.to_float().data(), with_bias ? bias.data() : nullptr, T, C_in,
                  C_out);
       INFO("case " << name << (with_bias ? " bias" : " no bias"));
-      REQUIRE(y == golden(name, with_bias ? "y_bias" : "y_nobias").to_float());
+      REQUIRE(float_to_bf16(y) == golden(name, with_bias ? "y_bias" : "y_nobias").bf16_bits());
     }
+  }
+}
+
+TEST_CASE("every matmul launcher refuses impossible sizes and tiles before any CUDA call", "[ch03][cpu]") {
+  // matmul.cuh: T >= 0, C_in >= 1, C_out >= 0. Before these checks a negative C_in made
+  // every version store the bias alone, and a negative T returned without a word. The
+  // pointers are null: a launcher that got past its check would fail differently.
+  using Launch = std::function<void(int, int, int)>;
+  const std::vector<std::pair<const char*, Launch>> launchers = {
+      {"matmul_v1_naive", [](int T, int K, int N) { matmul_v1_naive(nullptr, nullptr, nullptr, nullptr, T, K, N); }},
+      {"matmul_v2_smem_tiling",
+       [](int T, int K, int N) { matmul_v2_smem_tiling(nullptr, nullptr, nullptr, nullptr, T, K, N); }},
+      {"matmul_v3_register_blocking",
+       [](int T, int K, int N) { matmul_v3_register_blocking(nullptr, nullptr, nullptr, nullptr, T, K, N); }},
+      {"matmul_v4_tensor_cores",
+       [](int T, int K, int N) { matmul_v4_tensor_cores(nullptr, nullptr, nullptr, nullptr, T, K, N); }},
+      {"matmul_v4_tensor_cores_tile",
+       [](int T, int K, int N) { matmul_v4_tensor_cores_tile(0, nullptr, nullptr, nullptr, nullptr, T, K, N); }},
+      {"matmul_v5_wgmma", [](int T, int K, int N) { matmul_v5_wgmma(nullptr, nullptr, nullptr, nullptr, T, K, N); }},
+      {"matmul_v5_wgmma_tile",
+       [](int T, int K, int N) { matmul_v5_wgmma_tile(0, nullptr, nullptr, nullptr, nullptr, T, K, N); }},
+      {"matmul_v6_few_tokens",
+       [](int T, int K, int N) { matmul_v6_few_tokens(nullptr, nullptr, nullptr, nullptr, T, K, N); }},
+      {"matmul_cublaslt", [](int T, int K, int N) { matmul_cublaslt(nullptr, nullptr, nullptr, nullptr, T, K, N); }},
+      {"matmul_cublaslt_w_in_out",
+       [](int T, int K, int N) { matmul_cublaslt_w_in_out(nullptr, nullptr, nullptr, nullptr, T, K, N); }},
+      {"gemv_v1_warp_per_row",
+       [](int T, int K, int N) { gemv_v1_warp_per_row(nullptr, nullptr, nullptr, nullptr, T, K, N); }},
+      {"gemv_v2_tensor_cores",
+       [](int T, int K, int N) { gemv_v2_tensor_cores(nullptr, nullptr, nullptr, nullptr, T, K, N); }},
+      {"matmul_forward", [](int T, int K, int N) { matmul_forward(nullptr, nullptr, nullptr, nullptr, T, K, N); }},
+  };
+  const int bad_sizes[][3] = {{-1, 8, 8}, {1, 0, 8}, {1, -8, 8}, {0, -8, 8}, {1, 8, -2}};  // T, C_in, C_out
+  for (const auto& launcher : launchers) {
+    for (const auto& size : bad_sizes) {
+      INFO(launcher.first << " T=" << size[0] << " C_in=" << size[1] << " C_out=" << size[2]);
+      std::string error = error_of<std::invalid_argument>([&] { launcher.second(size[0], size[1], size[2]); });
+      REQUIRE(contains(error, "C_in >= 1"));
+      // matmul_forward's message names the launcher it dispatched to
+      if (std::string(launcher.first) != "matmul_forward") REQUIRE(contains(error, launcher.first));
+    }
+  }
+  // A tile that does not exist (valid sizes, T = 0: nothing to launch either way).
+  for (int tile : {-1, matmul_v4_tile_count()}) {
+    REQUIRE(contains(error_of<std::invalid_argument>(
+                         [&] { matmul_v4_tensor_cores_tile(tile, nullptr, nullptr, nullptr, nullptr, 0, 8, 8); }),
+                     "does not exist"));
+  }
+  for (int tile : {-1, matmul_v5_tile_count()}) {
+    REQUIRE(contains(
+        error_of<std::invalid_argument>([&] { matmul_v5_wgmma_tile(tile, nullptr, nullptr, nullptr, nullptr, 0, 8, 8); }),
+        "does not exist"));
   }
 }
 

@@ -1,7 +1,11 @@
 /// @file weight_stream.cuh
 /// @brief A ring of shared-memory stages that Hopper's bulk-copy engine (TMA) fills with
-/// weight bytes while the block computes on earlier stages. The streaming half of the
-/// decode GEMVs (gemv_v2 here, chapter 08's fused decode kernels).
+/// weight bytes while the block computes on earlier stages. Used by this chapter's
+/// bench_weight_stream (the ring's ceiling) and by chapter 08's decode kernels
+/// (decode_gemv_stream.cu, decode_kernels.cu, decode_step_streamed.cu; the attention's O
+/// projection and decode_device.cuh take its copy_async_bulk and mbarrier helpers). None
+/// of this chapter's GEMVs uses it: gemv_v1 and gemv_v2 stream with register loads
+/// (ptx::load_streaming_16, matmul_ptx.cuh).
 ///
 /// Why: a GEMV at T = 1 reads every weight byte once and does 2 flops per 2 bytes, so
 /// its speed is the speed of the weight stream. Keeping HBM busy needs a few MB in

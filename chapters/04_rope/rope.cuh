@@ -53,8 +53,16 @@ RopeTable rope_table_build(int D, float theta, int max_positions, cudaStream_t s
 
 /// positions[t] = start + t for t < T: the positions of a prompt of T tokens appended
 /// after `start` tokens already in the KV cache (start = 0 for a fresh prefill).
+/// Throws std::invalid_argument, before any CUDA call, for T < 0, start < 0, or a last
+/// position start + T - 1 that does not fit an int32.
 /// @param positions (T) device, written
 void rope_positions_from_offset(int32_t* positions, int T, int start, cudaStream_t stream = 0);
+
+/// The size check every GPU version runs first, before any CUDA call: throws
+/// std::invalid_argument naming `launcher` for T, H or Hkv < 0 (a negative T used to wrap
+/// around in v1's and v2's element count and launch a huge grid). T = 0 or no heads is an
+/// empty call and writes nothing.
+void rope_check_sizes(const char* launcher, int T, int H, int Hkv);
 
 /// Plain C++ reference: float64 angles, fp32 rotation, in place on fp32 arrays.
 /// Throws std::invalid_argument for odd D or a negative position.

@@ -1,10 +1,12 @@
-// The precomputed rotation table (used by v2 and v3) and the positions helper.
+// The precomputed rotation table (used by v2 and v3), the positions helper, and the size
+// check every version runs first.
 //
 // The table is built once per model load, so its cost does not matter and we spend it
 // on precision: the angle pos * theta^(-2i/D) is computed in float64 and rounded to
 // float only at the end. HF computes the same angle in float32 (inv_freq rounded to
 // float, then a float product), which at pos = 8191 is off by up to ~5e-4 rad in the
 // fastest-turning pair. The README measures what that costs; here we simply avoid it.
+#include <climits>
 #include <stdexcept>
 #include <string>
 
@@ -53,10 +55,22 @@ __global__ void rope_positions_from_offset_kernel(int32_t* positions,  // (T)
 }
 
 void rope_positions_from_offset(int32_t* positions, int T, int start, cudaStream_t stream) {
-  if (T <= 0) return;
+  if (T < 0 || start < 0 || (T > 0 && start > INT_MAX - (T - 1))) {
+    throw std::invalid_argument("rope_positions_from_offset: needs T >= 0, start >= 0 and start + T - 1 <= " +
+                                std::to_string(INT_MAX) + ", got T=" + std::to_string(T) +
+                                " start=" + std::to_string(start));
+  }
+  if (T == 0) return;
   int threads = 256;
   rope_positions_from_offset_kernel<<<(T + threads - 1) / threads, threads, 0, stream>>>(positions, T, start);
   CUDA_CHECK_LAUNCH();
+}
+
+void rope_check_sizes(const char* launcher, int T, int H, int Hkv) {
+  if (T < 0 || H < 0 || Hkv < 0) {
+    throw std::invalid_argument(std::string(launcher) + ": needs T, H and Hkv >= 0, got T=" + std::to_string(T) +
+                                " H=" + std::to_string(H) + " Hkv=" + std::to_string(Hkv));
+  }
 }
 
 }  // namespace bielik

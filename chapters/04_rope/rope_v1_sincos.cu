@@ -17,6 +17,7 @@
 
 #include "cuda_check.cuh"
 #include "rope.cuh"
+#include "rope_rotate.cuh"
 
 namespace bielik {
 
@@ -39,8 +40,8 @@ __global__ void rope_v1_sincos_kernel(__nv_bfloat16* x,         // (T, heads, D)
   float s, c;
   sincosf(float(pos) * inv_freq, &s, &c);
   float x1 = __bfloat162float(head[i]), x2 = __bfloat162float(head[i + half]);
-  head[i] = __float2bfloat16(x1 * c - x2 * s);
-  head[i + half] = __float2bfloat16(x2 * c + x1 * s);
+  head[i] = __float2bfloat16(rope_rotate_first(x1, x2, c, s));  // no FMA: rope_rotate.cuh
+  head[i + half] = __float2bfloat16(rope_rotate_second(x1, x2, c, s));
 }
 
 namespace {
@@ -58,6 +59,7 @@ void launch_one(__nv_bfloat16* x, const int32_t* positions, int T, int heads, co
 
 void rope_v1_sincos(__nv_bfloat16* q, __nv_bfloat16* k, const int32_t* positions, int T, int H, int Hkv,
                     const RopeTable& table, cudaStream_t stream) {
+  rope_check_sizes("rope_v1_sincos", T, H, Hkv);
   if (table.D <= 0 || table.D % 2 != 0) throw std::invalid_argument("rope_v1_sincos: table not built");
   launch_one(q, positions, T, H, table, stream);
   launch_one(k, positions, T, Hkv, table, stream);

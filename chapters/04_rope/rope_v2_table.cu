@@ -13,6 +13,7 @@
 
 #include "cuda_check.cuh"
 #include "rope.cuh"
+#include "rope_rotate.cuh"
 
 namespace bielik {
 
@@ -35,8 +36,8 @@ __global__ void rope_v2_table_kernel(__nv_bfloat16* x,          // (T, heads, D)
   }
   float c = cos_table[size_t(pos) * half + i], s = sin_table[size_t(pos) * half + i];
   float x1 = __bfloat162float(head[i]), x2 = __bfloat162float(head[i + half]);
-  head[i] = __float2bfloat16(x1 * c - x2 * s);
-  head[i + half] = __float2bfloat16(x2 * c + x1 * s);
+  head[i] = __float2bfloat16(rope_rotate_first(x1, x2, c, s));  // no FMA: rope_rotate.cuh
+  head[i + half] = __float2bfloat16(rope_rotate_second(x1, x2, c, s));
 }
 
 namespace {
@@ -54,6 +55,7 @@ void launch_one(__nv_bfloat16* x, const int32_t* positions, int T, int heads, co
 
 void rope_v2_table(__nv_bfloat16* q, __nv_bfloat16* k, const int32_t* positions, int T, int H, int Hkv,
                    const RopeTable& table, cudaStream_t stream) {
+  rope_check_sizes("rope_v2_table", T, H, Hkv);
   if (table.D <= 0 || table.cos.size() == 0) throw std::invalid_argument("rope_v2_table: table not built");
   launch_one(q, positions, T, H, table, stream);
   launch_one(k, positions, T, Hkv, table, stream);

@@ -19,6 +19,7 @@
 
 #include "cuda_check.cuh"
 #include "rope.cuh"
+#include "rope_rotate.cuh"
 
 namespace bielik {
 
@@ -58,8 +59,9 @@ __global__ void rope_v3_fused_vectorized_kernel(__nv_bfloat16* q,          // (T
     for (int j = 0; j < 4; ++j) {
       float2 x1 = __bfloat1622float2(a2[j]), x2 = __bfloat1622float2(b2[j]);
       float cx = c[2 * j], cy = c[2 * j + 1], sx = s[2 * j], sy = s[2 * j + 1];
-      a2[j] = __floats2bfloat162_rn(x1.x * cx - x2.x * sx, x1.y * cy - x2.y * sy);
-      b2[j] = __floats2bfloat162_rn(x2.x * cx + x1.x * sx, x2.y * cy + x1.y * sy);
+      // rope_rotate.cuh: no FMA, so every kernel that rotates this pair gets these bits
+      a2[j] = __floats2bfloat162_rn(rope_rotate_first(x1.x, x2.x, cx, sx), rope_rotate_first(x1.y, x2.y, cy, sy));
+      b2[j] = __floats2bfloat162_rn(rope_rotate_second(x1.x, x2.x, cx, sx), rope_rotate_second(x1.y, x2.y, cy, sy));
     }
     *first = a;
     *second = b;
@@ -68,6 +70,7 @@ __global__ void rope_v3_fused_vectorized_kernel(__nv_bfloat16* q,          // (T
 
 void rope_v3_fused_vectorized(__nv_bfloat16* q, __nv_bfloat16* k, const int32_t* positions, int T, int H,
                               int Hkv, const RopeTable& table, cudaStream_t stream) {
+  rope_check_sizes("rope_v3_fused_vectorized", T, H, Hkv);
   if (table.D <= 0 || table.cos.size() == 0) throw std::invalid_argument("rope_v3_fused_vectorized: table not built");
   if (table.D % 16 != 0) {
     throw std::invalid_argument("rope_v3_fused_vectorized: needs D % 16 == 0, got D = " + std::to_string(table.D));
@@ -75,7 +78,7 @@ void rope_v3_fused_vectorized(__nv_bfloat16* q, __nv_bfloat16* k, const int32_t*
   if (reinterpret_cast<uintptr_t>(q) % 16 != 0 || reinterpret_cast<uintptr_t>(k) % 16 != 0) {
     throw std::invalid_argument("rope_v3_fused_vectorized: q and k must be 16-byte aligned");
   }
-  if (T <= 0 || H + Hkv <= 0) return;
+  if (T == 0 || H + Hkv == 0) return;
   int chunks = table.D / 16;
   int slots = H + Hkv;
   if (slots * chunks > 1024) slots = 1024 / chunks;  // more heads than a block: threads loop

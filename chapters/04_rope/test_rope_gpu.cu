@@ -1,5 +1,6 @@
 // Chapter 04, GPU: every version against the float64 golden rotation, against the CPU
-// reference on fresh random inputs, the positions helper, the table, and the loud
+// reference on fresh random inputs (Bielik's and SmolLM2's heads, D = 40, and 140 heads,
+// more than one v3 block holds at once), the positions helper, the table, and the loud
 // failure on out-of-range positions.
 //
 // RoPE works in place, so the usual "poison the output" trick would destroy the input.
@@ -7,6 +8,7 @@
 // kernel forgot to rotate keeps its input value, which is off by O(1) at any position
 // other than 0, far outside the per-element bound.
 #include <cmath>
+#include <stdexcept>
 #include <string>
 
 #include "catch_compat.hpp"
@@ -25,21 +27,52 @@ constexpr int kMaxPositions = 8192;  // Bielik's context length; golden position
 // bf16 output: rounding alone costs ~1.5e-3 relative norm (printed by gen_04_rope.py).
 constexpr double kRopeTolerance = 4e-3;
 
-// Per element: half a bf16 spacing (<= 2^-8 |e|) plus v1's float32-angle error, which at
-// pos 8191 is up to ~5e-4 rad times the pair's length (< 6 for N(0,1) inputs).
-int count_bad_elements(const std::vector<float>& actual, const std::vector<double>& expected) {
+// Where a version's angles come from, which sets its per-element bound.
+enum class Angles {
+  kFloat32,  // v1: HF's float32 inv_freq and product, up to ~5e-4 rad off at pos 8191
+  kTable,    // v2, v3: rope_table_build's float64 angles, cos/sin rounded once to float
+};
+Angles angles_of(const RopeVersion& version) {
+  return version.launch == rope_v1_sincos ? Angles::kFloat32 : Angles::kTable;
+}
+
+// Per element, e the reference value and n = |(e[i], e[i + D/2])| the length of its
+// rotation pair (a rotation keeps it, so the reference gives the input pair's length):
+//  * kFloat32: half a bf16 spacing (<= 2^-8 |e|) plus v1's angle error, up to ~5e-4 rad
+//    times a pair length < 6 for N(0,1) inputs: 2^-8 |e| + 4e-3.
+//  * kTable: the kernel's fp32 value v is close to the exact rotation: cos and sin are
+//    floats of float64 values (off by <= u = 2^-24 each), and two products and a sum,
+//    each rounded (rope_rotate.cuh), add <= 3u (|x1| + |x2|); so |v - exact| <= 4u (|x1|
+//    + |x2|) <= 4 sqrt(2) u n < 6u n. rope_cpu's fp32 reference is built the same way
+//    (< 6u n again); the float64 golden one is exact. So with s = 16u n = 2^-20 n,
+//    |out - e| <= s + half a bf16 spacing at |e| + s: one correct rounding of an exact
+//    rotation, which is what the table promises, and what a bf16 table, float32 angles
+//    or a second rounding would break.
+int count_bad_elements(const std::vector<float>& actual, const std::vector<double>& expected, int D, Angles angles) {
   int bad = 0;
+  const int half = D / 2;
   for (size_t i = 0; i < actual.size(); ++i) {
-    if (!(std::fabs(actual[i] - expected[i]) <= std::ldexp(std::fabs(expected[i]), -8) + 4e-3)) ++bad;
+    double e = expected[i], bound = 0;
+    if (angles == Angles::kFloat32) {
+      bound = std::ldexp(std::fabs(e), -8) + 4e-3;
+    } else {
+      const size_t partner = int(i % D) < half ? i + half : i - half;
+      const double slack = std::ldexp(std::hypot(e, expected[partner]), -20);
+      int exponent = 0;
+      std::frexp(std::fabs(e) + slack, &exponent);  // |e| + s = m 2^exponent, m in [0.5, 1)
+      bound = slack + (std::fabs(e) + slack > 0 ? 0.5 * std::ldexp(1.0, exponent - 8) : 0.0);
+    }
+    if (!(std::fabs(actual[i] - e) <= bound)) ++bad;  // NaN counts as bad
   }
   return bad;
 }
 
 void require_close(const std::string& label, const std::vector<uint16_t>& actual_bits,
-                   const std::vector<double>& expected) {
+                   const std::vector<double>& expected, int D, Angles angles) {
   CompareResult result = compare_bf16(label, actual_bits, expected, kRopeTolerance);
-  int bad = count_bad_elements(bf16_to_float(actual_bits), expected);
-  INFO(result.report << "\n  elements outside the per-element bound: " << bad);
+  int bad = count_bad_elements(bf16_to_float(actual_bits), expected, D, angles);
+  INFO(result.report << "\n  elements outside the per-element bound ("
+                     << (angles == Angles::kFloat32 ? "float32 angles" : "float64 table") << "): " << bad);
   REQUIRE(result.passed);
   REQUIRE(bad == 0);
 }
@@ -67,27 +100,40 @@ NpyArray load(const std::string& name, const std::string& tensor) {
 
 }  // namespace
 
+// v3 needs D % 16 == 0: at D = 40 it must refuse (and v1, v2 must be right).
+bool refused_by_v3(const RopeVersion& version, int D) {
+  return version.launch == rope_v3_fused_vectorized && D % 16 != 0;
+}
+
 TEST_CASE("every rope version matches the float64 golden rotation", "[ch04][gpu]") {
-  for (const char* name : {"odd64", "odd128", "smollm2", "bielik", "decode"}) {
+  for (const char* name : {"odd64", "odd128", "smollm2", "bielik", "decode", "d40"}) {
     NpyArray q = load(name, "q"), k = load(name, "k");
     int T = int(q.shape[0]), H = int(q.shape[1]), D = int(q.shape[2]), Hkv = int(k.shape[1]);
     RopeTable table = rope_table_build(D, load(name, "theta").to_float()[0], kMaxPositions);
     for (const RopeVersion& version : kRopeVersions) {
       INFO("case " << name << " version " << version.name << " T=" << T << " H=" << H << " Hkv=" << Hkv
                    << " D=" << D);
-      RopeOutput out = run_version(version, q.bf16_bits(), k.bf16_bits(), load(name, "positions").to_int32(), T, H,
-                                   Hkv, table);
-      require_close("q", out.q, load(name, "q_expected").to_double());
-      require_close("k", out.k, load(name, "k_expected").to_double());
+      std::vector<int32_t> positions = load(name, "positions").to_int32();
+      if (refused_by_v3(version, D)) {
+        REQUIRE_THROWS_AS(run_version(version, q.bf16_bits(), k.bf16_bits(), positions, T, H, Hkv, table),
+                          std::invalid_argument);
+        continue;
+      }
+      RopeOutput out = run_version(version, q.bf16_bits(), k.bf16_bits(), positions, T, H, Hkv, table);
+      require_close("q", out.q, load(name, "q_expected").to_double(), D, angles_of(version));
+      require_close("k", out.k, load(name, "k_expected").to_double(), D, angles_of(version));
     }
   }
 }
 
 TEST_CASE("every rope version matches the CPU reference on fresh random inputs", "[ch04][gpu]") {
   uint64_t seed = fresh_seed();
-  // (T, H, Hkv, D, theta): odd heads, SmolLM2, Bielik
+  // (T, H, Hkv, D, theta): odd heads, SmolLM2, Bielik, D = 40 (v3 refuses it), and 140
+  // heads of 128: 140 x 8 threads > 1024, so v3's block holds 128 head slots and its
+  // threads loop over the last 12 heads (`head += slots`), which Bielik's 14 never do.
   for (auto [T, H, Hkv, D, theta] : {std::tuple{7, 3, 1, 64, 1e5f}, std::tuple{5, 3, 1, 128, 1e6f},
-                                     std::tuple{41, 9, 3, 64, 1e5f}, std::tuple{300, 12, 2, 128, 1e6f}}) {
+                                     std::tuple{41, 9, 3, 64, 1e5f}, std::tuple{300, 12, 2, 128, 1e6f},
+                                     std::tuple{6, 5, 2, 40, 1e4f}, std::tuple{3, 120, 20, 128, 1e6f}}) {
     INFO("seed " << seed << " T=" << T << " H=" << H << " Hkv=" << Hkv << " D=" << D);
     std::vector<uint16_t> q = random_bf16(size_t(T) * H * D, seed), k = random_bf16(size_t(T) * Hkv * D, seed + 1);
     std::vector<int32_t> positions = random_ints(T, seed + 2, 0, kMaxPositions - 1);
@@ -97,9 +143,13 @@ TEST_CASE("every rope version matches the CPU reference on fresh random inputs",
     RopeTable table = rope_table_build(D, theta, kMaxPositions);
     for (const RopeVersion& version : kRopeVersions) {
       INFO("version " << version.name);
+      if (refused_by_v3(version, D)) {
+        REQUIRE_THROWS_AS(run_version(version, q, k, positions, T, H, Hkv, table), std::invalid_argument);
+        continue;
+      }
       RopeOutput out = run_version(version, q, k, positions, T, H, Hkv, table);
-      require_close("q", out.q, to_double(q_expected));
-      require_close("k", out.k, to_double(k_expected));
+      require_close("q", out.q, to_double(q_expected), D, angles_of(version));
+      require_close("k", out.k, to_double(k_expected), D, angles_of(version));
     }
   }
 }
@@ -149,7 +199,7 @@ TEST_CASE("out-of-range positions give NaN rows, never reads past the table", "[
     }
     std::vector<uint16_t> q_mid(out.q.begin() + H * D, out.q.begin() + 2 * H * D);
     std::vector<double> q_mid_expected(q_expected.begin() + H * D, q_expected.begin() + 2 * H * D);
-    require_close("q token 1", q_mid, q_mid_expected);
+    require_close("q token 1", q_mid, q_mid_expected, D, angles_of(version));
   }
 }
 
