@@ -50,7 +50,8 @@ void attention_v1_naive(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_b
 size_t attention_v1_workspace_floats(int Tq, int Tkv, int H);
 
 /// v2: one warp per (query, head); online softmax over chunks of 32 keys, so the scores
-/// never leave registers. fp32 CUDA-core math. No workspace (pass nullptr).
+/// never leave registers. fp32 CUDA-core math. No workspace (pass nullptr). k 16-byte
+/// aligned, v and out 4-byte aligned (std::invalid_argument otherwise).
 void attention_v2_online_softmax(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k,
                                  const __nv_bfloat16* v, int Tq, int Tkv, int H, int Hkv, int D, float* workspace,
                                  cudaStream_t stream = 0);
@@ -135,8 +136,10 @@ inline constexpr AttentionVersion kAttentionVersions[] = {
     {"v6_cluster_split_keys", attention_v6_cluster_split_keys, nullptr, nullptr},
 };
 
-/// The version later chapters call for prefill: the fastest one measured (v5) where the
-/// GPU has the shared memory for it, v3 otherwise.
+/// The fastest version without thread block clusters (v5, measured) where the GPU has the
+/// shared memory for it, v3 otherwise. Chapter 08's prefill calls it only before sm_90 or with
+/// CudaModelOptions::prefill_attention_clusters off: on sm_90+ it runs v6 by default
+/// (attention_v6_cluster_split_keys_with, automatic S).
 /// `pdl`: launch v5 with programmatic dependent launch (v3 ignores it).
 inline void attention_forward(__nv_bfloat16* out, const __nv_bfloat16* q, const __nv_bfloat16* k,
                               const __nv_bfloat16* v, int Tq, int Tkv, int H, int Hkv, int D,

@@ -111,7 +111,12 @@ void attention_v2_online_softmax(__nv_bfloat16* out, const __nv_bfloat16* q, con
                                  cudaStream_t stream) {
   attention_check_shapes("attention_v2_online_softmax", Tq, Tkv, H, Hkv, D);
   if (Tq == 0) return;
+  // k is read in 16-byte chunks, v and out as bf16 pairs (4 bytes): a misaligned
+  // pointer would fault on the GPU and take the whole context down with it.
   if (reinterpret_cast<uintptr_t>(k) % 16 != 0) throw std::invalid_argument("attention_v2: k must be 16-byte aligned");
+  if (reinterpret_cast<uintptr_t>(v) % 4 != 0 || reinterpret_cast<uintptr_t>(out) % 4 != 0) {
+    throw std::invalid_argument("attention_v2: v and out must be 4-byte aligned");
+  }
   const float scale_log2 = 1.4426950408889634f / std::sqrt(float(D));  // log2(e) / sqrt(D)
   const unsigned blocks = unsigned((size_t(Tq) * H + kWarpsPerBlock - 1) / kWarpsPerBlock);
   if (D == 128) {

@@ -81,11 +81,15 @@ TEST_CASE("every attention version matches the float64 golden outputs (ratio rul
 
 TEST_CASE("every attention version matches the CPU reference on fresh random inputs", "[ch05][gpu]") {
   uint64_t seed = fresh_seed();
-  // Tile edges (64, 65), queries over a longer context, each head grouping, both D.
-  for (Shape s : {Shape{1, 1, 12, 2, 128}, Shape{17, 17, 9, 3, 64}, Shape{3, 130, 12, 2, 128}, Shape{64, 64, 4, 2, 64},
-                  Shape{65, 200, 6, 3, 128}, Shape{129, 129, 2, 1, 64}}) {
-    INFO("seed " << seed);
-    std::vector<uint16_t> q = random_bf16(size_t(s.Tq) * s.H * s.D, seed);
+  // Tile edges (64, 65), queries over a longer context, each head grouping, both D; and
+  // q scaled by 40 (scores up to ~170, far past 88.7 where exp() overflows fp32): only
+  // a kernel that subtracts the running max passes that one.
+  for (auto [s, q_scale] : {std::pair{Shape{1, 1, 12, 2, 128}, 1.0f}, std::pair{Shape{17, 17, 9, 3, 64}, 1.0f},
+                            std::pair{Shape{3, 130, 12, 2, 128}, 1.0f}, std::pair{Shape{64, 64, 4, 2, 64}, 1.0f},
+                            std::pair{Shape{65, 200, 6, 3, 128}, 1.0f}, std::pair{Shape{129, 129, 2, 1, 64}, 1.0f},
+                            std::pair{Shape{100, 100, 12, 2, 128}, 40.0f}}) {
+    INFO("seed " << seed << " q scale " << q_scale);
+    std::vector<uint16_t> q = random_bf16(size_t(s.Tq) * s.H * s.D, seed, q_scale);
     std::vector<uint16_t> k = random_bf16(size_t(s.Tkv) * s.Hkv * s.D, seed + 1);
     std::vector<uint16_t> v = random_bf16(size_t(s.Tkv) * s.Hkv * s.D, seed + 2);
     std::vector<float> expected(size_t(s.Tq) * s.H * s.D);
@@ -160,6 +164,13 @@ TEST_CASE("attention launchers reject shapes they do not support", "[ch05][gpu]"
                       std::invalid_argument);  // H % Hkv
     REQUIRE_THROWS_AS(version.launch(data, data, data, data, 1, 1, 1, 1, 96, workspace.data(), 0),
                       std::invalid_argument);  // D
+    // v2 reads v and writes out as bf16 pairs (4 bytes), v3-v6 copy 16-byte chunks: a
+    // pointer 2 bytes off must be refused, not fault on the GPU. v1 reads single bf16.
+    if (std::string(version.name) == "v1_naive") continue;
+    REQUIRE_THROWS_AS(version.launch(data, data, data, data + 1, 1, 1, 1, 1, 64, workspace.data(), 0),
+                      std::invalid_argument);  // v misaligned
+    REQUIRE_THROWS_AS(version.launch(data + 1, data, data, data, 1, 1, 1, 1, 64, workspace.data(), 0),
+                      std::invalid_argument);  // out misaligned
   }
 }
 
@@ -212,13 +223,36 @@ TEST_CASE("v6 at every cluster size: matches the CPU reference, the same bits wi
 }
 
 TEST_CASE("v6 chooses its cluster size from the grid and rejects sizes it cannot launch", "[ch05][gpu]") {
-  // T = 512 at Bielik's heads: 96 query blocks; 2 per block fit an H200 (264 resident),
-  // 4 would not. One query block of 1 tile: nothing to split.
+  // The documented rule, re-derived here: S is the largest of 1, 2, 4, 8 with S <= the
+  // heaviest query block's key tiles and (query blocks x H x S) blocks resident at once;
+  // 1 before sm_90. At D = 128 a v6 block takes 87040 bytes of shared memory (a 64-row Q
+  // tile and two stages of 64-row K and V tiles, rows of 128 + 8 bf16), so an SM holds
+  // as many as its shared memory fits: 2 on sm_90 (228 KB), 264 on an H100/H200.
+  int device = 0, sms = 0, smem_per_sm = 0, smem_reserved = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&smem_reserved, cudaDevAttrReservedSharedMemoryPerBlock, device));
+  const int resident = sms * (smem_per_sm / (87040 + smem_reserved));
+  auto expected_splits = [&](int blocks, int heaviest_tiles) {
+    int splits = 1;
+    while (device_is_sm90_or_newer() && splits < 8 && 2 * splits <= heaviest_tiles && blocks * 2 * splits <= resident) {
+      splits *= 2;
+    }
+    return splits;
+  };
+  INFO(sms << " SMs, " << resident << " v6 blocks resident");
+  // T = 512 at Bielik's heads: 8 query blocks x 12 heads = 96 blocks, the heaviest with
+  // 8 tiles: S = 2 on an H100/H200 (192 of 264 blocks; 4 would need 384).
   const int at_512 = attention_v6_default_splits(512, 512, 12, 128);
-  REQUIRE(at_512 >= 1);
+  REQUIRE(at_512 == expected_splits(96, 8));
+  if (device_is_sm90_or_newer() && sms == 132) REQUIRE(at_512 == 2);
   REQUIRE(attention_v6_grid_rows(512, 512, 12, 128, 0) == 8 * at_512);
+  // One query block of 1 tile: nothing to split.
   REQUIRE(attention_v6_default_splits(64, 64, 12, 128) == 1);
-  REQUIRE(attention_v6_default_splits(1, 4096, 12, 128) >= 1);
+  // Decode over 4096 keys: 12 blocks of 64 tiles each: S = 8 (96 blocks) on sm_90.
+  REQUIRE(attention_v6_default_splits(1, 4096, 12, 128) == expected_splits(12, 64));
+  if (device_is_sm90_or_newer() && sms == 132) REQUIRE(attention_v6_default_splits(1, 4096, 12, 128) == 8);
   DeviceBuffer<uint16_t> buffer(size_t(130) * 12 * 128);
   auto* data = reinterpret_cast<__nv_bfloat16*>(buffer.data());
   REQUIRE_THROWS_AS(attention_v6_cluster_split_keys_with(data, data, data, data, 130, 130, 12, 2, 128, 0, false, 9),

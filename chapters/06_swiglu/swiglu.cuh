@@ -31,7 +31,8 @@
 ///   v4 GEMV (T <= 8)      decode: each warp streams row j of Wg and of Wu, writes h[:, j]
 ///   cublaslt_unfused      the reference: v1 with cuBLASLt at every T
 ///
-/// Sizes: any T >= 0, C >= 1, F >= 1. The fast paths need 16-byte rows (C % 8 == 0) and
+/// Sizes: any T >= 0, C >= 1, F >= 1 (std::invalid_argument otherwise, as for a tile
+/// index outside a tile table). The fast paths need 16-byte rows (C % 8 == 0) and
 /// 16-byte-aligned x, Wg, Wu; paired stores need an even F and 4-byte-aligned h, bg, bu
 /// (what cudaMalloc gives). Other shapes or pointers take a scalar path of the same
 /// version. All pointers are device pointers; h must not overlap the inputs.
@@ -81,8 +82,10 @@ void swiglu_activation(__nv_bfloat16* h, const __nv_bfloat16* g, const __nv_bflo
 
 /// v1: gate and up through chapter 03's matmul_forward (its GEMV at T = 1, cuBLASLt
 /// otherwise), then swiglu_activation. Uses two (T, F) scratch buffers owned by the process
-/// (grown on demand, which synchronizes the device): not for CUDA-graph capture nor for
-/// concurrent calls from several host threads.
+/// (grown on demand, which synchronizes the device): not for CUDA-graph capture. Calls
+/// from several host threads or on several streams are safe but serialized: a mutex
+/// orders the enqueueing, and each call's stream waits on the GPU for the previous
+/// call's kernels to finish with the scratch (an event; swiglu_scratch.cuh).
 /// @param h  (T, F) device, written fully
 /// @param x  (T, C) device
 /// @param Wg (F, C) device   @param bg (F) device or nullptr
@@ -165,14 +168,18 @@ inline constexpr SwigluVersion kSwigluVersions[] = {
 /// its cost grows with T (each weight chunk meets T rows of x), cuBLASLt's barely does.
 inline constexpr int kSwigluGemvFasterUpTo = 4;
 
-/// What the model calls for the gate/up half, whatever measured fastest on the H200
-/// (README.md): the fused GEMV (v4) for T <= kSwigluGemvFasterUpTo, i.e. decode, and
-/// cuBLASLt gate + up + elementwise above that. Our fused dual GEMM (v3) reaches only
-/// 50-93% of cuBLASLt there: fusion saves memory traffic, but mma.sync cannot keep up
-/// with cuBLASLt's Hopper (wgmma) kernels once the GEMM is compute-bound.
+/// The gate/up half by whatever measured fastest on the H200 (README.md): the fused GEMV
+/// (v4) for T <= kSwigluGemvFasterUpTo, i.e. decode, and cuBLASLt gate + up +
+/// elementwise above that. Our fused dual GEMM (v3) reaches only 50-93% of cuBLASLt
+/// there: fusion saves memory traffic, but mma.sync cannot keep up with cuBLASLt's
+/// Hopper (wgmma) kernels once the GEMM is compute-bound.
 /// Decode (T <= 4) uses no scratch and is safe to capture in a CUDA graph; larger T
-/// uses the process scratch of v1 (swiglu_scratch.cuh: the first call at a new
-/// largest T allocates and synchronizes). Same parameters as v1.
+/// uses the process scratch of v1 (swiglu_scratch.cuh: the first call at a new largest
+/// T allocates and synchronizes; not capturable). Same parameters as v1.
+/// Chapter 08's model does not call it: at prefill it runs ONE GEMM over the
+/// concatenated (2F, C) gate/up weights and then its own swiglu_rows (this form's idea
+/// in one GEMM, without the scratch); at decode one GEMV with the RMSNorm before it and
+/// the SwiGLU in its epilogue (v4's idea, fused further).
 inline void swiglu_gate_up_forward(__nv_bfloat16* h, const __nv_bfloat16* x, const __nv_bfloat16* Wg,
                                    const __nv_bfloat16* bg, const __nv_bfloat16* Wu, const __nv_bfloat16* bu, int T,
                                    int C, int F, cudaStream_t stream = 0) {
@@ -183,8 +190,9 @@ inline void swiglu_gate_up_forward(__nv_bfloat16* h, const __nv_bfloat16* x, con
   }
 }
 
-/// The whole MLP for the model: h = swiglu_gate_up_forward(...), then chapter 03's
-/// matmul_forward for the down projection (bias in its epilogue).
+/// The whole MLP in one call: h = swiglu_gate_up_forward(...), then chapter 03's
+/// matmul_forward for the down projection (bias in its epilogue). The chapter's tests
+/// and benchmark use it; chapter 08 builds its MLP from its own fused kernels instead.
 /// @param y  (T, C) device, written fully
 /// @param h  (T, F) device scratch owned by the caller (the model's activation buffer);
 ///           holds the bf16 activations afterwards

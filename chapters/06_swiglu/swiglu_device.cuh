@@ -1,6 +1,6 @@
 /// @file swiglu_device.cuh
-/// @brief What the chapter's kernels share: silu in fp32, the optional bias add, the bias
-/// check, and the GEMV's widening of 8 bf16.
+/// @brief What the chapter's kernels share: silu in fp32, the optional bias add, the bias,
+/// shape and tile checks, and the GEMV's widening of 8 bf16.
 ///
 /// unpack_bf16x8 does the same as unpack_8, private to chapter 03's
 /// gemv_v1_warp_per_row.cu; it is written again here because that file keeps it in an
@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <stdexcept>
+#include <string>
 
 namespace bielik {
 
@@ -48,6 +49,24 @@ inline bool swiglu_has_bias(const void* bg, const void* bu) {
     throw std::invalid_argument("swiglu: give both gate and up biases (Bielik) or neither (SmolLM2)");
   }
   return bg != nullptr;
+}
+
+/// Host side: the sizes swiglu.cuh promises to take, T >= 0, C >= 1, F >= 1; anything
+/// else throws std::invalid_argument naming `who`. (Unchecked, a negative T became a
+/// ~2^64-byte scratch request in v1 and C = 0 an h of silu(bg) * bu in v3.)
+inline void swiglu_check_shape(const char* who, int T, int C, int F) {
+  if (T < 0 || C < 1 || F < 1) {
+    throw std::invalid_argument(std::string(who) + ": need T >= 0, C >= 1, F >= 1, got T=" + std::to_string(T) +
+                                " C=" + std::to_string(C) + " F=" + std::to_string(F));
+  }
+}
+
+/// Host side: `tile` must index a tile table of `count` entries (the *_tile launchers).
+inline void swiglu_check_tile(const char* who, int tile, int count) {
+  if (tile < 0 || tile >= count) {
+    throw std::invalid_argument(std::string(who) + ": tile " + std::to_string(tile) + " is not in 0.." +
+                                std::to_string(count - 1));
+  }
 }
 
 }  // namespace bielik

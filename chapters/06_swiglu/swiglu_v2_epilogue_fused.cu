@@ -139,26 +139,36 @@ constexpr int kV2TileCount = int(sizeof(kV2Tiles) / sizeof(kV2Tiles[0]));
 }  // namespace
 
 int swiglu_v2_tile_count() { return kV2TileCount; }
-const char* swiglu_v2_tile_name(int tile) { return kV2Tiles[tile].name; }
+const char* swiglu_v2_tile_name(int tile) {
+  swiglu_check_tile("swiglu_v2_tile_name", tile, kV2TileCount);
+  return kV2Tiles[tile].name;
+}
 int swiglu_v2_pick_tile(int T, int F) { return pick_tile_shape(kV2Tiles, T, F); }
 
 void swiglu_v2_epilogue_fused_tile(int tile, __nv_bfloat16* h, const __nv_bfloat16* x, const __nv_bfloat16* Wg,
                                    const __nv_bfloat16* bg, const __nv_bfloat16* Wu, const __nv_bfloat16* bu, int T,
                                    int C, int F, cudaStream_t stream) {
+  swiglu_check_tile("swiglu_v2_epilogue_fused_tile", tile, kV2TileCount);
+  swiglu_check_shape("swiglu_v2_epilogue_fused", T, C, F);
   swiglu_has_bias(bg, bu);
-  if (T == 0 || F == 0) return;
+  if (T == 0) return;
   SwigluScratch& scratch = SwigluScratch::instance();
   std::lock_guard<std::mutex> lock(scratch.mutex());
   __nv_bfloat16* gate = scratch.buffer(0, size_t(T) * F);
+  // The lock only orders the enqueueing: the GPU must also finish the previous call's
+  // kernels (maybe on another stream) before this one overwrites g.
+  scratch.wait_for_last_use(stream);
   matmul_forward(gate, x, Wg, bg, T, C, F, stream);
   kV2Tiles[tile].launch(h, gate, x, Wu, bu, T, F, C, stream);
+  scratch.record_last_use(stream);
 }
 
 void swiglu_v2_epilogue_fused(__nv_bfloat16* h, const __nv_bfloat16* x, const __nv_bfloat16* Wg,
                               const __nv_bfloat16* bg, const __nv_bfloat16* Wu, const __nv_bfloat16* bu, int T, int C,
                               int F, cudaStream_t stream) {
+  swiglu_check_shape("swiglu_v2_epilogue_fused", T, C, F);
   swiglu_has_bias(bg, bu);
-  if (T == 0 || F == 0) return;
+  if (T == 0) return;
   swiglu_v2_epilogue_fused_tile(swiglu_v2_pick_tile(T, F), h, x, Wg, bg, Wu, bu, T, C, F, stream);
 }
 

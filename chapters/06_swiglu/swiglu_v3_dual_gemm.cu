@@ -20,7 +20,11 @@
 // Why not interleave Wg and Wu rows in memory at load time (one ordinary GEMM over
 // (2F, C) with the epilogue pairing columns)? That needs a second copy of the weights
 // or a model loader that rewrites them; two tiles side by side in shared memory give
-// the same pairing with the checkpoint's layout untouched.
+// the same pairing with the checkpoint's layout untouched. (Chapter 08's loader does
+// rewrite them, Wg's rows then Wu's as one (2F, C) matrix, but for a different
+// reason: its prefill runs one cuBLASLt GEMM over it and a separate SwiGLU kernel,
+// since cuBLASLt's speed beat this kernel's fusion, and its decode GEMV reads the
+// gate and up rows of one feature from that matrix.)
 //
 // Odd sizes are handled as in chapter 03: out-of-range rows and k are zero-filled, so
 // they add nothing; outputs outside h are not stored; C % 8 != 0 or misaligned x/Wg/Wu
@@ -134,21 +138,27 @@ constexpr int kV3TileCount = int(sizeof(kV3Tiles) / sizeof(kV3Tiles[0]));
 }  // namespace
 
 int swiglu_v3_tile_count() { return kV3TileCount; }
-const char* swiglu_v3_tile_name(int tile) { return kV3Tiles[tile].name; }
+const char* swiglu_v3_tile_name(int tile) {
+  swiglu_check_tile("swiglu_v3_tile_name", tile, kV3TileCount);
+  return kV3Tiles[tile].name;
+}
 int swiglu_v3_pick_tile(int T, int F) { return pick_tile_shape(kV3Tiles, T, F); }
 
 void swiglu_v3_dual_gemm_tile(int tile, __nv_bfloat16* h, const __nv_bfloat16* x, const __nv_bfloat16* Wg,
                               const __nv_bfloat16* bg, const __nv_bfloat16* Wu, const __nv_bfloat16* bu, int T, int C,
                               int F, cudaStream_t stream) {
+  swiglu_check_tile("swiglu_v3_dual_gemm_tile", tile, kV3TileCount);
+  swiglu_check_shape("swiglu_v3_dual_gemm", T, C, F);
   swiglu_has_bias(bg, bu);
-  if (T == 0 || F == 0) return;
+  if (T == 0) return;
   kV3Tiles[tile].launch(h, x, Wg, bg, Wu, bu, T, F, C, stream);
 }
 
 void swiglu_v3_dual_gemm(__nv_bfloat16* h, const __nv_bfloat16* x, const __nv_bfloat16* Wg, const __nv_bfloat16* bg,
                          const __nv_bfloat16* Wu, const __nv_bfloat16* bu, int T, int C, int F, cudaStream_t stream) {
+  swiglu_check_shape("swiglu_v3_dual_gemm", T, C, F);
   swiglu_has_bias(bg, bu);
-  if (T == 0 || F == 0) return;
+  if (T == 0) return;
   swiglu_v3_dual_gemm_tile(swiglu_v3_pick_tile(T, F), h, x, Wg, bg, Wu, bu, T, C, F, stream);
 }
 

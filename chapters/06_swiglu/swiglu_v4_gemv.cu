@@ -175,12 +175,13 @@ void v4_launch_tokens(__nv_bfloat16* h, const __nv_bfloat16* x, const __nv_bfloa
 
 void swiglu_v4_gemv(__nv_bfloat16* h, const __nv_bfloat16* x, const __nv_bfloat16* Wg, const __nv_bfloat16* bg,
                     const __nv_bfloat16* Wu, const __nv_bfloat16* bu, int T, int C, int F, cudaStream_t stream) {
+  swiglu_check_shape("swiglu_v4_gemv", T, C, F);
   if (T > kSwigluGemvMaxTokens) {
     throw std::invalid_argument("swiglu_v4_gemv: T=" + std::to_string(T) + " > " +
                                 std::to_string(kSwigluGemvMaxTokens) + "; use a GEMM form");
   }
   swiglu_has_bias(bg, bu);
-  if (T <= 0 || F == 0) return;
+  if (T == 0) return;
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   bool vector = C % 8 == 0 && aligned(x) && aligned(Wg) && aligned(Wu);
   switch (T) {  // T becomes a compile-time constant: the sums live in registers

@@ -322,3 +322,83 @@ TEST_CASE("T = 0 writes nothing; the GEMV refuses T > 8; one bias without the ot
                                    bf16(device.Wu.data()), nullptr, kSwigluGemvMaxTokens + 1, golden.C, golden.F, 0),
                     std::invalid_argument);
 }
+
+TEST_CASE("sizes outside T >= 0, C >= 1, F >= 1 and tiles outside the tables are refused", "[ch06][gpu]") {
+  GoldenCase golden = load_case("odd_b");
+  DeviceCase device(golden);
+  auto* h = bf16(device.h.data());
+  const auto *x = bf16(device.x.data()), *Wg = bf16(device.Wg.data()), *Wu = bf16(device.Wu.data());
+  const auto *bg = bf16(device.bg.data()), *bu = bf16(device.bu.data());
+  for (const Named& version : versions_and_forward()) {
+    INFO(version.name);
+    for (auto [T, C, F] : {std::tuple{-1, golden.C, golden.F}, std::tuple{1, 0, golden.F},
+                           std::tuple{1, golden.C, 0}, std::tuple{0, golden.C, -3}}) {
+      INFO("T=" << T << " C=" << C << " F=" << F);
+      REQUIRE_THROWS_AS(version.launch(h, x, Wg, bg, Wu, bu, T, C, F, 0), std::invalid_argument);
+    }
+  }
+  for (int tile : {-1, swiglu_v2_tile_count()}) {
+    REQUIRE_THROWS_AS(swiglu_v2_epilogue_fused_tile(tile, h, x, Wg, bg, Wu, bu, 1, golden.C, golden.F, 0),
+                      std::invalid_argument);
+    REQUIRE_THROWS_AS(swiglu_v2_tile_name(tile), std::invalid_argument);
+  }
+  for (int tile : {-1, swiglu_v3_tile_count()}) {
+    REQUIRE_THROWS_AS(swiglu_v3_dual_gemm_tile(tile, h, x, Wg, bg, Wu, bu, 1, golden.C, golden.F, 0),
+                      std::invalid_argument);
+    REQUIRE_THROWS_AS(swiglu_v3_tile_name(tile), std::invalid_argument);
+  }
+}
+
+TEST_CASE("the unfused forms' scratch is safe for calls on two streams at once", "[ch06][gpu]") {
+  // g and u live in one process-wide scratch. Call A (2048 tokens, ~0.2 ms) on one
+  // stream and right behind it, on the host, call B (16 other tokens) on another:
+  // unless B's stream waits until A's kernels are done with the scratch, B's GEMMs
+  // overwrite g and u while A's kernels still read them. Each result must equal, bit
+  // for bit, the same call made alone (which the other tests check for correctness).
+  uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  const int C = 1536, F = 8960, TA = 2048, TB = 16;
+  DeviceBuffer<uint16_t> xa(random_bf16(size_t(TA) * C, seed)), xb(random_bf16(size_t(TB) * C, seed + 1));
+  DeviceBuffer<uint16_t> Wg(random_bf16(size_t(F) * C, seed + 2, 1.0f / std::sqrt(float(C))));
+  DeviceBuffer<uint16_t> Wu(random_bf16(size_t(F) * C, seed + 3, 1.0f / std::sqrt(float(C))));
+  DeviceBuffer<uint16_t> bg(random_bf16(F, seed + 4, 0.5f)), bu(random_bf16(F, seed + 5, 0.5f));
+  DeviceBuffer<uint16_t> ha(size_t(TA) * F), hb(size_t(TB) * F);
+  cudaStream_t a = nullptr, b = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
+  for (const SwigluVersion& version : kSwigluVersions) {
+    const std::string name = version.name;
+    if (name != "v1_unfused" && name != "v2_epilogue_fused" && name != "cublaslt_unfused") continue;  // no scratch
+    INFO(name);
+    auto run_a = [&] {  // with biases
+      version.launch(bf16(ha.data()), bf16(xa.data()), bf16(Wg.data()), bf16(bg.data()), bf16(Wu.data()),
+                     bf16(bu.data()), TA, C, F, a);
+    };
+    auto run_b = [&] {  // without, so that its g and u differ from A's everywhere
+      version.launch(bf16(hb.data()), bf16(xb.data()), bf16(Wg.data()), nullptr, bf16(Wu.data()), nullptr, TB, C, F,
+                     b);
+    };
+    auto poison = [&] {  // on the legacy stream, which non-blocking streams do not wait for
+      ha.fill_bytes(0xFF);
+      hb.fill_bytes(0xFF);
+      CUDA_CHECK(cudaDeviceSynchronize());
+    };
+    poison();
+    run_a();  // alone (this also grows the scratch to A's size, which would synchronize)
+    CUDA_CHECK(cudaDeviceSynchronize());
+    run_b();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> alone_a = ha.to_host(), alone_b = hb.to_host();
+    for (int round = 0; round < 3; ++round) {
+      INFO("round " << round);
+      poison();
+      run_a();
+      run_b();
+      CUDA_CHECK(cudaDeviceSynchronize());
+      CHECK(ha.to_host() == alone_a);
+      CHECK(hb.to_host() == alone_b);
+    }
+  }
+  CUDA_CHECK(cudaStreamDestroy(a));
+  CUDA_CHECK(cudaStreamDestroy(b));
+}

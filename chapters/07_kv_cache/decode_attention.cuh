@@ -141,10 +141,26 @@ void decode_attention_v3_pipelined_device_length(__nv_bfloat16* out, const __nv_
 /// the others are marked empty. Merge with decode::merge_split_partials_8
 /// (decode_attention_device.cuh).
 /// Like the v3 device-length form, the split kernel reads *d_length and the keys below
-/// it BEFORE waiting on the kernel launched just before it (PDL): that kernel may write
-/// q and the keys from *d_length on, but not the length or older keys, and must let
-/// dependents start only after its own griddepcontrol.wait (every kernel of this
-/// project does; a kernel launched without PDL is always safe).
+/// it BEFORE waiting on the kernel launched just before it (PDL). That is safe only if
+/// no kernel that can still run when it starts writes the length or those keys. The
+/// kernel just before may write q and the keys from *d_length on (chapter 08's QKV
+/// projection appends them), not the length or older keys. If that kernel lets its
+/// dependents start only after its own griddepcontrol.wait, everything before it is
+/// done by then (the append and length kernels, launched without PDL, let them start
+/// only at their end; a kernel launched without PDL is always safe).
+/// Not every kernel does, on purpose: v3's split kernel, v5 and v6 (unless
+/// allow_dependents_after_inputs) call pdl_allow_dependents() at their very start,
+/// before their own wait, so that the next kernel's weight loads overlap the attention;
+/// chapter 08 has options that do the same for its GEMVs (qkv_allows_attention_early,
+/// o_allows_gate_up_early). The kernel after such a kernel may run beside the one before
+/// it. Here that is safe because none of those neighbours writes the length or committed
+/// keys: after an attention comes its combine or chapter 08's O projection, which read
+/// only weights before their wait; with qkv_allows_attention_early the attention runs
+/// beside the previous layer's down projection, which writes the residual stream only;
+/// and the benchmark's chains of back-to-back attention launches read only what was
+/// written before the chain. Putting a kernel that writes the length or old keys right
+/// before one of these early-trigger kernels, with an early reader right after, would
+/// break it.
 void decode_attention_v3_splits_device_length(DecodeAttentionWorkspace* workspace, const __nv_bfloat16* q,
                                               const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
                                               const int* d_length, int new_tokens, int max_context, int H, int Hkv,

@@ -23,11 +23,14 @@
 // is v5's, step for step and in the same order, so the outputs are the same.
 //
 // The grid is H clusters of `splits` blocks (Bielik, clusters of 8: 96 blocks, against
-// v5's 16). Measured on the H200 (2026-12-01, bench_kv_cache, one layer alone at 1k / 4k
-// / 8k keys): 8.1 / 12.0 / 17.0 us against v5's 10.4 / 16.9 / 25.4. The extra reads of
-// the same keys come from L2 and cost less than the serial work they split up. Chapter
-// 08's decode step uses v6: 908 against 891 tokens/s, 802 against 715 after a 2048-token
-// prompt (pulled merge, twelfth session); with the mbarrier push, 938 (below).
+// v5's 16). Measured on the H200 (bench_kv_cache, one layer alone at 1k / 4k / 8k keys,
+// the default clusters of 16; docs/gpu_runs.md): the first v6, pulled merge, 8.3 / 12.4 /
+// 17.4 us against v5's 10.5 / 17.1 / 25.5 (2026-12-01 20:37 UTC); with the mbarrier push
+// 7.9 / 11.8 / 16.9 against the same v5 numbers (22:14 UTC, the README's table). The
+// extra reads of the same keys come from L2 and cost less than the serial work they
+// split up. Chapter 08's decode step uses v6: 908 against 891 tokens/s, 802 against 715
+// after a 2048-token prompt (pulled merge, twelfth session); with the mbarrier push, 938
+// (below).
 #include <algorithm>
 #include <stdexcept>
 

@@ -42,9 +42,24 @@ void launch_append(__nv_bfloat16* k_cache, __nv_bfloat16* v_cache, const __nv_bf
                    const __nv_bfloat16* v_new, const int* d_length, int position, int T_new, int Hkv, int D,
                    int max_context, cudaStream_t stream) {
   auto misaligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; };
-  if (D % 8 != 0 || misaligned(k_cache) || misaligned(v_cache) || misaligned(k_new) || misaligned(v_new)) {
+  if (D <= 0 || D % 8 != 0 || misaligned(k_cache) || misaligned(v_cache) || misaligned(k_new) || misaligned(v_new)) {
     throw std::invalid_argument("kv_cache_append: needs D % 8 == 0 and 16-byte aligned pointers (D = " +
                                 std::to_string(D) + ")");
+  }
+  if (T_new < 0 || Hkv <= 0 || max_context <= 0) {
+    throw std::invalid_argument("kv_cache_append: needs T_new >= 0, Hkv >= 1 and max_context >= 1 (T_new = " +
+                                std::to_string(T_new) + ", Hkv = " + std::to_string(Hkv) +
+                                ", max_context = " + std::to_string(max_context) + ")");
+  }
+  if (d_length == nullptr) {
+    // The host knows the position: refuse what does not fit here, with the message of
+    // KvCache::append, instead of letting the kernel's guard skip the whole append
+    // silently. (The device-length form cannot know the position on the host; its
+    // caller checks with kv_cache_check_room, and the kernel's guard is the backstop.)
+    if (position < 0) {
+      throw std::invalid_argument("kv_cache_append: negative position " + std::to_string(position));
+    }
+    kv_cache_check_room(position, T_new, max_context);
   }
   if (T_new == 0) return;
   size_t total = size_t(T_new) * Hkv * (D / 8);

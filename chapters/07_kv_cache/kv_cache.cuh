@@ -49,8 +49,10 @@ void kv_cache_check_room(int length, int T_new, int max_context);
 void kv_cache_append_cpu(float* k_cache, float* v_cache, const float* k_new, const float* v_new, int length,
                          int T_new, int Hkv, int D, int max_context);
 
-/// GPU append at a position known on the host. No capacity check here (KvCache::append
-/// does it); the kernel still never writes past max_context.
+/// GPU append at a position known on the host. Checks on the host before launching:
+/// std::length_error (kv_cache_check_room's message) when position + T_new >
+/// max_context, std::invalid_argument for position < 0, T_new < 0, Hkv < 1 or
+/// max_context < 1; the kernel never writes past max_context either.
 /// @param k_cache (Hkv, max_context, D) device, one layer
 /// @param v_cache (Hkv, max_context, D) device
 /// @param k_new   (T_new, Hkv, D) device
@@ -63,7 +65,8 @@ void kv_cache_append(__nv_bfloat16* k_cache, __nv_bfloat16* v_cache, const __nv_
 /// GPU append at the position read from device memory (*d_length) when the kernel
 /// runs: the form a CUDA graph captures. If *d_length + T_new > max_context the kernel
 /// writes nothing (the host must have checked with kv_cache_check_room; this is only
-/// the guarantee that a bug cannot write out of bounds). Same pointers as kv_cache_append.
+/// the guarantee that a bug cannot write out of bounds). Same pointers as kv_cache_append;
+/// T_new < 0, Hkv < 1 or max_context < 1 throw std::invalid_argument.
 /// @param d_length (1) device
 void kv_cache_append_at_device_length(__nv_bfloat16* k_cache, __nv_bfloat16* v_cache,
                                       const __nv_bfloat16* k_new, const __nv_bfloat16* v_new,

@@ -76,8 +76,16 @@ TEST_CASE("two-chunk prefill over the cache equals one-chunk prefill, and decode
   // then the last token decoded over the cache.
   const int first_chunk = 500, prompt = T - 1;
   KvCache cache(2, Hkv, D, T);
+  // Every cache position never appended, and every gathered row never written, is NaN
+  // (0xFF bytes): a gather or an attention that reads past kv_len fails.
+  for (int l = 0; l < cache.layers(); ++l) {
+    CUDA_CHECK(cudaMemset(cache.k(l), 0xFF, cache.layer_elements() * 2));
+    CUDA_CHECK(cudaMemset(cache.v(l), 0xFF, cache.layer_elements() * 2));
+  }
   DecodeAttentionWorkspace workspace(H, D, 256);
   DeviceBuffer<uint16_t> k_gathered(size_t(T) * Hkv * D), v_gathered(size_t(T) * Hkv * D);
+  k_gathered.fill_bytes(0xFF);
+  v_gathered.fill_bytes(0xFF);
   DeviceBuffer<uint16_t> out_two(size_t(T) * q_row);
   out_two.fill_bytes(0xFF);
   const int layer = 1;

@@ -144,16 +144,20 @@ TEST_CASE("decode over the cache equals the last row of causal attention (golden
         CUDA_CHECK(cudaDeviceSynchronize());
         require_close(name + " " + version.name + " kv_len=" + std::to_string(kv_len), out.to_host(), want);
       }
-      // v5's cluster sizes (its split count), down to a single block per kv head.
-      for (int cluster : {1, 3, 8, 16}) {
-        DeviceBuffer<uint16_t> out(size_t(H) * D);
-        out.fill_bytes(0xFF);
-        decode_attention_v5_cluster_device_length(as_bf16(out.data()), as_bf16(q.data()), cache.k(layer),
-                                                  cache.v(layer), cache.device_length(), 0, cache.max_context(), H,
-                                                  Hkv, D, cluster, &workspace, 0);
-        CUDA_CHECK(cudaDeviceSynchronize());
-        require_close(name + " v5 cluster of " + std::to_string(cluster) + " kv_len=" + std::to_string(kv_len),
-                      out.to_host(), want);
+      // Every graph form at split counts 1, 3, 4, 8 and 16 (v5's and v6's cluster sizes:
+      // a single block per head, an odd cluster, and chapter 08's clusters of 4, 8, 16;
+      // v5 once failed at a cluster of one).
+      for (const DecodeAttentionDeviceLengthVersion& version : kDecodeAttentionDeviceLengthVersions) {
+        for (int splits : {1, 3, 4, 8, 16}) {
+          DeviceBuffer<uint16_t> out(size_t(H) * D);
+          out.fill_bytes(0xFF);
+          version.launch(as_bf16(out.data()), as_bf16(q.data()), cache.k(layer), cache.v(layer),
+                         cache.device_length(), 0, cache.max_context(), H, Hkv, D, splits, &workspace, 0);
+          CUDA_CHECK(cudaDeviceSynchronize());
+          require_close(name + " " + version.name + " splits=" + std::to_string(splits) + " kv_len=" +
+                            std::to_string(kv_len),
+                        out.to_host(), want);
+        }
       }
       // The split kernel alone (chapter 08 merges its partials in the O projection): some
       // keys committed, the newest `fresh` ones counted as appended by the kernel before
@@ -425,6 +429,32 @@ TEST_CASE("a full cache refuses the append on the host and writes nothing", "[ch
   REQUIRE(layer_bits(cache, 0, true) == k0);
   REQUIRE(layer_bits(cache, 1, true) == k1);
   REQUIRE(layer_bits(cache, 0, false) == v0);
+  REQUIRE(layer_bits(cache, 1, false) == v1);
+  // The free function with a host position checks the same way, before any launch,
+  // and refuses negative sizes in both forms.
+  try {
+    kv_cache_append(cache.k(1), cache.v(1), sequence.k_at(0), sequence.v_at(0), 8, 3, Hkv, D, max_context);
+    FAIL("kv_cache_append: no exception for 8 + 3 > 10");
+  } catch (const std::length_error& error) {
+    REQUIRE(std::string(error.what()) == "KV cache full: 8 + 3 tokens exceed max_context 10");
+  }
+  REQUIRE_THROWS_AS(
+      kv_cache_append(cache.k(1), cache.v(1), sequence.k_at(0), sequence.v_at(0), -1, 1, Hkv, D, max_context),
+      std::invalid_argument);  // position
+  REQUIRE_THROWS_AS(
+      kv_cache_append(cache.k(1), cache.v(1), sequence.k_at(0), sequence.v_at(0), 0, -1, Hkv, D, max_context),
+      std::invalid_argument);  // T_new
+  REQUIRE_THROWS_AS(
+      kv_cache_append(cache.k(1), cache.v(1), sequence.k_at(0), sequence.v_at(0), 0, 1, 0, D, max_context),
+      std::invalid_argument);  // Hkv
+  REQUIRE_THROWS_AS(kv_cache_append_at_device_length(cache.k(1), cache.v(1), sequence.k_at(0), sequence.v_at(0),
+                                                     cache.device_length(), -1, Hkv, D, max_context),
+                    std::invalid_argument);  // T_new
+  REQUIRE_THROWS_AS(kv_cache_append_at_device_length(cache.k(1), cache.v(1), sequence.k_at(0), sequence.v_at(0),
+                                                     cache.device_length(), 1, 0, D, max_context),
+                    std::invalid_argument);  // Hkv
+  CUDA_CHECK(cudaDeviceSynchronize());
+  REQUIRE(layer_bits(cache, 1, true) == k1);
   REQUIRE(layer_bits(cache, 1, false) == v1);
   // Two more fit exactly.
   REQUIRE_NOTHROW(cache.append(1, sequence.k_at(0), sequence.v_at(0), 2));
