@@ -218,6 +218,7 @@ bool decode_attention_o_per_head_runs(int C, int H, int Hkv, int D, int cluster)
   check_shape(C, H, Hkv, D);
   if (!device_is_sm90_or_newer() || cluster < 1 || cluster > kAttentionOMaxClusterSize) return false;
   static std::mutex mutex;
+  // Not keyed by device: one GPU a process is assumed.
   static std::map<std::tuple<int, int, int, int>, bool> known;
   const std::lock_guard<std::mutex> lock(mutex);
   const auto key = std::make_tuple(C, H, D, cluster);

@@ -15,6 +15,7 @@
 #include "decode_kernels.cuh"
 #include "globaltimer.cuh"
 #include "pdl.cuh"
+#include "rope_rotate.cuh"  // chapter 04: the rotation with every rounding spelled out
 #include "weight_stream.cuh"  // chapter 03: the mbarrier helpers (stage_input_bulk)
 
 namespace bielik::decode_device {
@@ -223,17 +224,6 @@ __device__ __forceinline__ EpilogueInputs load_epilogue_inputs(const DecodeGemvP
   return in;
 }
 
-/// The two outputs of a RoPE rotation of the pair (a, c) = (dim j, dim j + D/2):
-/// a cos - c sin and c cos + a sin, each product and the sum rounded separately
-/// (__fmul_rn / __fadd_rn are never fused into an FMA). Both decode RoPE kernels use
-/// these, so they agree bit for bit whatever each kernel's code around them.
-__device__ __forceinline__ float rope_rotate_first(float a, float c, float cosine, float sine) {
-  return __fsub_rn(__fmul_rn(a, cosine), __fmul_rn(c, sine));
-}
-__device__ __forceinline__ float rope_rotate_second(float a, float c, float cosine, float sine) {
-  return __fadd_rn(__fmul_rn(c, cosine), __fmul_rn(a, sine));
-}
-
 /// RoPE and the cache append of one rotation pair (a, c) = (dim j, dim j + D/2) of head
 /// `head`, already rounded to bf16 as the unfused QKV GEMV would store them.
 __device__ __forceinline__ void rope_append_pair(const DecodeGemvParams& p, int head, int j, float a, float c,
@@ -242,8 +232,9 @@ __device__ __forceinline__ void rope_append_pair(const DecodeGemvParams& p, int 
   const int half = t.D / 2;
   const int pos = in.pos;
   if (head < t.H + t.Hkv) {
-    // HF rotate-half. rope_rotate: explicitly rounded, so that the compiler's FMA
-    // contraction cannot differ from decode_rope_append's (the test is bit for bit).
+    // HF rotate-half. rope_rotate (chapter 04): explicitly rounded, so that the compiler's
+    // FMA contraction cannot differ from decode_rope_append's or chapter 04's (the tests
+    // are bit for bit).
     const __nv_bfloat16 first = __float2bfloat16(rope_rotate_first(a, c, in.cos, in.sin));
     const __nv_bfloat16 second = __float2bfloat16(rope_rotate_second(a, c, in.cos, in.sin));
     if (head < t.H) {

@@ -36,7 +36,7 @@ using namespace decode_device;
 
 namespace {
 
-constexpr int kMaxK = 16384;      // K bf16 values of shared memory: 32 KB, under the 48 KB default
+constexpr int kMaxK = kDecodeGemvMaxK;  // K bf16 values of shared memory: 32 KB, under the 48 KB default
 
 
 // DecodeGemvParams::argmax (ArgmaxFold), at the end of an lm_head block: the block's best
@@ -413,6 +413,7 @@ int occupancy(Kernel kernel, size_t shared_bytes = 4096) {
 template <typename Kernel>
 int occupancy_at(Kernel kernel, int K, size_t shared_bytes) {
   static std::mutex mutex;
+  // Not keyed by device: one GPU a process is assumed (the model's, as multiprocessor_count's).
   static std::map<std::pair<const void*, int>, int> known;
   std::lock_guard<std::mutex> lock(mutex);
   const auto key = std::make_pair(reinterpret_cast<const void*>(kernel), K);
@@ -454,6 +455,7 @@ void launch_gemv(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaStream
   // With the copied batch or the widened input a block may need more than the 48 KB
   // default (allowed once), and what fits an SM depends on K.
   constexpr bool kSharedGrows = kSecondBatchShared || kWidenInput;
+  // (Once a process, for the current device: one GPU a process is assumed.)
   static const bool allowed = !kSharedGrows || [&] {
     for (auto instance : {lean_kernel, probed_kernel, lean_split_kernel, probed_split_kernel}) {
       CUDA_CHECK(cudaFuncSetAttribute(instance, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -462,7 +464,8 @@ void launch_gemv(const DecodeGemvParams& p, bool pipelined, bool pdl, cudaStream
     return true;
   }();
   (void)allowed;
-  // One wave: as many blocks as fit on the GPU at once.
+  // One wave: as many blocks as fit on the GPU at once (asked once a process, for the
+  // current device: one GPU a process is assumed).
   static const int blocks_per_sm_of[5] = {occupancy(lean_kernel), occupancy(probed_kernel),
                                           occupancy(decode_gemv_pipelined_kernel<In, Out, HasBias, kBatch>),
                                           occupancy(lean_split_kernel), occupancy(probed_split_kernel)};
@@ -730,7 +733,7 @@ void decode_gemv(GemvInput input, GemvOutput output, const DecodeGemvParams& par
                                   " and 16-byte aligned partials; got count=" + std::to_string(rp.count));
     }
   }
-  static const bool have_bulk_copy = weight_stream_supported();
+  static const bool have_bulk_copy = weight_stream_supported();  // (one GPU a process assumed)
   if (kernel == DecodeGemvKernel::kBulkStream && !have_bulk_copy) {
     throw std::invalid_argument("decode_gemv: the bulk-stream kernel needs sm_90 or newer");
   }

@@ -15,9 +15,14 @@
 ///   decode_gemv(kRmsNorm, kSwiGLU)       norm + gate and up projections + SwiGLU
 ///   decode_gemv(kPlain, kResidualAdd)    down projection, added into the residual stream
 ///   ...
-///   decode_gemv(kRmsNorm, kF32)          final norm + lm_head, fp32 logits
-///   decode_argmax                        next token id (and the KV length += 1), and the
+///   decode_gemv(kRmsNorm, kF32)          final norm + lm_head, fp32 logits, with the
+///                                        argmax folded into its last block (ArgmaxFold):
+///                                        next token id (and the KV length += 1), and the
 ///                                        next step's input row, its embedding
+///
+/// (decode_argmax does that last part in a kernel of its own after the lm_head where the
+/// argmax is not folded in: CudaModelOptions::argmax_in_lm_head off, or the lm_head on
+/// the tensor cores.)
 ///
 /// Every kernel here can be launched with programmatic dependent launch (PDL, Hopper):
 /// it is then scheduled while the previous kernel still runs, starts loading its WEIGHTS
@@ -333,6 +338,14 @@ struct DecodeGemvParams {
   ArgmaxFold argmax;
 };
 
+/// The largest K decode_gemv takes: every block stages the K-long input row in shared
+/// memory (32 KB of bf16 at this size; 96 KB with widen_input's fp32 copy, which the
+/// launcher allows those kernels once). The tensor-core kernel takes less
+/// (decode_gemv_mma_max_k()). The CUDA backend refuses a model whose GEMVs have longer
+/// rows (C, F or H D past it) at load, before it copies any weight
+/// (cuda_backend_unsupported_reason).
+constexpr int kDecodeGemvMaxK = 16384;
+
 /// y = f(x W^T + b) for one token. One warp per output row (a few consecutive rows per
 /// warp when N is large, 2-8 warps per row when K > 2048 and N alone would not fill one
 /// wave), 16-byte streaming loads of W with 8 (gate/up: 2 x 6) in flight per lane, the
@@ -340,8 +353,8 @@ struct DecodeGemvParams {
 /// blocks (unless DecodeGemvParams::rows_per_warp asks for fewer rows a warp): every
 /// block is resident from the start, which is what lets its first weight loads go out
 /// before the PDL wait.
-/// Needs K % 8 == 0, K <= 16384 (shared memory), 16-byte aligned x, W and norm_weight;
-/// kAttentionMerge only with kResidualAdd (the O projection), the register kernels, and
+/// Needs K % 8 == 0, K <= kDecodeGemvMaxK (shared memory), 16-byte aligned x, W and
+/// norm_weight; kAttentionMerge only with kResidualAdd (the O projection), the register kernels, and
 /// a complete AttentionMergeSource with K = H * D, D % 8 == 0; kRmsNormAddPartials only
 /// with kSwiGLU (gate/up), kRopeAppend (QKV) or kF32 (the lm_head), on the register
 /// kernels (kRopeAppend on the tensor cores too), and a complete ResidualPartials with

@@ -56,6 +56,149 @@ ModelConfig load_checked_config(const std::string& model_dir) {
   return c;
 }
 
+// Every check of the options, before the constructor allocates or copies anything (the
+// KV cache is allocated right after, in the member initializers; the weights later): a
+// bad option, or one this GPU cannot run, costs no load. Returns `options` unchanged.
+const CudaModelOptions& checked_options(const CudaModelOptions& options, const ModelConfig& config,
+                                        const std::string& model_dir) {
+  if (options.attention_min_keys_per_split < 0) {
+    throw std::invalid_argument("attention_min_keys_per_split must be >= 0 (0: chapter 07's default), got " +
+                                std::to_string(options.attention_min_keys_per_split));
+  }
+  if (options.attention_o_replicas < 1) {
+    throw std::invalid_argument("attention_o_replicas must be >= 1, got " +
+                                std::to_string(options.attention_o_replicas));
+  }
+  if (options.attention_splits < 0) {
+    throw std::invalid_argument("attention_splits must be >= 0 (0: automatic), got " +
+                                std::to_string(options.attention_splits));
+  }
+  if (options.short_attention_max_keys < 0 || options.short_attention_splits < 0) {
+    throw std::invalid_argument("short_attention_max_keys and short_attention_splits must be >= 0 (0: off), got " +
+                                std::to_string(options.short_attention_max_keys) + " and " +
+                                std::to_string(options.short_attention_splits));
+  }
+  if (options.long_attention_min_keys < 0 || options.long_attention_splits < 0) {
+    throw std::invalid_argument("long_attention_min_keys and long_attention_splits must be >= 0 (0: off), got " +
+                                std::to_string(options.long_attention_min_keys) + " and " +
+                                std::to_string(options.long_attention_splits));
+  }
+  if (options.decode_shared_carveout < -1 || options.decode_shared_carveout > 100) {
+    throw std::invalid_argument("decode_shared_carveout must be a percent from 0 to 100, or -1 (none), got " +
+                                std::to_string(options.decode_shared_carveout));
+  }
+  for (const auto& [name, value] : {std::pair<const char*, int>{"gate_up_hold_blocks", options.gate_up_hold_blocks},
+                                    {"gate_up_hold_first_block", options.gate_up_hold_first_block},
+                                    {"gate_up_start_delay_ns", options.gate_up_start_delay_ns},
+                                    {"down_start_delay_ns", options.down_start_delay_ns},
+                                    {"qkv_start_delay_ns", options.qkv_start_delay_ns},
+                                    {"o_start_delay_ns", options.o_start_delay_ns},
+                                    {"lm_head_start_delay_ns", options.lm_head_start_delay_ns},
+                                    {"fused_mlp_start_delay_ns", options.fused_mlp_start_delay_ns},
+                                    {"fused_mlp_blocks", options.fused_mlp_blocks},
+                                    {"gate_up_loads_before_wait", options.gate_up_loads_before_wait},
+                                    {"down_loads_before_wait", options.down_loads_before_wait},
+                                    {"lm_head_loads_before_wait", options.lm_head_loads_before_wait},
+                                    {"gate_up_loads_before_wait_past_short_graph",
+                                     options.gate_up_loads_before_wait_past_short_graph},
+                                    {"o_loads_before_wait", options.o_loads_before_wait},
+                                    {"gate_up_split_blocks", options.gate_up_split_blocks},
+                                    {"gate_up_split_blocks_in_long_graph", options.gate_up_split_blocks_in_long_graph},
+                                    {"attention_o_blocks", options.attention_o_blocks}}) {
+    if (value < 0) throw std::invalid_argument(std::string(name) + " must be >= 0, got " + std::to_string(value));
+  }
+  if ((options.gate_up_loads_before_wait > 0 && options.gate_up_second_batch_in_shared) ||
+      (options.down_loads_before_wait > 0 &&
+       (options.down_second_batch_in_shared || options.down_input_from_global))) {
+    throw std::invalid_argument(
+        "gate_up_loads_before_wait / down_loads_before_wait do not combine with the second batch in shared memory "
+        "or down's input read in place");
+  }
+  if (options.o_loads_before_wait > 0 && options.o_input_from_global) {
+    throw std::invalid_argument("o_loads_before_wait does not combine with o_input_from_global (O's input read "
+                                "in place)");
+  }
+  if (options.split_batch_rest != SplitBatchRest::kAfterStaging && options.gate_up_loads_before_wait == 0 &&
+      options.down_loads_before_wait == 0 && options.lm_head_loads_before_wait == 0) {
+    throw std::invalid_argument(
+        "split_batch_rest says when the rest of a split first batch goes out, and needs "
+        "gate_up_loads_before_wait, down_loads_before_wait or lm_head_loads_before_wait");
+  }
+  if (options.fused_mlp_values_before_wait < 0 || options.fused_mlp_values_before_wait > 2) {
+    throw std::invalid_argument("fused_mlp_values_before_wait must be 0, 1 or 2, got " +
+                                std::to_string(options.fused_mlp_values_before_wait));
+  }
+  if (options.fused_mlp_block_warps != 4 && options.fused_mlp_block_warps != 8) {
+    throw std::invalid_argument("fused_mlp_block_warps must be 4 or 8, got " +
+                                std::to_string(options.fused_mlp_block_warps));
+  }
+  if (options.prefill_chunk < 1) {
+    throw std::invalid_argument("prefill_chunk must be >= 1, got " + std::to_string(options.prefill_chunk));
+  }
+  if (options.decode_graph_steps < 1 || options.decode_graph_steps > 64) {
+    throw std::invalid_argument("decode_graph_steps must be 1 to 64, got " + std::to_string(options.decode_graph_steps));
+  }
+  if (options.prefill_gemv_max_tokens < 0 || options.prefill_gemv_max_tokens > kGemvV2MaxTokens) {
+    throw std::invalid_argument("prefill_gemv_max_tokens must be 0 to " + std::to_string(kGemvV2MaxTokens) +
+                                ", got " + std::to_string(options.prefill_gemv_max_tokens));
+  }
+  if (options.prefill_v6_max_tokens < 0 || options.prefill_v6_max_tokens > kMatmulV6MaxTokens) {
+    throw std::invalid_argument("prefill_v6_max_tokens must be 0 to " + std::to_string(kMatmulV6MaxTokens) +
+                                ", got " + std::to_string(options.prefill_v6_max_tokens));
+  }
+  if (options.prefill_graph_cache < 1) {
+    throw std::invalid_argument("prefill_graph_cache must be >= 1, got " + std::to_string(options.prefill_graph_cache));
+  }
+  if (!(options.side_prefetch_gate_up_mb >= 0.0) || !(options.side_prefetch_down_mb >= 0.0) ||
+      options.side_prefetch_blocks < 1 || (options.side_prefetch_fork != 0 && options.side_prefetch_fork != 1) ||
+      (options.side_prefetch_stride_bytes != 32 && options.side_prefetch_stride_bytes != 64 &&
+       options.side_prefetch_stride_bytes != 128)) {
+    throw std::invalid_argument(
+        "side_prefetch_gate_up_mb and side_prefetch_down_mb must be >= 0, side_prefetch_blocks >= 1, "
+        "side_prefetch_fork 0 or 1 and side_prefetch_stride_bytes 32, 64 or 128; got " +
+        std::to_string(options.side_prefetch_gate_up_mb) + ", " + std::to_string(options.side_prefetch_down_mb) +
+        ", " + std::to_string(options.side_prefetch_blocks) + ", " + std::to_string(options.side_prefetch_fork) +
+        ", " + std::to_string(options.side_prefetch_stride_bytes));
+  }
+  if (!(options.l2_persist_mb >= 0.0)) {
+    throw std::invalid_argument("l2_persist_mb must be >= 0 (0: off), got " + std::to_string(options.l2_persist_mb));
+  }
+  if (options.fused_mlp &&
+      (options.persistent_decode || options.v6_fuses_o || options.attention_o_blocks > 0 ||
+       options.decode_attention == DecodeAttentionPath::kClusterWithO || options.side_prefetch_down_mb > 0.0 ||
+       options.side_prefetch_gate_up_mb > 0.0)) {
+    throw std::invalid_argument(model_dir + ": fused_mlp cannot be combined with persistent_decode, v6_fuses_o, "
+                                "attention_o_blocks, the kClusterWithO attention or the side prefetch");
+  }
+  // What the device must have for the options asked for.
+  if (options.gemv_stage_input_bulk && !device_is_sm90_or_newer()) {
+    throw std::invalid_argument(model_dir + ": gemv_stage_input_bulk needs sm_90 or newer (the bulk-copy engine)");
+  }
+  if (options.persistent_decode) {
+    const int D = config.head_dim, H = config.num_attention_heads, Hkv = config.num_key_value_heads;
+    if (!decode_step_persistent_supported(D, H, Hkv)) {
+      throw std::invalid_argument(model_dir + ": the persistent decode step cannot run here (no cooperative "
+                                  "launch, or D / GQA group unsupported)");
+    }
+    if (options.persistent_weight_stream && !decode_step_streamed_supported(D, H, Hkv)) {
+      throw std::invalid_argument(model_dir + ": the streamed persistent decode step needs sm_90 or newer");
+    }
+  }
+  if (options.l2_persist_mb > 0.0) {
+    int device = 0, max_persisting = 0, max_window = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&max_persisting, cudaDevAttrMaxPersistingL2CacheSize, device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&max_window, cudaDevAttrMaxAccessPolicyWindowSize, device));
+    if (max_persisting <= 0 || max_window <= 0) {
+      cudaDeviceProp properties{};
+      CUDA_CHECK(cudaGetDeviceProperties(&properties, device));
+      throw std::invalid_argument("l2_persist_mb: this GPU (" + std::string(properties.name) +
+                                  ") cannot set L2 aside for persisting accesses (sm_80 or newer, not MIG)");
+    }
+  }
+  return options;
+}
+
 }  // namespace
 
 std::string cuda_backend_unsupported_reason(const ModelConfig& c) {
@@ -70,116 +213,23 @@ std::string cuda_backend_unsupported_reason(const ModelConfig& c) {
   if (c.hidden_size % 8 != 0 || c.intermediate_size % 8 != 0) {
     return "hidden_size and intermediate_size must be multiples of 8 (16-byte rows)";
   }
+  // The K of every decode GEMV: C for QKV, gate/up and the lm_head, H D for O, F for down.
+  // (Refused here, before any weight is copied, and so by --device auto too.)
+  const long long query_width = (long long)c.num_attention_heads * c.head_dim;
+  if (c.hidden_size > kDecodeGemvMaxK || c.intermediate_size > kDecodeGemvMaxK || query_width > kDecodeGemvMaxK) {
+    return "hidden_size, intermediate_size and num_attention_heads * head_dim must be at most " +
+           std::to_string(kDecodeGemvMaxK) + " (the decode GEMV stages its input row in shared memory), got " +
+           std::to_string(c.hidden_size) + ", " + std::to_string(c.intermediate_size) + " and " +
+           std::to_string(query_width);
+  }
   return "";
 }
 
 CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& options)
     : config_(load_checked_config(model_dir)),
-      options_(options),
+      options_(checked_options(options, config_, model_dir)),
       kv_(config_.num_hidden_layers, config_.num_key_value_heads, config_.head_dim,
           context_length_of(config_, options.max_context)) {
-  if (options_.attention_min_keys_per_split < 0) {
-    throw std::invalid_argument("attention_min_keys_per_split must be >= 0 (0: chapter 07's default), got " +
-                                std::to_string(options_.attention_min_keys_per_split));
-  }
-  if (options_.attention_o_replicas < 1) {
-    throw std::invalid_argument("attention_o_replicas must be >= 1, got " +
-                                std::to_string(options_.attention_o_replicas));
-  }
-  if (options_.attention_splits < 0) {
-    throw std::invalid_argument("attention_splits must be >= 0 (0: automatic), got " +
-                                std::to_string(options_.attention_splits));
-  }
-  if (options_.short_attention_max_keys < 0 || options_.short_attention_splits < 0) {
-    throw std::invalid_argument("short_attention_max_keys and short_attention_splits must be >= 0 (0: off), got " +
-                                std::to_string(options_.short_attention_max_keys) + " and " +
-                                std::to_string(options_.short_attention_splits));
-  }
-  if (options_.long_attention_min_keys < 0 || options_.long_attention_splits < 0) {
-    throw std::invalid_argument("long_attention_min_keys and long_attention_splits must be >= 0 (0: off), got " +
-                                std::to_string(options_.long_attention_min_keys) + " and " +
-                                std::to_string(options_.long_attention_splits));
-  }
-  if (options_.decode_shared_carveout < -1 || options_.decode_shared_carveout > 100) {
-    throw std::invalid_argument("decode_shared_carveout must be a percent from 0 to 100, or -1 (none), got " +
-                                std::to_string(options_.decode_shared_carveout));
-  }
-  for (const auto& [name, value] : {std::pair<const char*, int>{"gate_up_hold_blocks", options_.gate_up_hold_blocks},
-                                    {"gate_up_hold_first_block", options_.gate_up_hold_first_block},
-                                    {"gate_up_start_delay_ns", options_.gate_up_start_delay_ns},
-                                    {"down_start_delay_ns", options_.down_start_delay_ns},
-                                    {"qkv_start_delay_ns", options_.qkv_start_delay_ns},
-                                    {"o_start_delay_ns", options_.o_start_delay_ns},
-                                    {"lm_head_start_delay_ns", options_.lm_head_start_delay_ns},
-                                    {"fused_mlp_start_delay_ns", options_.fused_mlp_start_delay_ns},
-                                    {"fused_mlp_blocks", options_.fused_mlp_blocks},
-                                    {"gate_up_loads_before_wait", options_.gate_up_loads_before_wait},
-                                    {"down_loads_before_wait", options_.down_loads_before_wait},
-                                    {"lm_head_loads_before_wait", options_.lm_head_loads_before_wait},
-                                    {"gate_up_loads_before_wait_past_short_graph",
-                                     options_.gate_up_loads_before_wait_past_short_graph},
-                                    {"o_loads_before_wait", options_.o_loads_before_wait},
-                                    {"gate_up_split_blocks", options_.gate_up_split_blocks},
-                                    {"gate_up_split_blocks_in_long_graph", options_.gate_up_split_blocks_in_long_graph},
-                                    {"attention_o_blocks", options_.attention_o_blocks}}) {
-    if (value < 0) throw std::invalid_argument(std::string(name) + " must be >= 0, got " + std::to_string(value));
-  }
-  if ((options_.gate_up_loads_before_wait > 0 && options_.gate_up_second_batch_in_shared) ||
-      (options_.down_loads_before_wait > 0 &&
-       (options_.down_second_batch_in_shared || options_.down_input_from_global))) {
-    throw std::invalid_argument(
-        "gate_up_loads_before_wait / down_loads_before_wait do not combine with the second batch in shared memory "
-        "or down's input read in place");
-  }
-  if (options_.o_loads_before_wait > 0 && options_.o_input_from_global) {
-    throw std::invalid_argument("o_loads_before_wait does not combine with o_input_from_global (O's input read "
-                                "in place)");
-  }
-  if (options_.split_batch_rest != SplitBatchRest::kAfterStaging && options_.gate_up_loads_before_wait == 0 &&
-      options_.down_loads_before_wait == 0 && options_.lm_head_loads_before_wait == 0) {
-    throw std::invalid_argument(
-        "split_batch_rest says when the rest of a split first batch goes out, and needs "
-        "gate_up_loads_before_wait, down_loads_before_wait or lm_head_loads_before_wait");
-  }
-  if (options_.fused_mlp_values_before_wait < 0 || options_.fused_mlp_values_before_wait > 2) {
-    throw std::invalid_argument("fused_mlp_values_before_wait must be 0, 1 or 2, got " +
-                                std::to_string(options_.fused_mlp_values_before_wait));
-  }
-  if (options_.fused_mlp_block_warps != 4 && options_.fused_mlp_block_warps != 8) {
-    throw std::invalid_argument("fused_mlp_block_warps must be 4 or 8, got " +
-                                std::to_string(options_.fused_mlp_block_warps));
-  }
-  if (options_.prefill_chunk < 1) {
-    throw std::invalid_argument("prefill_chunk must be >= 1, got " + std::to_string(options_.prefill_chunk));
-  }
-  if (options_.decode_graph_steps < 1 || options_.decode_graph_steps > 64) {
-    throw std::invalid_argument("decode_graph_steps must be 1 to 64, got " + std::to_string(options_.decode_graph_steps));
-  }
-  if (options_.prefill_gemv_max_tokens < 0 || options_.prefill_gemv_max_tokens > kGemvV2MaxTokens) {
-    throw std::invalid_argument("prefill_gemv_max_tokens must be 0 to " + std::to_string(kGemvV2MaxTokens) +
-                                ", got " + std::to_string(options_.prefill_gemv_max_tokens));
-  }
-  if (options_.prefill_v6_max_tokens < 0 || options_.prefill_v6_max_tokens > kMatmulV6MaxTokens) {
-    throw std::invalid_argument("prefill_v6_max_tokens must be 0 to " + std::to_string(kMatmulV6MaxTokens) +
-                                ", got " + std::to_string(options_.prefill_v6_max_tokens));
-  }
-  if (options_.prefill_graph_cache < 1) {
-    throw std::invalid_argument("prefill_graph_cache must be >= 1, got " + std::to_string(options_.prefill_graph_cache));
-  }
-  if (!(options_.side_prefetch_gate_up_mb >= 0.0) || !(options_.side_prefetch_down_mb >= 0.0) ||
-      options_.side_prefetch_blocks < 1 || (options_.side_prefetch_fork != 0 && options_.side_prefetch_fork != 1) ||
-      (options_.side_prefetch_stride_bytes != 32 && options_.side_prefetch_stride_bytes != 64 &&
-       options_.side_prefetch_stride_bytes != 128)) {
-    throw std::invalid_argument(
-        "side_prefetch_gate_up_mb and side_prefetch_down_mb must be >= 0, side_prefetch_blocks >= 1, "
-        "side_prefetch_fork 0 or 1 and side_prefetch_stride_bytes 32, 64 or 128; got " +
-        std::to_string(options_.side_prefetch_gate_up_mb) + ", " + std::to_string(options_.side_prefetch_down_mb) +
-        ", " + std::to_string(options_.side_prefetch_blocks) + ", " + std::to_string(options_.side_prefetch_fork) +
-        ", " + std::to_string(options_.side_prefetch_stride_bytes));
-  }
-  if (!(options_.l2_persist_mb >= 0.0)) {
-    throw std::invalid_argument("l2_persist_mb must be >= 0 (0: off), got " + std::to_string(options_.l2_persist_mb));
-  }
   C_ = config_.hidden_size;
   F_ = config_.intermediate_size;
   H_ = config_.num_attention_heads;
@@ -206,15 +256,7 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     }
     // The fused decode MLP (options' fused_mlp): where the model's shape takes it. Its
     // down weights are kept transposed, (F, C), for the prefill's GEMM too.
-    if (options_.fused_mlp) {
-      if (options_.persistent_decode || options_.v6_fuses_o || options_.attention_o_blocks > 0 ||
-          options_.decode_attention == DecodeAttentionPath::kClusterWithO ||
-          options_.side_prefetch_down_mb > 0.0 || options_.side_prefetch_gate_up_mb > 0.0) {
-        throw std::invalid_argument(model_dir + ": fused_mlp cannot be combined with persistent_decode, v6_fuses_o, "
-                                    "attention_o_blocks, the kClusterWithO attention or the side prefetch");
-      }
-      fused_mlp_ = C_ <= decode_mlp_fused_max_c() && config_.num_hidden_layers >= 2;
-    }
+    if (options_.fused_mlp) fused_mlp_ = C_ <= decode_mlp_fused_max_c() && config_.num_hidden_layers >= 2;
     load_weights(model_dir);
     if (options_.fold_qkv_norm || options_.fold_gate_up_norm) fold_norms_into_weights();
     if (fused_mlp_) transpose_down_weights();
@@ -338,15 +380,6 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     d_attn_.fill_bytes(0);
     d_act_.fill_bytes(0);
     d_o_partials_.fill_bytes(0);
-    for (size_t bytes : {p_tokens_.bytes(), p_x_.bytes(), p_h_.bytes(), p_proj_.bytes(),
-                         p_qkv_.bytes(), p_q_.bytes(), p_attn_.bytes(), p_k_.bytes(), p_v_.bytes(),
-                         p_gate_up_.bytes(), p_act_.bytes(), p_k_gathered_.bytes(), p_v_gathered_.bytes(),
-                         p_logits_.bytes(), d_token_.bytes(), d_history_.bytes(), d_x_.bytes(), d_qkv_.bytes(), d_attn_.bytes(),
-                         d_act_.bytes(), d_logits_.bytes(), attention_workspace_->partial_acc.bytes(),
-                         attention_workspace_->partial_ml.bytes(), rope_.cos.bytes(), rope_.sin.bytes(),
-                         d_mlp_accumulators_.bytes()}) {
-      scratch_bytes_ += bytes;
-    }
 
     void* pinned = nullptr;
     CUDA_CHECK(cudaMallocHost(&pinned, size_t(V_) * sizeof(float)));
@@ -369,17 +402,7 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     kv_.reset(stream_);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
 
-    if (options_.gemv_stage_input_bulk && !device_is_sm90_or_newer()) {
-      throw std::invalid_argument(model_dir + ": gemv_stage_input_bulk needs sm_90 or newer (the bulk-copy engine)");
-    }
     if (options_.persistent_decode) {
-      if (!decode_step_persistent_supported(D_, H_, Hkv_)) {
-        throw std::invalid_argument(model_dir + ": the persistent decode step cannot run here (no cooperative "
-                                    "launch, or D / GQA group unsupported)");
-      }
-      if (options_.persistent_weight_stream && !decode_step_streamed_supported(D_, H_, Hkv_)) {
-        throw std::invalid_argument(model_dir + ": the streamed persistent decode step needs sm_90 or newer");
-      }
       std::vector<PersistentLayer> host_layers;
       for (size_t l = 0; l < layers_.size(); ++l) {
         const Layer& L = layers_[l];
@@ -443,6 +466,21 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
         capture_graphs(false);
       }
     }
+    // Every device buffer this model owns besides the weights and the KV cache (what
+    // scratch_bytes() reports; the buffers above that an option leaves empty count 0).
+    for (size_t bytes :
+         {p_tokens_.bytes(), p_x_.bytes(), p_h_.bytes(), p_proj_.bytes(), p_qkv_.bytes(), p_q_.bytes(),
+          p_attn_.bytes(), p_k_.bytes(), p_v_.bytes(), p_gate_up_.bytes(), p_act_.bytes(), p_k_gathered_.bytes(),
+          p_v_gathered_.bytes(), p_logits_.bytes(), d_token_.bytes(), d_history_.bytes(),
+          d_argmax_block_best_.bytes(), d_argmax_blocks_done_.bytes(), d_x_.bytes(), d_qkv_.bytes(),
+          d_attn_.bytes(), d_act_.bytes(), d_o_partials_.bytes(), d_o_arrivals_.bytes(), d_o_accumulators_.bytes(),
+          d_attention_signals_.bytes(), d_timeline_.bytes(), d_logits_.bytes(), d_mlp_accumulators_.bytes(),
+          d_sample_uniform_.bytes(), d_sample_result_.bytes(), attention_workspace_->partial_acc.bytes(),
+          attention_workspace_->partial_ml.bytes(), attention_workspace_->split_counters.bytes(),
+          rope_.cos.bytes(), rope_.sin.bytes(), d_persistent_layers_.bytes(), d_barrier_.bytes(),
+          d_phase_clock_.bytes()}) {
+      scratch_bytes_ += bytes;
+    }
   } catch (...) {
     destroy_graphs();
     destroy_side_branch();
@@ -458,10 +496,7 @@ void CudaModel::set_aside_l2() {
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaDeviceGetAttribute(&max_persisting, cudaDevAttrMaxPersistingL2CacheSize, device));
   CUDA_CHECK(cudaDeviceGetAttribute(&max_window, cudaDevAttrMaxAccessPolicyWindowSize, device));
-  if (max_persisting <= 0 || max_window <= 0) {
-    throw std::invalid_argument("l2_persist_mb: this GPU (" + device_name_ +
-                                ") cannot set L2 aside for persisting accesses (sm_80 or newer, not MIG)");
-  }
+  // (Both are positive: checked_options refused a GPU without a persisting L2.)
   // Clamped as a double first: "everything" (1e6 MB) must not overflow size_t.
   const size_t wanted = size_t(std::min(options_.l2_persist_mb * 1e6, double(max_persisting)));
   CUDA_CHECK(cudaDeviceGetLimit(&l2_previous_limit_, cudaLimitPersistingL2CacheSize));
@@ -737,8 +772,8 @@ void CudaModel::check_fits(size_t count, const char* what) const {
   const size_t used = size_t(kv_.length());
   const size_t context = size_t(kv_.max_context());
   if (used + count > context) {
-    std::string message = std::string(what) + " of " + std::to_string(count) + " tokens exceeds the context of " +
-                          std::to_string(context) + " tokens";
+    std::string message = std::string(what) + " of " + std::to_string(count) + (count == 1 ? " token" : " tokens") +
+                          " exceeds the context of " + std::to_string(context) + " tokens";
     if (used > 0) {
       message += " (" + std::to_string(used) + " already used, " + std::to_string(context - used) + " left)";
     }
@@ -1109,7 +1144,9 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     p.epilogue_inputs_settled = true;
   };
   // options_.tensor_core_gemvs (in the long graph tensor_core_gemvs_in_long_graph): the
-  // kernel of a GEMV (the tensor-core one takes plain and normalized inputs only).
+  // kernel of a GEMV (the tensor-core one takes plain and normalized inputs only, and rows
+  // of up to decode_gemv_mma_max_k() values: a model with longer ones keeps that GEMV on
+  // the register kernel, as cuda_backend_unsupported_reason promised it can run).
   const unsigned tensor_core_gemvs =
       long_graph ? options_.tensor_core_gemvs_in_long_graph : options_.tensor_core_gemvs;
   auto gemv_kernel = [&](TensorCoreGemv which, GemvInput input, DecodeGemvParams* p = nullptr) {
@@ -1118,7 +1155,9 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     if (p) p->norm_weight_first = (options_.norm_weight_first & which) != 0 && input == GemvInput::kRmsNorm;
     const bool normal_input = input == GemvInput::kPlain || input == GemvInput::kRmsNorm ||
                               (input == GemvInput::kRmsNormAddPartials && which == kTensorCoreQkv);
-    return (tensor_core_gemvs & which) && normal_input ? DecodeGemvKernel::kTensorCores : DecodeGemvKernel::kAuto;
+    const int K = which == kTensorCoreO ? H_ * D_ : which == kTensorCoreDown ? F_ : C_;  // QKV, gate/up, lm_head: C
+    const bool tensor_cores = (tensor_core_gemvs & which) && normal_input && K <= decode_gemv_mma_max_k();
+    return tensor_cores ? DecodeGemvKernel::kTensorCores : DecodeGemvKernel::kAuto;
   };
   // options_.l2_persist_mb: the window of a GEMV of `target` (none for the others). A
   // GEMV under a window loads without its own evict-first hint, so that the window's
@@ -1457,7 +1496,7 @@ void CudaModel::run_decode_step(int kv_len) {
 
 std::vector<float> CudaModel::decode(int32_t token) {
   check_token(token);
-  check_fits(1, "prompt");
+  check_fits(1, "decode step");
   h_tokens_.get()[0] = token;
   CUDA_CHECK(cudaMemcpyAsync(d_token_.data(), h_tokens_.get(), sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
   embed_host_token();
@@ -1472,7 +1511,7 @@ std::vector<float> CudaModel::decode(int32_t token) {
 int32_t CudaModel::decode_sample(int32_t token, Sampler& sampler) {
   if (!gpu_sampler_supports(sampler.options(), V_)) return Backend::decode_sample(token, sampler);
   check_token(token);
-  check_fits(1, "prompt");
+  check_fits(1, "decode step");
   // The draw is made here, before the step, as Sampler::sample makes it before it reads
   // the logits: the same seed gives the same draws on both paths.
   SampleExchange* exchange = h_sample_.get();
@@ -1569,7 +1608,7 @@ std::vector<unsigned long long> CudaModel::persistent_phase_clock() {
 
 void CudaModel::decode_probed(int32_t token, const std::function<void(const char*)>& after_kernel) {
   check_token(token);
-  check_fits(1, "prompt");
+  check_fits(1, "decode step");
   h_tokens_.get()[0] = token;
   CUDA_CHECK(cudaMemcpyAsync(d_token_.data(), h_tokens_.get(), sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
   enqueue_decode_step(stream_, false, &after_kernel, attention_splits_at(position() + 1));

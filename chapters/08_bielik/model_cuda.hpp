@@ -1,6 +1,6 @@
 /// @file model_cuda.hpp
 /// @brief The whole model on the GPU: the chapters' kernels assembled, bf16 weights, a KV
-/// cache, prefill in chunks, and decode as one replayed CUDA graph.
+/// cache, prefill in chunks, and decode as replayed CUDA graphs.
 ///
 /// Prefill (T tokens at positions P..P+T-1, in chunks of at most prefill_chunk tokens):
 ///
@@ -24,14 +24,19 @@
 /// 2 * Hkv * D * 2 bytes per cached token per layer (1 KB for Bielik): 2 MB per layer at a
 /// 2k-token context, ~1 us of bandwidth next to the chunk's ~0.2 ms of matmuls per layer.
 ///
-/// Decode (T = 1) runs the fused kernels of decode_kernels.cuh, captured ONCE into a CUDA
-/// graph at load time. Nothing in the graph depends on the position: the input token, the
+/// Decode (T = 1) runs the fused kernels of decode_kernels.cuh, captured into CUDA graphs
+/// once, at load time. Nothing in a graph depends on the position: the input token, the
 /// position (RoPE, cache append, attention length) and the commit are all read or written
-/// in device memory, so every step replays the same graph. The graph starts at layer 0:
-/// the step's input row (the token's embedding) was written by the previous step's argmax,
-/// or, where the host gave the token, by one embedding launch before the graph
-/// (argmax_writes_next_input). generate_greedy queues the steps back to back and copies
-/// the tokens back once; decode and decode_sample copy back the V logits or the drawn token.
+/// in device memory, so every step replays a graph captured at load. There are up to six
+/// (six with the default options and a cache of 1280 tokens or more): the step with the
+/// attention's main cluster size, one for short caches and one for long ones
+/// (short_attention_*, long_attention_*), each also captured as decode_graph_steps steps
+/// in one graph for generate_greedy; the host picks one by the cache length it knows. A
+/// graph starts at layer 0: the step's input row (the token's embedding) was written by
+/// the previous step's argmax, or, where the host gave the token, by one embedding launch
+/// before the graph (argmax_writes_next_input). generate_greedy queues the steps back to
+/// back and copies the tokens back once; decode and decode_sample copy back the V logits
+/// or the drawn token.
 ///
 /// Memory is allocated once, in the constructor: the weights, the KV cache, the prefill
 /// activations for one chunk, the decode buffers. Nothing is allocated per token.
@@ -610,10 +615,10 @@ struct CudaModelOptions {
 class CudaModel final : public Backend {
  public:
   /// Reads `model_dir`/config.json and the safetensors checkpoint (shapes checked by
-  /// map_model_weights), copies the weights to the GPU and captures the decode graph.
+  /// map_model_weights), copies the weights to the GPU and captures the decode graphs.
   /// Throws std::runtime_error for a bad checkpoint, std::invalid_argument for a shape the
-  /// kernels cannot run (head_dim not 64 or 128, sizes not multiples of 8, more than 8
-  /// query heads per kv head) or a bad option.
+  /// kernels cannot run (cuda_backend_unsupported_reason) or a bad option, or one this GPU
+  /// cannot run; both before anything is allocated or copied.
   explicit CudaModel(const std::string& model_dir, const CudaModelOptions& options = {});
   ~CudaModel() override;
   CudaModel(const CudaModel&) = delete;
@@ -644,9 +649,11 @@ class CudaModel final : public Backend {
 
   /// One decode step of `token`, launched eagerly (never the graph, no PDL) with
   /// `after_kernel(name)` called on the host after each kernel class is enqueued
-  /// ("embedding", "qkv", "rope_append", "attention", "o_proj" or, fused, "attention_o",
-  /// "gate_up_swiglu", "down", "lm_head", "argmax"): the benchmark records an event
-  /// there. Advances position().
+  /// ("embedding", "qkv_rope_append", "attention" (with kClusterWithO "attention_o"),
+  /// "o_proj" (none where the O projection runs inside the attention's kernel),
+  /// "gate_up_swiglu" and "down" (with fused_mlp "mlp_fused"), "lm_head", and "argmax"
+  /// only where the argmax is not folded into the lm_head): the benchmark records an
+  /// event there. Advances position().
   void decode_probed(int32_t token, const std::function<void(const char*)>& after_kernel);
 
   /// prefill(tokens) (last logits) with `after_kernel(name)` called on the host after each
@@ -676,7 +683,10 @@ class CudaModel final : public Backend {
   /// Weight bytes one decode step reads: all but the embedding table (one row of it).
   size_t decode_weight_bytes() const;
   size_t kv_cache_bytes() const { return kv_.bytes(); }
-  /// Device bytes of everything else: activations, scratch, logits.
+  /// Device bytes of every other buffer the model allocated: the prefill activations and
+  /// gathered keys, the decode buffers and logits, the attention workspace, the RoPE
+  /// table, the argmax's, the sampler's and the options' buffers (not the libraries' own
+  /// workspaces, such as cuBLASLt's).
   size_t scratch_bytes() const { return scratch_bytes_; }
   bool uses_pdl() const { return use_pdl_; }
   /// Nodes of the default decode graph (0 without one): what the tests count the side
@@ -769,7 +779,9 @@ class CudaModel final : public Backend {
   void run_decode_step(int kv_len);
   // The decode step with `attention_splits` into `graph` / `exec`.
   void capture_graph(bool pdl, int attention_splits, cudaGraph_t& graph, cudaGraphExec_t& exec, int steps = 1);
-  void capture_graphs(bool pdl);  // graph_, short_graph_ and long_graph_ when their splits are set
+  // graph_, short_graph_ and long_graph_ when their splits are set, and each as
+  // decode_graph_steps steps (multi_step_graph_) when that is more than 1
+  void capture_graphs(bool pdl);
   void destroy_graphs();
   void destroy_side_branch();  // side_stream_ and its events
   // options_.l2_persist_mb: sets the persisting L2 set-aside (l2_persist_bytes_), and
@@ -788,8 +800,8 @@ class CudaModel final : public Backend {
   bool long_attention_step(int kv_len) const {
     return long_attention_splits_ > 0 && kv_len >= long_attention_min_keys_;
   }
-  // Which of the three graphs a step over kv_len keys replays: 0 the default, 1 the short
-  // one, 2 the long one.
+  // Which kind of graph a step over kv_len keys replays: 0 the default, 1 the short
+  // one, 2 the long one (each as one step, or decode_graph_steps steps).
   int graph_kind_at(int kv_len) const {
     return short_attention_step(kv_len) ? 1 : long_attention_step(kv_len) ? 2 : 0;
   }
@@ -927,7 +939,8 @@ class CudaModel final : public Backend {
 };
 
 /// Why the CUDA backend cannot run a model of this shape, or "" when it can (the
-/// kernels are compiled for D = 64 and 128, GQA groups up to 8, 16-byte rows).
+/// kernels are compiled for D = 64 and 128, GQA groups up to 8, 16-byte rows, and the
+/// decode GEMVs take rows of up to kDecodeGemvMaxK values: C, F and H D). Needs no GPU.
 std::string cuda_backend_unsupported_reason(const ModelConfig& config);
 
 /// The factory the chat program uses: a CudaModel with default options and the given

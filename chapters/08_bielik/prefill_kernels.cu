@@ -48,11 +48,11 @@ __global__ void __launch_bounds__(128) qkv_rope_append_kernel(
       __nv_bfloat162* a2 = reinterpret_cast<__nv_bfloat162*>(&a);
       __nv_bfloat162* b2 = reinterpret_cast<__nv_bfloat162*>(&b);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {  // chapter 04 v3's expressions, so the same roundings
+      for (int j = 0; j < 4; ++j) {  // chapter 04's rotation, so the same roundings
         const float2 x1 = __bfloat1622float2(a2[j]), x2 = __bfloat1622float2(b2[j]);
         const float cx = c[2 * j], cy = c[2 * j + 1], sx = s[2 * j], sy = s[2 * j + 1];
-        a2[j] = __floats2bfloat162_rn(x1.x * cx - x2.x * sx, x1.y * cy - x2.y * sy);
-        b2[j] = __floats2bfloat162_rn(x2.x * cx + x1.x * sx, x2.y * cy + x1.y * sy);
+        a2[j] = __floats2bfloat162_rn(rope_rotate_first(x1.x, x2.x, cx, sx), rope_rotate_first(x1.y, x2.y, cy, sy));
+        b2[j] = __floats2bfloat162_rn(rope_rotate_second(x1.x, x2.x, cx, sx), rope_rotate_second(x1.y, x2.y, cy, sy));
       }
       if (head < H) {
         uint4* q = reinterpret_cast<uint4*>(out.q + (size_t(t) * H + head) * D);

@@ -197,6 +197,56 @@ TEST_CASE("CUDA model: a head_dim the attention kernels lack is refused at load"
   REQUIRE(refused);
 }
 
+TEST_CASE("CUDA model: a shape past the decode GEMV's rows is refused before any weight is read",
+          "[ch08][gpu][model]") {
+  // Bielik's shape runs; then C and F each at the decode GEMV's limit and 8 values (one
+  // 16-byte piece) past it, and H D at it and one head past it. (cuda_backend_
+  // unsupported_reason needs no GPU; it is here because no CPU test binary links the
+  // CUDA backend.)
+  ModelConfig bielik;
+  bielik.hidden_size = 1536;
+  bielik.intermediate_size = 8960;
+  bielik.num_hidden_layers = 32;
+  bielik.num_attention_heads = 12;
+  bielik.num_key_value_heads = 2;
+  bielik.head_dim = 128;
+  bielik.vocab_size = 32000;
+  REQUIRE(cuda_backend_unsupported_reason(bielik).empty());
+  for (int which = 0; which < 3; ++which) {
+    for (int past : {0, 8}) {
+      ModelConfig c = bielik;
+      const int K = kDecodeGemvMaxK + past;
+      if (which == 0) c.hidden_size = K;
+      if (which == 1) c.intermediate_size = K;
+      if (which == 2) c.num_attention_heads = c.num_key_value_heads = K / c.head_dim + (past > 0 ? 1 : 0);
+      const std::string why = cuda_backend_unsupported_reason(c);
+      INFO("C " << c.hidden_size << ", F " << c.intermediate_size << ", H D " << c.num_attention_heads * c.head_dim
+                << ": '" << why << "'");
+      REQUIRE(why.empty() == (past == 0));
+      if (past > 0) REQUIRE(contains(why, std::to_string(kDecodeGemvMaxK)));
+    }
+  }
+  // At load: a config.json alone, with F past the limit. The refusal comes before the
+  // checkpoint is opened (there is none: opening it would throw std::runtime_error).
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("bielik_ch08_cuda_" + std::to_string(getpid()) + "_wide_mlp");
+  fs::create_directories(dir);
+  nlohmann::json config = {{"hidden_size", 256},
+                           {"intermediate_size", kDecodeGemvMaxK + 8},
+                           {"num_hidden_layers", 2},
+                           {"num_attention_heads", 2},
+                           {"num_key_value_heads", 1},
+                           {"head_dim", 128},
+                           {"vocab_size", 1000},
+                           {"max_position_embeddings", 64}};
+  std::ofstream(dir / "config.json") << config.dump(2);
+  const std::string message = error_of<std::invalid_argument>([&] { CudaModel model(dir.string()); });
+  INFO(message);
+  REQUIRE(contains(message, "intermediate_size"));
+  REQUIRE(contains(message, std::to_string(kDecodeGemvMaxK)));
+  fs::remove_all(dir);
+}
+
 TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming the option", "[ch08][gpu][model]") {
   const std::string dir = tiny_checkpoint(kSpecs[0]);
   // Whether loading with `options` throws std::invalid_argument with `name` in its message.
@@ -1306,6 +1356,11 @@ TEST_CASE("CUDA model: greedy tokens equal the CPU backend's", "[ch08][gpu][mode
     // Exact match is required wherever the CPU's choice is clear by more than a few
     // times the bf16 error of the logits; at a near tie a different choice is rounding,
     // not a bug (said, not hidden), and the sequences cannot be compared after it.
+    // Since `clear` comes from the CUDA logits themselves, a floor too: every step on the
+    // D = 128 model (its CPU margins are 61 and more); on the D = 64 model the first, as
+    // its second step is a near tie (CPU margin 0.011: where the second session's run,
+    // 2026-11-29, parted; the forty-eighth's matched all 16).
+    const int least_equal = spec.D == 128 ? kSteps : 1;
     const double clear = 4.0 * max_error;
     int compared = 0;
     for (int i = 0; i < kSteps; ++i) {
@@ -1321,6 +1376,8 @@ TEST_CASE("CUDA model: greedy tokens equal the CPU backend's", "[ch08][gpu][mode
     }
     std::printf("%s: greedy tokens equal to the CPU's for %d of %d steps (min margin %.3f, logit max err %.4f)\n",
                 spec.name, compared, kSteps, *std::min_element(margins.begin(), margins.end()), max_error);
+    INFO(spec.name << ": equal for " << compared << " steps, at least " << least_equal << " required");
+    REQUIRE(compared >= least_equal);
 
     // The three decode entry points run the same graph: the same tokens.
     cuda.reset();
@@ -1346,10 +1403,11 @@ TEST_CASE("CUDA model: generate_greedy gives the same tokens with several steps 
   INFO("prompt seed " << seed);
   for (const TinySpec& spec : kSpecs) {
     const std::string dir = tiny_checkpoint(spec);
-    // From position 20 to 140 a generation runs in all three decode graphs: the short one
-    // up to 40 keys, the default one, the long one from 90 (thresholds moved down from
-    // Bielik's 256 and 1024 to fit the tiny models' 160 positions). With 3 and 8 steps a
-    // graph, some runs of steps straddle a switch and take single steps there.
+    // From position 20 to 140 a generation runs in all three kinds of decode graph: the
+    // short one up to 40 keys, the default one, the long one from 90 (thresholds moved
+    // down from the defaults, 256 and 1280, to fit the generation inside the tiny models'
+    // 320 and 160 positions). With 3 and 8 steps a graph, some runs of steps straddle a
+    // switch and take single steps there.
     const std::vector<int32_t> prompt = random_prompt(20, spec.V, seed);
     constexpr int kSteps = 120;
     // Variants 0-4 take the next input from the argmax (argmax_writes_next_input, the
@@ -2693,7 +2751,54 @@ TEST_CASE("decode_gemv with the O partials: gate/up adds them into its input, do
   REQUIRE_THROWS_AS(decode_gemv(GemvInput::kRmsNormAddPartials, GemvOutput::kSwiGLU, p, false), std::invalid_argument);
 }
 
-TEST_CASE("decode_gemv kRopeAppend equals the QKV GEMV then decode_rope_append, bit for bit", "[ch08][gpu][kernels]") {
+namespace {
+
+// kRopeAppend's q and k against chapter 04's CPU RoPE (rope_cpu: float64 angles, fp32
+// rotation) of the projection, and its v against the projection itself: the bit-for-bit
+// comparison below runs both kernels through the same device helpers (rope_rotate_first /
+// _second, the epilogue's loads), which this does not share. `projected` is the QKV GEMV's
+// bf16 output, (H + 2 Hkv, D); q (H, D) and the caches (Hkv, max_context, D) as the kernel
+// wrote them, the caches poisoned with 0xFFFF first. Each value within one bf16 rounding
+// (2^-8 relative, and 1e-4 for the fp32 sums' order near zero); every other cache row
+// untouched. The first value that fails is reported.
+void require_rope_append_matches_cpu(const std::vector<uint16_t>& projected, const std::vector<uint16_t>& q,
+                                     const std::vector<uint16_t>& k_cache, const std::vector<uint16_t>& v_cache,
+                                     int H, int Hkv, int D, int max_context, int pos, float theta) {
+  std::vector<float> q_cpu(size_t(H) * D), k_cpu(size_t(Hkv) * D);
+  for (size_t i = 0; i < q_cpu.size(); ++i) q_cpu[i] = bf16_bits_to_float(projected[i]);
+  for (size_t i = 0; i < k_cpu.size(); ++i) k_cpu[i] = bf16_bits_to_float(projected[q_cpu.size() + i]);
+  const int32_t position = pos;
+  rope_cpu(q_cpu.data(), k_cpu.data(), &position, 1, H, Hkv, D, theta);
+  auto near = [](uint16_t got, float want) {
+    return std::fabs(double(bf16_bits_to_float(got)) - want) <= std::ldexp(std::fabs(double(want)), -8) + 1e-4;
+  };
+  for (size_t i = 0; i < q_cpu.size(); ++i) {
+    if (near(q[i], q_cpu[i])) continue;
+    INFO("q value " << i << ": " << bf16_bits_to_float(q[i]) << " against rope_cpu's " << q_cpu[i]);
+    REQUIRE(near(q[i], q_cpu[i]));
+  }
+  for (int h = 0; h < Hkv; ++h) {
+    for (int t = 0; t < max_context; ++t) {
+      for (int d = 0; d < D; ++d) {
+        const size_t at = (size_t(h) * max_context + t) * D + d;
+        const float want_k = k_cpu[size_t(h) * D + d];
+        const uint16_t want_v = projected[size_t(H + Hkv + h) * D + d];  // v as projected
+        const bool right = t == pos ? near(k_cache[at], want_k) && v_cache[at] == want_v
+                                    : k_cache[at] == 0xFFFF && v_cache[at] == 0xFFFF;  // only pos's row written
+        if (right) continue;
+        INFO("kv head " << h << " position " << t << " (the token's: " << pos << ") dim " << d << ": k "
+                        << bf16_bits_to_float(k_cache[at]) << " against rope_cpu's " << want_k << ", v bits "
+                        << v_cache[at] << " against " << want_v);
+        REQUIRE(right);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("decode_gemv kRopeAppend equals the QKV GEMV then decode_rope_append, bit for bit, and chapter 04's "
+          "CPU RoPE", "[ch08][gpu][kernels]") {
   const uint64_t seed = fresh_seed();
   INFO("seed " << seed);
   struct Shape {
@@ -2714,14 +2819,17 @@ TEST_CASE("decode_gemv kRopeAppend equals the QKV GEMV then decode_rope_append, 
       INFO("H=" << shape.H << " Hkv=" << shape.Hkv << " D=" << shape.D << " K=" << shape.K << " pos=" << pos);
       DeviceBuffer<int> d_length(std::vector<int>{pos});
       auto as_bf16 = [](DeviceBuffer<uint16_t>& b) { return reinterpret_cast<__nv_bfloat16*>(b.data()); };
-      // Unfused: the QKV GEMV (bf16 out) on `kernel`, then RoPE + append.
+      // Unfused: the QKV GEMV (bf16 out) on `kernel`, then RoPE + append; `projected`
+      // keeps the GEMV's output for the CPU reference.
       DeviceBuffer<uint16_t> qkv{size_t(rows)}, k_ref{cache_elements}, v_ref{cache_elements};
       DecodeGemvParams p{as_bf16(qkv), as_bf16(d_x), as_bf16(d_norm), as_bf16(d_W), as_bf16(d_bias), rows, shape.K, 1e-6f};
+      std::vector<uint16_t> projected;
       auto unfused = [&](DecodeGemvKernel kernel) {
         qkv.fill_bytes(0xFF);
         k_ref.fill_bytes(0xFF);
         v_ref.fill_bytes(0xFF);
         decode_gemv(GemvInput::kRmsNorm, GemvOutput::kBf16, p, false, 0, kernel);
+        projected = qkv.to_host();
         decode_rope_append(as_bf16(qkv), as_bf16(k_ref), as_bf16(v_ref), d_length.data(), table, shape.H, shape.Hkv,
                            shape.max_context, false);
       };
@@ -2748,13 +2856,18 @@ TEST_CASE("decode_gemv kRopeAppend equals the QKV GEMV then decode_rope_append, 
         decode_gemv(GemvInput::kRmsNorm, GemvOutput::kRopeAppend, f, true, 0, kernel);
         CUDA_CHECK(cudaDeviceSynchronize());
         const std::vector<uint16_t> q_fused = q.to_host(), q_ref = qkv.to_host();
+        const std::vector<uint16_t> k_fused = k.to_host(), v_fused = v.to_host();
         if (pos < shape.max_context) {
           REQUIRE(std::equal(q_fused.begin(), q_fused.end(), q_ref.begin()));
+          require_rope_append_matches_cpu(projected, q_fused, k_fused, v_fused, shape.H, shape.Hkv, shape.D,
+                                          shape.max_context, pos, 1e6f);
         } else {  // outside the cache: q is NaN, as the unfused kernel makes it
           for (uint16_t bits : q_fused) REQUIRE(std::isnan(bf16_bits_to_float(bits)));
+          for (uint16_t bits : k_fused) REQUIRE(bits == 0xFFFF);  // the caches untouched
+          for (uint16_t bits : v_fused) REQUIRE(bits == 0xFFFF);
         }
-        REQUIRE(k.to_host() == k_ref.to_host());  // also: untouched (0xFFFF) at pos = max_context
-        REQUIRE(v.to_host() == v_ref.to_host());
+        REQUIRE(k_fused == k_ref.to_host());  // also: untouched (0xFFFF) at pos = max_context
+        REQUIRE(v_fused == v_ref.to_host());
       }
     }
   }
