@@ -87,7 +87,13 @@ class CublasLt {
 
   void matmul(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* W, const __nv_bfloat16* bias, int T,
               int C_in, int C_out, cudaStream_t stream, bool w_in_out = false) {
-    std::lock_guard<std::mutex> lock(mutex_);  // the plans and the workspace are shared
+    // The plans and the workspace are shared. The lock orders the enqueueing only: two
+    // calls on different streams may still run at once on the GPU and share workspace_.
+    // Every caller of this book issues its GEMMs on one stream (chapter 08's model: its
+    // own), so they never overlap. Ordering by an event, as chapter 06's scratch does,
+    // would break chapter 08's prefill graphs: a captured stream cannot wait on an event
+    // recorded outside the capture.
+    std::lock_guard<std::mutex> lock(mutex_);
     PlanKey key{T, C_in, C_out, bias != nullptr, alignment_of(y), alignment_of(x), alignment_of(W),
                 bias ? alignment_of(bias) : 16, w_in_out};
     auto found = plans_.find(key);
