@@ -40,6 +40,10 @@ else()
                   SOURCES ${cuda_backend_dir}/test_model_cuda.cu ${cuda_backend_dir}/test_checkpoint_edit.cpp
                   LIBS bielik_ch08_cuda nlohmann_json::nlohmann_json GOLDEN 08_bielik)
   set_tests_properties(test_ch08_model_cuda PROPERTIES TIMEOUT 300)
+  # What the backend refuses before it touches the GPU (shapes, options): a CPU test.
+  bielik_add_test(test_ch08_model_cuda_refusals CHAPTER 08
+                  SOURCES ${cuda_backend_dir}/test_model_cuda_refusals.cu
+                  LIBS bielik_ch08_cuda nlohmann_json::nlohmann_json GOLDEN 08_bielik)
   # The decode step's MLP in one kernel (decode_mlp_fused) and the transpose it needs.
   bielik_add_test(test_ch08_mlp_fused CHAPTER 08 GPU SOURCES ${cuda_backend_dir}/test_decode_mlp_fused.cu
                   LIBS bielik_ch08_cuda)

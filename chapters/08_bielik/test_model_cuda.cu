@@ -2,11 +2,11 @@
 // checked against the float64 numpy forward in test_model_cpu.cpp).
 //
 // The golden tiny models have head_dim 16, which chapters 05 and 07's attention kernels
-// are not compiled for (D = 64 or 128): the backend must refuse them at load, and this
-// test checks that. For the numerics, the test writes its own tiny Bielik-like
-// checkpoints with D = 64 and D = 128 (biases everywhere + GQA + untied head; no biases +
-// tied head + 6 query heads per kv head, like Bielik's grouping), with odd vocabularies
-// and hidden sizes that are not tile multiples.
+// are not compiled for (D = 64 or 128): the backend refuses them at load (a CPU test,
+// test_model_cuda_refusals.cu). For the numerics, this test writes its own tiny
+// Bielik-like checkpoints with D = 64 and D = 128 (biases everywhere + GQA + untied head;
+// no biases + tied head + 6 query heads per kv head, like Bielik's grouping), with odd
+// vocabularies and hidden sizes that are not tile multiples.
 //
 // Tolerance: the CUDA path stores every activation in bf16 (as HuggingFace does in
 // bf16), the CPU path keeps fp32; after 2-3 layers the logits differ by ~0.3-1% in
@@ -184,160 +184,8 @@ double margin_of(const std::vector<float>& logits) {
 
 }  // namespace
 
-TEST_CASE("CUDA model: a head_dim the attention kernels lack is refused at load", "[ch08][gpu][model]") {
-  // The golden tiny models (golden/gen_08_tiny_model.py) have D = 16.
-  const std::string golden = golden_path("08_bielik", "tiny_bielik");
-  bool refused = false;
-  try {
-    CudaModel model(golden);
-  } catch (const std::invalid_argument& e) {
-    refused = std::string(e.what()).find("head_dim") != std::string::npos;
-    INFO(e.what());
-  }
-  REQUIRE(refused);
-}
-
-TEST_CASE("CUDA model: a shape past the decode GEMV's rows is refused before any weight is read",
-          "[ch08][gpu][model]") {
-  // Bielik's shape runs; then C and F each at the decode GEMV's limit and 8 values (one
-  // 16-byte piece) past it, and H D at it and one head past it. (cuda_backend_
-  // unsupported_reason needs no GPU; it is here because no CPU test binary links the
-  // CUDA backend.)
-  ModelConfig bielik;
-  bielik.hidden_size = 1536;
-  bielik.intermediate_size = 8960;
-  bielik.num_hidden_layers = 32;
-  bielik.num_attention_heads = 12;
-  bielik.num_key_value_heads = 2;
-  bielik.head_dim = 128;
-  bielik.vocab_size = 32000;
-  REQUIRE(cuda_backend_unsupported_reason(bielik).empty());
-  for (int which = 0; which < 3; ++which) {
-    for (int past : {0, 8}) {
-      ModelConfig c = bielik;
-      const int K = kDecodeGemvMaxK + past;
-      if (which == 0) c.hidden_size = K;
-      if (which == 1) c.intermediate_size = K;
-      if (which == 2) c.num_attention_heads = c.num_key_value_heads = K / c.head_dim + (past > 0 ? 1 : 0);
-      const std::string why = cuda_backend_unsupported_reason(c);
-      INFO("C " << c.hidden_size << ", F " << c.intermediate_size << ", H D " << c.num_attention_heads * c.head_dim
-                << ": '" << why << "'");
-      REQUIRE(why.empty() == (past == 0));
-      if (past > 0) REQUIRE(contains(why, std::to_string(kDecodeGemvMaxK)));
-    }
-  }
-  // At load: a config.json alone, with F past the limit. The refusal comes before the
-  // checkpoint is opened (there is none: opening it would throw std::runtime_error).
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("bielik_ch08_cuda_" + std::to_string(getpid()) + "_wide_mlp");
-  fs::create_directories(dir);
-  nlohmann::json config = {{"hidden_size", 256},
-                           {"intermediate_size", kDecodeGemvMaxK + 8},
-                           {"num_hidden_layers", 2},
-                           {"num_attention_heads", 2},
-                           {"num_key_value_heads", 1},
-                           {"head_dim", 128},
-                           {"vocab_size", 1000},
-                           {"max_position_embeddings", 64}};
-  std::ofstream(dir / "config.json") << config.dump(2);
-  const std::string message = error_of<std::invalid_argument>([&] { CudaModel model(dir.string()); });
-  INFO(message);
-  REQUIRE(contains(message, "intermediate_size"));
-  REQUIRE(contains(message, std::to_string(kDecodeGemvMaxK)));
-  fs::remove_all(dir);
-}
-
-TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming the option", "[ch08][gpu][model]") {
-  const std::string dir = tiny_checkpoint(kSpecs[0]);
-  // Whether loading with `options` throws std::invalid_argument with `name` in its message.
-  auto refused_naming = [&](const CudaModelOptions& options, const std::string& name) {
-    try {
-      CudaModel model(dir, options);
-    } catch (const std::invalid_argument& e) {
-      INFO(e.what());
-      return std::string(e.what()).find(name) != std::string::npos;
-    }
-    return false;
-  };
-  for (int which = 0; which < 17; ++which) {
-    CudaModelOptions options = cuda_options();
-    int* option[] = {&options.attention_splits,          &options.attention_min_keys_per_split,
-                     &options.attention_o_replicas,      &options.decode_shared_carveout,
-                     &options.decode_shared_carveout,    &options.gate_up_hold_blocks,
-                     &options.down_start_delay_ns,       &options.qkv_start_delay_ns,
-                     &options.o_start_delay_ns,          &options.lm_head_start_delay_ns,
-                     &options.gate_up_loads_before_wait, &options.down_loads_before_wait,
-                     &options.lm_head_loads_before_wait, &options.gate_up_loads_before_wait_past_short_graph,
-                     &options.o_loads_before_wait,       &options.gate_up_split_blocks,
-                     &options.gate_up_split_blocks_in_long_graph};
-    // replicas: at least one; carveout: -1 or a percent
-    const int bad_value[] = {-1, -1, 0, -2, 101, -1, -5, -1, -300, -1, -1, -2, -1, -3, -1, -2, -1};
-    *option[which] = bad_value[which];
-    const char* names[] = {"attention_splits",          "attention_min_keys_per_split", "attention_o_replicas",
-                           "decode_shared_carveout",    "decode_shared_carveout",       "gate_up_hold_blocks",
-                           "down_start_delay_ns",       "qkv_start_delay_ns",           "o_start_delay_ns",
-                           "lm_head_start_delay_ns",    "gate_up_loads_before_wait",    "down_loads_before_wait",
-                           "lm_head_loads_before_wait", "gate_up_loads_before_wait_past_short_graph",
-                           "o_loads_before_wait",       "gate_up_split_blocks",
-                           "gate_up_split_blocks_in_long_graph"};
-    INFO(names[which]);
-    REQUIRE(refused_naming(options, names[which]));
-  }
-  // A moment for the rest of a split batch, with no batch split.
-  {
-    CudaModelOptions options = cuda_options();
-    options.split_batch_rest = SplitBatchRest::kWhenFirstArrived;
-    REQUIRE(refused_naming(options, "split_batch_rest"));
-  }
-  // O's split with O's input read in place (no batch of its own to split).
-  {
-    CudaModelOptions options = cuda_options();
-    options.o_loads_before_wait = 3;
-    options.o_input_from_global = true;
-    REQUIRE(refused_naming(options, "o_loads_before_wait"));
-  }
-  // No decode steps in a graph, or too many.
-  for (int steps : {0, 65}) {
-    CudaModelOptions options = cuda_options();
-    options.decode_graph_steps = steps;
-    REQUIRE(refused_naming(options, "decode_graph_steps"));
-  }
-  // gemv_v2 for more rows than it takes.
-  {
-    CudaModelOptions options = cuda_options();
-    options.prefill_gemv_max_tokens = 17;
-    REQUIRE(refused_naming(options, "prefill_gemv_max_tokens"));
-  }
-  // v6 for more rows than it takes.
-  {
-    CudaModelOptions options = cuda_options();
-    options.prefill_v6_max_tokens = kMatmulV6MaxTokens + 1;
-    REQUIRE(refused_naming(options, "prefill_v6_max_tokens"));
-  }
-  // No room for a single prefill graph.
-  {
-    CudaModelOptions options = cuda_options();
-    options.prefill_graph_cache = 0;
-    REQUIRE(refused_naming(options, "prefill_graph_cache"));
-  }
-  // A negative L2 set-aside.
-  {
-    CudaModelOptions options = cuda_options();
-    options.l2_persist_mb = -1.0;
-    REQUIRE(refused_naming(options, "l2_persist_mb"));
-  }
-  // The side branch's options: sizes, blocks, fork point, stride.
-  for (int which = 0; which < 5; ++which) {
-    CudaModelOptions options = cuda_options();
-    options.side_prefetch_gate_up_mb = which == 0 ? -1.0 : 1.0;
-    options.side_prefetch_down_mb = which == 1 ? -0.5 : 0.0;
-    options.side_prefetch_blocks = which == 2 ? 0 : 8;
-    options.side_prefetch_fork = which == 3 ? 2 : 0;
-    options.side_prefetch_stride_bytes = which == 4 ? 48 : 128;
-    INFO("side_prefetch option " << which);
-    REQUIRE(refused_naming(options, "side_prefetch"));
-  }
-}
+// What the CUDA backend refuses before it touches the GPU (a head_dim it lacks, a shape
+// past the decode GEMV, out-of-range options): test_model_cuda_refusals.cu, a CPU test.
 
 TEST_CASE("CUDA model: prefill logits match the CPU backend at every position", "[ch08][gpu][model]") {
   const uint64_t seed = fresh_seed();
