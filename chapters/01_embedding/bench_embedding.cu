@@ -20,7 +20,7 @@ using namespace bielik;
 int main() {
   if (!cuda_device_available()) {
     std::printf("bench_embedding: no CUDA device\n");
-    return 0;
+    return 1;  // measured nothing: not a success
   }
   std::printf("device: %s\n", describe_device().c_str());
   double copy_gbs = measure_copy_bandwidth_gbs();

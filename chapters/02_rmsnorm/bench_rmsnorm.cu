@@ -58,7 +58,7 @@ void residual_add_then_v3(__nv_bfloat16* y, __nv_bfloat16* residual, const __nv_
 int main() {
   if (!cuda_device_available()) {
     std::printf("bench_rmsnorm: no CUDA device\n");
-    return 0;
+    return 1;  // measured nothing: not a success
   }
   std::printf("device: %s\n", describe_device().c_str());
   double copy_gbs = measure_copy_bandwidth_gbs();

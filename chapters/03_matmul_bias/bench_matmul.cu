@@ -112,7 +112,7 @@ int main(int argc, char** argv) {
   const bool gemv_only = argc > 1 && std::string(argv[1]) == "--gemv-only";
   if (!cuda_device_available()) {
     std::printf("bench_matmul: no CUDA device\n");
-    return 0;
+    return 1;  // measured nothing: not a success
   }
   std::printf("device: %s\n", describe_device().c_str());
   double copy_gbs = measure_copy_bandwidth_gbs();

@@ -130,7 +130,7 @@ double register_stream_gbs(const DeviceBuffer<unsigned char>& source, size_t byt
 int main() {
   if (!cuda_device_available()) {
     std::printf("bench_weight_stream: no CUDA device\n");
-    return 0;
+    return 1;  // measured nothing: not a success
   }
   if (!weight_stream_supported()) {
     std::printf("bench_weight_stream: needs sm_90 (bulk copies)\n");

@@ -91,7 +91,7 @@ void print_v6_timelines() {
 int main() {
   if (!cuda_device_available()) {
     std::printf("bench_attention: no CUDA device\n");
-    return 0;
+    return 1;  // measured nothing: not a success
   }
   std::printf("device: %s\n", describe_device().c_str());
 

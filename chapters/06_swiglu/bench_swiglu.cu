@@ -95,7 +95,7 @@ double gate_up_bytes(int T) { return 2.0 * (2.0 * kF * kC + 2.0 * kF + double(T)
 int main() {
   if (!cuda_device_available()) {
     std::printf("bench_swiglu: no CUDA device\n");
-    return 0;
+    return 1;  // measured nothing: not a success
   }
   std::printf("device: %s\n", describe_device().c_str());
   double copy_gbs = measure_copy_bandwidth_gbs();

@@ -26,7 +26,7 @@ using namespace bielik;
 int main() {
   if (!cuda_device_available()) {
     std::printf("bench_attention_o: no CUDA device, nothing to measure\n");
-    return 0;
+    return 1;  // measured nothing: not a success
   }
   std::printf("%s\n\n", describe_device().c_str());
   constexpr int kLayers = 32, C = 1536, H = 12, Hkv = 2, D = 128, kMaxContext = 2048;

@@ -27,7 +27,7 @@ using namespace bielik;
 int main() {
   if (!cuda_device_available()) {
     std::printf("bench_fused_mlp: no CUDA device, nothing to measure\n");
-    return 0;
+    return 1;  // measured nothing: not a success
   }
   const double copy_gbs = measure_copy_bandwidth_gbs();
   std::printf("%s; copy bandwidth %.0f GB/s\n\n", describe_device().c_str(), copy_gbs);

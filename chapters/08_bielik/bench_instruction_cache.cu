@@ -185,7 +185,7 @@ int main() {
   int device_count = 0;
   if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
     std::printf("bench_instruction_cache: no CUDA device, nothing to measure\n");
-    return 0;
+    return 1;  // measured nothing: not a success
   }
   int device = 0, sms = 0;
   CUDA_CHECK(cudaGetDevice(&device));

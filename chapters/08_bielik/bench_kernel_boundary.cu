@@ -268,7 +268,7 @@ int main() {
   int device_count = 0;
   if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
     std::printf("bench_kernel_boundary: no CUDA device, nothing to measure\n");
-    return 0;
+    return 1;  // measured nothing: not a success
   }
   const double copy_gbs = measure_copy_bandwidth_gbs();
   std::printf("%s; copy bandwidth %.0f GB/s; PDL %s\n", describe_device().c_str(), copy_gbs,

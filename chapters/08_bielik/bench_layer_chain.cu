@@ -316,7 +316,7 @@ int main(int argc, char** argv) {
   int device_count = 0;
   if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
     std::printf("bench_layer_chain: no CUDA device, nothing to measure\n");
-    return 0;
+    return 1;  // measured nothing: not a success
   }
   int rounds = 5;  // each structure measured once a round, the rounds interleaved
   for (int a = 1; a < argc; ++a) {

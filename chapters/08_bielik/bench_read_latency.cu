@@ -176,7 +176,7 @@ struct Run {
 int main() {
   if (!cuda_device_available()) {
     std::printf("bench_read_latency: no CUDA device, nothing to measure\n");
-    return 0;
+    return 1;  // measured nothing: not a success
   }
   const double copy_gbs = measure_copy_bandwidth_gbs();
   std::printf("%s; copy bandwidth %.0f GB/s\n\n", describe_device().c_str(), copy_gbs);
