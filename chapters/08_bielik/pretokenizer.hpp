@@ -22,10 +22,10 @@ namespace bielik {
 
 // --- Unicode classes used by the GPT-2 regex and Digits -------------------------------
 
-/// General category L* (Lu Ll Lt Lm Lo: the regex's \p{L}), every plane, from the
+/// General category L* (Lu Ll Lt Lm Lo: the regex's `\p{L}`), every plane, from the
 /// generated unicode_tables.inc. Combining marks (M*) are not letters, as in HF.
 bool is_letter(uint32_t cp);
-/// General category N* (Nd, Nl, No: 0-9, ², ½, Ⅻ, ١, ...): \p{N} and Rust's
+/// General category N* (Nd, Nl, No: 0-9, ², ½, Ⅻ, ١, ...): `\p{N}` and Rust's
 /// char::is_numeric (HF's Digits), every plane.
 bool is_number(uint32_t cp);
 /// The Unicode version of those tables ("14.0.0"): code points assigned after it count
