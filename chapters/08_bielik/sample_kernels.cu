@@ -502,7 +502,9 @@ __global__ void __launch_bounds__(kSampleThreads)
     __syncthreads();
   }
   if (tid == 0) {
-    int32_t token = ranked[nucleus - 1].id;  // u in the rounding slack of the sum: the last
+    // u in the rounding slack of the sum: the last token with a weight, as the CPU's
+    // Sampler (a top-k list may end in tokens of weight 0: -inf logits, exp underflow).
+    int32_t token = ranked[0].id;
     double cumulative = 0;
     for (int s = 0; s < nucleus; ++s) {
       cumulative += ranked[s].weight;
@@ -510,6 +512,7 @@ __global__ void __launch_bounds__(kSampleThreads)
         token = ranked[s].id;
         break;
       }
+      if (ranked[s].weight > 0) token = ranked[s].id;
     }
     *result = SampleResult{token, 0, -1, 0, shortlist_within >= 0.0f ? listed : 0};
   }
