@@ -12,7 +12,9 @@
 /// README.md explains why that layout is already the right one for a row-major kernel
 /// and how cuBLAS (column-major) sees the same bytes.
 ///
-/// Numerics: bf16 inputs, fp32 accumulation, bias added in fp32, one rounding to bf16.
+/// Numerics: bf16 inputs, fp32 accumulation, bias added in fp32, one rounding to bf16 (every
+/// kernel of this chapter; cuBLASLt's bias epilogue with a bf16 output rounds twice, as
+/// test_matmul_gpu.cpp found on an H100: up to a bf16 step more).
 ///
 /// The bias is a compile-time flag inside every kernel (`template <bool HasBias>`, the
 /// C++ counterpart of Triton's `tl.constexpr`): the launcher turns `bias != nullptr`
