@@ -170,25 +170,28 @@ def main(argv=None):
               "report.", file=sys.stderr)
         return 1
     notes = []  # what this report leaves out, and why: printed at its top
-    torch_result = load_json(os.path.join(args.bench_dir, "pytorch.json"))
-    if torch_result is None:
-        notes.append("PyTorch baseline: not in this report (no pytorch.json: not run yet, skipped, or failed), so "
-                     "no PyTorch column or ratio below.")
-    else:
-        reason = comparable(model, torch_result, "pytorch.json")
+    def companion(name, missing_note, left_out_note):
+        """name's results when this run wrote them for model.json's GPU and checkpoint, else None
+        and a note saying why (missing_note, or left_out_note with the reason in {})."""
+        result = load_json(os.path.join(args.bench_dir, name))
+        if result is None:
+            notes.append(missing_note)
+            return None
+        reason = comparable(model, result, name)
         if reason:
-            notes.append(f"PyTorch baseline left out: {reason}. Ratios are only meaningful on the same GPU "
-                         "and checkpoint.")
-            torch_result = None
-    logits = load_json(os.path.join(args.bench_dir, "hf_logits.json"))
-    if logits is None:
-        notes.append("Logits check against HF transformers: not in this run (no hf_logits.json: skipped or "
-                     "failed before writing it).")
-    else:
-        reason = comparable(model, logits, "hf_logits.json")
-        if reason:
-            notes.append(f"Logits check left out: {reason}.")
-            logits = None
+            notes.append(left_out_note.format(reason))
+            return None
+        return result
+
+    torch_result = companion("pytorch.json",
+                             "PyTorch baseline: not in this report (no pytorch.json: not run yet, skipped, or "
+                             "failed), so no PyTorch column or ratio below.",
+                             "PyTorch baseline left out: {}. Ratios are only meaningful on the same GPU and "
+                             "checkpoint.")
+    logits = companion("hf_logits.json",
+                       "Logits check against HF transformers: not in this run (no hf_logits.json: skipped or "
+                       "failed before writing it).",
+                       "Logits check left out: {}.")
     plt = load_pyplot()
     png_path = os.path.join(args.out, "benchmarks.png")
     if plt is None:
