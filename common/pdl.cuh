@@ -51,7 +51,7 @@ inline bool device_supports_pdl() { return device_is_sm90_or_newer(); }
 /// Why a caller may want one value for a whole chain of kernels: an SM holds blocks of
 /// two kernels side by side only while both fit its current split, and the split can
 /// change only on an idle SM. Chapter 08's decode step measures it
-/// (CudaModelOptions::decode_shared_carveout). Set it with ScopedLaunchCarveout.
+/// (CudaModelOptions::experiments.decode_shared_carveout). Set it with ScopedLaunchCarveout.
 inline int& launch_shared_carveout() {
   static thread_local int percent = -1;
   return percent;
@@ -91,7 +91,7 @@ inline void add_carveout_attribute(cudaLaunchAttribute* attributes, unsigned& nu
 /// for streaming data. How a load's own cache hint (ld ... .L2::cache_hint) combines with
 /// the window is not documented; the kernels put under a window here load without one.
 /// Captured into a CUDA graph's kernel node like any launch attribute. Chapter 08's
-/// decode step measures it (CudaModelOptions::l2_persist_mb). Set it with
+/// decode step measures it (CudaModelOptions::experiments.l2_persist_mb). Set it with
 /// ScopedLaunchAccessPolicy.
 inline cudaAccessPolicyWindow& launch_access_policy_window() {
   static thread_local cudaAccessPolicyWindow window = {};

@@ -96,7 +96,7 @@ int main() {
       p.units_before_wait = before_wait;
       p.block_warps = block_warps;
       p.blocks = blocks;
-      p.start_delay_ns = defaults.fused_mlp_start_delay_ns;  // the option's default pause
+      p.start_delay_ns = defaults.experiments.fused_mlp_start_delay_ns;  // the option's default pause
       decode_mlp_fused(p, true, s);
     });
   };

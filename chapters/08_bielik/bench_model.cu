@@ -59,7 +59,7 @@ struct Args {
   bool prefill_all_rows = false;  ///< --prefill-all-rows: prefill_last_layer_rows_only off
   bool ttft_graph_ab = false;      ///< with ttft_only: A/B the prefill graphs (on / off)
   bool ttft_gemv_ab = false;       ///< with ttft_only: A/B gemv_v2 for short prefills (on / off)
-  int prefill_gemv_max_tokens = CudaModelOptions{}.prefill_gemv_max_tokens;  ///< --prefill-gemv N
+  int prefill_gemv_max_tokens = DecodeExperiments{}.prefill_gemv_max_tokens;  ///< --prefill-gemv N
   bool ttft_v6_ab = false;  ///< with ttft_only: A/B chapter 03's v6 for prefills of up to 64 tokens (on / off)
   int prefill_v6_max_tokens = CudaModelOptions{}.prefill_v6_max_tokens;  ///< --prefill-v6 N
   bool no_prefill_graphs = false;  ///< --no-prefill-graphs: prefill_graphs off
@@ -67,15 +67,15 @@ struct Args {
   bool timeline_attention = true;  ///< --timeline-gemvs-only: false (the attention's stamps left out)
   bool sampling_only = false;  ///< load, print the sampling table, stop
   bool gate_up_after_o = false;  ///< o_allows_gate_up_early = false
-  bool fused_mlp = CudaModelOptions{}.fused_mlp;  ///< --fused-mlp / --no-fused-mlp
-  int fused_mlp_before_wait = CudaModelOptions{}.fused_mlp_values_before_wait;  ///< --fused-mlp-before-wait N
-  int fused_mlp_block_warps = CudaModelOptions{}.fused_mlp_block_warps;  ///< --fused-mlp-block-warps N
-  int fused_mlp_blocks = CudaModelOptions{}.fused_mlp_blocks;            ///< --fused-mlp-blocks N
+  bool fused_mlp = DecodeExperiments{}.fused_mlp;  ///< --fused-mlp / --no-fused-mlp
+  int fused_mlp_before_wait = DecodeExperiments{}.fused_mlp_values_before_wait;  ///< --fused-mlp-before-wait N
+  int fused_mlp_block_warps = DecodeExperiments{}.fused_mlp_block_warps;  ///< --fused-mlp-block-warps N
+  int fused_mlp_blocks = DecodeExperiments{}.fused_mlp_blocks;            ///< --fused-mlp-blocks N
   int decode_graph_steps = CudaModelOptions{}.decode_graph_steps;        ///< --decode-graph-steps N
   bool generate_copy_each_token = false;                                  ///< --copy-each-token
   bool embed_each_step = false;  ///< --embed-each-step: argmax_writes_next_input off
   int argmax_in_lm_head = -1;    ///< --argmax-in-lm-head 0|1: CudaModelOptions::argmax_in_lm_head (-1: default)
-  int fused_mlp_delay = CudaModelOptions{}.fused_mlp_start_delay_ns;    ///< --fused-mlp-start-delay NS
+  int fused_mlp_delay = DecodeExperiments{}.fused_mlp_start_delay_ns;    ///< --fused-mlp-start-delay NS
   bool prefill_attention_clusters = true;  ///< --prefill-attention v6 (default) or v5
   bool decode_only = false;  ///< load, decode, print tokens/s, stop (for a profiler's timeline)
   DecodeAttentionPath attention = CudaModelOptions{}.decode_attention;
@@ -86,19 +86,19 @@ struct Args {
   int long_min_keys = CudaModelOptions{}.long_attention_min_keys;    ///< --long-min-keys (0: no third graph)
   int long_splits = CudaModelOptions{}.long_attention_splits;        ///< --long-splits: that graph's cluster size
   V6Handover v6_handover = CudaModelOptions{}.v6_handover;           ///< --v6-handover pull|barrier|mbarrier
-  bool v6_with_o = CudaModelOptions{}.v6_fuses_o;                    ///< --v6-with-o / --no-v6-with-o
-  int attention_o_blocks = CudaModelOptions{}.attention_o_blocks;     ///< --attention-o-blocks N
+  bool v6_with_o = DecodeExperiments{}.v6_fuses_o;                    ///< --v6-with-o / --no-v6-with-o
+  int attention_o_blocks = DecodeExperiments{}.attention_o_blocks;     ///< --attention-o-blocks N
   bool streamed = false;  ///< --streamed: the streamed persistent step instead of the graph
   int ring_slots = 0;     ///< --ring-slots N: its slots a warp (0: as many as fit)
   int slot_bytes = 0;     ///< --slot-bytes N: its slots' size (0: the default)
-  bool v6_with_o_late = CudaModelOptions{}.v6_fused_o_late_weights;  ///< --v6-with-o-late-weights
-  bool o_after_attention_inputs = CudaModelOptions{}.attention_allows_o_after_inputs;
+  bool v6_with_o_late = DecodeExperiments{}.v6_fused_o_late_weights;  ///< --v6-with-o-late-weights
+  bool o_after_attention_inputs = DecodeExperiments{}.attention_allows_o_after_inputs;
   bool o_after_attention_inputs_long = CudaModelOptions{}.attention_allows_o_after_inputs_in_long_graph;
-  int carveout = CudaModelOptions{}.decode_shared_carveout;  ///< --carveout PERCENT (-1: none)
-  bool hold_o = CudaModelOptions{}.o_holds_for_attention_inputs;     ///< --hold-o
-  int hold_gate_up = CudaModelOptions{}.gate_up_hold_blocks;         ///< --hold-gate-up N
-  bool hold_until_end = CudaModelOptions{}.hold_until_attention_end;  ///< --hold-until-attention-end
-  int hold_gate_up_from = CudaModelOptions{}.gate_up_hold_first_block;  ///< --hold-gate-up-from N
+  int carveout = DecodeExperiments{}.decode_shared_carveout;  ///< --carveout PERCENT (-1: none)
+  bool hold_o = DecodeExperiments{}.o_holds_for_attention_inputs;     ///< --hold-o
+  int hold_gate_up = DecodeExperiments{}.gate_up_hold_blocks;         ///< --hold-gate-up N
+  bool hold_until_end = DecodeExperiments{}.hold_until_attention_end;  ///< --hold-until-attention-end
+  int hold_gate_up_from = DecodeExperiments{}.gate_up_hold_first_block;  ///< --hold-gate-up-from N
   int gate_up_delay = CudaModelOptions{}.gate_up_start_delay_ns;        ///< --gate-up-start-delay NS
   int gate_up_loads_before_wait = 0;  ///< --gate-up-loads-before-wait N
   int down_loads_before_wait = 0;     ///< --down-loads-before-wait N
@@ -108,32 +108,32 @@ struct Args {
       CudaModelOptions{}.gate_up_loads_before_wait_past_short_graph;  ///< --gate-up-loads-before-wait-past-short N
   SplitBatchRest split_rest_past_short =
       CudaModelOptions{}.gate_up_split_rest_past_short_graph;  ///< --split-batch-rest-past-short WHEN
-  int o_loads_before_wait = CudaModelOptions{}.o_loads_before_wait;  ///< --o-loads-before-wait N
-  SplitBatchRest o_split_rest = CudaModelOptions{}.o_split_rest;     ///< --o-split-rest WHEN
+  int o_loads_before_wait = DecodeExperiments{}.o_loads_before_wait;  ///< --o-loads-before-wait N
+  SplitBatchRest o_split_rest = DecodeExperiments{}.o_split_rest;     ///< --o-split-rest WHEN
   int gate_up_split_blocks = CudaModelOptions{}.gate_up_split_blocks;  ///< --gate-up-split-blocks N
   int gate_up_split_blocks_long =
       CudaModelOptions{}.gate_up_split_blocks_in_long_graph;  ///< --gate-up-split-blocks-long N
   int down_delay = CudaModelOptions{}.down_start_delay_ns;              ///< --down-start-delay NS
-  int qkv_delay = CudaModelOptions{}.qkv_start_delay_ns;                ///< --qkv-start-delay NS
-  int o_delay = CudaModelOptions{}.o_start_delay_ns;                    ///< --o-start-delay NS
-  int lm_head_delay = CudaModelOptions{}.lm_head_start_delay_ns;        ///< --lm-head-start-delay NS
-  bool qkv_early = CudaModelOptions{}.qkv_allows_attention_early;
+  int qkv_delay = DecodeExperiments{}.qkv_start_delay_ns;                ///< --qkv-start-delay NS
+  int o_delay = DecodeExperiments{}.o_start_delay_ns;                    ///< --o-start-delay NS
+  int lm_head_delay = DecodeExperiments{}.lm_head_start_delay_ns;        ///< --lm-head-start-delay NS
+  bool qkv_early = DecodeExperiments{}.qkv_allows_attention_early;
   bool widen_input = CudaModelOptions{}.gemv_widen_input;  ///< --widen-input / --no-widen-input
-  bool bulk_staging = CudaModelOptions{}.gemv_stage_input_bulk;  ///< --bulk-staging
-  bool down_shared = CudaModelOptions{}.down_second_batch_in_shared;
-  bool gate_up_shared = CudaModelOptions{}.gate_up_second_batch_in_shared;
-  bool shared_after_staging = CudaModelOptions{}.second_batch_after_staging;
-  bool down_global_input = CudaModelOptions{}.down_input_from_global;
-  bool o_global_input = CudaModelOptions{}.o_input_from_global;
-  bool rope_after_wait = CudaModelOptions{}.qkv_rope_inputs_after_wait;
+  bool bulk_staging = DecodeExperiments{}.gemv_stage_input_bulk;  ///< --bulk-staging
+  bool down_shared = DecodeExperiments{}.down_second_batch_in_shared;
+  bool gate_up_shared = DecodeExperiments{}.gate_up_second_batch_in_shared;
+  bool shared_after_staging = DecodeExperiments{}.second_batch_after_staging;
+  bool down_global_input = DecodeExperiments{}.down_input_from_global;
+  bool o_global_input = DecodeExperiments{}.o_input_from_global;
+  bool rope_after_wait = DecodeExperiments{}.qkv_rope_inputs_after_wait;
   int small_blocks = CudaModelOptions{}.small_gemv_blocks_per_sm;
   int large_blocks = CudaModelOptions{}.large_gemv_blocks_per_sm;
   double side_prefetch_gate_up_mb = 0.0;  ///< --side-prefetch GATE_UP_MB[,DOWN_MB]
   double side_prefetch_down_mb = 0.0;
   L2PrefetchForm side_prefetch_form = L2PrefetchForm::kLines;  ///< --side-prefetch-form lines|bulk|loads
-  int side_prefetch_blocks = CudaModelOptions{}.side_prefetch_blocks;  ///< --side-prefetch-blocks N
+  int side_prefetch_blocks = DecodeExperiments{}.side_prefetch_blocks;  ///< --side-prefetch-blocks N
   int side_prefetch_fork = 0;  ///< --side-prefetch-after-qkv: 1
-  int side_prefetch_stride = CudaModelOptions{}.side_prefetch_stride_bytes;  ///< --side-prefetch-stride BYTES
+  int side_prefetch_stride = DecodeExperiments{}.side_prefetch_stride_bytes;  ///< --side-prefetch-stride BYTES
   unsigned tensor_cores = CudaModelOptions{}.tensor_core_gemvs;  ///< --tensor-cores qkv,o,gate_up,lm_head,down | none
   unsigned tensor_cores_long = CudaModelOptions{}.tensor_core_gemvs_in_long_graph;  ///< --tensor-cores-long (the same)
   unsigned mma_three_per_sm = CudaModelOptions{}.mma_three_blocks_per_sm;  ///< --mma-three-per-sm (the same)
@@ -708,8 +708,8 @@ void print_sampler_kernel_table(int V) {
 /// streamed step, also prints every block's time in its share of each GEMV phase
 /// (fastest, median, slowest) and block 0's shares spent waiting for and requesting slots.
 std::vector<double> persistent_phase_us(const std::string& model_dir, CudaModelOptions o) {
-  o.persistent_decode = true;
-  o.persistent_phase_clock = true;
+  o.experiments.persistent_decode = true;
+  o.experiments.persistent_phase_clock = true;
   CudaModel m(model_dir, o);
   m.prefill(random_prompt(16, m.config().vocab_size, 23));
   m.generate_greedy(5, 24);
@@ -759,7 +759,7 @@ const char* const kPersistentPhaseNames[9] = {
 std::pair<double, double> streamed_logit_difference(const std::string& model_dir, const CudaModelOptions& options) {
   auto step_logits = [&](bool streamed) {
     CudaModelOptions o = options;
-    o.persistent_decode = o.persistent_weight_stream = streamed;
+    o.experiments.persistent_decode = o.experiments.persistent_weight_stream = streamed;
     CudaModel m(model_dir, o);
     m.prefill(random_prompt(16, m.config().vocab_size, 21));
     return m.decode(5);
@@ -775,8 +775,8 @@ std::pair<double, double> streamed_logit_difference(const std::string& model_dir
   return {diff, scale};
 }
 
-// One decode step's GEMVs on a timeline (CudaModelOptions::decode_timeline): for each
-// GEMV of a layer, the first and last block's stamps of each GemvTimelineEvent (start,
+// One decode step's GEMVs on a timeline (CudaModelOptions::experiments.decode_timeline):
+// for each GEMV of a layer, the first and last block's stamps of each GemvTimelineEvent (start,
 // wait returned, input staged, first weights in, first row's dot summed, end), relative
 // to the moment the previous layer's down projection ended (the layer's input is
 // complete). Means over layers 1..L-1 and 5 steps, after a
@@ -878,76 +878,76 @@ int main(int argc, char** argv) {
     options.long_attention_min_keys = args.long_min_keys;
     options.long_attention_splits = args.long_splits;
     options.v6_handover = args.v6_handover;
-    options.v6_fuses_o = args.v6_with_o;
-    options.attention_o_blocks = args.attention_o_blocks;
-    options.persistent_decode = options.persistent_weight_stream = args.streamed;
-    options.persistent_ring_stages = args.ring_slots;
-    options.persistent_slot_bytes = args.slot_bytes;
-    options.v6_fused_o_late_weights = args.v6_with_o_late;
-    options.attention_allows_o_after_inputs = args.o_after_attention_inputs;
+    options.experiments.v6_fuses_o = args.v6_with_o;
+    options.experiments.attention_o_blocks = args.attention_o_blocks;
+    options.experiments.persistent_decode = options.experiments.persistent_weight_stream = args.streamed;
+    options.experiments.persistent_ring_stages = args.ring_slots;
+    options.experiments.persistent_slot_bytes = args.slot_bytes;
+    options.experiments.v6_fused_o_late_weights = args.v6_with_o_late;
+    options.experiments.attention_allows_o_after_inputs = args.o_after_attention_inputs;
     options.attention_allows_o_after_inputs_in_long_graph = args.o_after_attention_inputs_long;
-    options.decode_shared_carveout = args.carveout;
-    options.o_holds_for_attention_inputs = args.hold_o;
-    options.gate_up_hold_blocks = args.hold_gate_up;
-    options.hold_until_attention_end = args.hold_until_end;
-    options.gate_up_hold_first_block = args.hold_gate_up_from;
+    options.experiments.decode_shared_carveout = args.carveout;
+    options.experiments.o_holds_for_attention_inputs = args.hold_o;
+    options.experiments.gate_up_hold_blocks = args.hold_gate_up;
+    options.experiments.hold_until_attention_end = args.hold_until_end;
+    options.experiments.gate_up_hold_first_block = args.hold_gate_up_from;
     options.gate_up_start_delay_ns = args.gate_up_delay;
-    options.gate_up_loads_before_wait = args.gate_up_loads_before_wait;
-    options.down_loads_before_wait = args.down_loads_before_wait;
-    options.lm_head_loads_before_wait = args.lm_head_loads_before_wait;
-    options.split_batch_rest = args.split_rest;
+    options.experiments.gate_up_loads_before_wait = args.gate_up_loads_before_wait;
+    options.experiments.down_loads_before_wait = args.down_loads_before_wait;
+    options.experiments.lm_head_loads_before_wait = args.lm_head_loads_before_wait;
+    options.experiments.split_batch_rest = args.split_rest;
     options.gate_up_loads_before_wait_past_short_graph = args.gate_up_loads_before_wait_past_short;
     options.gate_up_split_rest_past_short_graph = args.split_rest_past_short;
-    options.o_loads_before_wait = args.o_loads_before_wait;
-    options.o_split_rest = args.o_split_rest;
+    options.experiments.o_loads_before_wait = args.o_loads_before_wait;
+    options.experiments.o_split_rest = args.o_split_rest;
     options.gate_up_split_blocks = args.gate_up_split_blocks;
     options.gate_up_split_blocks_in_long_graph = args.gate_up_split_blocks_long;
     options.down_start_delay_ns = args.down_delay;
-    options.fused_mlp = args.fused_mlp;
+    options.experiments.fused_mlp = args.fused_mlp;
     options.mma_three_blocks_per_sm = args.mma_three_per_sm;
     options.norm_weight_first = args.norm_weight_first;
     options.fold_qkv_norm = args.fold_qkv_norm;
     options.fold_gate_up_norm = args.fold_gate_up_norm;
-    options.fused_mlp_values_before_wait = args.fused_mlp_before_wait;
-    options.fused_mlp_block_warps = args.fused_mlp_block_warps;
-    options.fused_mlp_blocks = args.fused_mlp_blocks;
+    options.experiments.fused_mlp_values_before_wait = args.fused_mlp_before_wait;
+    options.experiments.fused_mlp_block_warps = args.fused_mlp_block_warps;
+    options.experiments.fused_mlp_blocks = args.fused_mlp_blocks;
     options.decode_graph_steps = args.decode_graph_steps;
-    options.generate_copy_each_token = args.generate_copy_each_token;
+    options.experiments.generate_copy_each_token = args.generate_copy_each_token;
     if (args.embed_each_step) options.argmax_writes_next_input = false;
     if (args.argmax_in_lm_head >= 0) options.argmax_in_lm_head = args.argmax_in_lm_head == 1;
-    options.fused_mlp_start_delay_ns = args.fused_mlp_delay;
-    options.decode_skip = args.decode_skip;
-    options.qkv_start_delay_ns = args.qkv_delay;
-    options.o_start_delay_ns = args.o_delay;
-    options.lm_head_start_delay_ns = args.lm_head_delay;
-    options.qkv_allows_attention_early = args.qkv_early;
+    options.experiments.fused_mlp_start_delay_ns = args.fused_mlp_delay;
+    options.experiments.decode_skip = args.decode_skip;
+    options.experiments.qkv_start_delay_ns = args.qkv_delay;
+    options.experiments.o_start_delay_ns = args.o_delay;
+    options.experiments.lm_head_start_delay_ns = args.lm_head_delay;
+    options.experiments.qkv_allows_attention_early = args.qkv_early;
     options.gemv_widen_input = args.widen_input;
-    options.gemv_stage_input_bulk = args.bulk_staging;
-    options.down_second_batch_in_shared = args.down_shared;
-    options.gate_up_second_batch_in_shared = args.gate_up_shared;
-    options.second_batch_after_staging = args.shared_after_staging;
-    options.down_input_from_global = args.down_global_input;
-    options.o_input_from_global = args.o_global_input;
-    options.qkv_rope_inputs_after_wait = args.rope_after_wait;
+    options.experiments.gemv_stage_input_bulk = args.bulk_staging;
+    options.experiments.down_second_batch_in_shared = args.down_shared;
+    options.experiments.gate_up_second_batch_in_shared = args.gate_up_shared;
+    options.experiments.second_batch_after_staging = args.shared_after_staging;
+    options.experiments.down_input_from_global = args.down_global_input;
+    options.experiments.o_input_from_global = args.o_global_input;
+    options.experiments.qkv_rope_inputs_after_wait = args.rope_after_wait;
     options.small_gemv_blocks_per_sm = args.small_blocks;
     options.large_gemv_blocks_per_sm = args.large_blocks;
-    options.side_prefetch_gate_up_mb = args.side_prefetch_gate_up_mb;
-    options.side_prefetch_down_mb = args.side_prefetch_down_mb;
-    options.side_prefetch_form = args.side_prefetch_form;
-    options.side_prefetch_blocks = args.side_prefetch_blocks;
-    options.side_prefetch_fork = args.side_prefetch_fork;
-    options.side_prefetch_stride_bytes = args.side_prefetch_stride;
+    options.experiments.side_prefetch_gate_up_mb = args.side_prefetch_gate_up_mb;
+    options.experiments.side_prefetch_down_mb = args.side_prefetch_down_mb;
+    options.experiments.side_prefetch_form = args.side_prefetch_form;
+    options.experiments.side_prefetch_blocks = args.side_prefetch_blocks;
+    options.experiments.side_prefetch_fork = args.side_prefetch_fork;
+    options.experiments.side_prefetch_stride_bytes = args.side_prefetch_stride;
     options.tensor_core_gemvs = args.tensor_cores;
     options.tensor_core_gemvs_in_long_graph = args.tensor_cores_long;
-    options.l2_persist_mb = args.l2_persist_mb;
-    options.l2_persist_target = args.l2_persist_target;
+    options.experiments.l2_persist_mb = args.l2_persist_mb;
+    options.experiments.l2_persist_target = args.l2_persist_target;
     options.prefill_attention_clusters = args.prefill_attention_clusters;
     options.prefill_last_layer_rows_only = !args.prefill_all_rows;
     options.prefill_graphs = !args.no_prefill_graphs;
-    options.prefill_gemv_max_tokens = args.prefill_gemv_max_tokens;
+    options.experiments.prefill_gemv_max_tokens = args.prefill_gemv_max_tokens;
     options.prefill_v6_max_tokens = args.prefill_v6_max_tokens;
-    options.decode_timeline = args.timeline;
-    options.decode_timeline_attention = args.timeline_attention;
+    options.experiments.decode_timeline = args.timeline;
+    options.experiments.decode_timeline_attention = args.timeline_attention;
     options.o_allows_gate_up_early = !args.gate_up_after_o;
     const double load_start = now_ms();
     auto model = std::make_unique<CudaModel>(args.model, options);
@@ -1000,9 +1000,10 @@ int main(int argc, char** argv) {
         if (options.prefill_v6_max_tokens > 1) {
           throw std::invalid_argument("--ttft-gemv-ab needs --prefill-v6 0: v6 takes those rows before gemv_v2");
         }
-        o.prefill_gemv_max_tokens = options.prefill_gemv_max_tokens > 1 ? 0 : kGemvV2MaxTokens;  // the other one
-        name = options.prefill_gemv_max_tokens > 1 ? "gemv_v2 up to 16 rows" : "cuBLASLt";
-        other_name = options.prefill_gemv_max_tokens > 1 ? "cuBLASLt" : "gemv_v2 up to 16 rows";
+        o.experiments.prefill_gemv_max_tokens =
+            options.experiments.prefill_gemv_max_tokens > 1 ? 0 : kGemvV2MaxTokens;  // the other one
+        name = options.experiments.prefill_gemv_max_tokens > 1 ? "gemv_v2 up to 16 rows" : "cuBLASLt";
+        other_name = options.experiments.prefill_gemv_max_tokens > 1 ? "cuBLASLt" : "gemv_v2 up to 16 rows";
       } else if (args.ttft_v6_ab) {
         // The other one: cuBLASLt if v6 is on, else v6 up to 64 rows.
         o.prefill_v6_max_tokens = options.prefill_v6_max_tokens > 1 ? 0 : kMatmulV6MaxTokens;
@@ -1223,11 +1224,11 @@ int main(int argc, char** argv) {
       int min_keys;
       int replicas = 4;  ///< kClusterWithO only
       bool qkv_early = false;
-      bool down_shared = CudaModelOptions{}.down_second_batch_in_shared;
-      bool gate_up_shared = CudaModelOptions{}.gate_up_second_batch_in_shared;
-      bool down_global_input = CudaModelOptions{}.down_input_from_global;
-      bool o_global_input = CudaModelOptions{}.o_input_from_global;
-      bool rope_after_wait = CudaModelOptions{}.qkv_rope_inputs_after_wait;
+      bool down_shared = DecodeExperiments{}.down_second_batch_in_shared;
+      bool gate_up_shared = DecodeExperiments{}.gate_up_second_batch_in_shared;
+      bool down_global_input = DecodeExperiments{}.down_input_from_global;
+      bool o_global_input = DecodeExperiments{}.o_input_from_global;
+      bool rope_after_wait = DecodeExperiments{}.qkv_rope_inputs_after_wait;
       int short_max_keys = CudaModelOptions{}.short_attention_max_keys;
       int long_min_keys = CudaModelOptions{}.long_attention_min_keys;
       V6Handover handover = CudaModelOptions{}.v6_handover;
@@ -1274,21 +1275,21 @@ int main(int argc, char** argv) {
         defaults_but("a graph a step, each step's token copied back after it (no history on the GPU)",
                      [](CudaModelOptions& o) {
                        o.decode_graph_steps = 1;
-                       o.generate_copy_each_token = true;
+                       o.experiments.generate_copy_each_token = true;
                      }),
         // Its best form measured (H200, 2026-12-02): clusters of 16 (W_o's rows over 192
         // blocks, 24 KB each), gate/up scheduled once the attention's inputs are in.
         defaults_but("the O projection and residual add inside v6's clusters (decode_attention_o_per_head), clusters "
                      "of 16, gate/up after the attention's inputs: no O kernel",
                      [](CudaModelOptions& o) {
-                       o.v6_fuses_o = true;
+                       o.experiments.v6_fuses_o = true;
                        o.attention_splits = 16;
-                       o.attention_allows_o_after_inputs = true;
+                       o.experiments.attention_allows_o_after_inputs = true;
                      }),
         // The forty-second session's form: v6's 4 splits and 12 O blocks a head (8 + 8 in
         // the middle graph), the heads met in an fp32 accumulator that gate/up and down add.
         defaults_but("12 O blocks in v6's clusters beside the splits (decode_attention_o_blocks): no O kernel",
-                     [](CudaModelOptions& o) { o.attention_o_blocks = 12; }),
+                     [](CudaModelOptions& o) { o.experiments.attention_o_blocks = 12; }),
         defaults_but("QKV and O on the register kernel (no GEMV on the tensor cores)",
                      [](CudaModelOptions& o) { o.tensor_core_gemvs = o.tensor_core_gemvs_in_long_graph = 0; }),
         defaults_but("long graph: QKV and O on the register kernel (the default until the forty-fifth session)",
@@ -1298,7 +1299,7 @@ int main(int argc, char** argv) {
         defaults_but("past 256 keys every gate/up block splits, in the main graph too (the forty-fifth session's)",
                      [](CudaModelOptions& o) { o.gate_up_split_blocks = 0; }),
         defaults_but("O's first batch split too: 3 steps a warp before the wait, the rest once they are in",
-                     [](CudaModelOptions& o) { o.o_loads_before_wait = 3; }),
+                     [](CudaModelOptions& o) { o.experiments.o_loads_before_wait = 3; }),
         defaults_but("neither (register QKV and O in the long graph, gate/up not split: the forty-fourth session's)",
                      [](CudaModelOptions& o) {
                        o.tensor_core_gemvs_in_long_graph = 0;
@@ -1329,7 +1330,7 @@ int main(int argc, char** argv) {
         defaults_but("gate/up holds for the attention's inputs signal instead of its pause",
                      [](CudaModelOptions& o) {
                        o.gate_up_start_delay_ns = 0;
-                       o.gate_up_hold_blocks = 1 << 30;
+                       o.experiments.gate_up_hold_blocks = 1 << 30;
                      }),
         defaults_but("long graph: O scheduled at the attention's start",
                      [](CudaModelOptions& o) { o.attention_allows_o_after_inputs_in_long_graph = false; }),
@@ -1380,14 +1381,14 @@ int main(int argc, char** argv) {
       o.gemv_evict_first = v.evict_first;
       o.decode_attention = v.attention;
       o.attention_splits = v.attention_splits;
-      o.attention_min_keys_per_split = v.min_keys;
+      o.experiments.attention_min_keys_per_split = v.min_keys;
       o.attention_o_replicas = v.replicas;
-      o.qkv_allows_attention_early = v.qkv_early;
-      o.down_second_batch_in_shared = v.down_shared;
-      o.gate_up_second_batch_in_shared = v.gate_up_shared;
-      o.down_input_from_global = v.down_global_input;
-      o.o_input_from_global = v.o_global_input;
-      o.qkv_rope_inputs_after_wait = v.rope_after_wait;
+      o.experiments.qkv_allows_attention_early = v.qkv_early;
+      o.experiments.down_second_batch_in_shared = v.down_shared;
+      o.experiments.gate_up_second_batch_in_shared = v.gate_up_shared;
+      o.experiments.down_input_from_global = v.down_global_input;
+      o.experiments.o_input_from_global = v.o_global_input;
+      o.experiments.qkv_rope_inputs_after_wait = v.rope_after_wait;
       o.short_attention_max_keys = v.short_max_keys;
       o.long_attention_min_keys = v.long_min_keys;
       o.v6_handover = v.handover;
@@ -1404,8 +1405,8 @@ int main(int argc, char** argv) {
     options_table.print();
     std::fflush(stdout);
 
-    // --- what each kernel adds to a step in the graph: the decode with it left out of
-    // every layer (CudaModelOptions::decode_skip; the logits are then meaningless) ---
+    // --- what each kernel adds to a step in the graph: the decode with it left out of every
+    // layer (CudaModelOptions::experiments.decode_skip; the logits are then meaningless) ---
     BenchTable marginal_table("model_decode_marginal",
                               {"left out of every layer", "tokens/s", "ms/token", "it costs, us a layer",
                                "its weights at copy bandwidth, us a layer"});
@@ -1428,7 +1429,7 @@ int main(int argc, char** argv) {
     for (const auto& k : left_out) {
       const unsigned skip = k.skip;
       const double rate = variant([&](CudaModelOptions& o) {
-        o.decode_skip = skip;
+        o.experiments.decode_skip = skip;
         o.decode_attention = DecodeAttentionPath::kClusterPerHead;
       });
       const double cost_us = (full_ms - 1000.0 / rate) * 1e3 / L;
@@ -1484,8 +1485,8 @@ int main(int argc, char** argv) {
     for (int blocks : {1, 2}) {
       try {
         persistent_tok_s[blocks] = variant([&](CudaModelOptions& o) {
-          o.persistent_decode = true;
-          o.persistent_blocks_per_sm = blocks;
+          o.experiments.persistent_decode = true;
+          o.experiments.persistent_blocks_per_sm = blocks;
         });
       } catch (const std::exception& e) {
         std::printf("persistent decode (%d blocks/SM): %s\n", blocks, e.what());
@@ -1507,10 +1508,10 @@ int main(int argc, char** argv) {
     for (StreamedVariant& v : streamed) {
       try {
         v.tok_s = variant([&](CudaModelOptions& o) {
-          o.persistent_decode = true;
-          o.persistent_weight_stream = true;
-          o.persistent_ring_stages = v.ring_stages;
-          o.persistent_slot_bytes = v.slot_bytes;
+          o.experiments.persistent_decode = true;
+          o.experiments.persistent_weight_stream = true;
+          o.experiments.persistent_ring_stages = v.ring_stages;
+          o.experiments.persistent_slot_bytes = v.slot_bytes;
         });
       } catch (const std::exception& e) {
         std::printf("streamed persistent decode (%s): %s\n", v.label, e.what());
@@ -1526,10 +1527,10 @@ int main(int argc, char** argv) {
     std::vector<double> v1_phases, streamed_phases;
     try {
       CudaModelOptions o = options;
-      o.persistent_blocks_per_sm = 1;
+      o.experiments.persistent_blocks_per_sm = 1;
       v1_phases = persistent_phase_us(args.model, o);
       o = options;
-      o.persistent_weight_stream = true;
+      o.experiments.persistent_weight_stream = true;
       streamed_phases = persistent_phase_us(args.model, o);
     } catch (const std::exception& e) {
       std::printf("persistent phase clock: %s\n", e.what());

@@ -221,7 +221,7 @@ __device__ __forceinline__ float sum_own_squares(const DecodeGemvParams& p, cons
 // queue those reads wait in. An instance of its own, so the default ones carry none of it.
 // Measured on the H200 (DECODE_LOG.md, forty-sixth session): O with 2-4 steps before the
 // wait lost 0.8-1.1% over 256 tokens after 16 and 1.3% after 2048, so the model leaves
-// O whole (CudaModelOptions::o_loads_before_wait = 0).
+// O whole (CudaModelOptions::experiments.o_loads_before_wait = 0).
 template <GemvInput In, GemvOutput Out, bool HasBias, int kBatchSteps, int kBatches, bool kProbes, int kMinBlocks,
           bool kSplitFirstBatch = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_gemv_mma_kernel(DecodeGemvParams p) {

@@ -324,7 +324,7 @@ struct DecodeGemvParams {
   int loads_before_wait = 0;
   /// With loads_before_wait: when the rest of the split first batch goes out
   /// (SplitBatchRest; exercise 32 of chapter 08's README; measured in
-  /// CudaModelOptions::split_batch_rest). Refused without loads_before_wait.
+  /// CudaModelOptions::experiments.split_batch_rest). Refused without loads_before_wait.
   SplitBatchRest split_rest = SplitBatchRest::kAfterStaging;
   /// With loads_before_wait (either kernel): only blocks 0 .. split_blocks - 1 split their
   /// first batch, the later ones load all of it before the wait (0: every block splits).

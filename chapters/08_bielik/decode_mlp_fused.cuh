@@ -1,7 +1,7 @@
 /// @file decode_mlp_fused.cuh
 /// @brief Chapter 08: the decode step's whole MLP (norm, gate/up, SwiGLU, down) in ONE
 /// kernel, the down projection split over the intermediate dimension and summed by
-/// atomics (CudaModelOptions::fused_mlp).
+/// atomics (CudaModelOptions::experiments.fused_mlp).
 ///
 /// Why. In the decode step the MLP is two GEMVs: gate/up (55 MB) writes the 8960 SwiGLU
 /// values, and down (27.5 MB) may start only when the last of them is written. On the
@@ -36,9 +36,9 @@
 /// decode step it LOST in three calls: blocks of 8 warps 985 against 995 tokens/s and 983
 /// against 986; with the 300 ns pause 967-970 against 983-986; blocks of 4 942-955 against
 /// 983. So the model keeps the two GEMVs, and this kernel is an option
-/// (CudaModelOptions::fused_mlp). Against the forty-third session's defaults it lost 5%
-/// (961 against 1013), and 4% on 128 blocks (974), which leave four SMs to the next
-/// layer's QKV; on fewer SMs it streams slower (bench_fused_mlp: 86% of the copy
+/// (CudaModelOptions::experiments.fused_mlp). Against the forty-third session's defaults
+/// it lost 5% (961 against 1013), and 4% on 128 blocks (974), which leave four SMs to the
+/// next layer's QKV; on fewer SMs it streams slower (bench_fused_mlp: 86% of the copy
 /// bandwidth on 128 blocks, 80% on 112, 70% on 88).
 ///
 /// Symbols: C hidden, F intermediate (ffn) size. All pointers are device pointers.

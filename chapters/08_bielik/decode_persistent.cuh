@@ -1,6 +1,6 @@
 /// @file decode_persistent.cuh
 /// @brief Chapter 08: the whole decode step as ONE persistent kernel, in two forms
-/// (CudaModelOptions::persistent_decode): register loads per phase
+/// (CudaModelOptions::experiments.persistent_decode): register loads per phase
 /// (decode_step_persistent), and one continuous bulk-copy weight stream per block
 /// across all phases (decode_step_streamed, decode_step_streamed.cu).
 ///

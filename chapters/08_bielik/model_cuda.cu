@@ -61,9 +61,10 @@ ModelConfig load_checked_config(const std::string& model_dir) {
 // bad option, or one this GPU cannot run, costs no load. Returns `options` unchanged.
 const CudaModelOptions& checked_options(const CudaModelOptions& options, const ModelConfig& config,
                                         const std::string& model_dir) {
-  if (options.attention_min_keys_per_split < 0) {
-    throw std::invalid_argument("attention_min_keys_per_split must be >= 0 (0: chapter 07's default), got " +
-                                std::to_string(options.attention_min_keys_per_split));
+  if (options.experiments.attention_min_keys_per_split < 0) {
+    throw std::invalid_argument(
+        "experiments.attention_min_keys_per_split must be >= 0 (0: chapter 07's default), got " +
+        std::to_string(options.experiments.attention_min_keys_per_split));
   }
   if (options.attention_o_replicas < 1) {
     throw std::invalid_argument("attention_o_replicas must be >= 1, got " +
@@ -83,54 +84,58 @@ const CudaModelOptions& checked_options(const CudaModelOptions& options, const M
                                 std::to_string(options.long_attention_min_keys) + " and " +
                                 std::to_string(options.long_attention_splits));
   }
-  if (options.decode_shared_carveout < -1 || options.decode_shared_carveout > 100) {
-    throw std::invalid_argument("decode_shared_carveout must be a percent from 0 to 100, or -1 (none), got " +
-                                std::to_string(options.decode_shared_carveout));
+  if (options.experiments.decode_shared_carveout < -1 || options.experiments.decode_shared_carveout > 100) {
+    throw std::invalid_argument(
+        "experiments.decode_shared_carveout must be a percent from 0 to 100, or -1 (none), got " +
+        std::to_string(options.experiments.decode_shared_carveout));
   }
-  for (const auto& [name, value] : {std::pair<const char*, int>{"gate_up_hold_blocks", options.gate_up_hold_blocks},
-                                    {"gate_up_hold_first_block", options.gate_up_hold_first_block},
-                                    {"gate_up_start_delay_ns", options.gate_up_start_delay_ns},
-                                    {"down_start_delay_ns", options.down_start_delay_ns},
-                                    {"qkv_start_delay_ns", options.qkv_start_delay_ns},
-                                    {"o_start_delay_ns", options.o_start_delay_ns},
-                                    {"lm_head_start_delay_ns", options.lm_head_start_delay_ns},
-                                    {"fused_mlp_start_delay_ns", options.fused_mlp_start_delay_ns},
-                                    {"fused_mlp_blocks", options.fused_mlp_blocks},
-                                    {"gate_up_loads_before_wait", options.gate_up_loads_before_wait},
-                                    {"down_loads_before_wait", options.down_loads_before_wait},
-                                    {"lm_head_loads_before_wait", options.lm_head_loads_before_wait},
-                                    {"gate_up_loads_before_wait_past_short_graph",
-                                     options.gate_up_loads_before_wait_past_short_graph},
-                                    {"o_loads_before_wait", options.o_loads_before_wait},
-                                    {"gate_up_split_blocks", options.gate_up_split_blocks},
-                                    {"gate_up_split_blocks_in_long_graph", options.gate_up_split_blocks_in_long_graph},
-                                    {"attention_o_blocks", options.attention_o_blocks}}) {
+  for (const auto& [name, value] :
+       {std::pair<const char*, int>{"experiments.gate_up_hold_blocks", options.experiments.gate_up_hold_blocks},
+        {"experiments.gate_up_hold_first_block", options.experiments.gate_up_hold_first_block},
+        {"gate_up_start_delay_ns", options.gate_up_start_delay_ns},
+        {"down_start_delay_ns", options.down_start_delay_ns},
+        {"experiments.qkv_start_delay_ns", options.experiments.qkv_start_delay_ns},
+        {"experiments.o_start_delay_ns", options.experiments.o_start_delay_ns},
+        {"experiments.lm_head_start_delay_ns", options.experiments.lm_head_start_delay_ns},
+        {"experiments.fused_mlp_start_delay_ns", options.experiments.fused_mlp_start_delay_ns},
+        {"experiments.fused_mlp_blocks", options.experiments.fused_mlp_blocks},
+        {"experiments.gate_up_loads_before_wait", options.experiments.gate_up_loads_before_wait},
+        {"experiments.down_loads_before_wait", options.experiments.down_loads_before_wait},
+        {"experiments.lm_head_loads_before_wait", options.experiments.lm_head_loads_before_wait},
+        {"gate_up_loads_before_wait_past_short_graph", options.gate_up_loads_before_wait_past_short_graph},
+        {"experiments.o_loads_before_wait", options.experiments.o_loads_before_wait},
+        {"gate_up_split_blocks", options.gate_up_split_blocks},
+        {"gate_up_split_blocks_in_long_graph", options.gate_up_split_blocks_in_long_graph},
+        {"experiments.attention_o_blocks", options.experiments.attention_o_blocks}}) {
     if (value < 0) throw std::invalid_argument(std::string(name) + " must be >= 0, got " + std::to_string(value));
   }
-  if ((options.gate_up_loads_before_wait > 0 && options.gate_up_second_batch_in_shared) ||
-      (options.down_loads_before_wait > 0 &&
-       (options.down_second_batch_in_shared || options.down_input_from_global))) {
+  if ((options.experiments.gate_up_loads_before_wait > 0 && options.experiments.gate_up_second_batch_in_shared) ||
+      (options.experiments.down_loads_before_wait > 0 &&
+       (options.experiments.down_second_batch_in_shared || options.experiments.down_input_from_global))) {
     throw std::invalid_argument(
-        "gate_up_loads_before_wait / down_loads_before_wait do not combine with the second batch in shared memory "
-        "or down's input read in place");
+        "experiments.gate_up_loads_before_wait / experiments.down_loads_before_wait do not combine with the second "
+        "batch in shared memory or down's input read in place");
   }
-  if (options.o_loads_before_wait > 0 && options.o_input_from_global) {
-    throw std::invalid_argument("o_loads_before_wait does not combine with o_input_from_global (O's input read "
-                                "in place)");
-  }
-  if (options.split_batch_rest != SplitBatchRest::kAfterStaging && options.gate_up_loads_before_wait == 0 &&
-      options.down_loads_before_wait == 0 && options.lm_head_loads_before_wait == 0) {
+  if (options.experiments.o_loads_before_wait > 0 && options.experiments.o_input_from_global) {
     throw std::invalid_argument(
-        "split_batch_rest says when the rest of a split first batch goes out, and needs "
-        "gate_up_loads_before_wait, down_loads_before_wait or lm_head_loads_before_wait");
+        "experiments.o_loads_before_wait does not combine with experiments.o_input_from_global (O's input read "
+        "in place)");
   }
-  if (options.fused_mlp_values_before_wait < 0 || options.fused_mlp_values_before_wait > 2) {
-    throw std::invalid_argument("fused_mlp_values_before_wait must be 0, 1 or 2, got " +
-                                std::to_string(options.fused_mlp_values_before_wait));
+  if (options.experiments.split_batch_rest != SplitBatchRest::kAfterStaging &&
+      options.experiments.gate_up_loads_before_wait == 0 && options.experiments.down_loads_before_wait == 0 &&
+      options.experiments.lm_head_loads_before_wait == 0) {
+    throw std::invalid_argument(
+        "experiments.split_batch_rest says when the rest of a split first batch goes out, and needs "
+        "experiments.gate_up_loads_before_wait, experiments.down_loads_before_wait or "
+        "experiments.lm_head_loads_before_wait");
   }
-  if (options.fused_mlp_block_warps != 4 && options.fused_mlp_block_warps != 8) {
-    throw std::invalid_argument("fused_mlp_block_warps must be 4 or 8, got " +
-                                std::to_string(options.fused_mlp_block_warps));
+  if (options.experiments.fused_mlp_values_before_wait < 0 || options.experiments.fused_mlp_values_before_wait > 2) {
+    throw std::invalid_argument("experiments.fused_mlp_values_before_wait must be 0, 1 or 2, got " +
+                                std::to_string(options.experiments.fused_mlp_values_before_wait));
+  }
+  if (options.experiments.fused_mlp_block_warps != 4 && options.experiments.fused_mlp_block_warps != 8) {
+    throw std::invalid_argument("experiments.fused_mlp_block_warps must be 4 or 8, got " +
+                                std::to_string(options.experiments.fused_mlp_block_warps));
   }
   if (options.prefill_chunk < 1) {
     throw std::invalid_argument("prefill_chunk must be >= 1, got " + std::to_string(options.prefill_chunk));
@@ -138,9 +143,11 @@ const CudaModelOptions& checked_options(const CudaModelOptions& options, const M
   if (options.decode_graph_steps < 1 || options.decode_graph_steps > 64) {
     throw std::invalid_argument("decode_graph_steps must be 1 to 64, got " + std::to_string(options.decode_graph_steps));
   }
-  if (options.prefill_gemv_max_tokens < 0 || options.prefill_gemv_max_tokens > kGemvV2MaxTokens) {
-    throw std::invalid_argument("prefill_gemv_max_tokens must be 0 to " + std::to_string(kGemvV2MaxTokens) +
-                                ", got " + std::to_string(options.prefill_gemv_max_tokens));
+  if (options.experiments.prefill_gemv_max_tokens < 0 ||
+      options.experiments.prefill_gemv_max_tokens > kGemvV2MaxTokens) {
+    throw std::invalid_argument("experiments.prefill_gemv_max_tokens must be 0 to " +
+                                std::to_string(kGemvV2MaxTokens) + ", got " +
+                                std::to_string(options.experiments.prefill_gemv_max_tokens));
   }
   if (options.prefill_v6_max_tokens < 0 || options.prefill_v6_max_tokens > kMatmulV6MaxTokens) {
     throw std::invalid_argument("prefill_v6_max_tokens must be 0 to " + std::to_string(kMatmulV6MaxTokens) +
@@ -149,42 +156,50 @@ const CudaModelOptions& checked_options(const CudaModelOptions& options, const M
   if (options.prefill_graph_cache < 1) {
     throw std::invalid_argument("prefill_graph_cache must be >= 1, got " + std::to_string(options.prefill_graph_cache));
   }
-  if (!(options.side_prefetch_gate_up_mb >= 0.0) || !(options.side_prefetch_down_mb >= 0.0) ||
-      options.side_prefetch_blocks < 1 || (options.side_prefetch_fork != 0 && options.side_prefetch_fork != 1) ||
-      (options.side_prefetch_stride_bytes != 32 && options.side_prefetch_stride_bytes != 64 &&
-       options.side_prefetch_stride_bytes != 128)) {
+  if (!(options.experiments.side_prefetch_gate_up_mb >= 0.0) || !(options.experiments.side_prefetch_down_mb >= 0.0) ||
+      options.experiments.side_prefetch_blocks < 1 ||
+      (options.experiments.side_prefetch_fork != 0 && options.experiments.side_prefetch_fork != 1) ||
+      (options.experiments.side_prefetch_stride_bytes != 32 && options.experiments.side_prefetch_stride_bytes != 64 &&
+       options.experiments.side_prefetch_stride_bytes != 128)) {
     throw std::invalid_argument(
-        "side_prefetch_gate_up_mb and side_prefetch_down_mb must be >= 0, side_prefetch_blocks >= 1, "
-        "side_prefetch_fork 0 or 1 and side_prefetch_stride_bytes 32, 64 or 128; got " +
-        std::to_string(options.side_prefetch_gate_up_mb) + ", " + std::to_string(options.side_prefetch_down_mb) +
-        ", " + std::to_string(options.side_prefetch_blocks) + ", " + std::to_string(options.side_prefetch_fork) +
-        ", " + std::to_string(options.side_prefetch_stride_bytes));
+        "experiments.side_prefetch_gate_up_mb and experiments.side_prefetch_down_mb must be >= 0, "
+        "experiments.side_prefetch_blocks >= 1, experiments.side_prefetch_fork 0 or 1 and "
+        "experiments.side_prefetch_stride_bytes 32, 64 or 128; got " +
+        std::to_string(options.experiments.side_prefetch_gate_up_mb) + ", " +
+        std::to_string(options.experiments.side_prefetch_down_mb) + ", " +
+        std::to_string(options.experiments.side_prefetch_blocks) + ", " +
+        std::to_string(options.experiments.side_prefetch_fork) + ", " +
+        std::to_string(options.experiments.side_prefetch_stride_bytes));
   }
-  if (!(options.l2_persist_mb >= 0.0)) {
-    throw std::invalid_argument("l2_persist_mb must be >= 0 (0: off), got " + std::to_string(options.l2_persist_mb));
+  if (!(options.experiments.l2_persist_mb >= 0.0)) {
+    throw std::invalid_argument("experiments.l2_persist_mb must be >= 0 (0: off), got " +
+                                std::to_string(options.experiments.l2_persist_mb));
   }
-  if (options.fused_mlp &&
-      (options.persistent_decode || options.v6_fuses_o || options.attention_o_blocks > 0 ||
-       options.decode_attention == DecodeAttentionPath::kClusterWithO || options.side_prefetch_down_mb > 0.0 ||
-       options.side_prefetch_gate_up_mb > 0.0)) {
-    throw std::invalid_argument(model_dir + ": fused_mlp cannot be combined with persistent_decode, v6_fuses_o, "
-                                "attention_o_blocks, the kClusterWithO attention or the side prefetch");
+  if (options.experiments.fused_mlp &&
+      (options.experiments.persistent_decode || options.experiments.v6_fuses_o ||
+       options.experiments.attention_o_blocks > 0 || options.decode_attention == DecodeAttentionPath::kClusterWithO ||
+       options.experiments.side_prefetch_down_mb > 0.0 || options.experiments.side_prefetch_gate_up_mb > 0.0)) {
+    throw std::invalid_argument(model_dir +
+                                ": experiments.fused_mlp cannot be combined with experiments.persistent_decode, "
+                                "experiments.v6_fuses_o, experiments.attention_o_blocks, the kClusterWithO attention "
+                                "or the side prefetch");
   }
   // What the device must have for the options asked for.
-  if (options.gemv_stage_input_bulk && !device_is_sm90_or_newer()) {
-    throw std::invalid_argument(model_dir + ": gemv_stage_input_bulk needs sm_90 or newer (the bulk-copy engine)");
+  if (options.experiments.gemv_stage_input_bulk && !device_is_sm90_or_newer()) {
+    throw std::invalid_argument(model_dir +
+                                ": experiments.gemv_stage_input_bulk needs sm_90 or newer (the bulk-copy engine)");
   }
-  if (options.persistent_decode) {
+  if (options.experiments.persistent_decode) {
     const int D = config.head_dim, H = config.num_attention_heads, Hkv = config.num_key_value_heads;
     if (!decode_step_persistent_supported(D, H, Hkv)) {
       throw std::invalid_argument(model_dir + ": the persistent decode step cannot run here (no cooperative "
                                   "launch, or D / GQA group unsupported)");
     }
-    if (options.persistent_weight_stream && !decode_step_streamed_supported(D, H, Hkv)) {
+    if (options.experiments.persistent_weight_stream && !decode_step_streamed_supported(D, H, Hkv)) {
       throw std::invalid_argument(model_dir + ": the streamed persistent decode step needs sm_90 or newer");
     }
   }
-  if (options.l2_persist_mb > 0.0) {
+  if (options.experiments.l2_persist_mb > 0.0) {
     int device = 0, max_persisting = 0, max_window = 0;
     CUDA_CHECK(cudaGetDevice(&device));
     CUDA_CHECK(cudaDeviceGetAttribute(&max_persisting, cudaDevAttrMaxPersistingL2CacheSize, device));
@@ -192,7 +207,7 @@ const CudaModelOptions& checked_options(const CudaModelOptions& options, const M
     if (max_persisting <= 0 || max_window <= 0) {
       cudaDeviceProp properties{};
       CUDA_CHECK(cudaGetDeviceProperties(&properties, device));
-      throw std::invalid_argument("l2_persist_mb: this GPU (" + std::string(properties.name) +
+      throw std::invalid_argument("experiments.l2_persist_mb: this GPU (" + std::string(properties.name) +
                                   ") cannot set L2 aside for persisting accesses (sm_80 or newer, not MIG)");
     }
   }
@@ -249,14 +264,14 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
 
   try {
-    if (options_.side_prefetch_gate_up_mb > 0.0 || options_.side_prefetch_down_mb > 0.0) {
+    if (options_.experiments.side_prefetch_gate_up_mb > 0.0 || options_.experiments.side_prefetch_down_mb > 0.0) {
       CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking));
       CUDA_CHECK(cudaEventCreateWithFlags(&side_fork_, cudaEventDisableTiming));
       CUDA_CHECK(cudaEventCreateWithFlags(&side_join_, cudaEventDisableTiming));
     }
-    // The fused decode MLP (options' fused_mlp): where the model's shape takes it. Its
-    // down weights are kept transposed, (F, C), for the prefill's GEMM too.
-    if (options_.fused_mlp) fused_mlp_ = C_ <= decode_mlp_fused_max_c() && config_.num_hidden_layers >= 2;
+    // The fused decode MLP (options' experiments.fused_mlp): where the model's shape takes
+    // it. Its down weights are kept transposed, (F, C), for the prefill's GEMM too.
+    if (options_.experiments.fused_mlp) fused_mlp_ = C_ <= decode_mlp_fused_max_c() && config_.num_hidden_layers >= 2;
     load_weights(model_dir);
     if (options_.fold_qkv_norm || options_.fold_gate_up_norm) fold_norms_into_weights();
     if (fused_mlp_) transpose_down_weights();
@@ -270,8 +285,9 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     // combine). Measured on the H200 (bench_model): 128 splits cost ~10 us a layer at 20
     // keys. The workspace holds v3's partials (v5 keeps them in shared memory).
     attention_workspace_ = std::make_unique<DecodeAttentionWorkspace>(H_, D_, 1024);
-    attention_min_keys_ = options_.attention_min_keys_per_split > 0 ? options_.attention_min_keys_per_split
-                                                                    : kDecodeV3MinKeysPerSplit;
+    attention_min_keys_ = options_.experiments.attention_min_keys_per_split > 0
+                              ? options_.experiments.attention_min_keys_per_split
+                              : kDecodeV3MinKeysPerSplit;
     // v5's and v6's splits are their cluster's blocks. Clusters of 8 (not chapter 07's 16),
     // measured for v5; v6 has a clusters-of-16 row in bench_model's options table. For v5,
     // on the H200 (bench_model, 22:58 and 23:04 UTC runs), 8 won at chat lengths (813 vs
@@ -298,7 +314,7 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     // v6 at chat lengths: a second graph with smaller clusters (options' comment).
     if (attention_path_ == DecodeAttentionPath::kClusterPerHead && options_.attention_splits == 0 &&
         options_.short_attention_max_keys > 0 && options_.short_attention_splits > 0 &&
-        options_.short_attention_splits < attention_splits_ && !options_.persistent_decode) {
+        options_.short_attention_splits < attention_splits_ && !options_.experiments.persistent_decode) {
       short_attention_splits_ = options_.short_attention_splits;
       short_attention_max_keys_ = options_.short_attention_max_keys;
     }
@@ -306,7 +322,7 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     // and the cache can hold that many keys.
     if (attention_path_ == DecodeAttentionPath::kClusterPerHead && options_.attention_splits == 0 &&
         options_.long_attention_min_keys > 0 && options_.long_attention_min_keys <= context &&
-        options_.long_attention_min_keys > short_attention_max_keys_ && !options_.persistent_decode) {
+        options_.long_attention_min_keys > short_attention_max_keys_ && !options_.experiments.persistent_decode) {
       const int largest = decode_attention_v6_default_splits(context, H_, Hkv_, D_, 1024);
       const int splits = std::min(options_.long_attention_splits, largest);
       if (splits > attention_splits_) {
@@ -343,16 +359,17 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     d_attn_ = DeviceBuffer<__nv_bfloat16>(size_t(H_) * D_);
     d_act_ = DeviceBuffer<__nv_bfloat16>(F_);
     // v6 with O fused: only where every graph's cluster size runs (W_o's rows fit).
-    v6_fuses_o_ = options_.v6_fuses_o && attention_path_ == DecodeAttentionPath::kClusterPerHead &&
-                  !options_.persistent_decode;
+    v6_fuses_o_ = options_.experiments.v6_fuses_o && attention_path_ == DecodeAttentionPath::kClusterPerHead &&
+                  !options_.experiments.persistent_decode;
     for (int splits : {attention_splits_, short_attention_splits_, long_attention_splits_}) {
       if (v6_fuses_o_ && splits > 0) v6_fuses_o_ = decode_attention_o_per_head_runs(C_, H_, Hkv_, D_, splits);
     }
     // The O projection by O blocks in v6's clusters: where some graph's cluster size
     // leaves room for them (o_blocks_for below); a layer's accumulator is reset by the
     // next layer's kernel, so two layers or more.
-    o_blocks_enabled_ = options_.attention_o_blocks > 0 && attention_path_ == DecodeAttentionPath::kClusterPerHead &&
-                        !v6_fuses_o_ && !options_.persistent_decode && layers_.size() >= 2;
+    o_blocks_enabled_ = options_.experiments.attention_o_blocks > 0 &&
+                        attention_path_ == DecodeAttentionPath::kClusterPerHead && !v6_fuses_o_ &&
+                        !options_.experiments.persistent_decode && layers_.size() >= 2;
     if (o_blocks_enabled_) {
       // Each layer's accumulator starts at its O bias (the next layer's kernel resets it
       // to that again once its readers, gate/up and down, are done).
@@ -363,7 +380,7 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     d_o_arrivals_.fill_bytes(0);  // every launch leaves them at 0 again
     d_attention_signals_ = DeviceBuffer<unsigned>(2 * layers_.size());
     d_attention_signals_.fill_bytes(0);  // count 0, tag 0: no step's (tags start at 1)
-    if (options_.decode_timeline) {
+    if (options_.experiments.decode_timeline) {
       d_timeline_ = DeviceBuffer<unsigned long long>(kTimelineValues * (4 * layers_.size() + 1) +
                                                      kAttentionTimelineValues * layers_.size());
     }
@@ -373,7 +390,7 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
       // previous layer's to it again once that layer's readers are done).
       d_mlp_accumulators_ = accumulators_at_bias(&Layer::b_down);
     }
-    // Zeros, not whatever the allocator left: with options_.decode_skip a kernel may read
+    // Zeros, not whatever the allocator left: with options_.experiments.decode_skip a kernel may read
     // one of these without the kernel that writes it having run.
     d_qkv_.fill_bytes(0);
     d_history_.fill_bytes(0xff);  // -1: a token read from a position no step wrote is an error
@@ -402,7 +419,7 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
     kv_.reset(stream_);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
 
-    if (options_.persistent_decode) {
+    if (options_.experiments.persistent_decode) {
       std::vector<PersistentLayer> host_layers;
       for (size_t l = 0; l < layers_.size(); ++l) {
         const Layer& L = layers_[l];
@@ -440,7 +457,7 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
       p.partial_ml = attention_workspace_->partial_ml.data();
       p.splits = attention_splits_;
       p.barrier = d_barrier_.data();
-      if (options_.persistent_phase_clock) {
+      if (options_.experiments.persistent_phase_clock) {
         d_phase_clock_ =
             DeviceBuffer<unsigned long long>(size_t(6) * layers_.size() + 18 + size_t(5) * multiprocessor_count());
         d_phase_clock_.fill_bytes(0);
@@ -448,9 +465,9 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
       }
       // Once, at load: a shape whose ring does not fit in shared memory fails here, not at
       // the first step, and no step repeats the host work.
-      if (options_.persistent_weight_stream) {
-        streamed_layout_ =
-            decode_step_streamed_layout(p, options_.persistent_ring_stages, options_.persistent_slot_bytes);
+      if (options_.experiments.persistent_weight_stream) {
+        streamed_layout_ = decode_step_streamed_layout(p, options_.experiments.persistent_ring_stages,
+                                                       options_.experiments.persistent_slot_bytes);
       }
     } else if (options_.use_graph) {
       try {
@@ -491,19 +508,19 @@ CudaModel::CudaModel(const std::string& model_dir, const CudaModelOptions& optio
 }
 
 void CudaModel::set_aside_l2() {
-  if (!(options_.l2_persist_mb > 0.0)) return;
+  if (!(options_.experiments.l2_persist_mb > 0.0)) return;
   int device = 0, max_persisting = 0, max_window = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaDeviceGetAttribute(&max_persisting, cudaDevAttrMaxPersistingL2CacheSize, device));
   CUDA_CHECK(cudaDeviceGetAttribute(&max_window, cudaDevAttrMaxAccessPolicyWindowSize, device));
   // (Both are positive: checked_options refused a GPU without a persisting L2.)
   // Clamped as a double first: "everything" (1e6 MB) must not overflow size_t.
-  const size_t wanted = size_t(std::min(options_.l2_persist_mb * 1e6, double(max_persisting)));
+  const size_t wanted = size_t(std::min(options_.experiments.l2_persist_mb * 1e6, double(max_persisting)));
   CUDA_CHECK(cudaDeviceGetLimit(&l2_previous_limit_, cudaLimitPersistingL2CacheSize));
   const cudaError_t status = cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, wanted);
   if (status != cudaSuccess) {
     cudaGetLastError();  // not sticky: clear it
-    throw std::invalid_argument("l2_persist_mb: the GPU refused a persisting L2 set-aside of " +
+    throw std::invalid_argument("experiments.l2_persist_mb: the GPU refused a persisting L2 set-aside of " +
                                 std::to_string(wanted) + " bytes: " + cudaGetErrorString(status));
   }
   // What the driver granted (it may round): the windows below share exactly that.
@@ -522,7 +539,7 @@ void CudaModel::restore_l2() {
 
 cudaAccessPolicyWindow CudaModel::l2_persist_window(L2PersistTarget target, const Layer* layer) const {
   cudaAccessPolicyWindow window = {};
-  if (l2_persist_bytes_ == 0 || target != options_.l2_persist_target) return window;
+  if (l2_persist_bytes_ == 0 || target != options_.experiments.l2_persist_target) return window;
   constexpr size_t kValue = sizeof(__nv_bfloat16);
   // The lm_head holds the whole set-aside; a layer's matrix its 1 / L share of it.
   const size_t share = target == L2PersistTarget::kLmHead ? l2_persist_bytes_ : l2_persist_bytes_ / layers_.size();
@@ -935,7 +952,7 @@ void CudaModel::project(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfl
   if (rows >= 2 && rows <= options_.prefill_v6_max_tokens && matmul_v6_available() &&
       matmul_v6_supported(x, W, rows, C_in)) {
     matmul_v6_few_tokens(y, x, W, b, rows, C_in, C_out, s);
-  } else if (rows >= 2 && rows <= options_.prefill_gemv_max_tokens && gemv_v2_supported(x, W, rows, C_in)) {
+  } else if (rows >= 2 && rows <= options_.experiments.prefill_gemv_max_tokens && gemv_v2_supported(x, W, rows, C_in)) {
     gemv_v2_tensor_cores(y, x, W, b, rows, C_in, C_out, s);
   } else {
     matmul_forward(y, x, W, b, rows, C_in, C_out, s);
@@ -1057,7 +1074,7 @@ void CudaModel::enqueue_chunk(int T, bool all_logits, bool want_logits,
 
 int CudaModel::o_blocks_for(int splits) const {
   if (!o_blocks_enabled_ || splits < 1) return 0;
-  const int o_blocks = std::min(options_.attention_o_blocks, kAttentionOMaxClusterSize - splits);
+  const int o_blocks = std::min(options_.experiments.attention_o_blocks, kAttentionOMaxClusterSize - splits);
   return o_blocks > 0 && decode_attention_o_blocks_runs(C_, H_, Hkv_, D_, splits, o_blocks) ? o_blocks : 0;
 }
 
@@ -1067,16 +1084,17 @@ CudaModel::FirstBatchSplit CudaModel::gate_up_split(bool short_graph, bool long_
   // memory. Either split holds in the first blocks only, where asked.
   const int blocks = long_graph ? options_.gate_up_split_blocks_in_long_graph : options_.gate_up_split_blocks;
   if (!short_graph && options_.gate_up_loads_before_wait_past_short_graph > 0 &&
-      !options_.gate_up_second_batch_in_shared) {
+      !options_.experiments.gate_up_second_batch_in_shared) {
     return {options_.gate_up_loads_before_wait_past_short_graph, options_.gate_up_split_rest_past_short_graph, blocks};
   }
-  FirstBatchSplit split = split_with_rest_option(options_.gate_up_loads_before_wait);
+  FirstBatchSplit split = split_with_rest_option(options_.experiments.gate_up_loads_before_wait);
   if (split.loads_before_wait > 0) split.blocks = blocks;
   return split;
 }
 
 CudaModel::FirstBatchSplit CudaModel::split_with_rest_option(int loads_before_wait) const {
-  return {loads_before_wait, loads_before_wait > 0 ? options_.split_batch_rest : SplitBatchRest::kAfterStaging};
+  return {loads_before_wait,
+          loads_before_wait > 0 ? options_.experiments.split_batch_rest : SplitBatchRest::kAfterStaging};
 }
 
 void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::function<void(const char*)>* after,
@@ -1085,20 +1103,21 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     if (after) (*after)(name);
   };
   // Every launch below (and so every node of a captured graph) asks for the same split.
-  ScopedLaunchCarveout carveout(options_.decode_shared_carveout);
+  ScopedLaunchCarveout carveout(options_.experiments.decode_shared_carveout);
   // The long graph's attention may hold O back until its inputs have arrived.
   const bool long_graph = long_attention_splits_ > 0 && attention_splits == long_attention_splits_;
   const bool short_graph = short_attention_splits_ > 0 && attention_splits == short_attention_splits_;
-  const bool attention_o_after_inputs = options_.attention_allows_o_after_inputs ||
+  const bool attention_o_after_inputs = options_.experiments.attention_allows_o_after_inputs ||
                                         (long_graph && options_.attention_allows_o_after_inputs_in_long_graph);
   const float eps = config_.rms_norm_eps;
   const int context = kv_.max_context();
   int* d_length = kv_.device_length();
   // O and gate/up may hold their first weight loads until v6's blocks have their inputs:
   // only v6 with a pushed hand-over signals.
-  const bool attention_signals = attention_path_ == DecodeAttentionPath::kClusterPerHead && !v6_fuses_o_ &&
-                                 (options_.v6_handover != V6Handover::kPull || options_.hold_until_attention_end) &&
-                                 (options_.o_holds_for_attention_inputs || options_.gate_up_hold_blocks > 0);
+  const bool attention_signals =
+      attention_path_ == DecodeAttentionPath::kClusterPerHead && !v6_fuses_o_ &&
+      (options_.v6_handover != V6Handover::kPull || options_.experiments.hold_until_attention_end) &&
+      (options_.experiments.o_holds_for_attention_inputs || options_.experiments.gate_up_hold_blocks > 0);
   auto attention_signal = [&](size_t layer) { return d_attention_signals_.data() + 2 * layer; };
   auto hold_for_attention = [&](size_t layer, int blocks) {
     return attention_signals && blocks > 0 ? HoldForSignal{attention_signal(layer) + 1, d_length, blocks}
@@ -1112,7 +1131,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   auto fork_side_prefetch = [&](const Layer& layer) {
     CUDA_CHECK(cudaEventRecord(side_fork_, s));
     CUDA_CHECK(cudaStreamWaitEvent(side_stream_, side_fork_, 0));
-    l2_prefetch(side_prefetch_plan(layer), options_.side_prefetch_blocks, side_stream_);
+    l2_prefetch(side_prefetch_plan(layer), options_.experiments.side_prefetch_blocks, side_stream_);
   };
 
   // With argmax_writes_next_input the row is in d_x_ already (the previous step's argmax,
@@ -1140,7 +1159,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   auto step_gemv_settings = [&](DecodeGemvParams& p) {
     p.stream_evict_first = options_.gemv_evict_first;
     p.widen_input = options_.gemv_widen_input;
-    p.stage_input_bulk = options_.gemv_stage_input_bulk;
+    p.stage_input_bulk = options_.experiments.gemv_stage_input_bulk;
     p.epilogue_inputs_settled = true;
   };
   // options_.tensor_core_gemvs (in the long graph tensor_core_gemvs_in_long_graph): the
@@ -1159,7 +1178,7 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     const bool tensor_cores = (tensor_core_gemvs & which) && normal_input && K <= decode_gemv_mma_max_k();
     return tensor_cores ? DecodeGemvKernel::kTensorCores : DecodeGemvKernel::kAuto;
   };
-  // options_.l2_persist_mb: the window of a GEMV of `target` (none for the others). A
+  // options_.experiments.l2_persist_mb: the window of a GEMV of `target` (none for the others). A
   // GEMV under a window loads without its own evict-first hint, so that the window's
   // properties are the ones its loads get.
   auto l2_window = [&](DecodeGemvParams& p, L2PersistTarget target, const Layer* layer) {
@@ -1171,20 +1190,20 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   // then the attention of layer l (the v6 and v5 cluster paths only) into attention slot l.
   // fused_mlp_: layer l's MLP accumulator (C floats).
   auto mlp_accumulator = [&](size_t layer) { return d_mlp_accumulators_.data() + layer * C_; };
-  // options_.attention_o_blocks: layer l's O projection accumulator (C floats).
+  // options_.experiments.attention_o_blocks: layer l's O projection accumulator (C floats).
   auto o_accumulator = [&](size_t layer) { return d_o_accumulators_.data() + layer * C_; };
   auto timeline_slot = [&](size_t slot) {
-    return options_.decode_timeline ? d_timeline_.data() + kTimelineValues * slot : nullptr;
+    return options_.experiments.decode_timeline ? d_timeline_.data() + kTimelineValues * slot : nullptr;
   };
   auto attention_timeline_slot = [&](size_t layer) {
-    return options_.decode_timeline && options_.decode_timeline_attention
+    return options_.experiments.decode_timeline && options_.experiments.decode_timeline_attention
                ? d_timeline_.data() + kTimelineValues * (4 * layers_.size() + 1) + kAttentionTimelineValues * layer
                : nullptr;
   };
 
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
-    if (side_branch && options_.side_prefetch_fork == 0) fork_side_prefetch(L);
+    if (side_branch && options_.experiments.side_prefetch_fork == 0) fork_side_prefetch(L);
     // Norm + QKV + bias + RoPE + cache append, one kernel: q lands in d_qkv_, k and v in
     // the cache at *d_length.
     DecodeGemvParams qkv{d_qkv_.data(), d_x_.data(), L.input_norm, L.w_qkv, L.b_qkv, QKV_ / 2, C_, eps};
@@ -1194,17 +1213,17 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     step_gemv_settings(qkv);
     // Layer 0's QKV may follow the previous step's argmax with PDL (argmax_writes_next_input),
     // and that argmax commits the length RoPE's position is read from: after the wait, then.
-    qkv.epilogue_inputs_settled = !options_.qkv_rope_inputs_after_wait && !(l == 0 && next_input_by_argmax);
+    qkv.epilogue_inputs_settled = !options_.experiments.qkv_rope_inputs_after_wait && !(l == 0 && next_input_by_argmax);
     // The attention reads only what earlier steps committed before its wait.
-    qkv.allow_dependents_early = options_.qkv_allows_attention_early;
+    qkv.allow_dependents_early = options_.experiments.qkv_allows_attention_early;
     qkv.timeline = timeline_slot(4 * l);
-    qkv.start_delay_ns = options_.qkv_start_delay_ns;
+    qkv.start_delay_ns = options_.experiments.qkv_start_delay_ns;
     // After a fused MLP the residual stream is x + the MLP's accumulator, added here (and
     // by O below) with the down projection's rounding (decode_mlp_fused.cuh).
     const ResidualPartials mlp_partials =
         fused_mlp_ && l > 0 ? ResidualPartials{mlp_accumulator(l - 1), 1} : ResidualPartials{};
     qkv.residual_partials = mlp_partials;
-    const unsigned skip = options_.decode_skip;
+    const unsigned skip = options_.experiments.decode_skip;
     // With the norm weight folded into W_qkv (ones left in its place) the tensor-core
     // kernel applies the inverse RMS after the dots; other kernels and inputs ignore this
     // and normalize with the ones.
@@ -1217,18 +1236,18 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
       decode_gemv(qkv_input, GemvOutput::kRopeAppend, qkv, pdl, s, gemv_kernel(kTensorCoreQkv, qkv_input, &qkv));
       done("qkv_rope_append");
     }
-    if (side_branch && options_.side_prefetch_fork == 1) fork_side_prefetch(L);
+    if (side_branch && options_.experiments.side_prefetch_fork == 1) fork_side_prefetch(L);
     DecodeGemvParams o{d_x_.data(), d_attn_.data(), nullptr, L.w_o, L.b_o, C_, H_ * D_, eps};
     o.max_blocks_per_sm = options_.small_gemv_blocks_per_sm;
     // gate/up reads only constants before its wait (weights, biases, the norm weight):
     // it may start while the attention runs, and stream its weights meanwhile.
     o.allow_dependents_early = options_.o_allows_gate_up_early;
     o.timeline = timeline_slot(4 * l + 1);
-    o.input_from_global = options_.o_input_from_global;
-    o.start_delay_ns = options_.o_start_delay_ns;
+    o.input_from_global = options_.experiments.o_input_from_global;
+    o.start_delay_ns = options_.experiments.o_start_delay_ns;
     o.residual_partials = mlp_partials;  // written three kernels back: settled before O's wait
-    if (options_.o_loads_before_wait > 0) {
-      set_first_batch_split(o, {options_.o_loads_before_wait, options_.o_split_rest});
+    if (options_.experiments.o_loads_before_wait > 0) {
+      set_first_batch_split(o, {options_.experiments.o_loads_before_wait, options_.experiments.o_split_rest});
     }
     step_gemv_settings(o);
     const cudaAccessPolicyWindow o_policy = l2_window(o, L2PersistTarget::kO, &L);
@@ -1239,12 +1258,12 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     // When QKV lets the attention start early, the attention (which lets O start at
     // once) may run before the previous layer's down projection has finished writing the
     // residual: O must read it after its wait.
-    if (options_.qkv_allows_attention_early) o.epilogue_inputs_settled = false;
+    if (options_.experiments.qkv_allows_attention_early) o.epilogue_inputs_settled = false;
     // kClusterWithO: one kernel for both, its O projection left as partial sums that
     // gate/up adds into its input and down adds into the residual stream.
     const bool fused_o = attention_path_ == DecodeAttentionPath::kClusterWithO &&
                          !(skip & (kSkipAttention | kSkipOProjection));
-    // options_.attention_o_blocks: O blocks in v6's clusters instead of the O GEMV, where
+    // options_.experiments.attention_o_blocks: O blocks in v6's clusters instead of the O GEMV, where
     // this graph's clusters leave room for them; gate/up and down then add the layer's
     // accumulator (count 1) as they add kClusterWithO's partials.
     const int o_blocks = skip & (kSkipAttention | kSkipOProjection) ? 0 : o_blocks_for(attention_splits);
@@ -1317,9 +1336,9 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
         attention_o.arrivals = d_o_arrivals_.data();
         // The residual was last written by the previous layer's down projection, which
         // had finished before QKV let this kernel start (unless QKV lets it start early).
-        attention_o.residual_settled = !options_.qkv_allows_attention_early;
+        attention_o.residual_settled = !options_.experiments.qkv_allows_attention_early;
         attention_o.allow_dependents_after_inputs = attention_o_after_inputs;
-        attention_o.w_o_after_attention = options_.v6_fused_o_late_weights;
+        attention_o.w_o_after_attention = options_.experiments.v6_fused_o_late_weights;
         attention_o.timeline = attention_timeline_slot(l);
         decode_attention_o_per_head(attention_o, attention_splits, pdl, s);
       } else if (attention_path_ == DecodeAttentionPath::kClusterPerHead) {
@@ -1329,14 +1348,14 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
                                                          attention_timeline_slot(l), options_.v6_handover,
                                                          attention_o_after_inputs,
                                                          attention_signals ? attention_signal(l) : nullptr,
-                                                         options_.hold_until_attention_end);
+                                                         options_.experiments.hold_until_attention_end);
       } else {
         decode_attention_v5_cluster_device_length_timed(d_attn_.data(), d_qkv_.data(), kv_.k(int(l)), kv_.v(int(l)),
                                                         d_length, 1, context, H_, Hkv_, D_, attention_splits,
                                                         attention_workspace_.get(), s, attention_timeline_slot(l));
       }
       done("attention");
-      if (options_.o_holds_for_attention_inputs) o.hold = hold_for_attention(l, INT_MAX);
+      if (options_.experiments.o_holds_for_attention_inputs) o.hold = hold_for_attention(l, INT_MAX);
       // (decode_skip: the attention without the O projection after it.)
       if (!v6_fuses_o_ && o_blocks == 0 && !(skip & kSkipOProjection)) launch_o(GemvInput::kPlain);
     }
@@ -1360,10 +1379,10 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
         mlp.F = F_;
         mlp.eps = eps;
         mlp.stream_evict_first = options_.gemv_evict_first;
-        mlp.units_before_wait = options_.fused_mlp_values_before_wait;
-        mlp.block_warps = options_.fused_mlp_block_warps;
-        mlp.start_delay_ns = options_.fused_mlp_start_delay_ns;
-        mlp.blocks = options_.fused_mlp_blocks;
+        mlp.units_before_wait = options_.experiments.fused_mlp_values_before_wait;
+        mlp.block_warps = options_.experiments.fused_mlp_block_warps;
+        mlp.start_delay_ns = options_.experiments.fused_mlp_start_delay_ns;
+        mlp.blocks = options_.experiments.fused_mlp_blocks;
         decode_mlp_fused(mlp, pdl, s);
       }
       done("mlp_fused");
@@ -1371,11 +1390,11 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     }
     DecodeGemvParams gate_up{d_act_.data(), d_x_.data(), L.post_norm, L.w_gate_up, L.b_gate_up, F_, C_, eps};
     gate_up.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
-    gate_up.second_batch_in_shared = options_.gate_up_second_batch_in_shared;
-    gate_up.second_batch_after_staging = options_.second_batch_after_staging;
+    gate_up.second_batch_in_shared = options_.experiments.gate_up_second_batch_in_shared;
+    gate_up.second_batch_after_staging = options_.experiments.second_batch_after_staging;
     gate_up.timeline = timeline_slot(4 * l + 2);
-    gate_up.hold = hold_for_attention(l, options_.gate_up_hold_blocks);
-    gate_up.hold.first_block = options_.gate_up_hold_first_block;
+    gate_up.hold = hold_for_attention(l, options_.experiments.gate_up_hold_blocks);
+    gate_up.hold.first_block = options_.experiments.gate_up_hold_first_block;
     gate_up.start_delay_ns = options_.gate_up_start_delay_ns;
     set_first_batch_split(gate_up, gate_up_split(short_graph, long_graph));
     step_gemv_settings(gate_up);
@@ -1394,12 +1413,12 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
     done("gate_up_swiglu");
     DecodeGemvParams down{d_x_.data(), d_act_.data(), nullptr, L.w_down, L.b_down, C_, F_, eps};
     down.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
-    down.second_batch_in_shared = options_.down_second_batch_in_shared;
-    down.second_batch_after_staging = options_.second_batch_after_staging;
-    down.input_from_global = options_.down_input_from_global;
+    down.second_batch_in_shared = options_.experiments.down_second_batch_in_shared;
+    down.second_batch_after_staging = options_.experiments.second_batch_after_staging;
+    down.input_from_global = options_.experiments.down_input_from_global;
     down.timeline = timeline_slot(4 * l + 3);
     down.start_delay_ns = options_.down_start_delay_ns;
-    set_first_batch_split(down, split_with_rest_option(options_.down_loads_before_wait));
+    set_first_batch_split(down, split_with_rest_option(options_.experiments.down_loads_before_wait));
     step_gemv_settings(down);
     // Its row of h = the residual + the O projection: the partials were written two
     // kernels back, so they are settled before down's wait, as the residual is.
@@ -1418,8 +1437,8 @@ void CudaModel::enqueue_decode_step(cudaStream_t s, bool pdl, const std::functio
   DecodeGemvParams head{d_logits_.data(), d_x_.data(), final_norm_, lm_head_, nullptr, V_, C_, eps};
   head.max_blocks_per_sm = options_.large_gemv_blocks_per_sm;
   head.timeline = timeline_slot(4 * layers_.size());
-  head.start_delay_ns = options_.lm_head_start_delay_ns;
-  set_first_batch_split(head, split_with_rest_option(options_.lm_head_loads_before_wait));
+  head.start_delay_ns = options_.experiments.lm_head_start_delay_ns;
+  set_first_batch_split(head, split_with_rest_option(options_.experiments.lm_head_loads_before_wait));
   step_gemv_settings(head);
   if (fused_mlp_) head.residual_partials = ResidualPartials{mlp_accumulator(layers_.size() - 1), 1};
   const GemvInput head_input = fused_mlp_ ? GemvInput::kRmsNormAddPartials : GemvInput::kRmsNorm;
@@ -1463,15 +1482,15 @@ L2PrefetchPlan CudaModel::side_prefetch_plan(const Layer& layer) const {
     return int(std::min(double(rows), std::floor(mb * 1e6 / row_bytes)));
   };
   L2PrefetchPlan plan;
-  plan.form = options_.side_prefetch_form;
-  plan.stride_bytes = options_.side_prefetch_stride_bytes;
+  plan.form = options_.experiments.side_prefetch_form;
+  plan.stride_bytes = options_.experiments.side_prefetch_stride_bytes;
   auto add = [&](const __nv_bfloat16* begin, int rows, int row_values) {
     if (rows > 0) plan.range[plan.count++] = {begin, size_t(rows) * row_values * sizeof(__nv_bfloat16)};
   };
-  const int gate_up_rows = tail_rows(options_.side_prefetch_gate_up_mb / 2, F_, C_);  // each half
+  const int gate_up_rows = tail_rows(options_.experiments.side_prefetch_gate_up_mb / 2, F_, C_);  // each half
   add(layer.w_gate_up + size_t(F_ - gate_up_rows) * C_, gate_up_rows, C_);
   add(layer.w_gate_up + size_t(2 * F_ - gate_up_rows) * C_, gate_up_rows, C_);
-  const int down_rows = tail_rows(options_.side_prefetch_down_mb, C_, F_);
+  const int down_rows = tail_rows(options_.experiments.side_prefetch_down_mb, C_, F_);
   add(layer.w_down + size_t(C_ - down_rows) * F_, down_rows, F_);
   return plan;
 }
@@ -1482,10 +1501,10 @@ void CudaModel::embed_host_token() {
 }
 
 void CudaModel::run_decode_step(int kv_len) {
-  if (options_.persistent_decode && options_.persistent_weight_stream) {
+  if (options_.experiments.persistent_decode && options_.experiments.persistent_weight_stream) {
     decode_step_streamed(persistent_step_, streamed_layout_, stream_);
-  } else if (options_.persistent_decode) {
-    decode_step_persistent(persistent_step_, options_.persistent_blocks_per_sm, stream_);
+  } else if (options_.experiments.persistent_decode) {
+    decode_step_persistent(persistent_step_, options_.experiments.persistent_blocks_per_sm, stream_);
   } else if (graph_exec_) {
     // The short and long graphs exist whenever their splits are set (capture_graphs).
     CUDA_CHECK(cudaGraphLaunch(graph_exec_at(kv_len), stream_));
@@ -1558,7 +1577,7 @@ std::vector<int32_t> CudaModel::generate_greedy(int32_t token, int count) {
   // keep the history: their tokens come back one 4-byte copy after each step (stream
   // order: copy i happens before step i+1 overwrites d_token_), as every step's did
   // before the history (generate_copy_each_token measures that).
-  const bool copy_each = options_.persistent_decode || options_.generate_copy_each_token;
+  const bool copy_each = options_.experiments.persistent_decode || options_.experiments.generate_copy_each_token;
   const int start = position();
   const int steps = options_.decode_graph_steps;
   for (int i = 0; i < count;) {
@@ -1590,7 +1609,7 @@ std::vector<int32_t> CudaModel::generate_greedy(int32_t token, int count) {
 }
 
 std::vector<unsigned long long> CudaModel::decode_timeline(int32_t token) {
-  if (!options_.decode_timeline) return {};
+  if (!options_.experiments.decode_timeline) return {};
   // Min slots start at the largest value, max slots at 0 (DecodeGemvParams::timeline).
   std::vector<unsigned long long> reset(d_timeline_.size());
   for (size_t i = 0; i < reset.size(); ++i) reset[i] = i % 2 == 0 ? ~0ull : 0ull;

@@ -234,8 +234,8 @@ TEST_CASE("CUDA model: short prefills on gemv_v2 match the CPU backend and cuBLA
     const std::string dir = tiny_checkpoint(spec);
     CpuModel cpu(dir, CpuModelOptions{2, 0});
     CudaModelOptions on = cuda_options(), off = cuda_options();
-    on.prefill_gemv_max_tokens = 16;  // gemv_v2 for every prompt below
-    off.prefill_gemv_max_tokens = 0;
+    on.experiments.prefill_gemv_max_tokens = 16;  // gemv_v2 for every prompt below
+    off.experiments.prefill_gemv_max_tokens = 0;
     on.prefill_v6_max_tokens = off.prefill_v6_max_tokens = 0;  // v6 would take those rows first
     CudaModel with_gemv(dir, on), with_gemm(dir, off);
     // 2 to 16 tokens: one column tile, two, and the limit; then a 5-token turn at P = 16.
@@ -401,15 +401,15 @@ TEST_CASE("CUDA model: token-by-token decode matches the CPU backend", "[ch08][g
     for (const AttentionVariant& a : variants) {
       CudaModelOptions options = cuda_options();
       options.attention_splits = a.splits;
-      options.attention_min_keys_per_split = a.min_keys;
+      options.experiments.attention_min_keys_per_split = a.min_keys;
       options.decode_attention = a.path;
       options.attention_o_replicas = a.replicas;
       options.short_attention_max_keys = a.short_max_keys;
       options.v6_handover = a.handover;
       options.long_attention_min_keys = a.long_min_keys;
-      options.attention_allows_o_after_inputs = a.o_after_inputs;
-      options.v6_fuses_o = a.fuses_o;
-      options.attention_o_blocks = a.o_blocks;
+      options.experiments.attention_allows_o_after_inputs = a.o_after_inputs;
+      options.experiments.v6_fuses_o = a.fuses_o;
+      options.experiments.attention_o_blocks = a.o_blocks;
       CudaModel split_model(dir, options);
       const std::string label = std::string(spec.name) + " " + a.name + ", " + std::to_string(a.splits) +
                                 " splits (0: default) of >= " + std::to_string(a.min_keys) + " keys";
@@ -490,7 +490,7 @@ TEST_CASE("CUDA model: past the short graph gate/up's first batch is split by it
   // Their own numbers past the short graph, the other options' in it.
   options.gate_up_loads_before_wait_past_short_graph = 5;
   options.gate_up_split_rest_past_short_graph = SplitBatchRest::kAfterWait;
-  options.gate_up_loads_before_wait = 2;
+  options.experiments.gate_up_loads_before_wait = 2;
   for (int kv_len : {1, 14, 16}) {
     INFO(kv_len << " keys");
     const int blocks = kv_len >= 16 && long_graph ? 0 : 264;
@@ -506,7 +506,7 @@ TEST_CASE("CUDA model: past the short graph gate/up's first batch is split by it
   // Beside gate/up's second batch in shared memory (which a split does not combine with)
   // no step splits.
   options = three_graphs();
-  options.gate_up_second_batch_in_shared = true;
+  options.experiments.gate_up_second_batch_in_shared = true;
   REQUIRE(same(CudaModel(dir, options).gate_up_split_at(14), none));
   REQUIRE(same(CudaModel(dir, options).gate_up_split_at(16), none));
   // With no short graph every step is past it.
@@ -524,7 +524,7 @@ TEST_CASE("CUDA model: past the short graph gate/up's first batch is split by it
     REQUIRE(same(model.gate_up_split_at(16), Split{3, SplitBatchRest::kWhenFirstArrived, long_graph ? 5 : 7}));
     REQUIRE(same(model.gate_up_split_at(1), short_graph ? none : Split{3, SplitBatchRest::kWhenFirstArrived, 7}));
   }
-  options.gate_up_loads_before_wait = 2;
+  options.experiments.gate_up_loads_before_wait = 2;
   REQUIRE(same(CudaModel(dir, options).gate_up_split_at(1), short_graph
                                                                 ? Split{2, SplitBatchRest::kAfterStaging, 7}
                                                                 : Split{3, SplitBatchRest::kWhenFirstArrived, 7}));
@@ -559,12 +559,12 @@ TEST_CASE("CUDA model: the fused MLP matches the CPU backend in prefill and deco
                                 {true, true, 2, defaults.long_attention_min_keys, defaults.tensor_core_gemvs, 8, 7}};
     for (const Variant& v : variants) {
       CudaModelOptions options = cuda_options(0, 1024, v.graph, v.pdl);
-      options.fused_mlp = true;
-      options.fused_mlp_values_before_wait = v.before_wait;
+      options.experiments.fused_mlp = true;
+      options.experiments.fused_mlp_values_before_wait = v.before_wait;
       options.long_attention_min_keys = v.long_min_keys;
       options.tensor_core_gemvs = options.tensor_core_gemvs_in_long_graph = v.tensor_core_gemvs;
-      options.fused_mlp_block_warps = v.block_warps;
-      options.fused_mlp_blocks = v.blocks;
+      options.experiments.fused_mlp_block_warps = v.block_warps;
+      options.experiments.fused_mlp_blocks = v.blocks;
       CudaModel cuda(dir, options);
       REQUIRE(cuda.fused_mlp());  // C <= 1536 and two layers or more: the model runs it
       const std::string label = std::string(spec.name) + " fused MLP, graph " + std::to_string(v.graph) + " pdl " +
@@ -598,17 +598,17 @@ TEST_CASE("CUDA model: the fused MLP matches the CPU backend in prefill and deco
   // Options it cannot run with are refused, naming the option.
   const std::string dir = tiny_checkpoint(kSpecs[0]);
   CudaModelOptions with_o = cuda_options();
-  with_o.fused_mlp = true;
+  with_o.experiments.fused_mlp = true;
   with_o.decode_attention = DecodeAttentionPath::kClusterWithO;
   REQUIRE(contains(error_of<std::invalid_argument>([&] { CudaModel model(dir, with_o); }), "fused_mlp"));
   CudaModelOptions too_early = cuda_options();
-  too_early.fused_mlp = true;
-  too_early.fused_mlp_values_before_wait = 3;
+  too_early.experiments.fused_mlp = true;
+  too_early.experiments.fused_mlp_values_before_wait = 3;
   REQUIRE(contains(error_of<std::invalid_argument>([&] { CudaModel model(dir, too_early); }),
                    "fused_mlp_values_before_wait"));
   CudaModelOptions negative_grid = cuda_options();
-  negative_grid.fused_mlp = true;
-  negative_grid.fused_mlp_blocks = -1;
+  negative_grid.experiments.fused_mlp = true;
+  negative_grid.experiments.fused_mlp_blocks = -1;
   REQUIRE(contains(error_of<std::invalid_argument>([&] { CudaModel model(dir, negative_grid); }), "fused_mlp_blocks"));
 }
 
@@ -824,7 +824,7 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       options.gemv_evict_first = false;
       runs.push_back(run(options));
       options = cuda_options();
-      options.qkv_allows_attention_early = true;
+      options.experiments.qkv_allows_attention_early = true;
       runs.push_back(run(options));
       // Nor does the input widened to fp32 in shared memory, or not: the same products
       // in the same order.
@@ -844,12 +844,12 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       options.norm_weight_first ^= kTensorCoreQkv | kTensorCoreGateUp | kTensorCoreLmHead;
       runs.push_back(run(options));
       options = cuda_options();
-      options.attention_allows_o_after_inputs = true;
+      options.experiments.attention_allows_o_after_inputs = true;
       runs.push_back(run(options));
       // Nor does the shared-memory split the launches ask for, in a graph or eagerly.
       for (int percent : {0, 100}) {
         options = cuda_options(0, 1024, percent == 0, true);
-        options.decode_shared_carveout = percent;
+        options.experiments.decode_shared_carveout = percent;
         runs.push_back(run(options));
       }
       // Nor do O's and gate/up's weight loads held until the attention's inputs are in
@@ -857,60 +857,61 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       // gate/up's and down's start (none; 500 ns instead of the default, with QKV, O and
       // the lm_head pausing 500 ns too), in a graph.
       options = cuda_options();
-      options.o_holds_for_attention_inputs = true;
-      options.gate_up_hold_blocks = 1 << 20;
+      options.experiments.o_holds_for_attention_inputs = true;
+      options.experiments.gate_up_hold_blocks = 1 << 20;
       runs.push_back(run(options));
-      options.o_holds_for_attention_inputs = false;
-      options.gate_up_hold_blocks = 3;
-      options.gate_up_hold_first_block = 1;
+      options.experiments.o_holds_for_attention_inputs = false;
+      options.experiments.gate_up_hold_blocks = 3;
+      options.experiments.gate_up_hold_first_block = 1;
       runs.push_back(run(options));
-      options.gate_up_hold_blocks = 0;
+      options.experiments.gate_up_hold_blocks = 0;
       options.gate_up_start_delay_ns = options.down_start_delay_ns = 0;
       runs.push_back(run(options));
       options.gate_up_start_delay_ns = options.down_start_delay_ns = 500;
-      options.qkv_start_delay_ns = options.o_start_delay_ns = options.lm_head_start_delay_ns = 500;
+      options.experiments.qkv_start_delay_ns = options.experiments.o_start_delay_ns =
+          options.experiments.lm_head_start_delay_ns = 500;
       runs.push_back(run(options));
       // Nor does a first batch split around the wait (the same loads, later).
       options = cuda_options();
-      options.gate_up_loads_before_wait = 3;
-      options.down_loads_before_wait = 5;
-      options.lm_head_loads_before_wait = 1;
+      options.experiments.gate_up_loads_before_wait = 3;
+      options.experiments.down_loads_before_wait = 5;
+      options.experiments.lm_head_loads_before_wait = 1;
       runs.push_back(run(options));
-      options.split_batch_rest = SplitBatchRest::kAfterWait;  // the rest right after the wait
+      options.experiments.split_batch_rest = SplitBatchRest::kAfterWait;  // the rest right after the wait
       runs.push_back(run(options));
-      options.split_batch_rest = SplitBatchRest::kWhenFirstArrived;  // once the first loads are in
+      options.experiments.split_batch_rest = SplitBatchRest::kWhenFirstArrived;  // once the first loads are in
       runs.push_back(run(options));
       options = cuda_options();
-      options.down_loads_before_wait = 3;  // on down alone
-      options.split_batch_rest = SplitBatchRest::kAfterWait;
+      options.experiments.down_loads_before_wait = 3;  // on down alone
+      options.experiments.split_batch_rest = SplitBatchRest::kAfterWait;
       runs.push_back(run(options));
       // O's (o_loads_before_wait, on the tensor cores): 3 steps a warp once the first are
       // in (the option's moment), after the wait; 1 after the staging.
       options = cuda_options();
-      options.o_loads_before_wait = 3;
+      options.experiments.o_loads_before_wait = 3;
       runs.push_back(run(options));
-      options.o_split_rest = SplitBatchRest::kAfterWait;
+      options.experiments.o_split_rest = SplitBatchRest::kAfterWait;
       runs.push_back(run(options));
-      options.o_loads_before_wait = 1;
-      options.o_split_rest = SplitBatchRest::kAfterStaging;
+      options.experiments.o_loads_before_wait = 1;
+      options.experiments.o_split_rest = SplitBatchRest::kAfterStaging;
       runs.push_back(run(options));
       // Gate/up's split in its first 2 blocks only (gate_up_split_blocks), every step.
       options = cuda_options();
-      options.gate_up_loads_before_wait = 3;
-      options.split_batch_rest = SplitBatchRest::kWhenFirstArrived;
+      options.experiments.gate_up_loads_before_wait = 3;
+      options.experiments.split_batch_rest = SplitBatchRest::kWhenFirstArrived;
       options.gate_up_split_blocks = 2;
       runs.push_back(run(options));
       options = cuda_options();
-      options.gate_up_hold_blocks = 1 << 20;  // until the attention's blocks have ended, pulled
-      options.hold_until_attention_end = true;
+      options.experiments.gate_up_hold_blocks = 1 << 20;  // until the attention's blocks have ended, pulled
+      options.experiments.hold_until_attention_end = true;
       options.v6_handover = V6Handover::kPull;
       runs.push_back(run(options));
       // Nor do gate/up's and down's second batches copied into shared memory, before the
       // wait or after the staging.
       options = cuda_options();
-      options.gate_up_second_batch_in_shared = options.down_second_batch_in_shared = true;
+      options.experiments.gate_up_second_batch_in_shared = options.experiments.down_second_batch_in_shared = true;
       runs.push_back(run(options));
-      options.second_batch_after_staging = true;
+      options.experiments.second_batch_after_staging = true;
       runs.push_back(run(options));
     }
     // The same kernels in the same order: bit for bit the same logits.
@@ -930,12 +931,12 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
         for (L2PrefetchForm form : {L2PrefetchForm::kLines, L2PrefetchForm::kBulk, L2PrefetchForm::kLoads}) {
           for (int fork : {0, 1}) {
             CudaModelOptions options = cuda_options(0, 1024, variant != 3, true);
-            options.side_prefetch_gate_up_mb = mb;
-            options.side_prefetch_down_mb = mb / 2;
-            options.side_prefetch_form = form;
-            options.side_prefetch_fork = fork;
-            options.side_prefetch_blocks = 1 + variant;
-            options.side_prefetch_stride_bytes = 32 << (variant % 3);
+            options.experiments.side_prefetch_gate_up_mb = mb;
+            options.experiments.side_prefetch_down_mb = mb / 2;
+            options.experiments.side_prefetch_form = form;
+            options.experiments.side_prefetch_fork = fork;
+            options.experiments.side_prefetch_blocks = 1 + variant;
+            options.experiments.side_prefetch_stride_bytes = 32 << (variant % 3);
             INFO(spec.name << " side prefetch of " << mb << " MB, form " << int(form) << ", fork " << fork << ", graph "
                            << (variant != 3));
             if (options.use_graph) {
@@ -958,9 +959,9 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       for (L2PersistTarget target : {L2PersistTarget::kLmHead, L2PersistTarget::kQkv, L2PersistTarget::kO,
                                      L2PersistTarget::kGateUp, L2PersistTarget::kDown, L2PersistTarget::kNone}) {
         CudaModelOptions options = cuda_options(0, 1024, variant != 2, true);
-        options.l2_persist_mb = variant % 2 == 0 ? 2.0 : 1e6;
-        options.l2_persist_target = target;
-        INFO(spec.name << " L2 persistence: target " << int(target) << ", " << options.l2_persist_mb
+        options.experiments.l2_persist_mb = variant % 2 == 0 ? 2.0 : 1e6;
+        options.experiments.l2_persist_target = target;
+        INFO(spec.name << " L2 persistence: target " << int(target) << ", " << options.experiments.l2_persist_mb
                        << " MB, graph " << options.use_graph);
         {
           CudaModel model(dir, options);
@@ -994,7 +995,7 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
       CudaModelOptions registers = cuda_options();
       registers.tensor_core_gemvs = registers.tensor_core_gemvs_in_long_graph = 0;
       const std::vector<float> unsplit = run(registers);
-      registers.o_loads_before_wait = 3;
+      registers.experiments.o_loads_before_wait = 3;
       INFO(spec.name << " register GEMVs: O's first batch split, then not");
       REQUIRE(run(registers) == unsplit);
     }
@@ -1002,7 +1003,8 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
     // the threads' staging, bit for bit, in a graph and eagerly.
     if (device_is_sm90_or_newer()) {
       CudaModelOptions graph_options = cuda_options(), eager_options = cuda_options(0, 1024, false, true);
-      for (CudaModelOptions* options : {&graph_options, &eager_options}) options->gemv_stage_input_bulk = true;
+      for (CudaModelOptions* options : {&graph_options, &eager_options})
+        options->experiments.gemv_stage_input_bulk = true;
       INFO(spec.name << " bulk staging: graph, then eager launches, against the defaults");
       const auto bulk_logits = run(graph_options);
       REQUIRE(bulk_logits == run(eager_options));
@@ -1079,7 +1081,7 @@ TEST_CASE("CUDA model: the decode graph equals eager launches, with and without 
     // The O projection inside v6's clusters: its heads' shares summed in a fixed order by
     // whichever block arrives last, so graph and eager launches agree bit for bit, at
     // each of the three cluster sizes.
-    for (CudaModelOptions* options : {&switching, &switching_eager}) options->v6_fuses_o = true;
+    for (CudaModelOptions* options : {&switching, &switching_eager}) options->experiments.v6_fuses_o = true;
     INFO(spec.name << " v6 with O inside, three graphs: graph, then eager launches");
     const std::vector<float> fused_three_graphs = run(switching);
     REQUIRE(run(switching_eager) == fused_three_graphs);
@@ -1100,7 +1102,7 @@ TEST_CASE("CUDA model: the decode timeline changes no value and stamps every GEM
     plain_options.decode_attention = path;
     CudaModel plain(dir, plain_options);
     CudaModelOptions options = plain_options;
-    options.decode_timeline = true;
+    options.experiments.decode_timeline = true;
     CudaModel timed(dir, options);
     REQUIRE(plain.decode_timeline(1).empty());  // off: nothing recorded
     REQUIRE(timed.prefill(prompt) == plain.prefill(prompt));
@@ -1155,8 +1157,8 @@ TEST_CASE("CUDA model: the decode timeline changes no value and stamps every GEM
   // instance): every GEMV pair written, every attention pair as it was reset, the same
   // logits.
   CudaModelOptions options = cuda_options();
-  options.decode_timeline = true;
-  options.decode_timeline_attention = false;
+  options.experiments.decode_timeline = true;
+  options.experiments.decode_timeline_attention = false;
   CudaModel gemvs_timed(dir, options);
   CudaModel plain(dir, cuda_options());
   REQUIRE(gemvs_timed.prefill(prompt) == plain.prefill(prompt));
@@ -1272,7 +1274,7 @@ TEST_CASE("CUDA model: generate_greedy gives the same tokens with several steps 
       const bool default_steps = variant == 0 || variant == 5 || variant == 7;
       options.decode_graph_steps =
           default_steps ? CudaModelOptions{}.decode_graph_steps : variant == 1 ? 3 : variant == 2 ? 8 : 1;
-      options.generate_copy_each_token = variant == 3;
+      options.experiments.generate_copy_each_token = variant == 3;
       options.argmax_writes_next_input = variant < 5 || variant >= 7;
       if (variant >= 7) options.argmax_in_lm_head = !folded_by_default;
       CudaModel cuda(dir, options);
@@ -3176,12 +3178,12 @@ TEST_CASE("CUDA model: the persistent decode step matches the CPU backend", "[ch
         continue;
       }
       CudaModelOptions options = cuda_options();
-      options.persistent_decode = true;
-      options.persistent_blocks_per_sm = v.blocks_per_sm;
-      options.persistent_weight_stream = v.stream;
-      options.persistent_ring_stages = v.ring_stages;
-      options.persistent_slot_bytes = v.slot_bytes;
-      options.persistent_phase_clock = true;
+      options.experiments.persistent_decode = true;
+      options.experiments.persistent_blocks_per_sm = v.blocks_per_sm;
+      options.experiments.persistent_weight_stream = v.stream;
+      options.experiments.persistent_ring_stages = v.ring_stages;
+      options.experiments.persistent_slot_bytes = v.slot_bytes;
+      options.experiments.persistent_phase_clock = true;
       CudaModel cuda(dir, options);
       // A prefill of 5 tokens (the ordinary kernels), then the persistent step on top
       // of that cache, one token at a time, 3 times over: the kernel resets its grid
@@ -3239,9 +3241,9 @@ TEST_CASE("CUDA model: the persistent decode step matches the CPU backend", "[ch
     }
     if (decode_step_streamed_supported(config.head_dim, config.num_attention_heads, config.num_key_value_heads)) {
       CudaModelOptions negative = cuda_options();  // a negative slot count is refused at load
-      negative.persistent_decode = true;
-      negative.persistent_weight_stream = true;
-      negative.persistent_ring_stages = -1;
+      negative.experiments.persistent_decode = true;
+      negative.experiments.persistent_weight_stream = true;
+      negative.experiments.persistent_ring_stages = -1;
       REQUIRE_THROWS_AS(CudaModel(dir, negative), std::invalid_argument);
     }
   }

@@ -118,24 +118,43 @@ TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming t
   };
   for (int which = 0; which < 17; ++which) {
     CudaModelOptions options;
-    int* option[] = {&options.attention_splits,          &options.attention_min_keys_per_split,
-                     &options.attention_o_replicas,      &options.decode_shared_carveout,
-                     &options.decode_shared_carveout,    &options.gate_up_hold_blocks,
-                     &options.down_start_delay_ns,       &options.qkv_start_delay_ns,
-                     &options.o_start_delay_ns,          &options.lm_head_start_delay_ns,
-                     &options.gate_up_loads_before_wait, &options.down_loads_before_wait,
-                     &options.lm_head_loads_before_wait, &options.gate_up_loads_before_wait_past_short_graph,
-                     &options.o_loads_before_wait,       &options.gate_up_split_blocks,
+    int* option[] = {&options.attention_splits,
+                     &options.experiments.attention_min_keys_per_split,
+                     &options.attention_o_replicas,
+                     &options.experiments.decode_shared_carveout,
+                     &options.experiments.decode_shared_carveout,
+                     &options.experiments.gate_up_hold_blocks,
+                     &options.down_start_delay_ns,
+                     &options.experiments.qkv_start_delay_ns,
+                     &options.experiments.o_start_delay_ns,
+                     &options.experiments.lm_head_start_delay_ns,
+                     &options.experiments.gate_up_loads_before_wait,
+                     &options.experiments.down_loads_before_wait,
+                     &options.experiments.lm_head_loads_before_wait,
+                     &options.gate_up_loads_before_wait_past_short_graph,
+                     &options.experiments.o_loads_before_wait,
+                     &options.gate_up_split_blocks,
                      &options.gate_up_split_blocks_in_long_graph};
     // replicas: at least one; carveout: -1 or a percent
     const int bad_value[] = {-1, -1, 0, -2, 101, -1, -5, -1, -300, -1, -1, -2, -1, -3, -1, -2, -1};
     *option[which] = bad_value[which];
-    const char* names[] = {"attention_splits",          "attention_min_keys_per_split", "attention_o_replicas",
-                           "decode_shared_carveout",    "decode_shared_carveout",       "gate_up_hold_blocks",
-                           "down_start_delay_ns",       "qkv_start_delay_ns",           "o_start_delay_ns",
-                           "lm_head_start_delay_ns",    "gate_up_loads_before_wait",    "down_loads_before_wait",
-                           "lm_head_loads_before_wait", "gate_up_loads_before_wait_past_short_graph",
-                           "o_loads_before_wait",       "gate_up_split_blocks",
+    // The messages name an experiment's field as experiments.X (CudaModelOptions::experiments).
+    const char* names[] = {"attention_splits",
+                           "experiments.attention_min_keys_per_split",
+                           "attention_o_replicas",
+                           "experiments.decode_shared_carveout",
+                           "experiments.decode_shared_carveout",
+                           "experiments.gate_up_hold_blocks",
+                           "down_start_delay_ns",
+                           "experiments.qkv_start_delay_ns",
+                           "experiments.o_start_delay_ns",
+                           "experiments.lm_head_start_delay_ns",
+                           "experiments.gate_up_loads_before_wait",
+                           "experiments.down_loads_before_wait",
+                           "experiments.lm_head_loads_before_wait",
+                           "gate_up_loads_before_wait_past_short_graph",
+                           "experiments.o_loads_before_wait",
+                           "gate_up_split_blocks",
                            "gate_up_split_blocks_in_long_graph"};
     INFO(names[which]);
     REQUIRE(refused_naming(options, names[which]));
@@ -143,15 +162,15 @@ TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming t
   // A moment for the rest of a split batch, with no batch split.
   {
     CudaModelOptions options;
-    options.split_batch_rest = SplitBatchRest::kWhenFirstArrived;
-    REQUIRE(refused_naming(options, "split_batch_rest"));
+    options.experiments.split_batch_rest = SplitBatchRest::kWhenFirstArrived;
+    REQUIRE(refused_naming(options, "experiments.split_batch_rest"));
   }
   // O's split with O's input read in place (no batch of its own to split).
   {
     CudaModelOptions options;
-    options.o_loads_before_wait = 3;
-    options.o_input_from_global = true;
-    REQUIRE(refused_naming(options, "o_loads_before_wait"));
+    options.experiments.o_loads_before_wait = 3;
+    options.experiments.o_input_from_global = true;
+    REQUIRE(refused_naming(options, "experiments.o_loads_before_wait"));
   }
   // No decode steps in a graph, or too many.
   for (int steps : {0, 65}) {
@@ -162,8 +181,8 @@ TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming t
   // gemv_v2 for more rows than it takes.
   {
     CudaModelOptions options;
-    options.prefill_gemv_max_tokens = 17;
-    REQUIRE(refused_naming(options, "prefill_gemv_max_tokens"));
+    options.experiments.prefill_gemv_max_tokens = 17;
+    REQUIRE(refused_naming(options, "experiments.prefill_gemv_max_tokens"));
   }
   // v6 for more rows than it takes.
   {
@@ -180,18 +199,18 @@ TEST_CASE("CUDA model: out-of-range decode options are refused at load, naming t
   // A negative L2 set-aside.
   {
     CudaModelOptions options;
-    options.l2_persist_mb = -1.0;
-    REQUIRE(refused_naming(options, "l2_persist_mb"));
+    options.experiments.l2_persist_mb = -1.0;
+    REQUIRE(refused_naming(options, "experiments.l2_persist_mb"));
   }
   // The side branch's options: sizes, blocks, fork point, stride.
   for (int which = 0; which < 5; ++which) {
     CudaModelOptions options;
-    options.side_prefetch_gate_up_mb = which == 0 ? -1.0 : 1.0;
-    options.side_prefetch_down_mb = which == 1 ? -0.5 : 0.0;
-    options.side_prefetch_blocks = which == 2 ? 0 : 8;
-    options.side_prefetch_fork = which == 3 ? 2 : 0;
-    options.side_prefetch_stride_bytes = which == 4 ? 48 : 128;
+    options.experiments.side_prefetch_gate_up_mb = which == 0 ? -1.0 : 1.0;
+    options.experiments.side_prefetch_down_mb = which == 1 ? -0.5 : 0.0;
+    options.experiments.side_prefetch_blocks = which == 2 ? 0 : 8;
+    options.experiments.side_prefetch_fork = which == 3 ? 2 : 0;
+    options.experiments.side_prefetch_stride_bytes = which == 4 ? 48 : 128;
     INFO("side_prefetch option " << which);
-    REQUIRE(refused_naming(options, "side_prefetch"));
+    REQUIRE(refused_naming(options, "experiments.side_prefetch"));
   }
 }
