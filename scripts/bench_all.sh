@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one-call GPU benchmark of issue 7, on a machine with a GPU:
 #
-#   [OUT=dir] [BUILD=dir] [CHAPTERS=regex] [MODEL_DIR=dir] [SKIP_COMPILED=1] [SKIP_PYTORCH=1] \
+#   [OUT=dir] [BUILD=dir] [CHAPTERS=regex] [MODEL_DIR=dir] [SKIP_COMPILED=1] [SKIP_PYTORCH=1] [PYTORCH_ONLY=1] \
 #     bash scripts/bench_all.sh
 #
 #  0. clears this run's outputs in $BUILD/bench (every *.json, bench_model's model_*.csv),
@@ -26,7 +26,12 @@
 #     (scripts/compare_hf_logits.py -> $BUILD/bench/hf_logits.json);
 #  4. runs the PyTorch baseline -> $BUILD/bench/pytorch.json (SKIP_COMPILED=1 skips the
 #     torch.compile run, which takes minutes to compile; SKIP_PYTORCH=1 skips the step,
-#     for a quick check of our own numbers);
+#     for a quick check of our own numbers). Where one call may not run everything (the
+#     device tool's 600 s: a fresh machine's build and bench_model take ~450 s, PyTorch
+#     with its compile ~200 s more), split the run in two on the same machine:
+#     SKIP_PYTORCH=1 first, then PYTORCH_ONLY=1, which keeps the first call's results,
+#     runs only this step and writes the report from both (its header names when each
+#     part finished);
 #  5. writes docs/benchmarks.md and docs/benchmarks.png (scripts/make_bench_report.py;
 #     it refuses without model.json, leaves out a baseline from another GPU or checkpoint,
 #     and deletes a stale plot when matplotlib is missing), and copies them with the JSON
@@ -73,7 +78,22 @@ report() {
 # 0. This run's outputs only: the JSON files and bench_model's tables. The chapters'
 # own bench_* CSVs (`make bench` writes them here just before calling this script) stay;
 # the report does not read them.
-rm -f "$bench_dir"/*.json "$bench_dir"/model_*.csv "$bench_dir"/*.log
+# PYTORCH_ONLY=1 (the second call of a run split in two, below) keeps them and clears only
+# the baseline's.
+pytorch_only="${PYTORCH_ONLY:-0}"
+if [ "$pytorch_only" = 1 ]; then
+  if [ "${SKIP_PYTORCH:-0}" = 1 ]; then
+    echo "PYTORCH_ONLY=1 and SKIP_PYTORCH=1 ask for nothing: set one of them"
+    exit 1
+  fi
+  rm -f "$bench_dir/pytorch.json"
+  if [ ! -f "$bench_dir/model.json" ]; then
+    echo "PYTORCH_ONLY=1: no $bench_dir/model.json to compare with: run this script without it first (same BUILD)"
+    exit 1
+  fi
+else
+  rm -f "$bench_dir"/*.json "$bench_dir"/model_*.csv "$bench_dir"/*.log
+fi
 
 # Which packages of scripts/requirements-bench.txt python3 lacks (a broken install, such
 # as a torch that cannot find its CUDA libraries, counts as missing).
@@ -147,30 +167,32 @@ if ! checkpoint_complete "$model"; then
   python3 scripts/make_random_checkpoint.py --out "$model" || { echo "checkpoint: FAILED"; exit 1; }
 fi
 
-# 2. Build.
-step "build bench_model in $build (CHAPTERS='$chapters')"
-make configure BUILD="$build" CHAPTERS="$chapters" CUDA_ARCH="${CUDA_ARCH:-}" >"$bench_dir/configure.log" 2>&1 \
-  && cmake --build "$build" --target bench_model -j "$(nproc)" >"$bench_dir/build.log" 2>&1
-if [ $? -ne 0 ]; then
-  tail -n 40 "$bench_dir/configure.log" "$bench_dir/build.log"
-  echo "build: FAILED"
-  exit 1
-fi
+if [ "$pytorch_only" != 1 ]; then
+  # 2. Build.
+  step "build bench_model in $build (CHAPTERS='$chapters')"
+  make configure BUILD="$build" CHAPTERS="$chapters" CUDA_ARCH="${CUDA_ARCH:-}" >"$bench_dir/configure.log" 2>&1 \
+    && cmake --build "$build" --target bench_model -j "$(nproc)" >"$bench_dir/build.log" 2>&1
+  if [ $? -ne 0 ]; then
+    tail -n 40 "$bench_dir/configure.log" "$bench_dir/build.log"
+    echo "build: FAILED"
+    exit 1
+  fi
 
-# 3. Our numbers.
-step "bench_model"
-BIELIK_BENCH_DIR="$bench_dir" "$build/chapters/08_bielik/bench_model" --model "$model" --out "$bench_dir/model.json" \
-  || { echo "bench_model: FAILED"; status=1; }
+  # 3. Our numbers.
+  step "bench_model"
+  BIELIK_BENCH_DIR="$bench_dir" "$build/chapters/08_bielik/bench_model" --model "$model" --out "$bench_dir/model.json" \
+    || { echo "bench_model: FAILED"; status=1; }
 
-step "logits vs HF transformers (same checkpoint)"
-if needs "compare_hf_logits" torch transformers safetensors numpy; then
-  cmake --build "$build" --target dump_logits -j "$(nproc)" >>"$bench_dir/build.log" 2>&1 \
-    && python3 scripts/compare_hf_logits.py --model "$model" --dump-logits "$build/chapters/08_bielik/dump_logits" \
-         --out "$bench_dir/hf_logits.json" \
-    || { echo "compare_hf_logits: FAILED"; status=1; }
-else
-  status=1
-fi
+  step "logits vs HF transformers (same checkpoint)"
+  if needs "compare_hf_logits" torch transformers safetensors numpy; then
+    cmake --build "$build" --target dump_logits -j "$(nproc)" >>"$bench_dir/build.log" 2>&1 \
+      && python3 scripts/compare_hf_logits.py --model "$model" --dump-logits "$build/chapters/08_bielik/dump_logits" \
+           --out "$bench_dir/hf_logits.json" \
+      || { echo "compare_hf_logits: FAILED"; status=1; }
+  else
+    status=1
+  fi
+fi  # not PYTORCH_ONLY
 
 if [ ! -f "$bench_dir/model.json" ]; then
   # Nothing to compare a baseline with, and the report refuses without it.
@@ -179,9 +201,11 @@ if [ ! -f "$bench_dir/model.json" ]; then
   exit 1
 fi
 
-step "report (our numbers)"
-report
-publish
+if [ "$pytorch_only" != 1 ]; then
+  step "report (our numbers)"
+  report
+  publish
+fi
 
 # 4. The baseline.
 if [ "${SKIP_PYTORCH:-0}" = 1 ]; then

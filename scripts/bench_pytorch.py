@@ -27,12 +27,17 @@ import inspect
 import json
 import statistics
 import time
+from datetime import datetime, timezone
 
 import torch
 from transformers import AutoModelForCausalLM
 
 PROMPT_LENGTHS = [16, 128, 512, 2048]
 DECODE_PROMPT_TOKENS = 16
+
+
+def utc_now():
+    return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def prompt(model, length, seed):
@@ -194,6 +199,7 @@ def main():
         except Exception as error:  # report, don't hide: the number is then missing
             result["decode_compiled_error"] = repr(error)[:500]
             print("compiled decode failed:", result["decode_compiled_error"], flush=True)
+    result["finished_utc"] = utc_now()  # the report says when each of its parts was measured
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     print(json.dumps(result, indent=1))

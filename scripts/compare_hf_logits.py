@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import tempfile
+from datetime import datetime, timezone
 
 import numpy as np
 import torch
@@ -78,7 +79,8 @@ def main():
               "top1_agreement_ours_vs_hf_bf16": float(np.mean(ours.argmax(1) == hf_bf16.argmax(1))),
               "rule": "ours_vs_fp32 <= max(tolerance, 1.25 * hf_bf16_vs_fp32) at every position",
               "tolerance": args.tolerance, "passed": bool(np.all(ours_vs_exact <= bar)),
-              "torch": torch.__version__, "device": torch.cuda.get_device_name()}
+              "torch": torch.__version__, "device": torch.cuda.get_device_name(),
+              "finished_utc": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     print(json.dumps(result, indent=1))
     if args.out:
         with open(args.out, "w") as f:

@@ -131,6 +131,27 @@ class ReportTest(unittest.TestCase):
         self.assertEqual(self.read("benchmarks.png"), "fake png")  # the old plot replaced
         self.assertFalse(os.path.exists(os.path.join(self.docs, "benchmarks.png.partial.png")))
 
+    def test_header_says_when_each_part_finished(self):
+        # A baseline run in a later call (bench_all.sh PYTORCH_ONLY=1) must not read as the
+        # same run's: each writer's finished_utc is named; a writer without it is left out.
+        self.write("model.json", dict(model_json(), finished_utc="2026-12-05 12:11 UTC"))
+        self.write("pytorch.json", pytorch_json(finished_utc="2026-12-05 12:40 UTC"))
+        self.write("hf_logits.json", logits_json())
+        code, _ = self.run_report(fake_matplotlib())
+        self.assertEqual(code, 0)
+        header = self.read("benchmarks.md").splitlines()[2]
+        self.assertIn("results (finished: bench_model 2026-12-05 12:11 UTC, "
+                      "the PyTorch baseline 2026-12-05 12:40 UTC).", header)
+        self.assertNotIn("logits check", header)
+
+    def test_header_without_times(self):
+        self.write("model.json", model_json())
+        code, _ = self.run_report(NO_MATPLOTLIB)
+        self.assertEqual(code, 0)
+        header = self.read("benchmarks.md").splitlines()[2]
+        self.assertIn("from `scripts/bench_all.sh`'s results. Batch 1, bf16.", header)
+        self.assertNotIn("finished", header)
+
     def test_missing_model_json_is_refused(self):
         self.write("pytorch.json", pytorch_json())
         self.write("hf_logits.json", logits_json())

@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -853,6 +854,16 @@ void print_decode_timeline(CudaModel& model, bool attention_timed, int prompt_to
               fused_o ? "gate/up's (O inside the attention)" : "O's", attention / samples);
 }
 
+/// "YYYY-MM-DD HH:MM UTC", the form the Python writers of the report's other parts use.
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm parts{};
+  gmtime_r(&now, &parts);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%d %H:%M UTC", &parts);
+  return text;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1574,6 +1585,7 @@ int main(int argc, char** argv) {
     nlohmann::json out = {
         {"device", device},
         {"model", args.model},
+        {"finished_utc", utc_now()},  // the report says when each of its parts was measured
         {"config", describe(c)},
         {"context", options.max_context > 0 ? options.max_context : c.max_position_embeddings},
         {"weights_gb", weights_gb},
