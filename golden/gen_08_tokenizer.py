@@ -21,9 +21,16 @@ download; training takes well under a second):
   llama_legacy.json the same model in the older Llama-2 layout: normalizer
                     Sequence[Prepend("▁"), Replace(" ", "▁")], no pre-tokenizer, the
                     Replace/ByteFallback/Fuse/Strip decoder.
+  bytelevel_added.json  the byte-level model with added tokens that are single_word,
+                    lstrip or rstrip (ADDED_TOKENS), tested on TEST_STRINGS and
+                    ADDED_TOKEN_STRINGS: where such a token matches and where not.
 
 cases.json lists, per tokenizer, every test string with the ids `tokenizers` gives
 (add_special_tokens=False) and its decode (skip_special_tokens=False).
+word_char_runs.npy lists, as runs (int32, shape (R, 3): first, last, 1 word / 0 not),
+which code points HF tokenizers itself counts as word characters beside a single_word
+added token (the Rust regex crate's \\w), probed by encoding the token before and after
+every code point (~10 s).
 unicode_class_runs.npy lists Python's Unicode class (int32, shape (R, 3): first, last,
 class with 0 other, 1 letter, 2 number, 3 space) for every code point 0..0x10FFFF except
 the surrogates, as runs, and unicode_version.txt the version of unicodedata it comes from.
@@ -38,7 +45,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from golden_common import parse_out_dir  # noqa: E402
 
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers  # noqa: E402
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers  # noqa: E402
 
 CORPUS = [
     "Zażółć gęślą jaźń. Łódź leży w centrum Polski, a Kraków na południu.",
@@ -91,6 +98,30 @@ TEST_STRINGS = [
     "cafe\u0301's e\u0301'll",   # combining acute after a letter
     "ᎣᏏᏲ's ⴰⵣⵓⵍ'll 𐐷's",         # Cherokee, Tifinagh, Deseret (plane 1)
     "a\u00a0b\u3000\u3000c\u2029d\x1ce\x85 f",  # Unicode spaces; U+001C is not \s
+]
+
+# Added tokens with the flags HF applies around a match (normalized=False: matched in the
+# raw text). "ab!" and "ab" share a start: HF searches leftmost-longest and, when a
+# single_word match touches a word, drops it and searches on from its end.
+ADDED_TOKENS = [
+    AddedToken("[T]", single_word=True, normalized=False),
+    AddedToken("ab!", single_word=True, normalized=False),
+    AddedToken("ab", single_word=True, normalized=False),
+    AddedToken("<mask>", lstrip=True, normalized=False),
+    AddedToken("<sep>", rstrip=True, normalized=False),
+]
+
+ADDED_TOKEN_STRINGS = [
+    "[T] x[T] [T]x x [T] y",       # alone, after a letter, before a letter
+    "ab ab! ab!x xab ab_ ab-",     # "ab!" refused before x leaves "ab" unmatched there too
+    "ab!x ab!! (ab) ab.",
+    "[T]\u0301 \u0301[T] [T]\u203f [T]\u200d",  # a combining mark, U+203F (Pc), ZWJ: word chars
+    "[T]\u00b2 [T]\u2167 [T]\u24b6 [T]\u2460",  # ² (No): no; Ⅷ (Nl), Ⓐ (So, Alphabetic): yes; ① (No): no
+    "[T]\u0661 [T]\uff3f [T]\u3000 [T]\u00a0x",  # Arabic-Indic 1 (Nd), fullwidth _ (Pc), spaces
+    "a   <mask> b <mask>c\t\t<mask>",  # lstrip swallows the whitespace before
+    "<sep>   a <sep>\n\nb<sep>",       # rstrip the whitespace after
+    "x<mask><mask>  <sep>  <sep>y",
+    "<mask>[T]<sep>ab",
 ]
 
 BYTELEVEL_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -172,9 +203,38 @@ def string_merges_from(tokenizer):
     return json.dumps(spec, ensure_ascii=False)
 
 
-def cases_for(tokenizer):
+def bytelevel_added_from(bytelevel):
+    tokenizer = Tokenizer.from_str(bytelevel.to_str())
+    tokenizer.add_tokens(ADDED_TOKENS)
+    return tokenizer
+
+
+def word_char_runs():
+    """Which code points HF tokenizers counts as word characters (\\w) beside a single_word
+    added token, as int32 runs (first, last, 1 / 0): the token is encoded with each code
+    point after it and before it, and it is a word character where the token did not
+    match. The two sides must agree."""
+    probe = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    probe.add_tokens([AddedToken("\u00a7\u00a7", single_word=True, normalized=False)])
+    token_id = probe.token_to_id("\u00a7\u00a7")
+    code_points = [cp for cp in range(0x110000) if not 0xD800 <= cp <= 0xDFFF]
+    after = probe.encode_batch(["\u00a7\u00a7" + chr(cp) for cp in code_points], add_special_tokens=False)
+    before = probe.encode_batch([chr(cp) + "\u00a7\u00a7" for cp in code_points], add_special_tokens=False)
+    runs = []
+    for cp, a, b in zip(code_points, after, before):
+        word = int(token_id not in a.ids)
+        if word != int(token_id not in b.ids):
+            raise SystemExit(f"U+{cp:04X}: HF's single_word check differs before and after the token")
+        if runs and runs[-1][1] == cp - 1 and runs[-1][2] == word:
+            runs[-1][1] = cp
+        else:
+            runs.append([cp, cp, word])
+    return np.array(runs, dtype=np.int32)
+
+
+def cases_for(tokenizer, extra_strings=()):
     cases = []
-    for text in TEST_STRINGS:
+    for text in list(TEST_STRINGS) + list(extra_strings):
         ids = tokenizer.encode(text, add_special_tokens=False).ids
         cases.append({"text": text, "ids": ids, "decoded": tokenizer.decode(ids, skip_special_tokens=False)})
     return cases
@@ -223,16 +283,19 @@ def main():
                    "bytelevel_prefix": bytelevel_prefix_from(bytelevel),
                    "metaspace": metaspace, "metaspace_nosplit": metaspace_nosplit_from(metaspace),
                    "metaspace_always": metaspace_always_from(metaspace),
-                   "llama_legacy": llama_legacy_from(metaspace)}
+                   "llama_legacy": llama_legacy_from(metaspace),
+                   "bytelevel_added": bytelevel_added_from(bytelevel)}
     cases = {}
     for name, tokenizer in tokenizers_.items():
         text = tokenizer if isinstance(tokenizer, str) else tokenizer.to_str()
         with open(os.path.join(out, f"{name}.json"), "w", encoding="utf-8") as f:
             f.write(text)
-        cases[name] = cases_for(Tokenizer.from_str(text))
+        extra = ADDED_TOKEN_STRINGS if name == "bytelevel_added" else ()
+        cases[name] = cases_for(Tokenizer.from_str(text), extra)
     with open(os.path.join(out, "cases.json"), "w", encoding="utf-8") as f:
         json.dump(cases, f, ensure_ascii=False, indent=1)
     np.save(os.path.join(out, "unicode_class_runs.npy"), unicode_class_runs())
+    np.save(os.path.join(out, "word_char_runs.npy"), word_char_runs())
     with open(os.path.join(out, "unicode_version.txt"), "w") as f:
         f.write(unicodedata.unidata_version + "\n")
 

@@ -16,8 +16,8 @@ struct Range {
   uint32_t first, last;
 };
 
-// kLetters (general category L: Lu Ll Lt Lm Lo), kNumbers (N: Nd Nl No) and
-// kUnicodeVersion, generated for every plane from Python's unicodedata by
+// kLetters (general category L: Lu Ll Lt Lm Lo), kNumbers (N: Nd Nl No), kWordChars
+// (the Rust regex crate's \w, for single_word added tokens) and kUnicodeVersion, generated for every plane from Python's unicodedata by
 // scripts/gen_unicode_tables.py: HF's ByteLevel regex decides by \p{L} and \p{N}, so a
 // letter we called "other" would glue to a following apostrophe ("ﬁ'" "s" where HF
 // gives "ﬁ" "'s"). test_ch08_unicode checks every code point against unicodedata.
@@ -33,9 +33,12 @@ bool in_ranges(const Range (&ranges)[N], uint32_t cp) {
 
 }  // namespace
 
-// ASCII, most of the text, skips the binary search over ~650 and ~130 ranges.
+// ASCII, most of the text, skips the binary search over ~650, ~130 and ~760 ranges.
 bool is_letter(uint32_t cp) { return cp < 0x80 ? (cp | 0x20) - 'a' < 26 : in_ranges(kLetters, cp); }
 bool is_number(uint32_t cp) { return cp < 0x80 ? cp - '0' < 10 : in_ranges(kNumbers, cp); }
+bool is_word_char(uint32_t cp) {
+  return cp < 0x80 ? (cp | 0x20) - 'a' < 26 || cp - '0' < 10 || cp == '_' : in_ranges(kWordChars, cp);
+}
 
 const char* unicode_tables_version() { return kUnicodeVersion; }
 

@@ -28,6 +28,12 @@ bool is_letter(uint32_t cp);
 /// General category N* (Nd, Nl, No: 0-9, ², ½, Ⅻ, ١, ...): `\p{N}` and Rust's
 /// char::is_numeric (HF's Digits), every plane.
 bool is_number(uint32_t cp);
+/// `\w` of the Rust regex crate (Alphabetic + M + Nd + Pc + Join_Control: letters, marks,
+/// decimal digits, letter numbers, '_' and the other connector punctuation, ZWNJ / ZWJ,
+/// circled Latin letters), every plane: what HF tokenizers asks of the characters beside a
+/// `single_word` added token. Not the regex's letters or numbers: ² is a number but no word
+/// character, a combining accent the reverse.
+bool is_word_char(uint32_t cp);
 /// The Unicode version of those tables ("14.0.0"): code points assigned after it count
 /// as neither letter nor number (HF's engines use newer tables; see unicode_tables.inc).
 const char* unicode_tables_version();

@@ -30,7 +30,7 @@ json read_json(const std::string& path) {
 }
 
 const char* kVariants[] = {"bytelevel",         "bytelevel_string_merges", "bytelevel_prefix", "metaspace",
-                           "metaspace_nosplit", "metaspace_always",        "llama_legacy"};
+                           "metaspace_nosplit", "metaspace_always",        "llama_legacy",     "bytelevel_added"};
 
 std::string tokenizer_path(const std::string& name) { return golden_path("08_tokenizer", name + ".json"); }
 
@@ -61,7 +61,9 @@ void check_cases(const Tokenizer& tokenizer, const json& cases, const std::strin
 
 }  // namespace
 
-TEST_CASE("tokenizer: ids and decodes equal HF tokenizers on seven tokenizer.json layouts", "[ch08][cpu]") {
+// bytelevel_added: single_word, lstrip and rstrip added tokens, with strings that put word
+// characters of every kind beside them (golden/gen_08_tokenizer.py, ADDED_TOKEN_STRINGS).
+TEST_CASE("tokenizer: ids and decodes equal HF tokenizers on eight tokenizer.json layouts", "[ch08][cpu]") {
   json cases = read_json(golden_path("08_tokenizer", "cases.json"));
   for (const char* name : kVariants) {
     Tokenizer tokenizer = Tokenizer::from_file(tokenizer_path(name));

@@ -48,7 +48,6 @@ size_t previous_char_start(const std::string& text, size_t end) {
   return start;
 }
 
-bool word_char(uint32_t cp) { return cp == '_' || is_letter(cp) || is_number(cp); }
 
 // "<0xNN>" -> NN, or -1: what HF's ByteFallback decoder recognises.
 int byte_token_value(const std::string& token) {
@@ -223,17 +222,13 @@ std::vector<Tokenizer::Segment> Tokenizer::split_added(const std::vector<Segment
     size_t plain_start = 0;  // start of the text not yet emitted
     size_t i = 0;
     while (i < text.size()) {
+      // HF's search: the leftmost match, the longest there (added_ is sorted longest first).
       const AddedToken* match = nullptr;
-      for (const AddedToken& token : added_) {  // longest first: the first hit is the longest
-        if (token.normalized != normalized || text.compare(i, token.content.size(), token.content) != 0) continue;
-        if (token.single_word) {  // must not touch a letter, digit or '_' on either side
-          size_t length, end = i + token.content.size();
-          bool before = i > 0 && word_char(utf8::decode(text, previous_char_start(text, i), &length));
-          bool after = end < text.size() && word_char(utf8::decode(text, end, &length));
-          if (before || after) continue;
+      for (const AddedToken& token : added_) {
+        if (token.normalized == normalized && text.compare(i, token.content.size(), token.content) == 0) {
+          match = &token;
+          break;
         }
-        match = &token;
-        break;
       }
       if (!match) {
         i += utf8::scan(text, i).length;
@@ -241,6 +236,16 @@ std::vector<Tokenizer::Segment> Tokenizer::split_added(const std::vector<Segment
       }
       size_t start = i, end = i + match->content.size();
       size_t length;
+      // A single_word token must not touch a word character (the Rust regex crate's \w) on
+      // either side. If it does, HF drops the match and searches on from its end, not
+      // inside it: a shorter token at the same place is not tried ("ab!" refused in "ab!x"
+      // leaves "ab" unmatched too).
+      if (match->single_word &&
+          ((start > 0 && is_word_char(utf8::decode(text, previous_char_start(text, start), &length))) ||
+           (end < text.size() && is_word_char(utf8::decode(text, end, &length))))) {
+        i = end;
+        continue;
+      }
       if (match->lstrip)  // the token swallows the whitespace before it
         while (start > plain_start &&
                is_whitespace(utf8::decode(text, previous_char_start(text, start), &length)))
