@@ -48,7 +48,6 @@ size_t previous_char_start(const std::string& text, size_t end) {
   return start;
 }
 
-
 // "<0xNN>" -> NN, or -1: what HF's ByteFallback decoder recognises.
 int byte_token_value(const std::string& token) {
   if (token.size() != 6 || token.compare(0, 3, "<0x") != 0 || token[5] != '>') return -1;
