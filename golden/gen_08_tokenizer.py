@@ -220,16 +220,12 @@ def word_char_runs():
     code_points = [cp for cp in range(0x110000) if not 0xD800 <= cp <= 0xDFFF]
     after = probe.encode_batch(["\u00a7\u00a7" + chr(cp) for cp in code_points], add_special_tokens=False)
     before = probe.encode_batch([chr(cp) + "\u00a7\u00a7" for cp in code_points], add_special_tokens=False)
-    runs = []
+    word = {}
     for cp, a, b in zip(code_points, after, before):
-        word = int(token_id not in a.ids)
-        if word != int(token_id not in b.ids):
+        word[cp] = int(token_id not in a.ids)
+        if word[cp] != int(token_id not in b.ids):
             raise SystemExit(f"U+{cp:04X}: HF's single_word check differs before and after the token")
-        if runs and runs[-1][1] == cp - 1 and runs[-1][2] == word:
-            runs[-1][1] = cp
-        else:
-            runs.append([cp, cp, word])
-    return np.array(runs, dtype=np.int32)
+    return np.array(class_runs([(0, 0x10FFFF)], word.__getitem__), dtype=np.int32)
 
 
 def cases_for(tokenizer, extra_strings=()):
@@ -250,14 +246,15 @@ def unicode_class(cp):
     return cat[0] if cat[0] in "LN" else "other"
 
 
-def class_runs(blocks):
-    """[[first, last, class], ...]: maximal runs of one class within `blocks`, surrogates left out."""
+def class_runs(blocks, class_of=unicode_class):
+    """[[first, last, class], ...]: maximal runs of one class_of(cp) within `blocks`,
+    surrogates left out."""
     runs = []
     for first, last in blocks:
         for cp in range(first, last + 1):
             if 0xD800 <= cp <= 0xDFFF:
                 continue
-            cls = unicode_class(cp)
+            cls = class_of(cp)
             if runs and runs[-1][1] == cp - 1 and runs[-1][2] == cls:
                 runs[-1][1] = cp
             else:

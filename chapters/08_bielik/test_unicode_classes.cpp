@@ -39,6 +39,35 @@ int32_t classify(uint32_t cp) {
   return is_whitespace(cp) ? kSpace : is_letter(cp) ? kLetter : is_number(cp) ? kNumber : kOther;
 }
 
+// Walks a golden file of int32 runs (first, last, code), shape (R, 3), calling
+// visit(cp, code) for every code point. The runs must tile 0..0x10FFFF minus the
+// surrogates exactly, so "every code point" holds even if the generator skipped some,
+// and every code must lie in min_code..max_code.
+template <typename Visit>
+void for_each_code_point(const std::string& file_name, int32_t min_code, int32_t max_code, Visit visit) {
+  NpyArray file = load_npy(golden_path("08_tokenizer", file_name));
+  REQUIRE(file.shape.size() == 2);
+  REQUIRE(file.shape[1] == 3);
+  std::vector<int32_t> runs = file.to_int32();
+  uint32_t next = 0;
+  size_t checked = 0;
+  for (size_t r = 0; r < file.shape[0]; ++r) {
+    uint32_t first = uint32_t(runs[3 * r]), last = uint32_t(runs[3 * r + 1]);
+    int32_t expected = runs[3 * r + 2];
+    if (next == 0xD800) next = 0xE000;
+    INFO("run " << r << ": U+" << std::hex << first << "..U+" << last);
+    REQUIRE(first == next);
+    REQUIRE(last >= first);
+    REQUIRE(last <= 0x10FFFF);
+    REQUIRE(expected >= min_code);
+    REQUIRE(expected <= max_code);
+    for (uint32_t cp = first; cp <= last; ++cp, ++checked) visit(cp, expected);
+    next = last + 1;
+  }
+  REQUIRE(next == 0x110000);
+  REQUIRE(checked == 0x110000 - 0x800);
+}
+
 }  // namespace
 
 TEST_CASE("unicode: letter / number / space class of every code point equals unicodedata", "[ch08][cpu]") {
@@ -61,45 +90,22 @@ TEST_CASE("unicode: letter / number / space class of every code point equals uni
          "(characters new in the later version); regenerate the table with scripts/gen_unicode_tables.py to compare "
          "exactly");
 
-  NpyArray file = load_npy(golden_path("08_tokenizer", "unicode_class_runs.npy"));
-  REQUIRE(file.shape.size() == 2);
-  REQUIRE(file.shape[1] == 3);
-  std::vector<int32_t> runs = file.to_int32();
-  const size_t run_count = file.shape[0];
-
-  // The runs must tile 0..0x10FFFF minus the surrogates exactly, so "every code point"
-  // holds even if the generator skipped some.
-  uint32_t next = 0;
-  size_t checked = 0, wrong = 0, version_gap = 0, per_class[4] = {0, 0, 0, 0};
-  for (size_t r = 0; r < run_count; ++r) {
-    uint32_t first = uint32_t(runs[3 * r]), last = uint32_t(runs[3 * r + 1]);
-    int32_t expected = runs[3 * r + 2];
-    if (next == 0xD800) next = 0xE000;
-    INFO("run " << r << ": U+" << std::hex << first << "..U+" << last);
-    REQUIRE(first == next);
-    REQUIRE(last >= first);
-    REQUIRE(last <= 0x10FFFF);
-    REQUIRE(expected >= kOther);
-    REQUIRE(expected <= kSpace);
-    for (uint32_t cp = first; cp <= last; ++cp, ++checked) {
-      int32_t got = classify(cp);
-      // A character one version has and the other lacks (see above).
-      const bool newly_assigned = !same_version && (got == kOther || expected == kOther) &&
-                                  (got == kLetter || got == kNumber || expected == kLetter || expected == kNumber);
-      if (got == expected) {
-        ++per_class[got];
-      } else if (newly_assigned) {
-        ++version_gap;
-      } else if (wrong++ < 20) {
-        INFO("U+" << std::hex << cp << ": unicodedata says " << class_name(expected) << ", we say "
-                  << (got < 0 ? "several classes" : class_name(got)));
-        CHECK(got == expected);
-      }
+  size_t wrong = 0, version_gap = 0, per_class[4] = {0, 0, 0, 0};
+  for_each_code_point("unicode_class_runs.npy", kOther, kSpace, [&](uint32_t cp, int32_t expected) {
+    int32_t got = classify(cp);
+    // A character one version has and the other lacks (see above).
+    const bool newly_assigned = !same_version && (got == kOther || expected == kOther) &&
+                                (got == kLetter || got == kNumber || expected == kLetter || expected == kNumber);
+    if (got == expected) {
+      ++per_class[got];
+    } else if (newly_assigned) {
+      ++version_gap;
+    } else if (wrong++ < 20) {
+      INFO("U+" << std::hex << cp << ": unicodedata says " << class_name(expected) << ", we say "
+                << (got < 0 ? "several classes" : class_name(got)));
+      CHECK(got == expected);
     }
-    next = last + 1;
-  }
-  REQUIRE(next == 0x110000);
-  REQUIRE(checked == 0x110000 - 0x800);
+  });
   CHECK(wrong == 0);
   // 14.0 -> 18.0 gave 26,872 code points a class (measured with unicodedata2): a gap far
   // past that would be a broken table, not a newer Unicode.
@@ -118,37 +124,19 @@ TEST_CASE("unicode: the word characters of every code point equal HF tokenizers'
   // beside each code point matched or not. Its regex crate may use a newer Unicode than
   // unicode_tables.inc: then characters new since our version are words to HF and not to
   // us; nothing else may differ, and nothing in the other direction.
-  NpyArray file = load_npy(golden_path("08_tokenizer", "word_char_runs.npy"));
-  REQUIRE(file.shape.size() == 2);
-  REQUIRE(file.shape[1] == 3);
-  std::vector<int32_t> runs = file.to_int32();
-  uint32_t next = 0;
-  size_t checked = 0, words = 0, newer = 0, wrong = 0;
-  for (size_t r = 0; r < file.shape[0]; ++r) {
-    uint32_t first = uint32_t(runs[3 * r]), last = uint32_t(runs[3 * r + 1]);
-    int32_t expected = runs[3 * r + 2];
-    if (next == 0xD800) next = 0xE000;
-    INFO("run " << r << ": U+" << std::hex << first << "..U+" << last);
-    REQUIRE(first == next);
-    REQUIRE(last >= first);
-    REQUIRE(last <= 0x10FFFF);
-    REQUIRE((expected == 0 || expected == 1));
-    for (uint32_t cp = first; cp <= last; ++cp, ++checked) {
-      const bool got = is_word_char(cp);
-      if (got == bool(expected)) {
-        words += got;
-      } else if (expected == 1 && !is_letter(cp) && !is_number(cp) && !is_whitespace(cp)) {
-        ++newer;  // unassigned in our tables (a later Unicode's character), or so it may be
-      } else if (wrong++ < 20) {
-        INFO("U+" << std::hex << cp << ": HF says " << (expected ? "word" : "not a word") << ", we say "
-                  << (got ? "word" : "not a word"));
-        CHECK(got == bool(expected));
-      }
+  size_t words = 0, newer = 0, wrong = 0;
+  for_each_code_point("word_char_runs.npy", 0, 1, [&](uint32_t cp, int32_t expected) {
+    const bool got = is_word_char(cp);
+    if (got == bool(expected)) {
+      words += got;
+    } else if (expected == 1 && !is_letter(cp) && !is_number(cp) && !is_whitespace(cp)) {
+      ++newer;  // unassigned in our tables (a later Unicode's character), or so it may be
+    } else if (wrong++ < 20) {
+      INFO("U+" << std::hex << cp << ": HF says " << (expected ? "word" : "not a word") << ", we say "
+                << (got ? "word" : "not a word"));
+      CHECK(got == bool(expected));
     }
-    next = last + 1;
-  }
-  REQUIRE(next == 0x110000);
-  REQUIRE(checked == 0x110000 - 0x800);
+  });
   CHECK(wrong == 0);
   INFO(newer << " code points are words to HF only, as characters of a newer Unicode");
   CHECK(newer <= 30000);
