@@ -4,7 +4,7 @@
 #
 #   [BUILD=build] [SANITIZE_TOOLS="memcheck racecheck"] [SANITIZE_SECONDS=420] \
 #     [SANITIZE_TEST_SECONDS=N] [SANITIZE_ONLY=regex] [SANITIZE_ALLOW_UNFINISHED=1] \
-#     bash scripts/gpu_sanitize.sh
+#     [SANITIZE_EXCLUDE=regex] bash scripts/gpu_sanitize.sh
 #
 # Each GPU test (ctest label gpu) runs under each tool, with compute-sanitizer's
 # --error-exitcode, so that a reported hazard fails the run even where the test's own
@@ -13,7 +13,13 @@
 # threads) runs on the chapters' own tests, not on chapter 08's (hours under racecheck).
 # No new test starts once SANITIZE_SECONDS have passed; each test has at most a fifth of
 # them (or SANITIZE_TEST_SECONDS: chapter 08's kernel cases take ~160 s under memcheck). A
-# test cut by either limit is reported as "not finished", never as clean.
+# test cut by either limit is reported as "not finished", never as clean, and one whose
+# log already holds a report when it is cut fails as "hazards reported before the cut".
+# racecheck leaves out the kernels of NVIDIA's libraries (SANITIZE_EXCLUDE, a regex on
+# kernel names; empty checks them too): on an H100 (2026-12-05) it reported hazards inside
+# cuBLASLt's own nvjet GEMM kernels, closed code this project can neither read nor fix, and
+# instrumenting them is most of chapter 03's racecheck time. They still run, and memcheck
+# still checks them (an out-of-bounds read there would be our leading dimension's fault).
 # Exit status: 1 when any test failed, reported a hazard or was not built; else 3 when
 # any test did not finish or start within the limits (a run of timeouts checked nothing:
 # SANITIZE_ALLOW_UNFINISHED=1 accepts that, for a deliberately partial run); else 0.
@@ -25,6 +31,8 @@ build="${BUILD:-build}"
 tools="${SANITIZE_TOOLS:-memcheck racecheck}"
 budget="${SANITIZE_SECONDS:-420}"
 only="${SANITIZE_ONLY:-.}"
+# cuBLAS / cuBLASLt kernel names (none of this project's kernels matches: its test checks).
+library_kernels="${SANITIZE_EXCLUDE-nvjet|cublas|xmma|cutlass|splitKreduce}"
 out="${OUT:-$build/gpu_sanitize}"
 if ! [[ "$budget" =~ ^[1-9][0-9]*$ ]]; then
   echo "gpu_sanitize: SANITIZE_SECONDS must be a positive whole number of seconds, not '$budget'" >&2
@@ -76,16 +84,24 @@ for tool in $tools; do
       continue
     fi
     log="$out/$name.$tool.log"
+    filter=()
+    [ "$tool" = racecheck ] && [ -n "$library_kernels" ] && filter=(--kernel-name-exclude "regex=$library_kernels")
     t0=$(date +%s)
     # The tests read their golden files relative to nothing: they carry absolute paths.
-    timeout "$per_test" "$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit 20 "$exe" "${args[@]}" \
+    timeout "$per_test" "$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit 20 "${filter[@]}" "$exe" "${args[@]}" \
       >"$log" 2>&1
     status=$?
     seconds=$(( $(date +%s) - t0 ))
     case $status in
       0) verdict="clean" ;;
       86) verdict="**hazards reported** (see $log)"; failed=1 ;;
-      124) verdict="not finished in ${per_test} s"; unfinished=1 ;;
+      124)
+        # A report made before the cut is a finding, whatever the rest would have said.
+        if grep -q "^========= Error" "$log"; then
+          verdict="**hazards reported before the cut** (not finished in ${per_test} s; see $log)"; failed=1
+        else
+          verdict="not finished in ${per_test} s"; unfinished=1
+        fi ;;
       *) verdict="**test failed, exit $status** (see $log)"; failed=1 ;;
     esac
     summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1)
