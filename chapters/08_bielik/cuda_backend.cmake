@@ -19,6 +19,12 @@ else()
   add_library(bielik_ch08_cuda STATIC
     ${cuda_backend_dir}/model_cuda.cu
     ${cuda_backend_dir}/decode_kernels.cu
+    # The register GEMV's forms, a few to a file so that they compile side by side
+    # (decode_gemv_register.cuh lists them).
+    ${cuda_backend_dir}/decode_gemv_register_plain.cu
+    ${cuda_backend_dir}/decode_gemv_register_rmsnorm.cu
+    ${cuda_backend_dir}/decode_gemv_register_rmsnorm_qkv_lm_head.cu
+    ${cuda_backend_dir}/decode_gemv_register_partials.cu
     ${cuda_backend_dir}/decode_side_prefetch.cu
     ${cuda_backend_dir}/decode_attention_o.cu
     ${cuda_backend_dir}/decode_attention_o_per_head.cu

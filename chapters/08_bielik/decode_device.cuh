@@ -1,6 +1,6 @@
 /// @file decode_device.cuh
-/// @brief Device pieces shared by the decode GEMV kernels (decode_kernels.cu and
-/// decode_gemv_stream.cu): PDL controls, bf16 packing, the dot product of 8 pairs, the
+/// @brief Device pieces shared by the decode GEMV kernels (decode_gemv_register_kernels.cuh,
+/// decode_gemv_mma.cu and decode_gemv_stream.cu): PDL controls, bf16 packing, the dot product of 8 pairs, the
 /// input staging with its fused RMSNorm, and the epilogues. Not a public API.
 #pragma once
 

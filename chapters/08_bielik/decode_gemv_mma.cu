@@ -1,6 +1,6 @@
 // decode_gemv on the tensor cores (DecodeGemvKernel::kTensorCores): the same GEMV, the
-// same staging and epilogues as the register kernel (decode_kernels.cu), with the dot
-// products done by mma.sync instead of FMAs.
+// same staging and epilogues as the register kernel (decode_gemv_register_kernels.cuh),
+// with the dot products done by mma.sync instead of FMAs.
 //
 // Why the tensor cores, for a GEMV that does 2 FLOPs per weight byte? Not for the FLOPs:
 // for the instructions. In the register kernel a lane dots a 16-byte chunk (8 weights)

@@ -363,7 +363,7 @@ constexpr int kDecodeGemvMaxK = 16384;
 /// launch (ignored before sm_90).
 /// `kernel` picks the implementation (bench_decode_gemv compares them):
 ///  - kRegisterLoads: every warp loads a batch of its row into registers, uses it, loads
-///    the next (decode_kernels.cu);
+///    the next (decode_gemv_register_kernels.cuh);
 ///  - kRegisterPipelined: the same, with the next batch's loads issued before the
 ///    current batch is used (two batches of registers);
 ///  - kBulkStream (sm_90+): the bulk-copy engine streams each block's rows through a
