@@ -1,12 +1,18 @@
 // decode_gemv on Hopper: the weights come through a ring of shared-memory stages that
 // the bulk-copy engine fills (chapter 03's weight_stream.cuh), instead of register loads.
 //
-// Why it is faster than the register version (decode_gemv_register_kernels.cuh, kept
-// for older GPUs): measured alone with Nsight Compute on the H200, the register GEMVs of
-// a Bielik layer reached 20-60% of peak DRAM throughput (gate/up 59%, down 46%, QKV
-// 21%). Each warp issued its next loads only after using the last ones, a block's rows
-// were spread over warps with uneven counts, and the bytes in flight were capped by
-// registers. Here:
+// The measured counter-example: it lost to the register version
+// (decode_gemv_register_kernels.cuh, the model's default) on every GEMV of a layer, by up
+// to 2.3x on the lm_head (DECODE_LOG.md, "Where the decode time goes"). One row-chunk of
+// ~3 KB a stage, behind a block-wide barrier, is too small and too serialized for the
+// copy engine, where the register version keeps ~6 KB a warp in flight from 24 warps an
+// SM. It is kept, tested and benchmarked for that lesson.
+//
+// Why it was expected to be faster: measured alone with Nsight Compute on the H200, the
+// first register GEMVs of a Bielik layer reached 20-60% of peak DRAM throughput (gate/up
+// 59%, down 46%, QKV 21%). Each warp issued its next loads only after using the last
+// ones, a block's rows were spread over warps with uneven counts, and the bytes in flight
+// were capped by registers. Here:
 //  * Each block owns a contiguous range of output rows (ranges balanced to within one
 //    row), so its weights are one contiguous run of memory, and it streams that run in
 //    stages of one row-chunk (up to 2048 values; a gate row and its up row together for
