@@ -4,7 +4,7 @@
 #
 #   [BUILD=build] [SANITIZE_TOOLS="memcheck racecheck"] [SANITIZE_SECONDS=420] \
 #     [SANITIZE_TEST_SECONDS=N] [SANITIZE_ONLY=regex] [SANITIZE_ALLOW_UNFINISHED=1] \
-#     [SANITIZE_EXCLUDE=regex] bash scripts/gpu_sanitize.sh
+#     [SANITIZE_LIBRARY_KERNELS=regex] [SANITIZE_EXCLUDE=regex] bash scripts/gpu_sanitize.sh
 #
 # Each GPU test (ctest label gpu) runs under each tool, with compute-sanitizer's
 # --error-exitcode, so that a reported hazard fails the run even where the test's own
@@ -15,12 +15,18 @@
 # them (or SANITIZE_TEST_SECONDS: chapter 08's kernel cases take ~160 s under memcheck). A
 # test cut by either limit is reported as "not finished", never as clean, and one whose
 # log already holds a report when it is cut fails as "hazards reported before the cut".
-# racecheck leaves out the kernels of NVIDIA's libraries (SANITIZE_EXCLUDE, a regex on
-# kernel names; empty checks them too): on an H100 (2026-12-05) it reported hazards inside
-# cuBLASLt's own nvjet GEMM kernels, closed code this project can neither read nor fix
-# (and chapter 03's tests, which call them often, did not finish under racecheck in
-# 150-200 s). They still run, and memcheck still checks them (an out-of-bounds read
-# there would be our leading dimension's fault).
+# racecheck reports hazards inside cuBLASLt's own nvjet GEMM kernels (H100, 2026-12-05:
+# 128-504 hazards a report), closed code this project can neither read nor fix. A test
+# whose every report names a library kernel (SANITIZE_LIBRARY_KERNELS, a regex on kernel
+# names) and whose own assertions all passed gets the verdict "library kernels only":
+# listed, not a failure. A report that names any other kernel fails the run. Leaving
+# those kernels out of the check (SANITIZE_EXCLUDE, a regex, passed to racecheck as
+# --kernel-name-exclude) is not the default: with `regex=nvjet` (or `kns=nvjet`) racecheck
+# (CUDA 13.0, driver 580, H100) failed within 3 s with "Internal Sanitizer Error: The
+# Sanitizer failed to handle a hardware exception" and every test case of chapters 03 and
+# 06 with an illegal address, while an exclusion that matched nothing ran normally. The
+# verdict for that is "sanitizer failed". Checked in full, the nvjet kernels are slow:
+# chapter 06's racecheck did not finish in 110 s.
 # Exit status: 1 when any test failed, reported a hazard or was not built; else 3 when
 # any test did not finish or start within the limits (a run of timeouts checked nothing:
 # SANITIZE_ALLOW_UNFINISHED=1 accepts that, for a deliberately partial run); else 0.
@@ -33,7 +39,8 @@ tools="${SANITIZE_TOOLS:-memcheck racecheck}"
 budget="${SANITIZE_SECONDS:-420}"
 only="${SANITIZE_ONLY:-.}"
 # cuBLAS / cuBLASLt kernel names (none of this project's kernels matches: its test checks).
-library_kernels="${SANITIZE_EXCLUDE-nvjet|cublas|xmma|cutlass|splitKreduce}"
+library_kernels="${SANITIZE_LIBRARY_KERNELS-nvjet|cublas|xmma|cutlass|splitKreduce}"
+excluded_kernels="${SANITIZE_EXCLUDE:-}"
 out="${OUT:-$build/gpu_sanitize}"
 if ! [[ "$budget" =~ ^[1-9][0-9]*$ ]]; then
   echo "gpu_sanitize: SANITIZE_SECONDS must be a positive whole number of seconds, not '$budget'" >&2
@@ -86,25 +93,56 @@ for tool in $tools; do
     fi
     log="$out/$name.$tool.log"
     filter=()
-    [ "$tool" = racecheck ] && [ -n "$library_kernels" ] && filter=(--kernel-name-exclude "regex=$library_kernels")
+    # memcheck checks the library kernels whatever is excluded: an out-of-bounds access
+    # there would be our leading dimension's fault.
+    [ "$tool" = racecheck ] && [ -n "$excluded_kernels" ] && filter=(--kernel-name-exclude "regex=$excluded_kernels")
     t0=$(date +%s)
     # The tests read their golden files relative to nothing: they carry absolute paths.
-    timeout "$per_test" "$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit 20 "${filter[@]}" "$exe" "${args[@]}" \
+    # racecheck prints every report (one per pair of instructions, however many hazards):
+    # the verdict below reads which kernels they name, so none may be left unprinted.
+    limit=20
+    [ "$tool" = racecheck ] && limit=0
+    timeout "$per_test" "$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit "$limit" "${filter[@]}" "$exe" "${args[@]}" \
       >"$log" 2>&1
     status=$?
     seconds=$(( $(date +%s) - t0 ))
-    case $status in
-      0) verdict="clean" ;;
-      86) verdict="**hazards reported** (see $log)"; failed=1 ;;
-      124)
-        # A report made before the cut is a finding, whatever the rest would have said.
-        if grep -q "^========= Error" "$log"; then
-          verdict="**hazards reported before the cut** (not finished in ${per_test} s; see $log)"; failed=1
-        else
-          verdict="not finished in ${per_test} s"; unfinished=1
-        fi ;;
-      *) verdict="**test failed, exit $status** (see $log)"; failed=1 ;;
-    esac
+    # The kernels the log's reports name ("... access at <kernel>+0x<offset>"), and those
+    # of them that are not a library's.
+    mapfile -t reported < <(sed -n 's/^=========.* access at \(.*\)+0x[0-9a-fA-F]*.*$/\1/p' "$log" | sort -u)
+    ours=()
+    for kernel in "${reported[@]}"; do
+      if [ -z "$library_kernels" ] || ! [[ "$kernel" =~ $library_kernels ]]; then ours+=("$kernel"); fi
+    done
+    library_only=0
+    [ "$tool" = racecheck ] && [ ${#reported[@]} -gt 0 ] && [ ${#ours[@]} -eq 0 ] && library_only=1
+    names=$(printf '%s, ' "${reported[@]}"); names="${names%, }"
+    if grep -q "Internal Sanitizer Error" "$log"; then
+      # The tool itself broke: nothing after that point was checked, whatever it counted.
+      verdict="**sanitizer failed** (internal error; see $log)"; failed=1
+    else
+      case $status in
+        0) verdict="clean" ;;
+        86)
+          # Catch2 prints "All tests passed" only when every assertion of the test passed.
+          if [ $library_only = 1 ] && grep -q "All tests passed" "$log"; then
+            verdict="library kernels only: our kernels clean, reports in $names"
+          elif [ $library_only = 1 ]; then
+            verdict="**test failed** (racecheck's reports name library kernels only: $names; see $log)"; failed=1
+          else
+            verdict="**hazards reported** (see $log)"; failed=1
+          fi ;;
+        124)
+          # A report made before the cut is a finding, whatever the rest would have said.
+          if [ $library_only = 1 ]; then
+            verdict="not finished in ${per_test} s (before the cut, reports in library kernels only: $names)"; unfinished=1
+          elif grep -q "^========= Error" "$log"; then
+            verdict="**hazards reported before the cut** (not finished in ${per_test} s; see $log)"; failed=1
+          else
+            verdict="not finished in ${per_test} s"; unfinished=1
+          fi ;;
+        *) verdict="**test failed, exit $status** (see $log)"; failed=1 ;;
+      esac
+    fi
     summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1)
     echo "| $name ${args[*]} | $tool | $verdict ${summary:+($summary)} | $seconds |"
   done
