@@ -93,7 +93,8 @@ class GpuSanitizeTest(unittest.TestCase):
         env = dict(os.environ)
         env.update({"PATH": self.bin + os.pathsep + env["PATH"], "BUILD": self.build, "OUT": self.out,
                     "ARGS_DIR": self.args_dir, "SANITIZE_SECONDS": "60", "SANITIZE_TEST_SECONDS": "1"})
-        env.pop("SANITIZE_EXCLUDE", None)
+        for name in ("SANITIZE_EXCLUDE", "SANITIZE_LIBRARY_KERNELS", "SANITIZE_ONLY", "SANITIZE_TOOLS"):
+            env.pop(name, None)
         env.update(env_changes)
         result = subprocess.run(["bash", SCRIPT], env=env, capture_output=True, text=True, timeout=120)
         rows = {}
