@@ -54,7 +54,8 @@ chapter: deps
 
 # Every chapter's bench_* program, then the model benchmark of chapter 08 against
 # PyTorch (scripts/bench_all.sh: makes the random Bielik-shaped checkpoint if absent,
-# writes docs/benchmarks.md and docs/benchmarks.png). Needs a GPU.
+# writes docs/benchmarks.md and docs/benchmarks.png, docs/benchmarks_<gpu>.* on another
+# GPU than the H200). Needs a GPU.
 bench: build
 	@mkdir -p $(BUILD)/bench
 	@for program in $$(find $(BUILD) -maxdepth 3 -type f -name 'bench_*' ! -name bench_model -perm -u+x | sort); do \

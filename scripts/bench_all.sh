@@ -32,7 +32,8 @@
 #     SKIP_PYTORCH=1 first, then PYTORCH_ONLY=1, which keeps the first call's results,
 #     runs only this step and writes the report from both (its header names when each
 #     part finished);
-#  5. writes docs/benchmarks.md and docs/benchmarks.png (scripts/make_bench_report.py;
+#  5. writes docs/benchmarks.md and docs/benchmarks.png, on another GPU than the H200
+#     docs/benchmarks_<gpu>.md and .png (scripts/make_bench_report.py;
 #     it refuses without model.json, leaves out a baseline from another GPU or checkpoint,
 #     and deletes a stale plot when matplotlib is missing), and copies them with the JSON
 #     files to $OUT when it is set.
@@ -49,9 +50,10 @@ bench_dir="$build/bench"
 mkdir -p "$bench_dir"
 status=0
 report_written=0
+report_name=""
 step() { echo "== $(date -u +%H:%M:%S) $*"; }
 # Copies what this run produced so far to $OUT: a run cut short still returns the
-# finished steps, and a report this run did not write (an older docs/benchmarks.md) is
+# finished steps, and a report this run did not write (an older docs/benchmarks*.md) is
 # never sent as if it were this run's.
 publish() {
   [ -n "${OUT:-}" ] || return 0
@@ -59,18 +61,21 @@ publish() {
   # The device tool returns at most 8 files: the report, the plot, the JSON files, and
   # bench_model's CSV tables and this run's logs in one archive.
   if [ "$report_written" = 1 ]; then
-    cp docs/benchmarks.md "$OUT"/
-    [ -f docs/benchmarks.png ] && cp docs/benchmarks.png "$OUT"/
+    cp "docs/$report_name.md" "$OUT"/
+    [ -f "docs/$report_name.png" ] && cp "docs/$report_name.png" "$OUT"/
   fi
   cp "$bench_dir"/*.json "$OUT"/ 2>/dev/null
   tar -C "$bench_dir" -cf "$OUT/bench_csv.tar" $(cd "$bench_dir" && ls model_*.csv ./*.log 2>/dev/null) 2>/dev/null
   return 0
 }
 report() {
-  if python3 scripts/make_bench_report.py --bench-dir "$bench_dir" --out docs --checkpoint-kind "$kind"; then
+  # The report's name depends on the GPU: benchmarks on an H200, benchmarks_<gpu> elsewhere.
+  report_name=$(python3 scripts/make_bench_report.py --bench-dir "$bench_dir" --print-report-name) || report_name=""
+  if [ -n "$report_name" ] &&
+    python3 scripts/make_bench_report.py --bench-dir "$bench_dir" --out docs --checkpoint-kind "$kind"; then
     report_written=1
   else
-    echo "report: FAILED (docs/benchmarks.md not written)"
+    echo "report: FAILED (no report written)"
     status=1
   fi
 }
@@ -120,7 +125,7 @@ needs() {
 }
 if [ -n "$missing" ]; then
   step "python3 lacks: $missing (scripts/requirements-bench.txt); the steps that need them are skipped"
-  has matplotlib || echo "   without matplotlib the report has no plot and an old docs/benchmarks.png is deleted"
+  has matplotlib || echo "   without matplotlib the report has no plot and an old plot of its name is deleted"
 fi
 
 # Any checkpoint the loader reads: config.json and the weights (one file, or the index

@@ -222,9 +222,46 @@ class ReportTest(unittest.TestCase):
         real["device"] = "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79 GiB)"
         self.write("model.json", real)
         self.assertEqual(self.run_report(NO_MATPLOTLIB, "--checkpoint-kind", "real")[0], 0)
-        md = self.read("benchmarks.md")
+        md = self.read("benchmarks_h100_80gb_hbm3.md")
         self.assertIn("the real Bielik-1.5B-v3.0-Instruct weights", md)
         self.assertIn("this run is on NVIDIA H100 80GB HBM3", md)
+
+    def test_another_gpu_writes_its_own_report_and_keeps_the_h200_one(self):
+        other = model_json()
+        other["device"] = "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79 GiB)"
+        self.write("model.json", other)
+        self.write("pytorch.json", pytorch_json(device="NVIDIA H100 80GB HBM3"))
+        code, _ = self.run_report(fake_matplotlib())
+        self.assertEqual(code, 0)
+        # The H200's report and plot are untouched.
+        self.assertEqual(self.read("benchmarks.md"), "OLD REPORT\n")
+        self.assertEqual(self.read("benchmarks.png"), "OLD PLOT")
+        md = self.read("benchmarks_h100_80gb_hbm3.md")
+        self.assertTrue(md.startswith("# Benchmarks on the NVIDIA H100 80GB HBM3\n"))
+        self.assertIn("[benchmarks.md](benchmarks.md) is the NVIDIA H200's", md)
+        self.assertIn("](benchmarks_h100_80gb_hbm3.png)", md)
+        self.assertIn("| PyTorch, StaticCache + torch.compile (CUDA graphs) | 250 | 4.000 |", md)
+        self.assertEqual(self.read("benchmarks_h100_80gb_hbm3.png"), "fake png")
+
+    def test_report_names(self):
+        name = make_bench_report.report_name
+        self.assertEqual(name("NVIDIA H200 (sm_90, 132 SMs, 139 GiB)"), "benchmarks")
+        self.assertEqual(name("NVIDIA H200"), "benchmarks")
+        self.assertEqual(name("NVIDIA H200 NVL (sm_90, 132 SMs, 140 GiB)"), "benchmarks_h200_nvl")
+        self.assertEqual(name("NVIDIA GeForce RTX 4090 (sm_89, 128 SMs, 24 GiB)"), "benchmarks_geforce_rtx_4090")
+        self.assertEqual(name("NVIDIA A100-SXM4-80GB"), "benchmarks_a100_sxm4_80gb")
+        self.assertEqual(name(""), "benchmarks_unknown_gpu")
+
+    def test_print_report_name_writes_nothing(self):
+        other = model_json()
+        other["device"] = "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79 GiB)"
+        self.write("model.json", other)
+        stdout = io.StringIO()
+        with contextlib.redirect_stdout(stdout):
+            code = make_bench_report.main(["--bench-dir", self.bench, "--out", self.docs, "--print-report-name"])
+        self.assertEqual(code, 0)
+        self.assertEqual(stdout.getvalue(), "benchmarks_h100_80gb_hbm3\n")
+        self.assertEqual(sorted(os.listdir(self.docs)), ["benchmarks.md", "benchmarks.png"])
 
 
 if __name__ == "__main__":
