@@ -113,8 +113,12 @@ for tool in $tools; do
     for kernel in "${reported[@]}"; do
       if [ -z "$library_kernels" ] || ! [[ "$kernel" =~ $library_kernels ]]; then ours+=("$kernel"); fi
     done
+    # A report in another form than "... access at <kernel>" names no kernel we could read:
+    # it is never excused.
+    unread=$(grep -E "^========= (Error|Warning)" "$log" | grep -vc " access at ")
     library_only=0
-    [ "$tool" = racecheck ] && [ ${#reported[@]} -gt 0 ] && [ ${#ours[@]} -eq 0 ] && library_only=1
+    [ "$tool" = racecheck ] && [ ${#reported[@]} -gt 0 ] && [ ${#ours[@]} -eq 0 ] && [ "$unread" -eq 0 ] &&
+      library_only=1
     names=$(printf '%s, ' "${reported[@]}"); names="${names%, }"
     if grep -q "Internal Sanitizer Error" "$log"; then
       # The tool itself broke: nothing after that point was checked, whatever it counted.

@@ -42,6 +42,10 @@ STAND_IN = textwrap.dedent("""\
       *library_hazard_then_hang*) library_race; exec sleep 30 ;;
       *library_hazard_failing*) library_race; echo "test cases: 2 | 1 passed | 1 failed"; exit 86 ;;
       *library_hazard*) library_race; echo "All tests passed (5 assertions in 2 test cases)"; exit 86 ;;
+      *unread_hazard*)
+        library_race
+        echo "========= Error: Potential WAW hazard detected at __shared__ 0x10 in block (0,0,0)"
+        echo "All tests passed (5 assertions in 2 test cases)"; exit 86 ;;
       *mixed_hazard*)
         library_race
         echo "========= Error: Race reported between Write access at void bielik::tile_kernel<int>(const float *)+0x10"
@@ -163,6 +167,12 @@ class GpuSanitizeTest(unittest.TestCase):
         status, rows, _ = self.run_script(SANITIZE_TOOLS="racecheck")
         self.assertEqual(status, 1)
         self.assertIn("**hazards reported**", rows[("test_ch03_mixed_hazard_gpu", "racecheck")])
+
+    def test_a_report_that_names_no_kernel_is_not_excused(self):
+        self.make_tests(["test_ch03_unread_hazard_gpu"])
+        status, rows, _ = self.run_script(SANITIZE_TOOLS="racecheck")
+        self.assertEqual(status, 1)
+        self.assertIn("**hazards reported**", rows[("test_ch03_unread_hazard_gpu", "racecheck")])
 
     def test_library_reports_do_not_excuse_a_failing_test(self):
         self.make_tests(["test_ch03_library_hazard_failing_gpu"])
