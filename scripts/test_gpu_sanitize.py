@@ -108,6 +108,12 @@ class GpuSanitizeTest(unittest.TestCase):
                 rows[(cells[0], cells[1])] = cells[2]
         return result.returncode, rows, result.stderr
 
+    def racecheck_alone(self, name):
+        """The exit status and verdict of a racecheck run on the one test `name`."""
+        self.make_tests([name])
+        status, rows, _ = self.run_script(SANITIZE_TOOLS="racecheck")
+        return status, rows[(name, "racecheck")]
+
     def args_of(self, name, tool):
         with open(os.path.join(self.args_dir, f"{name}.{tool}.args")) as f:
             return f.read().split()
@@ -163,36 +169,30 @@ class GpuSanitizeTest(unittest.TestCase):
         self.assertIn("**hazards reported**", rows[("test_ch03_library_hazard_gpu", "memcheck")])
 
     def test_a_report_in_one_of_our_kernels_fails_beside_library_ones(self):
-        self.make_tests(["test_ch03_mixed_hazard_gpu"])
-        status, rows, _ = self.run_script(SANITIZE_TOOLS="racecheck")
+        status, verdict = self.racecheck_alone("test_ch03_mixed_hazard_gpu")
         self.assertEqual(status, 1)
-        self.assertIn("**hazards reported**", rows[("test_ch03_mixed_hazard_gpu", "racecheck")])
+        self.assertIn("**hazards reported**", verdict)
 
     def test_a_report_that_names_no_kernel_is_not_excused(self):
-        self.make_tests(["test_ch03_unread_hazard_gpu"])
-        status, rows, _ = self.run_script(SANITIZE_TOOLS="racecheck")
+        status, verdict = self.racecheck_alone("test_ch03_unread_hazard_gpu")
         self.assertEqual(status, 1)
-        self.assertIn("**hazards reported**", rows[("test_ch03_unread_hazard_gpu", "racecheck")])
+        self.assertIn("**hazards reported**", verdict)
 
     def test_library_reports_do_not_excuse_a_failing_test(self):
-        self.make_tests(["test_ch03_library_hazard_failing_gpu"])
-        status, rows, _ = self.run_script(SANITIZE_TOOLS="racecheck")
+        status, verdict = self.racecheck_alone("test_ch03_library_hazard_failing_gpu")
         self.assertEqual(status, 1)
-        self.assertIn("**test failed**", rows[("test_ch03_library_hazard_failing_gpu", "racecheck")])
+        self.assertIn("**test failed**", verdict)
 
     def test_library_reports_before_the_cut_leave_the_run_unfinished(self):
-        self.make_tests(["test_ch03_library_hazard_then_hang_gpu"])
-        status, rows, _ = self.run_script(SANITIZE_TOOLS="racecheck")
+        status, verdict = self.racecheck_alone("test_ch03_library_hazard_then_hang_gpu")
         self.assertEqual(status, 3)
-        verdict = rows[("test_ch03_library_hazard_then_hang_gpu", "racecheck")]
         self.assertTrue(verdict.startswith("not finished in 1 s"), verdict)
         self.assertIn("library kernels only", verdict)
 
     def test_an_internal_sanitizer_error_is_a_failure_of_its_own(self):
-        self.make_tests(["test_ch06_internal_error_gpu"])
-        status, rows, _ = self.run_script(SANITIZE_TOOLS="racecheck")
+        status, verdict = self.racecheck_alone("test_ch06_internal_error_gpu")
         self.assertEqual(status, 1)
-        self.assertIn("**sanitizer failed**", rows[("test_ch06_internal_error_gpu", "racecheck")])
+        self.assertIn("**sanitizer failed**", verdict)
 
     def test_nothing_is_excluded_unless_asked_and_then_only_from_racecheck(self):
         self.make_tests(["test_ch01_clean_gpu"])
