@@ -21,7 +21,11 @@
 using namespace bielik;
 
 namespace {
-std::string temp_path(const std::string& name) { return "/tmp/bielik_test_common_" + name; }
+// Every scratch file of this program lives in one folder, removed at exit.
+std::string temp_path(const std::string& name) {
+  static const TempDir scratch;
+  return scratch.file(name);
+}
 
 }  // namespace
 
@@ -96,8 +100,8 @@ TEST_CASE("compare: relative norm error, NaN always fails", "[compare]") {
 }
 
 TEST_CASE("BenchTable: the CSV quotes fields that hold commas or quotes", "[bench]") {
-  const std::filesystem::path directory = std::filesystem::temp_directory_path() / "bielik_bench_csv_test";
-  std::filesystem::create_directories(directory);
+  const TempDir scratch;
+  const std::filesystem::path directory = scratch.path;
   REQUIRE(setenv("BIELIK_BENCH_DIR", directory.c_str(), 1) == 0);
   BenchTable table("csv quoting", {"path, variant", "us"});
   table.add_row({"graph + PDL, queued", "1.5"});

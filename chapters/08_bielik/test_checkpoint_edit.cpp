@@ -36,13 +36,29 @@ void write_safetensors_file(const std::string& path, const TensorMap& tensors) {
   if (!out) throw std::runtime_error("cannot write " + path);
 }
 
-std::string edited_copy(const std::string& source_dir, const std::string& case_name,
+ScratchCheckpoint& ScratchCheckpoint::operator=(ScratchCheckpoint&& other) noexcept {
+  if (this != &other) {
+    std::error_code ignored;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ignored);
+    path_ = std::move(other.path_);
+    other.path_.clear();
+  }
+  return *this;
+}
+
+ScratchCheckpoint::~ScratchCheckpoint() {
+  std::error_code ignored;  // a destructor must not throw; a leftover folder is harmless
+  if (!path_.empty()) std::filesystem::remove_all(path_, ignored);
+}
+
+ScratchCheckpoint edited_copy(const std::string& source_dir, const std::string& case_name,
                         const std::function<void(TensorMap&)>& edit,
                         const std::function<void(std::string&)>& edit_config) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("bielik_ch08_" + std::to_string(getpid()) + "_" + case_name);
   fs::remove_all(dir);
   fs::create_directories(dir);
+  ScratchCheckpoint scratch(dir.string());  // removed again if the copy below throws
 
   std::ifstream config_in(source_dir + "/config.json");
   std::stringstream config_text;
@@ -61,7 +77,7 @@ std::string edited_copy(const std::string& source_dir, const std::string& case_n
   }
   if (edit) edit(tensors);
   write_safetensors_file((dir / "model.safetensors").string(), tensors);
-  return dir.string();
+  return scratch;
 }
 
 }  // namespace bielik

@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
@@ -86,12 +87,16 @@ EditableTensor bf16_tensor(std::vector<int64_t> shape, std::mt19937_64& engine, 
   return t;
 }
 
-// Writes config.json + model.safetensors once per process; returns the folder.
+// Writes config.json + model.safetensors once per process; returns the folder. The
+// folders are removed when the process exits (the static map's destructor).
 std::string tiny_checkpoint(const TinySpec& s) {
   namespace fs = std::filesystem;
+  static std::map<std::string, ScratchCheckpoint> written;
+  if (auto found = written.find(s.name); found != written.end()) return found->second.path();
   const fs::path dir = fs::temp_directory_path() / ("bielik_ch08_cuda_" + std::to_string(getpid()) + "_" + s.name);
-  if (fs::exists(dir / "model.safetensors")) return dir.string();
+  fs::remove_all(dir);
   fs::create_directories(dir);
+  ScratchCheckpoint scratch(dir.string());
   nlohmann::json config = {{"architectures", {"LlamaForCausalLM"}},
                            {"model_type", "llama"},
                            {"hidden_size", s.C},
@@ -140,7 +145,7 @@ std::string tiny_checkpoint(const TinySpec& s) {
   tensors["model.norm.weight"] = bf16_tensor({s.C}, engine, 0.2, 1.0);
   if (!s.tied) tensors["lm_head.weight"] = bf16_tensor({s.V, s.C}, engine, 3.0 / std::sqrt(double(s.C)));
   write_safetensors_file((dir / "model.safetensors").string(), tensors);
-  return dir.string();
+  return written.emplace(s.name, std::move(scratch)).first->second.path();
 }
 
 CudaModelOptions cuda_options(int max_context = 0, int prefill_chunk = 1024, bool graph = true, bool pdl = true) {

@@ -28,15 +28,15 @@ TEST_CASE("model loading: a missing directory or file is named", "[ch08][cpu][er
   CHECK(contains(message, "does not exist"));
 
   // A folder with weights but no config.json.
-  std::string no_config = edited_copy(tiny("tiny_bielik"), "no_config", nullptr);
-  std::filesystem::remove(no_config + "/config.json");
+  ScratchCheckpoint no_config = edited_copy(tiny("tiny_bielik"), "no_config", nullptr);
+  std::filesystem::remove(no_config.path() + "/config.json");
   message = error_of<std::runtime_error>([&] { CpuModel m(no_config); });
   INFO(message);
   CHECK(contains(message, "config.json"));
 
   // A folder with config.json but no weights.
-  std::string no_weights = edited_copy(tiny("tiny_bielik"), "no_weights", nullptr);
-  std::filesystem::remove(no_weights + "/model.safetensors");
+  ScratchCheckpoint no_weights = edited_copy(tiny("tiny_bielik"), "no_weights", nullptr);
+  std::filesystem::remove(no_weights.path() + "/model.safetensors");
   message = error_of<std::runtime_error>([&] { CpuModel m(no_weights); });
   INFO(message);
   CHECK(contains(message, "model.safetensors"));
@@ -44,7 +44,7 @@ TEST_CASE("model loading: a missing directory or file is named", "[ch08][cpu][er
 
 TEST_CASE("model loading: a tensor of the wrong shape is named with both shapes", "[ch08][cpu][errors]") {
   const std::string name = "model.layers.1.self_attn.q_proj.weight";  // (H*D, C) = (64, 64)
-  std::string dir = edited_copy(tiny("tiny_bielik"), "wrong_shape", [&](TensorMap& t) {
+  ScratchCheckpoint dir = edited_copy(tiny("tiny_bielik"), "wrong_shape", [&](TensorMap& t) {
     t[name].shape = {64, 63};
     t[name].bytes.resize(64 * 63 * 2);
   });
@@ -65,7 +65,7 @@ TEST_CASE("model loading: a tensor of the wrong shape is named with both shapes"
 TEST_CASE("model loading: biases must agree with attention_bias / mlp_bias", "[ch08][cpu][errors]") {
   // Bielik's config says attention_bias: true; drop one attention and one MLP bias.
   for (const char* bias : {"model.layers.1.self_attn.k_proj.bias", "model.layers.0.mlp.down_proj.bias"}) {
-    std::string dir = edited_copy(tiny("tiny_bielik"), "missing_bias", [&](TensorMap& t) { t.erase(bias); });
+    ScratchCheckpoint dir = edited_copy(tiny("tiny_bielik"), "missing_bias", [&](TensorMap& t) { t.erase(bias); });
     std::string message = error_of<std::runtime_error>([&] { CpuModel m(dir); });
     INFO(message);
     CHECK(contains(message, bias));
@@ -74,7 +74,7 @@ TEST_CASE("model loading: biases must agree with attention_bias / mlp_bias", "[c
 
   // The config flag off while the checkpoint has the biases: running without them
   // would give wrong text silently, so it is an error too.
-  std::string dir = edited_copy(tiny("tiny_bielik"), "bias_flag_off", nullptr, [](std::string& config) {
+  ScratchCheckpoint dir = edited_copy(tiny("tiny_bielik"), "bias_flag_off", nullptr, [](std::string& config) {
     config.replace(config.find("\"attention_bias\": true"), 22, "\"attention_bias\": false");
   });
   std::string message = error_of<std::runtime_error>([&] { CpuModel m(dir); });
@@ -94,12 +94,12 @@ TEST_CASE("model loading: biases must agree with attention_bias / mlp_bias", "[c
 TEST_CASE("model loading: tensors the config does not use are refused, saved RoPE buffers ignored",
           "[ch08][cpu][errors]") {
   // tiny_smollm has 3 layers; a config saying 2 used to load and run on layers 0-1 alone.
-  std::string dir = edited_copy(tiny("tiny_smollm"), "fewer_layers", nullptr, [](std::string& config) {
+  ScratchCheckpoint dir = edited_copy(tiny("tiny_smollm"), "fewer_layers", nullptr, [](std::string& config) {
     config.replace(config.find("\"num_hidden_layers\": 3"), 22, "\"num_hidden_layers\": 2");
   });
   std::string message = error_of<std::runtime_error>([&] { CpuModel m(dir); });
   INFO(message);
-  CHECK(contains(message, dir + "/model.safetensors"));
+  CHECK(contains(message, dir.path() + "/model.safetensors"));
   CHECK(contains(message, "'model.layers.2.input_layernorm.weight'"));  // the first extras, sorted
   CHECK(contains(message, "num_hidden_layers 2"));
   CHECK(contains(message, "9 tensors"));  // layer 2's two norms and seven projections (no biases)
@@ -133,7 +133,7 @@ TEST_CASE("model loading: tensors the config does not use are refused, saved RoP
 
 TEST_CASE("model loading: a weight in the wrong dtype is rejected", "[ch08][cpu][errors]") {
   const std::string name = "model.norm.weight";
-  std::string dir = edited_copy(tiny("tiny_bielik"), "wrong_dtype", [&](TensorMap& t) {
+  ScratchCheckpoint dir = edited_copy(tiny("tiny_bielik"), "wrong_dtype", [&](TensorMap& t) {
     t[name].dtype = "F32";
     t[name].shape = {32};  // same bytes, read as 32 floats
   });
