@@ -57,6 +57,12 @@ def logits_json(**changes):
     return result
 
 
+def bar_names(modules):
+    """The decode panel's bar labels that a fake_matplotlib() stand-in was given."""
+    left_panel = modules["matplotlib.pyplot"].subplots.return_value[1][0]
+    return list(left_panel.bar.call_args[0][0])
+
+
 def fake_matplotlib():
     """A stand-in whose savefig writes a few bytes: enough to see the plot path run."""
     figure = mock.MagicMock()
@@ -108,10 +114,13 @@ class ReportTest(unittest.TestCase):
         self.write("hf_logits.json", logits_json())
         self.write("model_decode.csv", "decode path,tokens/s\ngraph,1000\n")
         self.write("rmsnorm.csv", "version,GB/s\nv1,123456\n")  # a chapter table: not this run's to report
-        code, _ = self.run_report(fake_matplotlib(), "--checkpoint-kind", "random")
+        plot = fake_matplotlib()
+        code, _ = self.run_report(plot, "--checkpoint-kind", "random")
         self.assertEqual(code, 0)
         md = self.read("benchmarks.md")
         self.assertNotIn("OLD REPORT", md)
+        self.assertIn("| llama.cpp (anchor from issue 7, not run here) | 218 | 4.587 |  |  | 4.59x faster |", md)
+        self.assertEqual(bar_names(plot), ["this project", "PyTorch eager", "PyTorch compiled", "llama.cpp (anchor)"])
         self.assertNotIn("> **Note:**", md)
         # 1000 / 40 = 25, 1000 / 250 = 4, 1000 / 218 = 4.587; TTFT 24 / 4 = 6.
         self.assertIn("| PyTorch + HF transformers, eager | 40 | 25.000 |  |  | 25.00x faster |", md)
@@ -231,7 +240,8 @@ class ReportTest(unittest.TestCase):
         other["device"] = "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79 GiB)"
         self.write("model.json", other)
         self.write("pytorch.json", pytorch_json(device="NVIDIA H100 80GB HBM3"))
-        code, _ = self.run_report(fake_matplotlib())
+        plot = fake_matplotlib()
+        code, _ = self.run_report(plot)
         self.assertEqual(code, 0)
         # The H200's report and plot are untouched.
         self.assertEqual(self.read("benchmarks.md"), "OLD REPORT\n")
@@ -242,6 +252,14 @@ class ReportTest(unittest.TestCase):
         self.assertIn("](benchmarks_h100_80gb_hbm3.png)", md)
         self.assertIn("| PyTorch, StaticCache + torch.compile (CUDA graphs) | 250 | 4.000 |", md)
         self.assertEqual(self.read("benchmarks_h100_80gb_hbm3.png"), "fake png")
+        # The llama.cpp anchor is an H200 figure: listed as such, with no ratio to this
+        # GPU's run, no prefill column and no bar in the plot.
+        self.assertIn("| llama.cpp (anchor from issue 7, measured on the NVIDIA H200, not run here) | 218 | 4.587 "
+                      "|  |  | no ratio: another GPU |", md)
+        self.assertNotIn("4.59x faster", md)
+        self.assertNotIn("llama.cpp anchor (ms)", md)
+        self.assertIn("| 512 | 4.00 | 4.20 | 128000 | 24.00 | 6.00x |\n", md)
+        self.assertEqual(bar_names(plot), ["this project", "PyTorch eager", "PyTorch compiled"])
 
     def test_report_names(self):
         name = make_bench_report.report_name
