@@ -35,6 +35,23 @@ inline bool env_flag(const char* name) {
 /// that a preparation that silently failed turns those tests red.
 inline bool smollm2_required() { return env_flag("BIELIK_REQUIRE_SMOLLM2"); }
 
+/// True when BIELIK_TEST_OWN_KERNELS_ONLY is set: the GPU tests then leave out what runs
+/// only through cuBLAS / cuBLASLt (the library baselines, the dispatchers above the
+/// GEMV, the cases about the library's own behaviour). scripts/gpu_sanitize.sh sets it
+/// under racecheck, where cuBLASLt's closed kernels took most of the time and made every
+/// report, while the run is there for this project's shared-memory kernels. `make test`
+/// never sets it: there every path runs.
+inline bool own_kernels_only() { return env_flag("BIELIK_TEST_OWN_KERNELS_ONLY"); }
+
+/// Whether to leave out `what` (a path through the library): true, with a line saying
+/// so, when own_kernels_only(); false otherwise.
+inline bool leave_out_library_path(const std::string& what) {
+  if (!own_kernels_only()) return false;
+  std::printf("BIELIK_TEST_OWN_KERNELS_ONLY: left out %s (runs through cuBLASLt)\n", what.c_str());
+  std::fflush(stdout);
+  return true;
+}
+
 /// The seed of one test's random inputs: fresh on every run, so each run draws new
 /// inputs, or BIELIK_TEST_SEED (a decimal number) to rerun a failure with the inputs it
 /// had. Every seed is printed here, as the line to paste, since not every caller INFOs it

@@ -7,7 +7,8 @@ lists GPU tests, and a stand-in `compute-sanitizer` (and `nvidia-smi`) first on 
 The stand-in behaves by the test's name, as the real tool would on such a test: it passes,
 reports a hazard (in one of our kernels, in cuBLASLt's only, or in both), reports one and
 then hangs, hangs without one, fails the test, or fails itself (an internal error). It also
-writes the arguments it was given, so the tests can see which tool left out which kernels.
+writes the arguments it was given and the test's BIELIK_TEST_OWN_KERNELS_ONLY, so the
+tests can see which tool left out which kernels and which test cases.
 """
 import os
 import re
@@ -28,6 +29,7 @@ STAND_IN = textwrap.dedent("""\
     for arg in "$@"; do [ -x "$arg" ] && [ -f "$arg" ] && exe="$arg"; done
     name=$(basename "$exe")
     echo "$*" >"$ARGS_DIR/$name.$2.args"
+    echo "${BIELIK_TEST_OWN_KERNELS_ONLY-unset}" >"$ARGS_DIR/$name.$2.own"
     echo "========= COMPUTE-SANITIZER"
     library_race() {
       echo "========= Error: Race reported between Read access at nvjet_sm90_tst_72x64_64x12_2x1_v_bz_TNN+0xab0"
@@ -97,7 +99,8 @@ class GpuSanitizeTest(unittest.TestCase):
         env = dict(os.environ)
         env.update({"PATH": self.bin + os.pathsep + env["PATH"], "BUILD": self.build, "OUT": self.out,
                     "ARGS_DIR": self.args_dir, "SANITIZE_SECONDS": "60", "SANITIZE_TEST_SECONDS": "1"})
-        for name in ("SANITIZE_EXCLUDE", "SANITIZE_LIBRARY_KERNELS", "SANITIZE_ONLY", "SANITIZE_TOOLS"):
+        for name in ("SANITIZE_EXCLUDE", "SANITIZE_LIBRARY_KERNELS", "SANITIZE_ONLY", "SANITIZE_TOOLS",
+                     "SANITIZE_OWN_KERNELS_ONLY", "BIELIK_TEST_OWN_KERNELS_ONLY"):
             env.pop(name, None)
         env.update(env_changes)
         result = subprocess.run(["bash", SCRIPT], env=env, capture_output=True, text=True, timeout=120)
@@ -207,6 +210,22 @@ class GpuSanitizeTest(unittest.TestCase):
         race = self.args_of("test_ch01_clean_gpu", "racecheck")
         self.assertEqual(race[race.index("--kernel-name-exclude") + 1], "regex=nvjet")
         self.assertNotIn("--kernel-name-exclude", self.args_of("test_ch01_clean_gpu", "memcheck"))
+
+    def own_kernels_only_of(self, name, tool):
+        with open(os.path.join(self.args_dir, f"{name}.{tool}.own")) as f:
+            return f.read().strip()
+
+    def test_racecheck_leaves_out_library_paths_unless_asked_not_to(self):
+        # Under racecheck the tests leave out what runs only through cuBLASLt; memcheck
+        # runs every case.
+        self.make_tests(["test_ch06_clean_gpu"])
+        status, _, _ = self.run_script()
+        self.assertEqual(status, 0)
+        self.assertEqual(self.own_kernels_only_of("test_ch06_clean_gpu", "racecheck"), "1")
+        self.assertEqual(self.own_kernels_only_of("test_ch06_clean_gpu", "memcheck"), "unset")
+        status, _, _ = self.run_script(SANITIZE_OWN_KERNELS_ONLY="0")
+        self.assertEqual(status, 0)
+        self.assertEqual(self.own_kernels_only_of("test_ch06_clean_gpu", "racecheck"), "unset")
 
     def test_chapter_08_runs_only_memcheck_on_its_kernel_cases(self):
         self.make_tests(["test_ch08_model_cuda", "test_chat_cli_cuda"])

@@ -88,12 +88,19 @@ std::vector<Named> versions_under_test() {
     bool wanted = version.launch != matmul_v5_wgmma;
 #endif
     if (!wanted) continue;
+    if (version.launch == matmul_cublaslt && leave_out_library_path("the cublaslt version")) continue;
     INFO(version.name << " must run on this GPU");
     REQUIRE(version.available());
     versions.push_back({version.name, version.launch});
   }
   REQUIRE_FALSE(versions.empty());
   return versions;
+}
+
+// matmul_forward, the model's entry point (the GEMV at T = 1, cuBLASLt from T = 2 on),
+// appended to `versions` unless the run leaves out library paths.
+void add_matmul_forward(std::vector<Named>& versions) {
+  if (!leave_out_library_path("matmul_forward")) versions.push_back({"matmul_forward", matmul_forward});
 }
 
 // Every fixed-tile variant of v4 or v5: pick_tile only ever runs one per shape.
@@ -364,7 +371,7 @@ TEST_CASE("every matmul version matches the golden answers at odd and Bielik sha
 TEST_CASE("every matmul version is bit-exact on small integers", "[ch03][gpu]") {
   std::vector<Named> versions = versions_under_test();
 #ifndef BIELIK_TEST_ONLY_WGMMA
-  versions.push_back({"matmul_forward", matmul_forward});
+  add_matmul_forward(versions);
 #endif
   for (const char* name : kExactCases) {
     GoldenCase golden = load_case(name);
@@ -403,7 +410,7 @@ TEST_CASE("every matmul version matches the CPU reference on fresh random inputs
   uint64_t seed = fresh_seed();
   std::vector<Named> versions = versions_under_test();
 #ifndef BIELIK_TEST_ONLY_WGMMA
-  versions.push_back({"matmul_forward", matmul_forward});
+  add_matmul_forward(versions);
 #endif
   for (auto [T, C_in, C_out] : {std::tuple{3, 40, 24}, std::tuple{8, 1536, 256}, std::tuple{19, 200, 333},
                                 std::tuple{77, 1536, 1536}, std::tuple{150, 256, 520}}) {
@@ -431,6 +438,7 @@ TEST_CASE("every matmul version matches the CPU reference on fresh random inputs
 
 #ifndef BIELIK_TEST_ONLY_WGMMA
 TEST_CASE("matmul_cublaslt_w_in_out: the weights stored (C_in, C_out) give the same product", "[ch03][gpu]") {
+  if (leave_out_library_path("matmul_cublaslt_w_in_out")) return;
   uint64_t seed = fresh_seed();
   // T = 1 and the decode sizes too: chapter 08 runs its prefill's down projection here
   // at any T, Bielik's (8960 -> 1536) among them.
@@ -564,6 +572,7 @@ TEST_CASE("gemv_v2 refuses what it cannot run and writes nothing at T = 0", "[ch
 }
 
 TEST_CASE("matmul_forward is right on both sides of the GEMV/GEMM switch", "[ch03][gpu]") {
+  if (leave_out_library_path("matmul_forward's switch")) return;
   GoldenCase golden = load_case("q_proj");
   DeviceCase device(golden);
   for (int T : {1, 2, kGemvMaxTokens, kGemvMaxTokens + 1, golden.T}) {
