@@ -52,8 +52,8 @@ ScratchCheckpoint::~ScratchCheckpoint() {
 }
 
 ScratchCheckpoint edited_copy(const std::string& source_dir, const std::string& case_name,
-                        const std::function<void(TensorMap&)>& edit,
-                        const std::function<void(std::string&)>& edit_config) {
+                              const std::function<void(TensorMap&)>& edit,
+                              const std::function<void(std::string&)>& edit_config) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("bielik_ch08_" + std::to_string(getpid()) + "_" + case_name);
   fs::remove_all(dir);

@@ -45,7 +45,7 @@ class ScratchCheckpoint {
 /// `edit_config` (if set) to the text of config.json. The folder lives as long as the
 /// returned object.
 ScratchCheckpoint edited_copy(const std::string& source_dir, const std::string& case_name,
-                        const std::function<void(TensorMap&)>& edit,
-                        const std::function<void(std::string&)>& edit_config = nullptr);
+                              const std::function<void(TensorMap&)>& edit,
+                              const std::function<void(std::string&)>& edit_config = nullptr);
 
 }  // namespace bielik
