@@ -108,7 +108,8 @@ for tool in $tools; do
     # the verdict below reads which kernels they name, so none may be left unprinted.
     limit=20
     [ "$tool" = racecheck ] && limit=0
-    test_env=()
+    # Set for racecheck only, and removed otherwise even where the caller's shell has it.
+    test_env=(-u BIELIK_TEST_OWN_KERNELS_ONLY)
     [ "$tool" = racecheck ] && [ "$own_kernels_only" != 0 ] && test_env=(BIELIK_TEST_OWN_KERNELS_ONLY=1)
     env "${test_env[@]}" timeout "$per_test" "$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit "$limit" \
       "${filter[@]}" "$exe" "${args[@]}" >"$log" 2>&1

@@ -223,9 +223,11 @@ class GpuSanitizeTest(unittest.TestCase):
         self.assertEqual(status, 0)
         self.assertEqual(self.own_kernels_only_of("test_ch06_clean_gpu", "racecheck"), "1")
         self.assertEqual(self.own_kernels_only_of("test_ch06_clean_gpu", "memcheck"), "unset")
-        status, _, _ = self.run_script(SANITIZE_OWN_KERNELS_ONLY="0")
+        # Off: not set for racecheck, and never for memcheck, even from the caller's shell.
+        status, _, _ = self.run_script(SANITIZE_OWN_KERNELS_ONLY="0", BIELIK_TEST_OWN_KERNELS_ONLY="1")
         self.assertEqual(status, 0)
         self.assertEqual(self.own_kernels_only_of("test_ch06_clean_gpu", "racecheck"), "unset")
+        self.assertEqual(self.own_kernels_only_of("test_ch06_clean_gpu", "memcheck"), "unset")
 
     def test_chapter_08_runs_only_memcheck_on_its_kernel_cases(self):
         self.make_tests(["test_ch08_model_cuda", "test_chat_cli_cuda"])
