@@ -8,10 +8,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bf16.hpp"
@@ -110,15 +112,25 @@ std::string error_of(F&& call) {
 
 inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
-/// A fresh scratch directory under /tmp for one test, removed with everything in it.
+/// A fresh scratch directory under /tmp for one test, removed with everything in it when
+/// its owner goes out of scope (move-only: one owner). `label` goes into its name.
 struct TempDir {
   std::string path;
-  TempDir() {
-    char pattern[] = "/tmp/bielik_test_XXXXXX";
-    if (::mkdtemp(pattern) == nullptr) throw std::runtime_error("cannot create a temporary directory in /tmp");
+  explicit TempDir(const std::string& label = "") {
+    std::string pattern = "/tmp/bielik_test_" + (label.empty() ? "" : label + "_") + "XXXXXX";
+    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("cannot create a temporary directory in /tmp");
     path = pattern;
   }
-  ~TempDir() { std::system(("rm -rf '" + path + "'").c_str()); }
+  ~TempDir() { remove(); }
+  TempDir(TempDir&& other) noexcept : path(std::move(other.path)) { other.path.clear(); }
+  TempDir& operator=(TempDir&& other) noexcept {
+    if (this != &other) {
+      remove();
+      path = std::move(other.path);
+      other.path.clear();
+    }
+    return *this;
+  }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
   /// path/name (the file need not exist).
@@ -127,6 +139,12 @@ struct TempDir {
   std::string write(const std::string& name, const std::string& text) const {
     std::ofstream(file(name), std::ios::binary) << text;
     return file(name);
+  }
+
+ private:
+  void remove() noexcept {
+    std::error_code ignored;  // never throws: a leftover folder is harmless
+    if (!path.empty()) std::filesystem::remove_all(path, ignored);
   }
 };
 

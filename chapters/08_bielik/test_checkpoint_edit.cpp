@@ -1,7 +1,5 @@
 #include "test_checkpoint_edit.hpp"
 
-#include <unistd.h>
-
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -36,29 +34,12 @@ void write_safetensors_file(const std::string& path, const TensorMap& tensors) {
   if (!out) throw std::runtime_error("cannot write " + path);
 }
 
-ScratchCheckpoint& ScratchCheckpoint::operator=(ScratchCheckpoint&& other) noexcept {
-  if (this != &other) {
-    std::error_code ignored;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ignored);
-    path_ = std::move(other.path_);
-    other.path_.clear();
-  }
-  return *this;
-}
-
-ScratchCheckpoint::~ScratchCheckpoint() {
-  std::error_code ignored;  // a destructor must not throw; a leftover folder is harmless
-  if (!path_.empty()) std::filesystem::remove_all(path_, ignored);
-}
-
-ScratchCheckpoint edited_copy(const std::string& source_dir, const std::string& case_name,
-                              const std::function<void(TensorMap&)>& edit,
-                              const std::function<void(std::string&)>& edit_config) {
+TempDir edited_copy(const std::string& source_dir, const std::string& case_name,
+                    const std::function<void(TensorMap&)>& edit,
+                    const std::function<void(std::string&)>& edit_config) {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("bielik_ch08_" + std::to_string(getpid()) + "_" + case_name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  ScratchCheckpoint scratch(dir.string());  // removed again if the copy below throws
+  TempDir scratch("ch08_" + case_name);  // removed again if the copy below throws
+  const fs::path dir = scratch.path;
 
   std::ifstream config_in(source_dir + "/config.json");
   std::stringstream config_text;

@@ -11,8 +11,6 @@
 // Tolerance: the CUDA path stores every activation in bf16 (as HuggingFace does in
 // bf16), the CPU path keeps fp32; after 2-3 layers the logits differ by ~0.3-1% in
 // relative norm. 2e-2 per row is the bound; the worst value seen is printed.
-#include <unistd.h>
-
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -91,12 +89,10 @@ EditableTensor bf16_tensor(std::vector<int64_t> shape, std::mt19937_64& engine, 
 // folders are removed when the process exits (the static map's destructor).
 std::string tiny_checkpoint(const TinySpec& s) {
   namespace fs = std::filesystem;
-  static std::map<std::string, ScratchCheckpoint> written;
-  if (auto found = written.find(s.name); found != written.end()) return found->second.path();
-  const fs::path dir = fs::temp_directory_path() / ("bielik_ch08_cuda_" + std::to_string(getpid()) + "_" + s.name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  ScratchCheckpoint scratch(dir.string());
+  static std::map<std::string, TempDir> written;
+  if (auto found = written.find(s.name); found != written.end()) return found->second.path;
+  TempDir scratch(std::string("ch08_cuda_") + s.name);
+  const fs::path dir = scratch.path;
   nlohmann::json config = {{"architectures", {"LlamaForCausalLM"}},
                            {"model_type", "llama"},
                            {"hidden_size", s.C},
@@ -145,7 +141,7 @@ std::string tiny_checkpoint(const TinySpec& s) {
   tensors["model.norm.weight"] = bf16_tensor({s.C}, engine, 0.2, 1.0);
   if (!s.tied) tensors["lm_head.weight"] = bf16_tensor({s.V, s.C}, engine, 3.0 / std::sqrt(double(s.C)));
   write_safetensors_file((dir / "model.safetensors").string(), tensors);
-  return written.emplace(s.name, std::move(scratch)).first->second.path();
+  return written.emplace(s.name, std::move(scratch)).first->second.path;
 }
 
 CudaModelOptions cuda_options(int max_context = 0, int prefill_chunk = 1024, bool graph = true, bool pdl = true) {

@@ -28,27 +28,27 @@ TEST_CASE("model loading: a missing directory or file is named", "[ch08][cpu][er
   CHECK(contains(message, "does not exist"));
 
   // A folder with weights but no config.json.
-  ScratchCheckpoint no_config = edited_copy(tiny("tiny_bielik"), "no_config", nullptr);
-  std::filesystem::remove(no_config.path() + "/config.json");
-  message = error_of<std::runtime_error>([&] { CpuModel m(no_config); });
+  TempDir no_config = edited_copy(tiny("tiny_bielik"), "no_config", nullptr);
+  std::filesystem::remove(no_config.path + "/config.json");
+  message = error_of<std::runtime_error>([&] { CpuModel m(no_config.path); });
   INFO(message);
   CHECK(contains(message, "config.json"));
 
   // A folder with config.json but no weights.
-  ScratchCheckpoint no_weights = edited_copy(tiny("tiny_bielik"), "no_weights", nullptr);
-  std::filesystem::remove(no_weights.path() + "/model.safetensors");
-  message = error_of<std::runtime_error>([&] { CpuModel m(no_weights); });
+  TempDir no_weights = edited_copy(tiny("tiny_bielik"), "no_weights", nullptr);
+  std::filesystem::remove(no_weights.path + "/model.safetensors");
+  message = error_of<std::runtime_error>([&] { CpuModel m(no_weights.path); });
   INFO(message);
   CHECK(contains(message, "model.safetensors"));
 }
 
 TEST_CASE("model loading: a tensor of the wrong shape is named with both shapes", "[ch08][cpu][errors]") {
   const std::string name = "model.layers.1.self_attn.q_proj.weight";  // (H*D, C) = (64, 64)
-  ScratchCheckpoint dir = edited_copy(tiny("tiny_bielik"), "wrong_shape", [&](TensorMap& t) {
+  TempDir dir = edited_copy(tiny("tiny_bielik"), "wrong_shape", [&](TensorMap& t) {
     t[name].shape = {64, 63};
     t[name].bytes.resize(64 * 63 * 2);
   });
-  std::string message = error_of<std::runtime_error>([&] { CpuModel m(dir); });
+  std::string message = error_of<std::runtime_error>([&] { CpuModel m(dir.path); });
   INFO(message);
   CHECK(contains(message, name));
   CHECK(contains(message, "(64, 63)"));
@@ -57,7 +57,7 @@ TEST_CASE("model loading: a tensor of the wrong shape is named with both shapes"
   // A transposed matrix has the right element count but the wrong shape: (C, F) vs (F, C).
   const std::string down = "model.layers.0.mlp.down_proj.weight";
   dir = edited_copy(tiny("tiny_bielik"), "transposed", [&](TensorMap& t) { t[down].shape = {96, 64}; });
-  message = error_of<std::runtime_error>([&] { CpuModel m(dir); });
+  message = error_of<std::runtime_error>([&] { CpuModel m(dir.path); });
   INFO(message);
   CHECK(contains(message, down));
 }
@@ -65,8 +65,8 @@ TEST_CASE("model loading: a tensor of the wrong shape is named with both shapes"
 TEST_CASE("model loading: biases must agree with attention_bias / mlp_bias", "[ch08][cpu][errors]") {
   // Bielik's config says attention_bias: true; drop one attention and one MLP bias.
   for (const char* bias : {"model.layers.1.self_attn.k_proj.bias", "model.layers.0.mlp.down_proj.bias"}) {
-    ScratchCheckpoint dir = edited_copy(tiny("tiny_bielik"), "missing_bias", [&](TensorMap& t) { t.erase(bias); });
-    std::string message = error_of<std::runtime_error>([&] { CpuModel m(dir); });
+    TempDir dir = edited_copy(tiny("tiny_bielik"), "missing_bias", [&](TensorMap& t) { t.erase(bias); });
+    std::string message = error_of<std::runtime_error>([&] { CpuModel m(dir.path); });
     INFO(message);
     CHECK(contains(message, bias));
     CHECK(contains(message, contains(bias, "mlp") ? "mlp_bias" : "attention_bias"));
@@ -74,10 +74,10 @@ TEST_CASE("model loading: biases must agree with attention_bias / mlp_bias", "[c
 
   // The config flag off while the checkpoint has the biases: running without them
   // would give wrong text silently, so it is an error too.
-  ScratchCheckpoint dir = edited_copy(tiny("tiny_bielik"), "bias_flag_off", nullptr, [](std::string& config) {
+  TempDir dir = edited_copy(tiny("tiny_bielik"), "bias_flag_off", nullptr, [](std::string& config) {
     config.replace(config.find("\"attention_bias\": true"), 22, "\"attention_bias\": false");
   });
-  std::string message = error_of<std::runtime_error>([&] { CpuModel m(dir); });
+  std::string message = error_of<std::runtime_error>([&] { CpuModel m(dir.path); });
   INFO(message);
   CHECK(contains(message, "q_proj.bias"));
   CHECK(contains(message, "attention_bias"));
@@ -86,7 +86,7 @@ TEST_CASE("model loading: biases must agree with attention_bias / mlp_bias", "[c
   dir = edited_copy(tiny("tiny_smollm"), "untied_without_head", nullptr, [](std::string& config) {
     config.replace(config.find("\"tie_word_embeddings\": true"), 27, "\"tie_word_embeddings\": false");
   });
-  message = error_of<std::runtime_error>([&] { CpuModel m(dir); });
+  message = error_of<std::runtime_error>([&] { CpuModel m(dir.path); });
   INFO(message);
   CHECK(contains(message, "lm_head.weight"));
 }
@@ -94,12 +94,12 @@ TEST_CASE("model loading: biases must agree with attention_bias / mlp_bias", "[c
 TEST_CASE("model loading: tensors the config does not use are refused, saved RoPE buffers ignored",
           "[ch08][cpu][errors]") {
   // tiny_smollm has 3 layers; a config saying 2 used to load and run on layers 0-1 alone.
-  ScratchCheckpoint dir = edited_copy(tiny("tiny_smollm"), "fewer_layers", nullptr, [](std::string& config) {
+  TempDir dir = edited_copy(tiny("tiny_smollm"), "fewer_layers", nullptr, [](std::string& config) {
     config.replace(config.find("\"num_hidden_layers\": 3"), 22, "\"num_hidden_layers\": 2");
   });
-  std::string message = error_of<std::runtime_error>([&] { CpuModel m(dir); });
+  std::string message = error_of<std::runtime_error>([&] { CpuModel m(dir.path); });
   INFO(message);
-  CHECK(contains(message, dir.path() + "/model.safetensors"));
+  CHECK(contains(message, dir.path + "/model.safetensors"));
   CHECK(contains(message, "'model.layers.2.input_layernorm.weight'"));  // the first extras, sorted
   CHECK(contains(message, "num_hidden_layers 2"));
   CHECK(contains(message, "9 tensors"));  // layer 2's two norms and seven projections (no biases)
@@ -108,7 +108,7 @@ TEST_CASE("model loading: tensors the config does not use are refused, saved RoP
   dir = edited_copy(tiny("tiny_bielik"), "stray_tensor", [](TensorMap& t) {
     t["model.extra_gate.weight"] = t["model.norm.weight"];
   });
-  message = error_of<std::runtime_error>([&] { CpuModel m(dir); });
+  message = error_of<std::runtime_error>([&] { CpuModel m(dir.path); });
   INFO(message);
   CHECK(contains(message, "1 tensors are not part of the model"));
   CHECK(contains(message, "'model.extra_gate.weight'"));
@@ -123,21 +123,21 @@ TEST_CASE("model loading: tensors the config does not use are refused, saved RoP
     }
   });
   const std::vector<int32_t> prompt = {1, 5, 9};
-  CHECK(CpuModel(dir, CpuModelOptions{1, 8}).prefill(prompt) ==
+  CHECK(CpuModel(dir.path, CpuModelOptions{1, 8}).prefill(prompt) ==
         CpuModel(tiny("tiny_bielik"), CpuModelOptions{1, 8}).prefill(prompt));
   dir = edited_copy(tiny("tiny_smollm"), "tied_head_copy",
                     [](TensorMap& t) { t["lm_head.weight"] = t["model.embed_tokens.weight"]; });
-  CHECK(CpuModel(dir, CpuModelOptions{1, 8}).prefill(prompt) ==
+  CHECK(CpuModel(dir.path, CpuModelOptions{1, 8}).prefill(prompt) ==
         CpuModel(tiny("tiny_smollm"), CpuModelOptions{1, 8}).prefill(prompt));
 }
 
 TEST_CASE("model loading: a weight in the wrong dtype is rejected", "[ch08][cpu][errors]") {
   const std::string name = "model.norm.weight";
-  ScratchCheckpoint dir = edited_copy(tiny("tiny_bielik"), "wrong_dtype", [&](TensorMap& t) {
+  TempDir dir = edited_copy(tiny("tiny_bielik"), "wrong_dtype", [&](TensorMap& t) {
     t[name].dtype = "F32";
     t[name].shape = {32};  // same bytes, read as 32 floats
   });
-  std::string message = error_of<std::runtime_error>([&] { CpuModel m(dir); });
+  std::string message = error_of<std::runtime_error>([&] { CpuModel m(dir.path); });
   INFO(message);
   CHECK(contains(message, name));
 }
