@@ -22,6 +22,9 @@ SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(SCRIPTS)
 SCRIPT = os.path.join(SCRIPTS, "gpu_sanitize.sh")
 
+# The Catch2 test spec racecheck's runs get by default (the table's rows name it).
+SLOW_CASES_LEFT_OUT = "~[racecheck-slow]"
+
 # What each made-up test does under the stand-in sanitizer (any other name: passes).
 STAND_IN = textwrap.dedent("""\
     #!/usr/bin/env bash
@@ -100,7 +103,7 @@ class GpuSanitizeTest(unittest.TestCase):
         env.update({"PATH": self.bin + os.pathsep + env["PATH"], "BUILD": self.build, "OUT": self.out,
                     "ARGS_DIR": self.args_dir, "SANITIZE_SECONDS": "60", "SANITIZE_TEST_SECONDS": "1"})
         for name in ("SANITIZE_EXCLUDE", "SANITIZE_LIBRARY_KERNELS", "SANITIZE_ONLY", "SANITIZE_TOOLS",
-                     "SANITIZE_OWN_KERNELS_ONLY", "BIELIK_TEST_OWN_KERNELS_ONLY"):
+                     "SANITIZE_OWN_KERNELS_ONLY", "SANITIZE_RACECHECK_CASES", "BIELIK_TEST_OWN_KERNELS_ONLY"):
             env.pop(name, None)
         env.update(env_changes)
         result = subprocess.run(["bash", SCRIPT], env=env, capture_output=True, text=True, timeout=120)
@@ -115,7 +118,7 @@ class GpuSanitizeTest(unittest.TestCase):
         """The exit status and verdict of a racecheck run on the one test `name`."""
         self.make_tests([name])
         status, rows, _ = self.run_script(SANITIZE_TOOLS="racecheck")
-        return status, rows[(name, "racecheck")]
+        return status, rows[(f"{name} {SLOW_CASES_LEFT_OUT}", "racecheck")]
 
     def args_of(self, name, tool):
         with open(os.path.join(self.args_dir, f"{name}.{tool}.args")) as f:
@@ -136,7 +139,7 @@ class GpuSanitizeTest(unittest.TestCase):
         self.make_tests(["test_ch01_clean_gpu", "test_ch03_hazard_then_hang_gpu"])
         status, rows, _ = self.run_script(SANITIZE_TOOLS="racecheck", SANITIZE_ALLOW_UNFINISHED="1")
         self.assertEqual(status, 1)
-        self.assertIn("before the cut", rows[("test_ch03_hazard_then_hang_gpu", "racecheck")])
+        self.assertIn("before the cut", rows[(f"test_ch03_hazard_then_hang_gpu {SLOW_CASES_LEFT_OUT}", "racecheck")])
 
     def test_unfinished_runs_exit_3_unless_allowed(self):
         self.make_tests(["test_ch01_clean_gpu", "test_ch04_hang_gpu"])
@@ -163,7 +166,7 @@ class GpuSanitizeTest(unittest.TestCase):
         self.make_tests(["test_ch03_library_hazard_gpu", "test_ch01_clean_gpu"])
         status, rows, _ = self.run_script(SANITIZE_TOOLS="racecheck")
         self.assertEqual(status, 0)
-        verdict = rows[("test_ch03_library_hazard_gpu", "racecheck")]
+        verdict = rows[(f"test_ch03_library_hazard_gpu {SLOW_CASES_LEFT_OUT}", "racecheck")]
         self.assertTrue(verdict.startswith("library kernels only"), verdict)
         self.assertIn("nvjet_sm90_tst_72x64_64x12_2x1_v_bz_TNN", verdict)
         # memcheck's reports are never excused: there a library kernel's bad access is ours.
@@ -228,6 +231,18 @@ class GpuSanitizeTest(unittest.TestCase):
         self.assertEqual(status, 0)
         self.assertEqual(self.own_kernels_only_of("test_ch06_clean_gpu", "racecheck"), "unset")
         self.assertEqual(self.own_kernels_only_of("test_ch06_clean_gpu", "memcheck"), "unset")
+
+    def test_racecheck_leaves_the_slow_cases_to_memcheck_unless_asked_not_to(self):
+        self.make_tests(["test_ch03_clean_gpu"])
+        status, _, _ = self.run_script()
+        self.assertEqual(status, 0)
+        self.assertEqual(self.args_of("test_ch03_clean_gpu", "racecheck")[-1], SLOW_CASES_LEFT_OUT)
+        self.assertTrue(self.args_of("test_ch03_clean_gpu", "memcheck")[-1].endswith("test_ch03_clean_gpu"))
+        # Another spec is passed as it is; an empty one runs every case.
+        self.run_script(SANITIZE_TOOLS="racecheck", SANITIZE_RACECHECK_CASES="[ch03]")
+        self.assertEqual(self.args_of("test_ch03_clean_gpu", "racecheck")[-1], "[ch03]")
+        self.run_script(SANITIZE_TOOLS="racecheck", SANITIZE_RACECHECK_CASES="")
+        self.assertTrue(self.args_of("test_ch03_clean_gpu", "racecheck")[-1].endswith("test_ch03_clean_gpu"))
 
     def test_chapter_08_runs_only_memcheck_on_its_kernel_cases(self):
         self.make_tests(["test_ch08_model_cuda", "test_chat_cli_cuda"])

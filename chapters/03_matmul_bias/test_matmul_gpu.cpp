@@ -353,7 +353,11 @@ void check_poisoned_run(const std::string& label, DeviceBuffer<uint16_t>& y, int
 
 }  // namespace
 
-TEST_CASE("every matmul version matches the golden answers at odd and Bielik shapes", "[ch03][gpu]") {
+// [racecheck-slow]: every version at all eight golden shapes, the lm_head's among them,
+// ran over 200 s under racecheck without finishing (H100, 2026-12-05); the cases below run
+// the same kernels on odd and Bielik shapes, and scripts/gpu_sanitize.sh leaves this one
+// to memcheck.
+TEST_CASE("every matmul version matches the golden answers at odd and Bielik shapes", "[ch03][gpu][racecheck-slow]") {
   std::vector<Named> versions = versions_under_test();
   std::vector<std::string> names(std::begin(kOddCases), std::end(kOddCases));
   names.insert(names.end(), std::begin(kBielikCases), std::end(kBielikCases));

@@ -96,7 +96,12 @@ std::vector<uint16_t> run_version(const DecodeAttentionVersion& version, const D
 
 }  // namespace
 
-TEST_CASE("decode over the cache equals the last row of causal attention (golden)", "[ch07][gpu]") {
+// [racecheck-slow]: every version, split count and graph form at every golden position
+// (hundreds of launches) ran over 320 s under racecheck without finishing (H100,
+// 2026-12-05); "every decode version matches the CPU reference on fresh random inputs"
+// runs every version (at one split count each) on six shapes, and scripts/gpu_sanitize.sh
+// leaves this one to memcheck.
+TEST_CASE("decode over the cache equals the last row of causal attention (golden)", "[ch07][gpu][racecheck-slow]") {
   for (std::string name : {"bielik_decode", "smollm2_decode"}) {
     NpyArray q_rows = load(name + "_q_rows"), k_file = load(name + "_k"), v_file = load(name + "_v");
     std::vector<int32_t> positions = load(name + "_positions").to_int32();
