@@ -218,7 +218,10 @@ TEST_CASE("decode over the cache equals the last row of causal attention (golden
   }
 }
 
-TEST_CASE("chunked prefill, then token-by-token decode, reproduces every row", "[ch07][gpu]") {
+// [racecheck-slow]: a decode at every token of two golden sequences, each through every
+// version, did not finish in 175 s under racecheck (H100, 2026-12-05); left to memcheck
+// there, like the golden case above.
+TEST_CASE("chunked prefill, then token-by-token decode, reproduces every row", "[ch07][gpu][racecheck-slow]") {
   for (std::string name : {"odd_steps", "mha_steps"}) {
     NpyArray q_file = load(name + "_q"), k_file = load(name + "_k"), v_file = load(name + "_v");
     std::vector<double> expected = load(name + "_expected").to_double();
