@@ -285,14 +285,11 @@ def main(argv=None):
                              f"{model['decode_tok_s'] / v:.2f}x faster"])
     # Beside a run on another GPU a ratio to the llama.cpp anchor would mix two cards, so
     # there it is listed as an H200 figure only.
-    if on_targets_gpu:
-        rows.append(["llama.cpp (anchor from issue 7, not run here)", f"{LLAMA_CPP['decode_tok_s']:.0f}",
-                     f"{1000 / LLAMA_CPP['decode_tok_s']:.3f}", "", "",
-                     f"{model['decode_tok_s'] / LLAMA_CPP['decode_tok_s']:.2f}x faster"])
-    else:
-        rows.append([f"llama.cpp (anchor from issue 7, measured on the {TARGETS_GPU}, not run here)",
-                     f"{LLAMA_CPP['decode_tok_s']:.0f}", f"{1000 / LLAMA_CPP['decode_tok_s']:.3f}", "", "",
-                     "no ratio: another GPU"])
+    anchor = LLAMA_CPP["decode_tok_s"]
+    rows.append([("llama.cpp (anchor from issue 7, not run here)" if on_targets_gpu else
+                  f"llama.cpp (anchor from issue 7, measured on the {TARGETS_GPU}, not run here)"),
+                 f"{anchor:.0f}", f"{1000 / anchor:.3f}", "", "",
+                 f"{model['decode_tok_s'] / anchor:.2f}x faster" if on_targets_gpu else "no ratio: another GPU"])
     out.append(table(["engine", "tokens/s", "ms/token", "GB/s", "% of copy BW", "this project vs engine"], rows))
     out.append("")
     if torch_result and torch_result.get("decode_tokens") not in (None, decode_tokens):
