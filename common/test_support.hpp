@@ -54,6 +54,21 @@ inline bool leave_out_library_path(const std::string& what) {
   return true;
 }
 
+/// True when BIELIK_TEST_SHORT_SWEEPS is set: the tests whose random sweeps run long
+/// (chapter 07's decode over up to 3000 keys, its graph replayed token by token) draw
+/// shorter ones, still at odd sizes and still crossing the split boundaries.
+/// scripts/gpu_sanitize.sh sets it under racecheck, which checks every shared-memory
+/// access and made those cases run past 300 s; `make test` and memcheck never set it.
+inline bool short_sweeps() { return env_flag("BIELIK_TEST_SHORT_SWEEPS"); }
+
+/// `full` normally, `shortened` when short_sweeps(), saying so on stdout with `what`.
+inline int sweep_size(int full, int shortened, const std::string& what) {
+  if (!short_sweeps()) return full;
+  std::printf("BIELIK_TEST_SHORT_SWEEPS: %s %d instead of %d\n", what.c_str(), shortened, full);
+  std::fflush(stdout);
+  return shortened;
+}
+
 /// The seed of one test's random inputs: fresh on every run, so each run draws new
 /// inputs, or BIELIK_TEST_SEED (a decimal number) to rerun a failure with the inputs it
 /// had. Every seed is printed here, as the line to paste, since not every caller INFOs it

@@ -5,7 +5,7 @@
 #   [BUILD=build] [SANITIZE_TOOLS="memcheck racecheck"] [SANITIZE_SECONDS=420] \
 #     [SANITIZE_TEST_SECONDS=N] [SANITIZE_ONLY=regex] [SANITIZE_ALLOW_UNFINISHED=1] \
 #     [SANITIZE_LIBRARY_KERNELS=regex] [SANITIZE_EXCLUDE=regex] [SANITIZE_OWN_KERNELS_ONLY=1] \
-#     [SANITIZE_RACECHECK_CASES='~[racecheck-slow]'] bash scripts/gpu_sanitize.sh
+#     [SANITIZE_RACECHECK_CASES='~[racecheck-slow]'] [SANITIZE_SHORT_SWEEPS=1] bash scripts/gpu_sanitize.sh
 #
 # Each GPU test (ctest label gpu) runs under each tool, with compute-sanitizer's
 # --error-exitcode, so that a reported hazard fails the run even where the test's own
@@ -35,7 +35,11 @@
 # Under racecheck the chapters' tests also leave out their cases tagged [racecheck-slow]
 # (SANITIZE_RACECHECK_CASES, a Catch2 test spec; '' runs every case): the golden sweeps
 # of every version at every shape or position, which did not finish in 200-320 s there,
-# while their other cases run the same kernels. memcheck runs those cases too.
+# while their other cases run the same kernels. memcheck runs those cases too. And they
+# run with BIELIK_TEST_SHORT_SWEEPS=1 (SANITIZE_SHORT_SWEEPS=0 turns that off): chapter
+# 07's random decode over up to 3000 keys and its graph replayed 261 times, cut at 320 s
+# and 140 s there, draw caches of at most 700 keys and replay 40 times
+# (common/test_support.hpp, sweep_size).
 # Exit status: 1 when any test failed, reported a hazard or was not built; else 3 when
 # any test did not finish or start within the limits (a run of timeouts checked nothing:
 # SANITIZE_ALLOW_UNFINISHED=1 accepts that, for a deliberately partial run); else 0.
@@ -51,6 +55,7 @@ only="${SANITIZE_ONLY:-.}"
 library_kernels="${SANITIZE_LIBRARY_KERNELS-nvjet|cublas|xmma|cutlass|splitKreduce}"
 excluded_kernels="${SANITIZE_EXCLUDE:-}"
 own_kernels_only="${SANITIZE_OWN_KERNELS_ONLY:-1}"
+short_sweeps="${SANITIZE_SHORT_SWEEPS:-1}"
 racecheck_cases="${SANITIZE_RACECHECK_CASES-~[racecheck-slow]}"
 out="${OUT:-$build/gpu_sanitize}"
 if ! [[ "$budget" =~ ^[1-9][0-9]*$ ]]; then
@@ -116,8 +121,11 @@ for tool in $tools; do
     limit=20
     [ "$tool" = racecheck ] && limit=0
     # Set for racecheck only, and removed otherwise even where the caller's shell has it.
-    test_env=(-u BIELIK_TEST_OWN_KERNELS_ONLY)
-    [ "$tool" = racecheck ] && [ "$own_kernels_only" != 0 ] && test_env=(BIELIK_TEST_OWN_KERNELS_ONLY=1)
+    test_env=(-u BIELIK_TEST_OWN_KERNELS_ONLY -u BIELIK_TEST_SHORT_SWEEPS)
+    if [ "$tool" = racecheck ]; then
+      [ "$own_kernels_only" != 0 ] && test_env+=(BIELIK_TEST_OWN_KERNELS_ONLY=1)
+      [ "$short_sweeps" != 0 ] && test_env+=(BIELIK_TEST_SHORT_SWEEPS=1)
+    fi
     env "${test_env[@]}" timeout "$per_test" "$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit "$limit" \
       "${filter[@]}" "$exe" "${args[@]}" >"$log" 2>&1
     status=$?

@@ -7,8 +7,9 @@ lists GPU tests, and a stand-in `compute-sanitizer` (and `nvidia-smi`) first on 
 The stand-in behaves by the test's name, as the real tool would on such a test: it passes,
 reports a hazard (in one of our kernels, in cuBLASLt's only, or in both), reports one and
 then hangs, hangs without one, fails the test, or fails itself (an internal error). It also
-writes the arguments it was given and the test's BIELIK_TEST_OWN_KERNELS_ONLY, so the
-tests can see which tool left out which kernels and which test cases.
+writes the arguments it was given and the test's BIELIK_TEST_OWN_KERNELS_ONLY and
+BIELIK_TEST_SHORT_SWEEPS, so the tests can see which tool left out which kernels and which
+test cases, and which shortened the long sweeps.
 """
 import os
 import re
@@ -33,6 +34,7 @@ STAND_IN = textwrap.dedent("""\
     name=$(basename "$exe")
     echo "$*" >"$ARGS_DIR/$name.$2.args"
     echo "${BIELIK_TEST_OWN_KERNELS_ONLY-unset}" >"$ARGS_DIR/$name.$2.own"
+    echo "${BIELIK_TEST_SHORT_SWEEPS-unset}" >"$ARGS_DIR/$name.$2.short"
     echo "========= COMPUTE-SANITIZER"
     library_race() {
       echo "========= Error: Race reported between Read access at nvjet_sm90_tst_72x64_64x12_2x1_v_bz_TNN+0xab0"
@@ -103,7 +105,8 @@ class GpuSanitizeTest(unittest.TestCase):
         env.update({"PATH": self.bin + os.pathsep + env["PATH"], "BUILD": self.build, "OUT": self.out,
                     "ARGS_DIR": self.args_dir, "SANITIZE_SECONDS": "60", "SANITIZE_TEST_SECONDS": "1"})
         for name in ("SANITIZE_EXCLUDE", "SANITIZE_LIBRARY_KERNELS", "SANITIZE_ONLY", "SANITIZE_TOOLS",
-                     "SANITIZE_OWN_KERNELS_ONLY", "SANITIZE_RACECHECK_CASES", "BIELIK_TEST_OWN_KERNELS_ONLY"):
+                     "SANITIZE_OWN_KERNELS_ONLY", "SANITIZE_RACECHECK_CASES", "SANITIZE_SHORT_SWEEPS",
+                     "BIELIK_TEST_OWN_KERNELS_ONLY", "BIELIK_TEST_SHORT_SWEEPS"):
             env.pop(name, None)
         env.update(env_changes)
         result = subprocess.run(["bash", SCRIPT], env=env, capture_output=True, text=True, timeout=120)
@@ -217,6 +220,24 @@ class GpuSanitizeTest(unittest.TestCase):
     def own_kernels_only_of(self, name, tool):
         with open(os.path.join(self.args_dir, f"{name}.{tool}.own")) as f:
             return f.read().strip()
+
+    def short_sweeps_of(self, name, tool):
+        with open(os.path.join(self.args_dir, f"{name}.{tool}.short")) as f:
+            return f.read().strip()
+
+    def test_racecheck_shortens_the_long_sweeps_unless_asked_not_to(self):
+        self.make_tests(["test_ch07_clean_gpu"])
+        status, _, _ = self.run_script()
+        self.assertEqual(status, 0)
+        self.assertEqual(self.short_sweeps_of("test_ch07_clean_gpu", "racecheck"), "1")
+        self.assertEqual(self.short_sweeps_of("test_ch07_clean_gpu", "memcheck"), "unset")
+        # Off: not set for racecheck, and never for memcheck, even from the caller's shell;
+        # the other racecheck setting is independent of it.
+        status, _, _ = self.run_script(SANITIZE_SHORT_SWEEPS="0", BIELIK_TEST_SHORT_SWEEPS="1")
+        self.assertEqual(status, 0)
+        self.assertEqual(self.short_sweeps_of("test_ch07_clean_gpu", "racecheck"), "unset")
+        self.assertEqual(self.short_sweeps_of("test_ch07_clean_gpu", "memcheck"), "unset")
+        self.assertEqual(self.own_kernels_only_of("test_ch07_clean_gpu", "racecheck"), "1")
 
     def test_racecheck_leaves_out_library_paths_unless_asked_not_to(self):
         # Under racecheck the tests leave out what runs only through cuBLASLt; memcheck
