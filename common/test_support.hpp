@@ -56,7 +56,7 @@ inline bool leave_out_library_path(const std::string& what) {
 
 /// True when BIELIK_TEST_SHORT_SWEEPS is set: the tests whose random sweeps run long
 /// (chapter 07's decode over up to 3000 keys, its graph replayed token by token) draw
-/// shorter ones, still at odd sizes and still crossing the split boundaries.
+/// shorter ones: the same versions and shapes, on fresh random lengths, fewer keys.
 /// scripts/gpu_sanitize.sh sets it under racecheck, which checks every shared-memory
 /// access and made those cases run past 300 s; `make test` and memcheck never set it.
 inline bool short_sweeps() { return env_flag("BIELIK_TEST_SHORT_SWEEPS"); }
