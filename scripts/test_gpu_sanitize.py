@@ -217,13 +217,16 @@ class GpuSanitizeTest(unittest.TestCase):
         self.assertEqual(race[race.index("--kernel-name-exclude") + 1], "regex=nvjet")
         self.assertNotIn("--kernel-name-exclude", self.args_of("test_ch01_clean_gpu", "memcheck"))
 
-    def own_kernels_only_of(self, name, tool):
-        with open(os.path.join(self.args_dir, f"{name}.{tool}.own")) as f:
+    def variable_seen(self, name, tool, variable):
+        """The value the stand-in saw for a BIELIK_TEST_* variable ("own" or "short")."""
+        with open(os.path.join(self.args_dir, f"{name}.{tool}.{variable}")) as f:
             return f.read().strip()
 
+    def own_kernels_only_of(self, name, tool):
+        return self.variable_seen(name, tool, "own")
+
     def short_sweeps_of(self, name, tool):
-        with open(os.path.join(self.args_dir, f"{name}.{tool}.short")) as f:
-            return f.read().strip()
+        return self.variable_seen(name, tool, "short")
 
     def test_racecheck_shortens_the_long_sweeps_unless_asked_not_to(self):
         self.make_tests(["test_ch07_clean_gpu"])
