@@ -38,7 +38,7 @@
 # while their other cases run the same kernels. memcheck runs those cases too. And they
 # run with BIELIK_TEST_SHORT_SWEEPS=1 (SANITIZE_SHORT_SWEEPS=0 turns that off): chapter
 # 07's random decode over up to 3000 keys and its graph replayed 261 times, cut at 320 s
-# and 140 s there, draw caches of at most 700 keys and replay 40 times
+# and 140 s there, draw caches of at most 700 keys and replay 10 times
 # (common/test_support.hpp, sweep_size).
 # Exit status: 1 when any test failed, reported a hazard or was not built; else 3 when
 # any test did not finish or start within the limits (a run of timeouts checked nothing:
