@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -67,6 +68,19 @@ inline int sweep_size(int full, int shortened, const std::string& what) {
   std::printf("BIELIK_TEST_SHORT_SWEEPS: %s %d instead of %d\n", what.c_str(), shortened, full);
   std::fflush(stdout);
   return shortened;
+}
+
+/// Under short_sweeps() only: a line with the seconds since the first such line of this
+/// process and `what` (the launch about to run), flushed at once. racecheck runs cut at
+/// the time limit said only which test case was cut (H100, 2026-12-06: chapter 07's
+/// graph replays twice inside v6, its random decode at the first shape), not which launch
+/// held them; these lines say where the time went. Silent otherwise.
+inline void sweep_progress(const std::string& what) {
+  if (!short_sweeps()) return;
+  static const auto first = std::chrono::steady_clock::now();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - first).count();
+  std::printf("BIELIK_TEST_SHORT_SWEEPS: +%.1f s %s\n", seconds, what.c_str());
+  std::fflush(stdout);
 }
 
 /// The seed of one test's random inputs: fresh on every run, so each run draws new

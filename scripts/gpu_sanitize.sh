@@ -38,8 +38,11 @@
 # while their other cases run the same kernels. memcheck runs those cases too. And they
 # run with BIELIK_TEST_SHORT_SWEEPS=1 (SANITIZE_SHORT_SWEEPS=0 turns that off): chapter
 # 07's random decode over up to 3000 keys and its graph replayed 261 times, cut at 320 s
-# and 140 s there, draw caches of at most 700 keys and replay 10 times
-# (common/test_support.hpp, sweep_size).
+# and 140 s there, draw caches of at most 160 keys and replay 10 times
+# (common/test_support.hpp, sweep_size), and print a line with the seconds so far before
+# each launch of a version (sweep_progress): with 700 keys and 10 replays (H100,
+# 2026-12-06) the graph case was cut inside v6 after 561 s, and the random case at its
+# first shape after 480 s, so a cut log should say which launch held it.
 # Exit status: 1 when any test failed, reported a hazard or was not built; else 3 when
 # any test did not finish or start within the limits (a run of timeouts checked nothing:
 # SANITIZE_ALLOW_UNFINISHED=1 accepts that, for a deliberately partial run); else 0.
