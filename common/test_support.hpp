@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -81,6 +82,28 @@ inline void sweep_progress(const std::string& what) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - first).count();
   std::printf("BIELIK_TEST_SHORT_SWEEPS: +%.1f s %s\n", seconds, what.c_str());
   std::fflush(stdout);
+}
+
+/// The compute-sanitizer tool the test runs under ("memcheck", "racecheck"), from
+/// BIELIK_TEST_SANITIZER, which scripts/gpu_sanitize.sh sets for each run it makes; ""
+/// outside it (`make test`, ctest).
+inline std::string sanitizer_tool() {
+  const char* value = std::getenv("BIELIK_TEST_SANITIZER");
+  return value != nullptr ? value : "";
+}
+
+/// Whether to leave out `what` because racecheck cannot run it: true under racecheck,
+/// with a line naming it and `why` (once per `what`); false otherwise, so `make test`
+/// and memcheck always run it. For a launch the tool itself cannot carry through, never
+/// for a slow one (those are what SANITIZE_RACECHECK_CASES and short_sweeps() are for).
+inline bool leave_out_under_racecheck(const std::string& what, const std::string& why) {
+  if (sanitizer_tool() != "racecheck") return false;
+  static std::set<std::string> said;
+  if (said.insert(what).second) {
+    std::printf("BIELIK_TEST_SANITIZER=racecheck: left out %s: %s\n", what.c_str(), why.c_str());
+    std::fflush(stdout);
+  }
+  return true;
 }
 
 /// The seed of one test's random inputs: fresh on every run, so each run draws new

@@ -7,9 +7,10 @@ lists GPU tests, and a stand-in `compute-sanitizer` (and `nvidia-smi`) first on 
 The stand-in behaves by the test's name, as the real tool would on such a test: it passes,
 reports a hazard (in one of our kernels, in cuBLASLt's only, or in both), reports one and
 then hangs, hangs without one, fails the test, or fails itself (an internal error). It also
-writes the arguments it was given and the test's BIELIK_TEST_OWN_KERNELS_ONLY and
-BIELIK_TEST_SHORT_SWEEPS, so the tests can see which tool left out which kernels and which
-test cases, and which shortened the long sweeps.
+writes the arguments it was given and the test's BIELIK_TEST_OWN_KERNELS_ONLY,
+BIELIK_TEST_SHORT_SWEEPS and BIELIK_TEST_SANITIZER, so the tests can see which tool left
+out which kernels and which test cases, which shortened the long sweeps, and that each
+run told the test its tool.
 """
 import os
 import re
@@ -35,6 +36,7 @@ STAND_IN = textwrap.dedent("""\
     echo "$*" >"$ARGS_DIR/$name.$2.args"
     echo "${BIELIK_TEST_OWN_KERNELS_ONLY-unset}" >"$ARGS_DIR/$name.$2.own"
     echo "${BIELIK_TEST_SHORT_SWEEPS-unset}" >"$ARGS_DIR/$name.$2.short"
+    echo "${BIELIK_TEST_SANITIZER-unset}" >"$ARGS_DIR/$name.$2.tool"
     echo "========= COMPUTE-SANITIZER"
     library_race() {
       echo "========= Error: Race reported between Read access at nvjet_sm90_tst_72x64_64x12_2x1_v_bz_TNN+0xab0"
@@ -106,7 +108,7 @@ class GpuSanitizeTest(unittest.TestCase):
                     "ARGS_DIR": self.args_dir, "SANITIZE_SECONDS": "60", "SANITIZE_TEST_SECONDS": "1"})
         for name in ("SANITIZE_EXCLUDE", "SANITIZE_LIBRARY_KERNELS", "SANITIZE_ONLY", "SANITIZE_TOOLS",
                      "SANITIZE_OWN_KERNELS_ONLY", "SANITIZE_RACECHECK_CASES", "SANITIZE_SHORT_SWEEPS",
-                     "BIELIK_TEST_OWN_KERNELS_ONLY", "BIELIK_TEST_SHORT_SWEEPS"):
+                     "BIELIK_TEST_OWN_KERNELS_ONLY", "BIELIK_TEST_SHORT_SWEEPS", "BIELIK_TEST_SANITIZER"):
             env.pop(name, None)
         env.update(env_changes)
         result = subprocess.run(["bash", SCRIPT], env=env, capture_output=True, text=True, timeout=120)
@@ -218,7 +220,7 @@ class GpuSanitizeTest(unittest.TestCase):
         self.assertNotIn("--kernel-name-exclude", self.args_of("test_ch01_clean_gpu", "memcheck"))
 
     def variable_seen(self, name, tool, variable):
-        """The value the stand-in saw for a BIELIK_TEST_* variable ("own" or "short")."""
+        """The value the stand-in saw for a BIELIK_TEST_* variable ("own", "short" or "tool")."""
         with open(os.path.join(self.args_dir, f"{name}.{tool}.{variable}")) as f:
             return f.read().strip()
 
@@ -241,6 +243,15 @@ class GpuSanitizeTest(unittest.TestCase):
         self.assertEqual(self.short_sweeps_of("test_ch07_clean_gpu", "racecheck"), "unset")
         self.assertEqual(self.short_sweeps_of("test_ch07_clean_gpu", "memcheck"), "unset")
         self.assertEqual(self.own_kernels_only_of("test_ch07_clean_gpu", "racecheck"), "1")
+
+    def test_each_run_tells_the_test_its_tool(self):
+        # The tests leave out what racecheck cannot carry through by this variable, so it
+        # must name the tool of each run, whatever the caller's shell says.
+        self.make_tests(["test_ch07_clean_gpu"])
+        status, _, _ = self.run_script(BIELIK_TEST_SANITIZER="memcheck")
+        self.assertEqual(status, 0)
+        self.assertEqual(self.variable_seen("test_ch07_clean_gpu", "racecheck", "tool"), "racecheck")
+        self.assertEqual(self.variable_seen("test_ch07_clean_gpu", "memcheck", "tool"), "memcheck")
 
     def test_racecheck_leaves_out_library_paths_unless_asked_not_to(self):
         # Under racecheck the tests leave out what runs only through cuBLASLt; memcheck
