@@ -366,6 +366,18 @@ def main(argv=None):
         out.append("## One decode step, per kernel (summed over the layers)")
         out.append("")
         total = sum(k["us"] for k in model["breakdown"])
+        # The events that time each kernel class also keep the next kernel from starting
+        # early (PDL), so these times add up to more than the graph step takes: say so,
+        # or a reader adds the column and finds a step twice as long as the headline.
+        note = ("Measured on a step launched from the host, with a CUDA event after each kernel "
+                "class. An event between two kernels keeps the second from starting while the "
+                "first drains (PDL), so the column adds up to " f"{total:.0f} us")
+        if model.get("decode_ms_per_token"):
+            note += f", where the graph step takes {1000 * model['decode_ms_per_token']:.0f} us a token"
+        note += (". Read it for each kernel's share, not for the step's time; chapter 08's README "
+                 "has the graph step's timeline.")
+        out.append(note)
+        out.append("")
         out.append(table(["kernel", "us", "% of step", "GB/s"],
                          [[k["kernel"], f"{k['us']:.1f}", f"{100 * k['us'] / total:.1f}%",
                            f"{k.get('gbs', 0):.0f}" if k.get("gbs") else ""] for k in model["breakdown"]]))

@@ -29,7 +29,7 @@ def model_json():
     return {"device": DEVICE, "model": CHECKPOINT, "weights_gb": 3.2, "kv_cache_gb": 0.3, "copy_gbs": 4000.0,
             "floor_ms": 0.8, "ttft_ms": {"16": 2.0, "128": 2.5, "512": 4.0, "2048": 12.0},
             "ttft_eager_ms": {"16": 2.1, "128": 2.6, "512": 4.2, "2048": 12.5}, "decode_tokens": 256,
-            "decode_tok_s": 1000.0, "decode_gbs": 3200.0, "decode_pct_copy": 80.0, "peak_memory_gb": 3.7,
+            "decode_tok_s": 1000.0, "decode_ms_per_token": 1.0, "decode_gbs": 3200.0, "decode_pct_copy": 80.0, "peak_memory_gb": 3.7,
             "breakdown": [{"kernel": "gate_up_swiglu", "us": 600.0, "gbs": 2500.0},
                           {"kernel": "argmax", "us": 400.0}]}
 
@@ -136,6 +136,10 @@ class ReportTest(unittest.TestCase):
         self.assertIn("![decode tokens/s and TTFT against the baselines](benchmarks.png)", md)
         self.assertIn("### model_decode", md)
         self.assertNotIn("rmsnorm", md)
+        # The per-kernel table says its events make it add up past the graph step: 600 + 400
+        # us against 1 ms a token here.
+        self.assertIn("| gate_up_swiglu | 600.0 | 60.0% | 2500 |", md)
+        self.assertIn("so the column adds up to 1000 us, where the graph step takes 1000 us a token.", md)
         self.assertIn("median of 5 runs of 256 tokens after an untimed 16-token prefill", md)
         self.assertEqual(self.read("benchmarks.png"), "fake png")  # the old plot replaced
         self.assertFalse(os.path.exists(os.path.join(self.docs, "benchmarks.png.partial.png")))
