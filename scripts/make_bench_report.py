@@ -371,7 +371,7 @@ def main(argv=None):
         # or a reader adds the column and finds a step twice as long as the headline.
         note = ("Measured on a step launched from the host, with a CUDA event after each kernel "
                 "class. An event between two kernels keeps the second from starting while the "
-                "first drains (PDL), so the column adds up to " f"{total:.0f} us")
+                f"first drains (PDL), so the column adds up to {total:.0f} us")
         if model.get("decode_ms_per_token"):
             note += f", where the graph step takes {1000 * model['decode_ms_per_token']:.0f} us a token"
         note += (". Read it for each kernel's share, not for the step's time; chapter 08's README "
