@@ -41,9 +41,13 @@ else()
   target_link_libraries(bielik_ch08_cuda PUBLIC bielik_ch08 ${cuda_backend_chapters})
 
   # Tiny checkpoints written by the test itself (head_dim 64 and 128, which the attention
-  # kernels need), checked against the CPU backend; plus the golden tiny models.
+  # kernels need), checked against the CPU backend; plus the golden tiny models. The
+  # kernels' own cases come first, the model's last (test_model_cuda.cu ends with the
+  # persistent step, whose fault would poison every case after it).
   bielik_add_test(test_ch08_model_cuda CHAPTER 08 GPU
-                  SOURCES ${cuda_backend_dir}/test_model_cuda.cu ${cuda_backend_dir}/test_checkpoint_edit.cpp
+                  SOURCES ${cuda_backend_dir}/test_decode_gemv_gpu.cu ${cuda_backend_dir}/test_decode_attention_o_gpu.cu
+                          ${cuda_backend_dir}/test_decode_kernels_gpu.cu ${cuda_backend_dir}/test_gpu_sample.cu
+                          ${cuda_backend_dir}/test_model_cuda.cu ${cuda_backend_dir}/test_checkpoint_edit.cpp
                   LIBS bielik_ch08_cuda nlohmann_json::nlohmann_json GOLDEN 08_bielik)
   set_tests_properties(test_ch08_model_cuda PROPERTIES TIMEOUT 300)
   # What the backend refuses before it touches the GPU (shapes, options): a CPU test.
