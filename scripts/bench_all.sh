@@ -2,6 +2,7 @@
 # The one-call GPU benchmark of issue 7, on a machine with a GPU:
 #
 #   [OUT=dir] [BUILD=dir] [CHAPTERS=regex] [MODEL_DIR=dir] [SKIP_COMPILED=1] [SKIP_PYTORCH=1] [PYTORCH_ONLY=1] \
+#     [SKIP_CEILING=1] \
 #     bash scripts/bench_all.sh
 #
 #  0. clears this run's outputs in $BUILD/bench (every *.json, bench_model's model_*.csv),
@@ -24,6 +25,10 @@
 #  3. runs bench_model -> $BUILD/bench/model.json (+ its tables as model_*.csv);
 #  3b. checks the CUDA backend's logits against HF transformers on the same checkpoint
 #     (scripts/compare_hf_logits.py -> $BUILD/bench/hf_logits.json);
+#  3c. measures the decode step against the ceiling of its launch shape on this GPU, which
+#     says where the gap to the decode target is (scripts/step_vs_ceiling.py with
+#     bench_layer_chain -> $BUILD/bench/step_vs_ceiling.json; about a minute;
+#     SKIP_CEILING=1 skips it);
 #  4. runs the PyTorch baseline -> $BUILD/bench/pytorch.json (SKIP_COMPILED=1 skips the
 #     torch.compile run, which takes minutes to compile; SKIP_PYTORCH=1 skips the step,
 #     for a quick check of our own numbers). Where one call may not run everything (the
@@ -196,6 +201,16 @@ if [ "$pytorch_only" != 1 ]; then
       || { echo "compare_hf_logits: FAILED"; status=1; }
   else
     status=1
+  fi
+
+  # 3c. The step against its ceiling, on this GPU: where the decode time goes.
+  if [ "${SKIP_CEILING:-0}" != 1 ]; then
+    step "the decode step against its ceiling (step_vs_ceiling.py)"
+    cmake --build "$build" --target bench_layer_chain -j "$(nproc)" >>"$bench_dir/build.log" 2>&1 \
+      && python3 scripts/step_vs_ceiling.py --bench-model "$build/chapters/08_bielik/bench_model" \
+           --bench-layer-chain "$build/chapters/08_bielik/bench_layer_chain" --model "$model" \
+           --out "$bench_dir/step_vs_ceiling.json" \
+      || { echo "step_vs_ceiling: FAILED"; status=1; }
   fi
 fi  # not PYTORCH_ONLY
 

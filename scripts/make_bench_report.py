@@ -14,6 +14,9 @@ every file there is this run's):
                   ratio across GPUs or checkpoints would be meaningless).
   hf_logits.json  from scripts/compare_hf_logits.py: our logits and transformers-bf16's
                   against a fp32 reference; same GPU and checkpoint check.
+  step_vs_ceiling.json  from scripts/step_vs_ceiling.py: the decode step against the
+                  ceiling of its launch shape (bench_layer_chain) on the same GPU, which
+                  says where the gap to the decode target is; same GPU and checkpoint check.
   model_*.csv     bench_model's tables (BenchTable rows). The chapters' own bench_*
                   tables in the same folder are not included: this script cannot tell
                   whether they come from this run.
@@ -194,6 +197,48 @@ def logits_section(logits):
     return out
 
 
+def ceiling_section(ceiling, on_targets_gpu):
+    """'Where the decode time goes' from step_vs_ceiling.py's JSON: the floor, the ceiling
+    of the step's launch shape and the step, measured together, and what the step costs
+    over the ceiling."""
+    floor = ceiling["floor_us"]
+
+    def row(label, us):
+        return [label, f"{us:.1f}", f"{1e6 / us:.0f}", f"{100 * floor / us:.1f}%"]
+
+    each = " / ".join(f"{us:.1f}" for us in ceiling["ceiling_us_each"])
+    rates = " ".join(f"{r:.0f}" for r in ceiling["step_tokens_per_s_each"])
+    out = ["## Where the decode time goes: the step against its ceiling", ""]
+    out.append("`scripts/step_vs_ceiling.py`, on this GPU in this run"
+               + (f" (finished {ceiling['finished_utc']})" if ceiling.get("finished_utc") else "")
+               + ": `bench_layer_chain` runs the step's launches with nothing in them but their weight "
+               "reads, issued before their PDL waits as the real kernels issue theirs (the ceiling of the step's "
+               "shape), then the step runs on its own (`bench_model --decode-only`), then the ceiling again.")
+    out.append("")
+    out.append(table(["", "us a token", "tokens/s", "% of the copy floor"], [
+        row("the copy floor (the weights read once)", floor),
+        row(f"the ceiling (before / after: {each})", ceiling["ceiling_us"]),
+        row(f"the step (median of {len(ceiling['step_tokens_per_s_each'])} runs: {rates} tokens/s)",
+            ceiling["step_us"])]))
+    out.append("")
+    text = (f"The step costs {ceiling['step_over_ceiling_us']:.0f} us a token over its ceiling "
+            f"({ceiling['step_over_ceiling_us_a_layer']:.2f} us a layer over {ceiling['layers']} layers): its "
+            "kernels' work after their waits, mostly round trips through L2 in the chain QKV -> attention -> O "
+            "(chapter 08's README and DECODE_LOG.md).")
+    target = ceiling["target_tokens_per_s"]
+    if not on_targets_gpu:
+        text += f" Issue 7's {target:.0f} tokens/s is an H200 figure, so it is not weighed here."
+    elif ceiling["target_leaves_us"] > 0:
+        text += (f" {target:.0f} tokens/s ({ceiling['target_us']:.1f} us a token) would leave it "
+                 f"{ceiling['target_leaves_us']:.0f} us a token, {ceiling['target_leaves_us_a_layer']:.2f} us a layer.")
+    else:
+        text += (f" {target:.0f} tokens/s ({ceiling['target_us']:.1f} us a token) is faster than the ceiling "
+                 "itself: no schedule of these launches reaches it.")
+    out.append(text)
+    out.append("")
+    return out
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bench-dir", default="build-bench/bench")
@@ -237,6 +282,10 @@ def main(argv=None):
                        "Logits check against HF transformers: not in this run (no hf_logits.json: skipped or "
                        "failed before writing it).",
                        "Logits check left out: {}.")
+    ceiling = companion("step_vs_ceiling.json",
+                        "The decode step against its ceiling: not in this run (no step_vs_ceiling.json: skipped "
+                        "or failed).",
+                        "The decode step against its ceiling left out: {}.")
     plt = load_pyplot()
     png_path = os.path.join(args.out, name + ".png")
     if plt is None:
@@ -362,6 +411,8 @@ def main(argv=None):
                      "met" if over <= 10 else "missed"])
     out.append(table(["what", "target", "measured", "verdict"], rows))
     out.append("")
+    if ceiling:
+        out += ceiling_section(ceiling, on_targets_gpu)
     if model.get("breakdown"):
         out.append("## One decode step, per kernel (summed over the layers)")
         out.append("")

@@ -27,13 +27,14 @@ import re
 import statistics
 import subprocess
 import sys
+from datetime import datetime, timezone
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The ceiling's row: the step's five launches a layer, each only reading its weights.
 STEP_ROW_PREFIX = "| the step's: QKV | attention | O | gate/up | down ("
 FLOOR_LINE = re.compile(r"floor at this copy bandwidth: ([0-9.]+) us a token")
-DEVICE_LINE = re.compile(r"^(.+?) \(sm_\d+, .*copy bandwidth ([0-9.]+) GB/s", re.MULTILINE)
+DEVICE_LINE = re.compile(r"^((.+?) \(sm_\d+, [^;]*\)); copy bandwidth ([0-9.]+) GB/s", re.MULTILINE)
 DECODE_LINE = re.compile(r"^decode only: (\d+) tokens after a (\d+)-token prompt, ([0-9.]+) tokens/s$", re.MULTILINE)
 LAYERS_FIELD = re.compile(r"\bL=(\d+)\b")
 
@@ -60,7 +61,9 @@ def parse_chain(text, source):
         step_us = float(cells[-6])
     except ValueError:
         raise ReadError(f"{source}: the step's row has no number where its us a token belong: {rows[0]!r}")
-    return {"gpu": device.group(1).strip(), "copy_gbs": float(device.group(2)),
+    # "device" in bench_model's words ('NVIDIA H200 (sm_90, 132 SMs, 139 GiB)'), so that
+    # make_bench_report.py can tell whether these numbers are from model.json's GPU.
+    return {"device": device.group(1).strip(), "gpu": device.group(2).strip(), "copy_gbs": float(device.group(3)),
             "floor_us": float(floor.group(1)), "ceiling_us": step_us}
 
 
@@ -77,9 +80,9 @@ def parse_decode(text, source):
 
 def summarize(ceilings, decodes, target_tokens_per_s):
     """The numbers the table prints, from parsed runs (two ceilings, one or more decodes)."""
-    gpus = {c["gpu"] for c in ceilings}
-    if len(gpus) != 1:
-        raise ReadError(f"the two ceiling runs name different GPUs: {sorted(gpus)}")
+    devices = {c["device"] for c in ceilings}
+    if len(devices) != 1:
+        raise ReadError(f"the two ceiling runs name different GPUs: {sorted(devices)}")
     layers = {d["layers"] for d in decodes}
     if len(layers) != 1:
         raise ReadError(f"the decode runs name different layer counts: {sorted(layers)}")
@@ -91,7 +94,8 @@ def summarize(ceilings, decodes, target_tokens_per_s):
     over_us = step_us - ceiling_us
     target_us = 1e6 / target_tokens_per_s
     return {
-        "gpu": gpus.pop(),
+        "device": devices.pop(),
+        "gpu": ceilings[0]["gpu"],
         "copy_gbs": statistics.fmean(c["copy_gbs"] for c in ceilings),
         "layers": n_layers,
         "floor_us": floor_us,
@@ -180,6 +184,9 @@ def main(argv=None):
         print(f"step_vs_ceiling: {error}", file=sys.stderr)
         return 1
     print(format_report(summary))
+    # The checkpoint and the time, as bench_model's model.json records them, for the report.
+    summary["model"] = args.model
+    summary["finished_utc"] = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     if args.out:
         with open(args.out, "w") as out:
             json.dump(summary, out, indent=2)

@@ -57,6 +57,20 @@ def logits_json(**changes):
     return result
 
 
+def ceiling_json(**changes):
+    """step_vs_ceiling.py's output, worked out by hand: ceilings 800 and 802 us (801), the
+    step's runs 990, 1000, 1010 tokens/s (median 1000: 1000 us), 199 us over the ceiling,
+    199 / 32 = 6.21875 a layer; 1150 tokens/s = 869.565 us leaves 68.565, 2.1427 a layer."""
+    result = {"device": DEVICE, "gpu": "NVIDIA H200", "model": CHECKPOINT, "copy_gbs": 4200.0, "layers": 32,
+              "floor_us": 740.0, "ceiling_us_each": [800.0, 802.0], "ceiling_us": 801.0,
+              "step_tokens_per_s_each": [990.0, 1000.0, 1010.0], "step_tokens_per_s": 1000.0, "step_us": 1000.0,
+              "step_over_ceiling_us": 199.0, "step_over_ceiling_us_a_layer": 6.21875,
+              "target_tokens_per_s": 1150.0, "target_us": 869.565, "target_leaves_us": 68.565,
+              "target_leaves_us_a_layer": 2.1427, "finished_utc": "2026-12-06 08:00 UTC"}
+    result.update(changes)
+    return result
+
+
 def bar_names(modules):
     """The decode panel's bar labels that a fake_matplotlib() stand-in was given."""
     left_panel = modules["matplotlib.pyplot"].subplots.return_value[1][0]
@@ -112,6 +126,7 @@ class ReportTest(unittest.TestCase):
         self.write("model.json", model_json())
         self.write("pytorch.json", pytorch_json())
         self.write("hf_logits.json", logits_json())
+        self.write("step_vs_ceiling.json", ceiling_json())
         self.write("model_decode.csv", "decode path,tokens/s\ngraph,1000\n")
         self.write("rmsnorm.csv", "version,GB/s\nv1,123456\n")  # a chapter table: not this run's to report
         plot = fake_matplotlib()
@@ -141,6 +156,16 @@ class ReportTest(unittest.TestCase):
         self.assertIn("| gate_up_swiglu | 600.0 | 60.0% | 2500 |", md)
         self.assertIn("so the column adds up to 1000 us, where the graph step takes 1000 us a token.", md)
         self.assertIn("median of 5 runs of 256 tokens after an untimed 16-token prefill", md)
+        # The step against its ceiling (ceiling_json's numbers): 1e6 / 740 = 1351, 1e6 / 801 =
+        # 1248, 740 / 801 = 92.4%, 740 / 1000 = 74.0%.
+        self.assertIn("## Where the decode time goes: the step against its ceiling", md)
+        self.assertIn("on this GPU in this run (finished 2026-12-06 08:00 UTC)", md)
+        self.assertIn("| the copy floor (the weights read once) | 740.0 | 1351 | 100.0% |", md)
+        self.assertIn("| the ceiling (before / after: 800.0 / 802.0) | 801.0 | 1248 | 92.4% |", md)
+        self.assertIn("| the step (median of 3 runs: 990 1000 1010 tokens/s) | 1000.0 | 1000 | 74.0% |", md)
+        self.assertIn("The step costs 199 us a token over its ceiling (6.22 us a layer over 32 layers)", md)
+        self.assertIn("1150 tokens/s (869.6 us a token) would leave it 69 us a token, 2.14 us a layer.", md)
+        self.assertLess(md.index("## Against the targets"), md.index("## Where the decode time goes"))
         self.assertEqual(self.read("benchmarks.png"), "fake png")  # the old plot replaced
         self.assertFalse(os.path.exists(os.path.join(self.docs, "benchmarks.png.partial.png")))
 
@@ -220,6 +245,36 @@ class ReportTest(unittest.TestCase):
         self.assertIn("WARNING: matplotlib is not installed", stderr)
         self.assertIn("PyTorch baseline: not in this report", md)
         self.assertIn("Logits check against HF transformers: not in this run", md)
+
+    def test_the_ceiling_missing_or_from_another_gpu_is_left_out(self):
+        self.write("model.json", model_json())
+        self.assertEqual(self.run_report(NO_MATPLOTLIB)[0], 0)
+        md = self.read("benchmarks.md")
+        self.assertIn("> **Note:** The decode step against its ceiling: not in this run (no step_vs_ceiling.json", md)
+        self.assertNotIn("## Where the decode time goes", md)
+        self.write("step_vs_ceiling.json", ceiling_json(device="NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79 GiB)"))
+        self.assertEqual(self.run_report(NO_MATPLOTLIB)[0], 0)
+        md = self.read("benchmarks.md")
+        self.assertIn("> **Note:** The decode step against its ceiling left out: step_vs_ceiling.json names the GPU "
+                      "'NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79 GiB)'", md)
+        self.assertNotIn("## Where the decode time goes", md)
+
+    def test_the_ceiling_on_another_gpu_weighs_no_h200_target(self):
+        h100 = "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79 GiB)"
+        self.write("model.json", dict(model_json(), device=h100))
+        self.write("step_vs_ceiling.json", ceiling_json(device=h100, gpu="NVIDIA H100 80GB HBM3"))
+        self.assertEqual(self.run_report(NO_MATPLOTLIB)[0], 0)
+        md = self.read("benchmarks_h100_80gb_hbm3.md")
+        self.assertIn("The step costs 199 us a token over its ceiling", md)
+        self.assertIn("Issue 7's 1150 tokens/s is an H200 figure, so it is not weighed here.", md)
+        self.assertNotIn("would leave it", md)
+
+    def test_a_ceiling_slower_than_the_target_says_so(self):
+        self.write("model.json", model_json())
+        self.write("step_vs_ceiling.json", ceiling_json(target_leaves_us=-20.0, target_leaves_us_a_layer=-0.625))
+        self.assertEqual(self.run_report(NO_MATPLOTLIB)[0], 0)
+        self.assertIn("is faster than the ceiling itself: no schedule of these launches reaches it.",
+                      self.read("benchmarks.md"))
 
     def test_failed_logits_check_is_reported(self):
         self.write("model.json", model_json())

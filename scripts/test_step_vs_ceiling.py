@@ -74,6 +74,7 @@ class Parsers(unittest.TestCase):
     def test_the_h100_recording(self):
         chain = step_vs_ceiling.parse_chain(self.read("bench_layer_chain_h100.txt"), "h100")
         self.assertEqual(chain["gpu"], "NVIDIA H100 80GB HBM3")
+        self.assertEqual(chain["device"], "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79 GiB)")  # bench_model's words
         self.assertEqual(chain["copy_gbs"], 3016.0)
         self.assertEqual(chain["floor_us"], 1028.3)
         self.assertEqual(chain["ceiling_us"], 1063.1)
@@ -135,6 +136,9 @@ class WholeScript(unittest.TestCase):
             numbers = json.load(f)
         self.assertAlmostEqual(numbers["step_over_ceiling_us"], 249.0)
         self.assertEqual(numbers["layers"], 32)
+        self.assertEqual(numbers["device"], "Made-up GPU X (sm_90, 132 SMs, 10 GiB)")
+        self.assertEqual(numbers["model"], "/some/model")
+        self.assertRegex(numbers["finished_utc"], r"^\d{4}-\d\d-\d\d \d\d:\d\d UTC$")
         with open(os.path.join(self.dir, "decode.args")) as f:
             self.assertEqual(f.read().splitlines(), ["--model /some/model --decode-only"] * 3)
 
@@ -145,6 +149,13 @@ class WholeScript(unittest.TestCase):
         self.assertEqual(done.returncode, 0, done.stderr)
         self.assertIn("the step over its ceiling: 200.0 us a token, 7.14 us a layer", done.stdout)
         self.assertIn("leaves the step 69.6 us a token over the ceiling, 2.48 us a layer", done.stdout)
+
+    def test_ceilings_from_two_gpus_are_refused(self):
+        done = self.run_script([CHAIN.format(copy=3000, us="1000.0", check="ok", floor=900.0),
+                                CHAIN.format(copy=3000, us="1000.0", check="ok", floor=900.0).replace("10 GiB", "20 GiB")],
+                               [DECODE.format(layers=32, rate=800)] * 3)
+        self.assertEqual(done.returncode, 1)
+        self.assertIn("the two ceiling runs name different GPUs", done.stderr)
 
     def test_a_failed_decode_fails_the_script_and_says_which(self):
         done = self.run_script([CHAIN.format(copy=3000, us="1000.0", check="ok", floor=900.0)] * 2,
