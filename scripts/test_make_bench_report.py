@@ -276,6 +276,31 @@ class ReportTest(unittest.TestCase):
         self.assertIn("is faster than the ceiling itself: no schedule of these launches reaches it.",
                       self.read("benchmarks.md"))
 
+    def test_the_marginal_table_says_which_kernels_cannot_close_the_gap(self):
+        marginal = [{"left_out": "QKV + RoPE + append", "tok_s": 1113.4, "us_per_layer": 2.69},
+                    {"left_out": "attention + O projection", "tok_s": 1104.6, "us_per_layer": 2.49},
+                    {"left_out": "down projection", "tok_s": 1328.0, "us_per_layer": 7.24}]
+        self.write("model.json", dict(model_json(), decode_marginal=marginal))
+        self.assertEqual(self.run_report(NO_MATPLOTLIB)[0], 0)
+        self.assertIn("the step runs without QKV + RoPE + append 1113; without attention + O projection 1105; "
+                      "without down projection 1328 tokens/s. So even at no cost, QKV + RoPE + append or "
+                      "attention + O projection alone would leave decode below 1150 tokens/s; only leaving out "
+                      "down projection, and its weights with it, reaches it.", self.read("benchmarks.md"))
+        # Every removal short of the target: no "only leaving out" clause.
+        self.write("model.json", dict(model_json(), decode_marginal=marginal[:2]))
+        self.assertEqual(self.run_report(NO_MATPLOTLIB)[0], 0)
+        md = self.read("benchmarks.md")
+        self.assertIn("alone would leave decode below 1150 tokens/s.", md)
+        self.assertNotIn("only leaving out", md)
+        # The target met, or another GPU (whose report weighs no H200 target): no such paragraph.
+        self.write("model.json", dict(model_json(), decode_tok_s=1200.0, decode_marginal=marginal))
+        self.assertEqual(self.run_report(NO_MATPLOTLIB)[0], 0)
+        self.assertNotIn("How far any one kernel", self.read("benchmarks.md"))
+        h100 = "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79 GiB)"
+        self.write("model.json", dict(model_json(), device=h100, decode_marginal=marginal))
+        self.assertEqual(self.run_report(NO_MATPLOTLIB)[0], 0)
+        self.assertNotIn("How far any one kernel", self.read("benchmarks_h100_80gb_hbm3.md"))
+
     def test_failed_logits_check_is_reported(self):
         self.write("model.json", model_json())
         self.write("hf_logits.json", logits_json(passed=False, ours_vs_fp32={"max": 0.2, "mean": 0.1}))
