@@ -6,7 +6,9 @@
 Reads, from --bench-dir (scripts/bench_all.sh clears them at the start of each run, so
 every file there is this run's):
   model.json      from bench_model (chapter 08): TTFT, decode tokens/s, GB/s, memory,
-                  breakdown. Required: without it nothing is written (exit 1), so an
+                  breakdown, the marginal table (on the H200, when decode misses its
+                  target, the report says which kernels could not close the gap even at
+                  no cost). Required: without it nothing is written (exit 1), so an
                   older report is never replaced by one without our numbers.
   pytorch.json    from scripts/bench_pytorch.py: the same measurements for HF transformers.
                   Used only when it names the same GPU and checkpoint as model.json;
