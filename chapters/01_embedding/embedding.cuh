@@ -61,9 +61,10 @@ inline constexpr EmbeddingVersion kEmbeddingVersions[] = {
 /// The version later chapters call. Measured on the H200 (README): v3 wins on long
 /// prompts (93% of copy bandwidth at T=32768), v2 on a handful of rows (decode, T = 1),
 /// where v3's 256-thread blocks with one busy warp only add latency; at T = 4096 they
-/// tie (11.5 us each). Where between 1 and 4096 v2 stops winning was not measured: the
-/// benchmark times T = 512 too, but that run's rows were not recorded, so the switch at
-/// 512 is a choice inside the tie, not a measured crossover.
+/// tie (11.5 us each). Where between 1 and 4096 v2 stops winning on the H200 was not
+/// recorded, so the switch at 512 is a choice inside the tie. On an H100 (README,
+/// bench_embedding_h100.txt) v2 wins up to T = 2048 and ties v3 from 4096 on, so the
+/// switch costs nothing there.
 inline void embedding_forward(__nv_bfloat16* out, const __nv_bfloat16* table, const int32_t* token_ids, int T,
                               int C, int V, int* invalid_id_count, cudaStream_t stream = 0) {
   if (T <= 512) {
