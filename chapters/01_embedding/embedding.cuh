@@ -63,8 +63,9 @@ inline constexpr EmbeddingVersion kEmbeddingVersions[] = {
 /// where v3's 256-thread blocks with one busy warp only add latency; at T = 4096 they
 /// tie (11.5 us each). Where between 1 and 4096 v2 stops winning on the H200 was not
 /// recorded, so the switch at 512 is a choice inside the tie. On an H100 (README,
-/// bench_embedding_h100.txt) v2 wins up to T = 2048 and ties v3 from 4096 on, so the
-/// switch costs nothing there.
+/// bench_embedding_h100.txt) v2 wins up to T = 2048 and ties v3 from 4096 on, so there
+/// the switch at 512 costs 0.3-0.7 us at 1024-2048 rows; it stays until an H200 run
+/// says where that card's crossover is.
 inline void embedding_forward(__nv_bfloat16* out, const __nv_bfloat16* table, const int32_t* token_ids, int T,
                               int C, int V, int* invalid_id_count, cudaStream_t stream = 0) {
   if (T <= 512) {
