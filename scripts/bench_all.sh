@@ -2,7 +2,7 @@
 # The one-call GPU benchmark of issue 7, on a machine with a GPU:
 #
 #   [OUT=dir] [BUILD=dir] [CHAPTERS=regex] [MODEL_DIR=dir] [SKIP_COMPILED=1] [SKIP_PYTORCH=1] [PYTORCH_ONLY=1] \
-#     [SKIP_CEILING=1] \
+#     [SKIP_LLAMACPP=1] [LLAMACPP_ONLY=1] [SKIP_CEILING=1] \
 #     bash scripts/bench_all.sh
 #
 #  0. clears this run's outputs in $BUILD/bench (every *.json, bench_model's model_*.csv),
@@ -31,12 +31,18 @@
 #     SKIP_CEILING=1 skips it);
 #  4. runs the PyTorch baseline -> $BUILD/bench/pytorch.json (SKIP_COMPILED=1 skips the
 #     torch.compile run, which takes minutes to compile; SKIP_PYTORCH=1 skips the step,
-#     for a quick check of our own numbers). Where one call may not run everything (the
-#     device tool's 600 s: a fresh machine's build and bench_model take ~450 s, PyTorch
-#     with its compile ~200 s more), split the run in two on the same machine:
-#     SKIP_PYTORCH=1 first, then PYTORCH_ONLY=1, which keeps the first call's results,
-#     runs only this step and writes the report from both (its header names when each
-#     part finished);
+#     for a quick check of our own numbers);
+#  4b. builds and runs llama.cpp on the same GPU and checkpoint -> $BUILD/bench/llamacpp.json
+#     (scripts/bench_llamacpp.py: llama-bench, CUDA, f16, flash attention; its source is
+#     third_party/llama.cpp, which scripts/fetch_llamacpp.sh fetches on a machine with
+#     network; without it the step is skipped with a note, not failed; SKIP_LLAMACPP=1
+#     skips it). Its first build takes minutes.
+#     Where one call may not run everything (the device tool's 600 s: a fresh machine's
+#     build and bench_model take ~450 s, PyTorch with its compile ~200 s more, llama.cpp's
+#     build and benchmark minutes more), split the run on the same machine:
+#     SKIP_PYTORCH=1 SKIP_LLAMACPP=1 first, then LLAMACPP_ONLY=1 and PYTORCH_ONLY=1, each
+#     of which keeps the earlier calls' results, runs only its baseline and writes the
+#     report from all of them (its header names when each part finished);
 #  5. writes docs/benchmarks.md and docs/benchmarks.png, on another GPU than the H200
 #     docs/benchmarks_<gpu>.md and .png (scripts/make_bench_report.py;
 #     it refuses without model.json, leaves out a baseline from another GPU or checkpoint,
@@ -63,14 +69,19 @@ step() { echo "== $(date -u +%H:%M:%S) $*"; }
 publish() {
   [ -n "${OUT:-}" ] || return 0
   mkdir -p "$OUT"
-  # The device tool returns at most 8 files: the report, the plot, the JSON files, and
-  # bench_model's CSV tables and this run's logs in one archive.
+  # The device tool returns at most 8 files: the report, the plot, the five result files
+  # the report reads, and the rest (bench_model's CSV tables, llama-bench's own JSON, this
+  # run's logs) in one archive.
+  local name
   if [ "$report_written" = 1 ]; then
     cp "docs/$report_name.md" "$OUT"/
     [ -f "docs/$report_name.png" ] && cp "docs/$report_name.png" "$OUT"/
   fi
-  cp "$bench_dir"/*.json "$OUT"/ 2>/dev/null
-  tar -C "$bench_dir" -cf "$OUT/bench_csv.tar" $(cd "$bench_dir" && ls model_*.csv ./*.log 2>/dev/null) 2>/dev/null
+  for name in model hf_logits step_vs_ceiling pytorch llamacpp; do
+    [ -f "$bench_dir/$name.json" ] && cp "$bench_dir/$name.json" "$OUT"/
+  done
+  tar -C "$bench_dir" -cf "$OUT/bench_csv.tar" \
+    $(cd "$bench_dir" && ls model_*.csv llamacpp_bench_*.json ./*.log 2>/dev/null) 2>/dev/null
   return 0
 }
 report() {
@@ -88,17 +99,30 @@ report() {
 # 0. This run's outputs only: the JSON files and bench_model's tables. The chapters'
 # own bench_* CSVs (`make bench` writes them here just before calling this script) stay;
 # the report does not read them.
-# PYTORCH_ONLY=1 (the second call of a run split in two, below) keeps them and clears only
-# the baseline's.
-pytorch_only="${PYTORCH_ONLY:-0}"
-if [ "$pytorch_only" = 1 ]; then
-  if [ "${SKIP_PYTORCH:-0}" = 1 ]; then
-    echo "PYTORCH_ONLY=1 and SKIP_PYTORCH=1 ask for nothing: set one of them"
-    exit 1
-  fi
+# PYTORCH_ONLY=1 or LLAMACPP_ONLY=1 (the later calls of a split run, above) keep them and
+# clear only that baseline's.
+run_pytorch=1; run_llamacpp=1
+[ "${SKIP_PYTORCH:-0}" = 1 ] && run_pytorch=0
+[ "${SKIP_LLAMACPP:-0}" = 1 ] && run_llamacpp=0
+baseline_only=""
+if [ "${PYTORCH_ONLY:-0}" = 1 ] && [ "${LLAMACPP_ONLY:-0}" = 1 ]; then
+  echo "PYTORCH_ONLY=1 and LLAMACPP_ONLY=1: set one of them (one baseline a call)"
+  exit 1
+elif [ "${PYTORCH_ONLY:-0}" = 1 ]; then
+  baseline_only=pytorch; run_llamacpp=0
+  [ "$run_pytorch" = 1 ] || { echo "PYTORCH_ONLY=1 and SKIP_PYTORCH=1 ask for nothing: set one of them"; exit 1; }
   rm -f "$bench_dir/pytorch.json"
+elif [ "${LLAMACPP_ONLY:-0}" = 1 ]; then
+  baseline_only=llamacpp; run_pytorch=0
+  [ "$run_llamacpp" = 1 ] || { echo "LLAMACPP_ONLY=1 and SKIP_LLAMACPP=1 ask for nothing: set one of them"; exit 1; }
+  rm -f "$bench_dir"/llamacpp*.json
+fi
+later_call=0  # a later call of a split run: our own numbers are kept, not measured again
+[ -n "$baseline_only" ] && later_call=1
+if [ -n "$baseline_only" ]; then
   if [ ! -f "$bench_dir/model.json" ]; then
-    echo "PYTORCH_ONLY=1: no $bench_dir/model.json to compare with: run this script without it first (same BUILD)"
+    echo "${baseline_only^^}_ONLY=1: no $bench_dir/model.json to compare with: run this script without it first" \
+         "(same BUILD)"
     exit 1
   fi
 else
@@ -177,7 +201,7 @@ if ! checkpoint_complete "$model"; then
   python3 scripts/make_random_checkpoint.py --out "$model" || { echo "checkpoint: FAILED"; exit 1; }
 fi
 
-if [ "$pytorch_only" != 1 ]; then
+if [ "$later_call" != 1 ]; then
   # 2. Build.
   step "build bench_model in $build (CHAPTERS='$chapters')"
   make configure BUILD="$build" CHAPTERS="$chapters" CUDA_ARCH="${CUDA_ARCH:-}" >"$bench_dir/configure.log" 2>&1 \
@@ -212,7 +236,7 @@ if [ "$pytorch_only" != 1 ]; then
            --out "$bench_dir/step_vs_ceiling.json" \
       || { echo "step_vs_ceiling: FAILED"; status=1; }
   fi
-fi  # not PYTORCH_ONLY
+fi  # not a later call (PYTORCH_ONLY, LLAMACPP_ONLY)
 
 if [ ! -f "$bench_dir/model.json" ]; then
   # Nothing to compare a baseline with, and the report refuses without it.
@@ -221,30 +245,46 @@ if [ ! -f "$bench_dir/model.json" ]; then
   exit 1
 fi
 
-if [ "$pytorch_only" != 1 ]; then
+if [ "$later_call" != 1 ]; then
   step "report (our numbers)"
   report
   publish
 fi
 
-# 4. The baseline.
-if [ "${SKIP_PYTORCH:-0}" = 1 ]; then
-  step "done without the PyTorch baseline (status $status)"
+# 4. The baselines.
+if [ "$run_pytorch" = 0 ] && [ "$run_llamacpp" = 0 ]; then
+  step "done without the baselines (status $status)"
   exit $status
 fi
 
-step "PyTorch baseline"
-compiled_flag=()
-[ "${SKIP_COMPILED:-0}" = 1 ] && compiled_flag=(--skip-compiled)
-if needs "bench_pytorch" torch transformers safetensors; then
-  python3 scripts/bench_pytorch.py --model "$model" --out "$bench_dir/pytorch.json" "${compiled_flag[@]}" \
-    || { echo "bench_pytorch: FAILED"; status=1; }
-else
-  status=1
+if [ "$run_pytorch" = 1 ]; then
+  step "PyTorch baseline"
+  compiled_flag=()
+  [ "${SKIP_COMPILED:-0}" = 1 ] && compiled_flag=(--skip-compiled)
+  if needs "bench_pytorch" torch transformers safetensors; then
+    python3 scripts/bench_pytorch.py --model "$model" --out "$bench_dir/pytorch.json" "${compiled_flag[@]}" \
+      || { echo "bench_pytorch: FAILED"; status=1; }
+  else
+    status=1
+  fi
 fi
 
-# 5. The report with the baseline.
-step "report (with the baseline)"
+# 4b. llama.cpp on the same GPU (its source travels as third_party/llama.cpp).
+if [ "$run_llamacpp" = 1 ]; then
+  step "llama.cpp baseline"
+  if [ ! -f third_party/llama.cpp/CMakeLists.txt ]; then
+    echo "bench_llamacpp: SKIPPED: no third_party/llama.cpp (bash scripts/fetch_llamacpp.sh fetches it on a machine" \
+         "with network; a GPU machine without one needs it carried over)"
+  elif needs "bench_llamacpp" numpy ml_dtypes; then
+    python3 scripts/bench_llamacpp.py --model "$model" --bench-dir "$bench_dir" --work-dir "$build/llamacpp" \
+      --cuda-arch "${CUDA_ARCH:-native}" || { echo "bench_llamacpp: FAILED"; status=1; }
+  else
+    status=1
+  fi
+fi
+
+# 5. The report with the baselines.
+step "report (with the baselines)"
 report
 
 publish

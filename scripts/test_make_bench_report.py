@@ -57,6 +57,18 @@ def logits_json(**changes):
     return result
 
 
+def llamacpp_json(**changes):
+    """bench_llamacpp.py's output: 500 tokens/s (1000 / 500 = 2.00x), prefill 16 ms at 512
+    tokens (16 / 4 = 4.00x)."""
+    result = {"engine": "llama.cpp", "device": "NVIDIA H200", "model": CHECKPOINT, "build_commit": "0c1e570",
+              "source": "llama.cpp vendored by llama-cpp-python==0.3.36", "weights": "f16", "flash_attn": "on",
+              "n_gpu_layers": 99, "decode_tokens": 256, "decode_depth": 16, "decode_tok_s": 500.0,
+              "decode_ms_per_token": 2.0, "prefill_ms": {"16": 4.0, "128": 8.0, "512": 16.0, "2048": 60.0},
+              "reps": 5}
+    result.update(changes)
+    return result
+
+
 def ceiling_json(**changes):
     """step_vs_ceiling.py's output, worked out by hand: ceilings 800 and 802 us (801), the
     step's runs 990, 1000, 1010 tokens/s (median 1000: 1000 us), 199 us over the ceiling,
@@ -127,6 +139,7 @@ class ReportTest(unittest.TestCase):
         self.write("pytorch.json", pytorch_json())
         self.write("hf_logits.json", logits_json())
         self.write("step_vs_ceiling.json", ceiling_json())
+        self.write("llamacpp.json", llamacpp_json())
         self.write("model_decode.csv", "decode path,tokens/s\ngraph,1000\n")
         self.write("rmsnorm.csv", "version,GB/s\nv1,123456\n")  # a chapter table: not this run's to report
         plot = fake_matplotlib()
@@ -135,12 +148,19 @@ class ReportTest(unittest.TestCase):
         md = self.read("benchmarks.md")
         self.assertNotIn("OLD REPORT", md)
         self.assertIn("| llama.cpp (anchor from issue 7, not run here) | 218 | 4.587 |  |  | 4.59x faster |", md)
-        self.assertEqual(bar_names(plot), ["this project", "PyTorch eager", "PyTorch compiled", "llama.cpp (anchor)"])
+        self.assertEqual(bar_names(plot), ["this project", "PyTorch eager", "PyTorch compiled", "llama.cpp (this run)",
+                                           "llama.cpp (anchor)"])
         self.assertNotIn("> **Note:**", md)
+        # llama.cpp measured in this run: 1000 / 500 = 2.00x; 16 / 4 = 4.00x at 512 tokens.
+        self.assertIn("| llama.cpp 0c1e570 (CUDA, f16, flash attention; this run) | 500 | 2.000 |  |  | 2.00x faster |",
+                      md)
+        self.assertIn("| 512 | 4.00 | 4.20 | 128000 | 24.00 | 6.00x | 16.00 | 4.00x | 16.4 |", md)
+        self.assertIn("llama.cpp was built and run in this run on the same GPU (llama.cpp vendored by "
+                      "llama-cpp-python==0.3.36", md)
+        self.assertIn("median of 5 repetitions", md)
         # 1000 / 40 = 25, 1000 / 250 = 4, 1000 / 218 = 4.587; TTFT 24 / 4 = 6.
         self.assertIn("| PyTorch + HF transformers, eager | 40 | 25.000 |  |  | 25.00x faster |", md)
         self.assertIn("| PyTorch, StaticCache + torch.compile (CUDA graphs) | 250 | 4.000 |  |  | 4.00x faster |", md)
-        self.assertIn("| 512 | 4.00 | 4.20 | 128000 | 24.00 | 6.00x | 16.4 |", md)
         self.assertIn("## Logits against HF transformers", md)
         self.assertIn("| this project (CUDA, bf16) | fp32 | 0.0350 | 0.0200 | 98.4% |", md)
         self.assertIn("| HF transformers, bf16 | fp32 | 0.0380 | 0.0210 | 96.9% |", md)
@@ -181,6 +201,36 @@ class ReportTest(unittest.TestCase):
         self.assertIn("results (finished: bench_model 2026-12-05 12:11 UTC, "
                       "the PyTorch baseline 2026-12-05 12:40 UTC).", header)
         self.assertNotIn("logits check", header)
+
+    def test_llamacpp_of_another_gpu_is_left_out(self):
+        self.write("model.json", model_json())
+        self.write("llamacpp.json", llamacpp_json(device="NVIDIA H100 80GB HBM3"))
+        plot = fake_matplotlib()
+        code, _ = self.run_report(plot)
+        self.assertEqual(code, 0)
+        md = self.read("benchmarks.md")
+        self.assertIn("> **Note:** llama.cpp baseline left out: llamacpp.json names the GPU 'NVIDIA H100 80GB HBM3'", md)
+        self.assertNotIn("this run) |", md)
+        self.assertNotIn("llama.cpp, this run (ms)", md)
+        self.assertNotIn("llama.cpp (this run)", bar_names(plot))
+
+    def test_llamacpp_missing_is_said(self):
+        self.write("model.json", model_json())
+        self.write("pytorch.json", pytorch_json())
+        code, _ = self.run_report(NO_MATPLOTLIB)
+        self.assertEqual(code, 0)
+        md = self.read("benchmarks.md")
+        self.assertIn("> **Note:** llama.cpp baseline: not measured in this run (no llamacpp.json", md)
+        self.assertIn("| 512 | 4.00 | 4.20 | 128000 | 24.00 | 6.00x | 16.4 |", md)
+
+    def test_llamacpp_in_a_later_call_says_when(self):
+        self.write("model.json", dict(model_json(), finished_utc="2026-12-06 10:00 UTC"))
+        self.write("llamacpp.json", llamacpp_json(finished_utc="2026-12-06 10:08 UTC"))
+        code, _ = self.run_report(NO_MATPLOTLIB)
+        self.assertEqual(code, 0)
+        header = self.read("benchmarks.md").splitlines()[2]
+        self.assertIn("(finished: bench_model 2026-12-06 10:00 UTC, the llama.cpp baseline 2026-12-06 10:08 UTC)",
+                      header)
 
     def test_header_without_times(self):
         self.write("model.json", model_json())

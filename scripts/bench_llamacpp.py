@@ -1,0 +1,201 @@
+"""llama.cpp on the same GPU and checkpoint as bench_model: issue 7's llama.cpp baseline, measured.
+
+    python3 scripts/bench_llamacpp.py --model models/bielik-shaped-random \
+        --bench-dir build-bench/bench [--work-dir build-bench/llamacpp] \
+        [--llamacpp third_party/llama.cpp] [--cuda-arch 90] [--reps 5]
+
+Issue 7 gives llama.cpp's speed on the H200 as an anchor (218 tokens/s, an early-2025
+build). This measures a current llama.cpp in the same run as our own numbers instead, so
+the report's ratio compares two engines on one GPU, one checkpoint and one day:
+
+  1. builds llama.cpp's `llama-bench` with its CUDA backend for --cuda-arch (the source
+     comes from scripts/fetch_llamacpp.sh, on a machine with network; CMake + nvcc; the
+     first build on a 16-core GPU machine takes minutes, later ones are incremental);
+  2. writes the checkpoint as GGUF, f16 (scripts/checkpoint_to_gguf.py: every tensor,
+     biases included; reused while newer than the checkpoint);
+  3. runs llama-bench with every layer on the GPU and flash attention on, as llama.cpp's
+     CUDA users run it: prompts of 16, 128, 512 and 2048 tokens in a fresh context
+     (TTFT: llama.cpp's whole prompt pass, as ours), then 256 tokens generated one at a
+     time after a 16-token prompt (our decode benchmark's shape: `-n 256 -d 16`); --reps
+     repetitions each after llama-bench's warm-up run;
+  4. writes --bench-dir/llamacpp.json: medians over the repetitions, the GPU's name and
+     the checkpoint's folder (make_bench_report.py uses the file only beside a model.json
+     of the same GPU and checkpoint), llama.cpp's commit and the raw samples.
+     llama-bench's own JSON stays beside it (llamacpp_bench_*.json).
+
+Exit status 0 when llamacpp.json was written; otherwise 1 with the reason on stderr.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+PROMPTS = [16, 128, 512, 2048]
+DECODE_TOKENS = 256
+DECODE_DEPTH = 16  # bench_model decodes after a 16-token prompt
+
+CMAKE_OPTIONS = [  # llama-bench and its libraries only, statically linked, CUDA on
+    "-DGGML_CUDA=ON", "-DBUILD_SHARED_LIBS=OFF", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_OPENSSL=OFF",
+]
+
+
+def log(message):
+    print(f"bench_llamacpp: {message}", flush=True)
+
+
+def fail(message):
+    print(f"bench_llamacpp: {message}", file=sys.stderr)
+    raise SystemExit(1)
+
+
+def run_logged(command, log_path):
+    """Runs command with its output in log_path; on failure, stops with the log's end."""
+    with open(log_path, "w") as log_file:
+        result = subprocess.run(command, stdout=log_file, stderr=subprocess.STDOUT)
+    if result.returncode != 0:
+        with open(log_path) as log_file:
+            tail = log_file.read()[-4000:]
+        fail(f"`{' '.join(command[:4])} ...` exited with {result.returncode} (log: {log_path}):\n{tail}")
+
+
+def build(source, build_dir, cuda_arch, jobs):
+    """Configures (once) and builds llama-bench; returns its path."""
+    if not os.path.isfile(os.path.join(source, "CMakeLists.txt")):
+        fail(f"{source}: no llama.cpp source there. On a machine with network run `bash scripts/fetch_llamacpp.sh`; "
+             "a GPU machine without network needs third_party/llama.cpp carried over with the working tree")
+    os.makedirs(build_dir, exist_ok=True)
+    if not os.path.exists(os.path.join(build_dir, "CMakeCache.txt")):
+        command = ["cmake", "-S", source, "-B", build_dir, f"-DCMAKE_CUDA_ARCHITECTURES={cuda_arch}"] + CMAKE_OPTIONS
+        if shutil.which("ninja"):
+            command += ["-G", "Ninja"]
+        run_logged(command, os.path.join(build_dir, "configure.log"))
+    start = time.time()
+    run_logged(["cmake", "--build", build_dir, "--target", "llama-bench", "-j", str(jobs)],
+               os.path.join(build_dir, "build.log"))
+    log(f"llama-bench built in {time.time() - start:.0f} s")
+    binary = os.path.join(build_dir, "bin", "llama-bench")
+    if not os.access(binary, os.X_OK):
+        fail(f"the build left no {binary}")
+    return binary
+
+
+def newest_weights_mtime(model):
+    files = [f for f in os.listdir(model) if f.endswith(".safetensors") or f == "config.json"]
+    if not files:
+        fail(f"{model}: no .safetensors files")
+    return max(os.path.getmtime(os.path.join(model, f)) for f in files)
+
+
+def convert(model, gguf_path, gguf_py):
+    if os.path.exists(gguf_path) and os.path.getmtime(gguf_path) > newest_weights_mtime(model):
+        log(f"{gguf_path}: up to date")
+        return
+    os.makedirs(os.path.dirname(gguf_path) or ".", exist_ok=True)
+    start = time.time()
+    subprocess.run([sys.executable, os.path.join(HERE, "checkpoint_to_gguf.py"), "--model", model, "--out", gguf_path,
+                    "--dtype", "f16", "--gguf-py", gguf_py], check=True)
+    log(f"GGUF written in {time.time() - start:.0f} s")
+
+
+def run_bench(binary, gguf_path, extra, reps, raw_path):
+    command = [binary, "-m", gguf_path, "-ngl", "99", "-fa", "on", "-r", str(reps), "-o", "json"] + extra
+    log(" ".join(command))
+    result = subprocess.run(command, check=False, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if result.returncode != 0:
+        fail(f"llama-bench exited with {result.returncode}:\n{result.stderr[-3000:]}")
+    with open(raw_path, "w") as f:
+        f.write(result.stdout)
+    try:
+        return json.loads(result.stdout)
+    except ValueError as e:
+        fail(f"llama-bench's output is not JSON ({e}); kept in {raw_path}")
+
+
+def median_ms(entry):
+    samples = entry.get("samples_ns") or []
+    if not samples:
+        fail(f"llama-bench's result for n_prompt={entry.get('n_prompt')}, n_gen={entry.get('n_gen')} has no samples")
+    return statistics.median(samples) / 1e6
+
+
+def summarize(prefill_runs, decode_runs, model, reps, source_note=""):
+    """llamacpp.json's content from llama-bench's JSON lists (one entry per test)."""
+    runs = list(prefill_runs) + list(decode_runs)
+    if not runs:
+        fail("llama-bench reported no tests")
+    first = runs[0]
+    prefill_ms, samples = {}, {}
+    for entry in prefill_runs:
+        if entry.get("n_gen", 0) == 0 and entry.get("n_prompt", 0) > 0 and entry.get("n_depth", 0) == 0:
+            prefill_ms[str(entry["n_prompt"])] = median_ms(entry)
+            samples[f"pp{entry['n_prompt']}"] = entry["samples_ns"]
+    decode = [e for e in decode_runs if e.get("n_gen", 0) > 0 and e.get("n_prompt", 0) == 0]
+    if not decode:
+        fail("llama-bench reported no generation test")
+    n_gen = decode[0]["n_gen"]
+    decode_ms = median_ms(decode[0])
+    samples[f"tg{n_gen}@d{decode[0].get('n_depth', 0)}"] = decode[0]["samples_ns"]
+    return {
+        "engine": "llama.cpp",
+        "device": (first.get("gpu_info") or "").split(",")[0].strip(),
+        "model": model,
+        "build_commit": first.get("build_commit"),
+        "source": source_note,
+        "model_type": first.get("model_type"),
+        "weights": "f16",
+        "flash_attn": first.get("flash_attn"),
+        "n_gpu_layers": first.get("n_gpu_layers"),
+        "decode_tokens": n_gen,
+        "decode_depth": decode[0].get("n_depth", 0),
+        "decode_tok_s": n_gen / (decode_ms / 1000),
+        "decode_ms_per_token": decode_ms / n_gen,
+        "prefill_ms": prefill_ms,
+        "reps": reps,
+        "samples_ns": samples,
+        "finished_utc": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="the checkpoint folder bench_model measured")
+    parser.add_argument("--bench-dir", default="build-bench/bench")
+    parser.add_argument("--work-dir", default=None, help="build tree and GGUF (default: beside --bench-dir)")
+    parser.add_argument("--llamacpp", default=os.path.join(ROOT, "third_party", "llama.cpp"))
+    parser.add_argument("--cuda-arch", default=os.environ.get("CUDA_ARCH") or "90")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 4)
+    args = parser.parse_args(argv)
+
+    work = args.work_dir or os.path.join(os.path.dirname(os.path.normpath(args.bench_dir)), "llamacpp")
+    os.makedirs(args.bench_dir, exist_ok=True)
+    binary = build(args.llamacpp, os.path.join(work, "build"), args.cuda_arch, args.jobs)
+    gguf_path = os.path.join(work, os.path.basename(os.path.normpath(args.model)) + "-f16.gguf")
+    convert(args.model, gguf_path, os.path.join(args.llamacpp, "gguf-py"))
+    prefill = run_bench(binary, gguf_path, ["-p", ",".join(map(str, PROMPTS)), "-n", "0"], args.reps,
+                        os.path.join(args.bench_dir, "llamacpp_bench_prefill.json"))
+    decode = run_bench(binary, gguf_path, ["-p", "0", "-n", str(DECODE_TOKENS), "-d", str(DECODE_DEPTH)], args.reps,
+                       os.path.join(args.bench_dir, "llamacpp_bench_decode.json"))
+    stamp = os.path.join(args.llamacpp, ".fetched-from")
+    source = open(stamp).read().strip() if os.path.exists(stamp) else "unknown"
+    result = summarize(prefill, decode, args.model, args.reps, f"llama.cpp vendored by {source}")
+    out = os.path.join(args.bench_dir, "llamacpp.json")
+    with open(out + ".partial", "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(out + ".partial", out)
+    log(f"{out}: decode {result['decode_tok_s']:.0f} tokens/s, prefill " +
+        ", ".join(f"{n}: {ms:.2f} ms" for n, ms in result["prefill_ms"].items()) + f" on {result['device']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

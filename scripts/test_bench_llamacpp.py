@@ -1,0 +1,112 @@
+"""Tests of scripts/bench_llamacpp.py without a GPU or a llama.cpp build.
+
+    python3 scripts/test_bench_llamacpp.py      (ctest: test_bench_llamacpp_script)
+
+llama-bench is replaced by stand-in programs that print what llama-bench prints with
+`-o json` (the fields bench_llamacpp.py reads, with round numbers) or fail, so the
+medians, tokens/s and the file it writes are worked out by hand below, and a failed or
+unreadable benchmark must stop with the reason instead of writing llamacpp.json.
+"""
+import contextlib
+import io
+import json
+import os
+import stat
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_llamacpp  # noqa: E402
+
+
+def entry(n_prompt, n_gen, samples_ns, n_depth=0):
+    return {"build_commit": "0c1e570", "gpu_info": "NVIDIA H200", "model_type": "llama 1B F16",
+            "n_gpu_layers": 99, "flash_attn": "on", "n_prompt": n_prompt, "n_gen": n_gen, "n_depth": n_depth,
+            "samples_ns": samples_ns}
+
+
+# Prefill medians: 16 tokens 2 ms (of 3, 2, 1 ms: the middle value, not the mean of the
+# first), 512 tokens 10 ms. Decode: 256 tokens in 512 ms (median of 510, 512, 600 ms):
+# 500 tokens/s, 2 ms a token.
+PREFILL = [entry(16, 0, [3_000_000, 2_000_000, 1_000_000]), entry(512, 0, [10_000_000, 11_000_000, 9_000_000])]
+DECODE = [entry(0, 256, [510_000_000, 512_000_000, 600_000_000], n_depth=16)]
+
+
+class SummarizeTest(unittest.TestCase):
+    def test_medians_and_rates(self):
+        result = bench_llamacpp.summarize(PREFILL, DECODE, "models/x", 3, "llama.cpp vendored by y")
+        self.assertEqual(result["device"], "NVIDIA H200")
+        self.assertEqual(result["model"], "models/x")
+        self.assertEqual(result["build_commit"], "0c1e570")
+        self.assertEqual(result["prefill_ms"], {"16": 2.0, "512": 10.0})
+        self.assertAlmostEqual(result["decode_tok_s"], 500.0)
+        self.assertAlmostEqual(result["decode_ms_per_token"], 2.0)
+        self.assertEqual((result["decode_tokens"], result["decode_depth"], result["reps"]), (256, 16, 3))
+        self.assertEqual(result["source"], "llama.cpp vendored by y")
+        self.assertEqual(result["samples_ns"]["tg256@d16"], DECODE[0]["samples_ns"])
+
+    def test_first_gpu_of_several(self):
+        two = [dict(e, gpu_info="NVIDIA H100 80GB HBM3, NVIDIA H100 80GB HBM3") for e in PREFILL]
+        self.assertEqual(bench_llamacpp.summarize(two, DECODE, "m", 3)["device"], "NVIDIA H100 80GB HBM3")
+
+    def test_missing_parts_are_refused(self):
+        for prefill, decode, words in ((PREFILL, [], "no generation test"), ([], [], "no tests"),
+                                       ([entry(16, 0, [])], DECODE, "has no samples")):
+            stderr = io.StringIO()
+            with self.assertRaises(SystemExit), contextlib.redirect_stderr(stderr):
+                bench_llamacpp.summarize(prefill, decode, "m", 3)
+            self.assertIn(words, stderr.getvalue())
+
+
+class RunBenchTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def stand_in(self, body):
+        path = os.path.join(self.tmp.name, "llama-bench")
+        with open(path, "w") as f:
+            f.write("#!/bin/sh\n" + body + "\n")
+        os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
+        return path
+
+    def test_its_json_is_read_and_kept(self):
+        args_file = os.path.join(self.tmp.name, "args")
+        binary = self.stand_in(f"echo \"$@\" > {args_file}\ncat <<'EOF'\n{json.dumps(DECODE)}\nEOF")
+        raw = os.path.join(self.tmp.name, "raw.json")
+        with contextlib.redirect_stdout(io.StringIO()):
+            runs = bench_llamacpp.run_bench(binary, "model.gguf", ["-p", "0", "-n", "256", "-d", "16"], 5, raw)
+        self.assertEqual(runs, DECODE)
+        with open(raw) as f:
+            self.assertEqual(json.load(f), DECODE)
+        with open(args_file) as f:
+            args = f.read().split()
+        # Every layer on the GPU, flash attention on, the repetitions and JSON asked for.
+        for flag, value in (("-m", "model.gguf"), ("-ngl", "99"), ("-fa", "on"), ("-r", "5"), ("-o", "json"),
+                            ("-n", "256"), ("-d", "16")):
+            self.assertEqual(args[args.index(flag) + 1], value, flag)
+
+    def test_failure_and_garbage_stop_with_the_reason(self):
+        for body, words in (("echo 'CUDA error: out of memory' >&2; exit 3", "exited with 3"),
+                            ("echo 'not json'", "not JSON")):
+            binary = self.stand_in(body)
+            stderr = io.StringIO()
+            with self.assertRaises(SystemExit), contextlib.redirect_stderr(stderr), \
+                    contextlib.redirect_stdout(io.StringIO()):
+                bench_llamacpp.run_bench(binary, "m.gguf", [], 5, os.path.join(self.tmp.name, "raw.json"))
+            self.assertIn(words, stderr.getvalue())
+            if "exited" in words:
+                self.assertIn("out of memory", stderr.getvalue())
+
+    def test_no_source_is_named(self):
+        stderr = io.StringIO()
+        with self.assertRaises(SystemExit), contextlib.redirect_stderr(stderr):
+            bench_llamacpp.build(os.path.join(self.tmp.name, "nowhere"), os.path.join(self.tmp.name, "b"), "90", 2)
+        self.assertIn("fetch_llamacpp.sh", stderr.getvalue())
+
+
+if __name__ == "__main__":
+    unittest.main()
