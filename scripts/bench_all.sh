@@ -2,7 +2,7 @@
 # The one-call GPU benchmark of issue 7, on a machine with a GPU:
 #
 #   [OUT=dir] [BUILD=dir] [CHAPTERS=regex] [MODEL_DIR=dir] [SKIP_COMPILED=1] [SKIP_PYTORCH=1] [PYTORCH_ONLY=1] \
-#     [SKIP_LLAMACPP=1] [LLAMACPP_ONLY=1] [SKIP_CEILING=1] \
+#     [SKIP_LLAMACPP=1] [LLAMACPP_ONLY=1] [BUILD_ONLY=1] [SKIP_CEILING=1] \
 #     bash scripts/bench_all.sh
 #
 #  0. clears this run's outputs in $BUILD/bench (every *.json, bench_model's model_*.csv),
@@ -42,7 +42,9 @@
 #     build and benchmark minutes more), split the run on the same machine:
 #     SKIP_PYTORCH=1 SKIP_LLAMACPP=1 first, then LLAMACPP_ONLY=1 and PYTORCH_ONLY=1, each
 #     of which keeps the earlier calls' results, runs only its baseline and writes the
-#     report from all of them (its header names when each part finished);
+#     report from all of them (its header names when each part finished). BUILD_ONLY=1,
+#     before them, does only the CPU's work (steps 1 and 2 for both engines, side by side,
+#     and the GGUF) and measures nothing, so the later calls spend their time measuring;
 #  5. writes docs/benchmarks.md and docs/benchmarks.png, on another GPU than the H200
 #     docs/benchmarks_<gpu>.md and .png (scripts/make_bench_report.py;
 #     it refuses without model.json, leaves out a baseline from another GPU or checkpoint,
@@ -199,6 +201,24 @@ if ! checkpoint_complete "$model"; then
   fi
   needs "random checkpoint" torch safetensors || { echo "checkpoint: FAILED"; exit 1; }
   python3 scripts/make_random_checkpoint.py --out "$model" || { echo "checkpoint: FAILED"; exit 1; }
+fi
+
+if [ "${BUILD_ONLY:-0}" = 1 ]; then
+  # The first call of a split run on a fresh machine: both builds at once (neither measures
+  # anything, so they may share the CPUs), then nothing else.
+  step "BUILD_ONLY: bench_model, dump_logits and bench_layer_chain in $build; llama-bench and the GGUF beside them"
+  half=$(( ($(nproc) + 1) / 2 ))
+  ( make configure BUILD="$build" CHAPTERS="$chapters" CUDA_ARCH="${CUDA_ARCH:-}" >"$bench_dir/configure.log" 2>&1 \
+      && cmake --build "$build" --target bench_model dump_logits bench_layer_chain -j "$half" >"$bench_dir/build.log" 2>&1 \
+      || { tail -n 40 "$bench_dir/configure.log" "$bench_dir/build.log"; exit 1; } ) &
+  ours=$!
+  if [ "$run_llamacpp" = 1 ] && [ -f third_party/llama.cpp/CMakeLists.txt ]; then
+    python3 scripts/bench_llamacpp.py --model "$model" --bench-dir "$bench_dir" --work-dir "$build/llamacpp" \
+      --cuda-arch "${CUDA_ARCH:-native}" --jobs "$half" --prepare-only || { echo "llama.cpp build: FAILED"; status=1; }
+  fi
+  wait "$ours" || { echo "build: FAILED"; status=1; }
+  step "BUILD_ONLY: done (status $status)"
+  exit $status
 fi
 
 if [ "$later_call" != 1 ]; then

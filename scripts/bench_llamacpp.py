@@ -174,6 +174,8 @@ def main(argv=None):
     parser.add_argument("--cuda-arch", default=os.environ.get("CUDA_ARCH") or "90")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 4)
+    parser.add_argument("--prepare-only", action="store_true",
+                        help="build llama-bench and write the GGUF, measure nothing (bench_all.sh BUILD_ONLY=1)")
     args = parser.parse_args(argv)
 
     work = args.work_dir or os.path.join(os.path.dirname(os.path.normpath(args.bench_dir)), "llamacpp")
@@ -181,6 +183,8 @@ def main(argv=None):
     binary = build(args.llamacpp, os.path.join(work, "build"), args.cuda_arch, args.jobs)
     gguf_path = os.path.join(work, os.path.basename(os.path.normpath(args.model)) + "-f16.gguf")
     convert(args.model, gguf_path, os.path.join(args.llamacpp, "gguf-py"))
+    if args.prepare_only:
+        return 0
     prefill = run_bench(binary, gguf_path, ["-p", ",".join(map(str, PROMPTS)), "-n", "0"], args.reps,
                         os.path.join(args.bench_dir, "llamacpp_bench_prefill.json"))
     decode = run_bench(binary, gguf_path, ["-p", "0", "-n", str(DECODE_TOKENS), "-d", str(DECODE_DEPTH)], args.reps,
