@@ -75,6 +75,9 @@ def build(source, build_dir, cuda_arch, jobs):
     os.makedirs(build_dir, exist_ok=True)
     if not os.path.exists(os.path.join(build_dir, "CMakeCache.txt")):
         command = ["cmake", "-S", source, "-B", build_dir, f"-DCMAKE_CUDA_ARCHITECTURES={cuda_arch}"] + CMAKE_OPTIONS
+        commit_file = os.path.join(source, ".commit")  # fetch_llamacpp.sh: the tree has no git history
+        if os.path.exists(commit_file):
+            command.append(f"-DLLAMA_BUILD_COMMIT={open(commit_file).read().strip()}")
         if shutil.which("ninja"):
             command += ["-G", "Ninja"]
         run_logged(command, os.path.join(build_dir, "configure.log"))

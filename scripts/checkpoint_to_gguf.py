@@ -4,7 +4,7 @@
         --out build-bench/llamacpp/bielik-f16.gguf [--dtype f16|bf16] \
         [--gguf-py third_party/llama.cpp/gguf-py]
 
-The same-GPU llama.cpp baseline of issue 7 (scripts/bench_llamacpp.sh) needs the benchmark
+The same-GPU llama.cpp baseline of issue 7 (scripts/bench_llamacpp.py) needs the benchmark
 checkpoint in llama.cpp's format. llama.cpp's own converter (convert_hf_to_gguf.py) wants
 the checkpoint's tokenizer, and the random Bielik-shaped checkpoint has none; llama-bench
 feeds token ids, never text, so this writer gives the file a placeholder vocabulary of the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fetches llama.cpp's source for the same-GPU baseline of issue 7 (scripts/bench_llamacpp.sh):
+# Fetches llama.cpp's source for the same-GPU baseline of issue 7 (scripts/bench_llamacpp.py):
 #
 #   bash scripts/fetch_llamacpp.sh        # on a machine that reaches PyPI
 #
@@ -36,18 +36,23 @@ echo "$sha256  $archive" | sha256sum --check --quiet - || {
   echo "fetch_llamacpp: $archive does not have the pinned sha256 $sha256" >&2; exit 1; }
 
 top="llama_cpp_python-$version/vendor/llama.cpp"
-# What the build of llama-bench and gguf-py do not need. The other GPU backends' folders
-# are only entered when their GGML_<backend> option is on, which bench_llamacpp.sh leaves off.
+# What the build of llama-bench and gguf-py do not need (.git: a link into the
+# archive's own git folder, which is not extracted). The other GPU backends' folders
+# are only entered when their GGML_<backend> option is on, which bench_llamacpp.py leaves off.
 excludes=()
 for path in models docs tests examples media benches pocs skills ci .devops .github app tools/ui tools/server \
             ggml/src/ggml-cann ggml/src/ggml-et ggml/src/ggml-hexagon ggml/src/ggml-metal ggml/src/ggml-musa \
             ggml/src/ggml-opencl ggml/src/ggml-openvino ggml/src/ggml-sycl ggml/src/ggml-virtgpu \
-            ggml/src/ggml-vulkan ggml/src/ggml-webgpu ggml/src/ggml-zdnn ggml/src/ggml-zendnn; do
+            ggml/src/ggml-vulkan ggml/src/ggml-webgpu ggml/src/ggml-zdnn ggml/src/ggml-zendnn .git; do
   excludes+=("--exclude=$top/$path")
 done
-tar -xzf "$archive" -C "$tmp" "${excludes[@]}" "$top"
+head_file="llama_cpp_python-$version/.git/modules/vendor/llama.cpp/HEAD"  # the vendored commit
+tar -xzf "$archive" -C "$tmp" "${excludes[@]}" "$top" "$head_file"
 rm -rf "$dest.partial" && mkdir -p "$(dirname "$dest")"
 mv "$tmp/$top" "$dest.partial"
+# The tree has no git history of its own, so its commit is kept here for the build
+# (bench_llamacpp.py passes it as LLAMA_BUILD_COMMIT, which llama-bench reports).
+head -c 7 "$tmp/$head_file" > "$dest.partial/.commit"
 echo "llama-cpp-python==$version" > "$dest.partial/.fetched-from"
 rm -rf "$dest" && mv "$dest.partial" "$dest"
-echo "fetch_llamacpp: $dest ($(du -sh "$dest" | cut -f1)), llama.cpp's MIT licence in $dest/LICENSE"
+echo "fetch_llamacpp: $dest ($(du -sh "$dest" | cut -f1)), llama.cpp commit $(cat "$dest/.commit"), its MIT licence in $dest/LICENSE"
