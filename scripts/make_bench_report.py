@@ -399,7 +399,8 @@ def main(argv=None):
                    f"GGUF in f16 (`scripts/checkpoint_to_gguf.py`: the same tensors and bytes a token), each number the "
                    f"median of {llama.get('reps', '?')} repetitions after llama-bench's warm-up; decode "
                    f"{llama.get('decode_tokens', '?')} tokens one at a time after {llama.get('decode_depth', 0)} in the "
-                   "cache (`-n 256 -d 16`), prefill a prompt's pass in a fresh context (`-p N`).")
+                   f"cache (`-n {llama.get('decode_tokens', '?')} -d {llama.get('decode_depth', 0)}`), prefill a "
+                   "prompt's pass in a fresh context (`-p N`).")
         out.append("")
     out.append("## Prefill: time to first token")
     out.append("")
