@@ -5,8 +5,8 @@
 #
 # The GPU machines here reach no network, so the source is fetched on this side and
 # travels with the working tree (the device tool's `carry: ["third_party/llama.cpp"]`).
-# It comes from PyPI: the source distribution of llama-cpp-python, pinned by version and
-# sha256, vendors a whole llama.cpp tree (llama.cpp itself publishes no source on PyPI).
+# It comes from PyPI, which these machines reach: the source distribution of
+# llama-cpp-python (pinned by version and sha256) vendors a whole llama.cpp tree.
 # Only what a CUDA build of llama-bench and the GGUF writer need is kept (~30 MB of the
 # 176 MB: no models' vocabularies, docs, tests, web UI or other GPU backends), in
 # third_party/llama.cpp, which git ignores: nothing of llama.cpp is part of this project.
