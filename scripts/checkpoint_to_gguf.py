@@ -57,11 +57,16 @@ def read_safetensors(path):
             header = json.loads(f.read(header_len))
     except (OSError, ValueError) as e:
         fail(f"{path}: {e}")
+    if not isinstance(header, dict):
+        fail(f"{path}: the header is not a JSON object")
     data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + header_len)
     tensors = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
+        if not isinstance(info, dict) or not isinstance(info.get("shape"), list) or \
+                not isinstance(info.get("data_offsets"), list) or len(info["data_offsets"]) != 2:
+            fail(f"{path}: tensor {name}'s entry has no shape or no [begin, end] data_offsets")
         dtype = SAFETENSORS_DTYPES.get(info.get("dtype"))
         if dtype is None:
             fail(f"{path}: tensor {name} has dtype {info.get('dtype')}, not one of {sorted(SAFETENSORS_DTYPES)}")

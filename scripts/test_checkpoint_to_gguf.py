@@ -158,6 +158,16 @@ def check_file(path, cfg, hf, dtype):
     check(any(found[f"blk.0.attn_q.weight"].data.reshape(-1)[:H * D] != 0), f"{dtype}: q rows are not all zero")
 
 
+def rewrite_header(path, header):
+    """Replaces a safetensors file's header (its data stays after it)."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        f.seek(8 + n)
+        data = f.read()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header + data)
+
+
 def write_broken_copy(src, dst, change):
     shutil.copytree(src, dst)
     change(dst)
@@ -192,6 +202,12 @@ def main():
             "a malformed JSON header": (
                 lambda d: (lambda f: (f.seek(8), f.write(b"{\"x")))(open(os.path.join(d, safetensors), "r+b")),
                 [safetensors]),
+            "a header that is a JSON list": (
+                lambda d: rewrite_header(os.path.join(d, safetensors), b"[1, 2]"), [safetensors, "not a JSON object"]),
+            "a tensor entry without data_offsets": (
+                lambda d: rewrite_header(os.path.join(d, safetensors),
+                                         json.dumps({"model.norm.weight": {"dtype": "BF16", "shape": [4]}}).encode()),
+                [safetensors, "model.norm.weight", "data_offsets"]),
             "a config with a wider hidden size": (
                 lambda d: json.dump(dict(cfg, hidden_size=cfg["hidden_size"] * 2), open(os.path.join(d, "config.json"), "w")),
                 ["model.embed_tokens.weight", "has shape", "expected"]),
