@@ -203,14 +203,22 @@ if ! checkpoint_complete "$model"; then
   python3 scripts/make_random_checkpoint.py --out "$model" || { echo "checkpoint: FAILED"; exit 1; }
 fi
 
+# build_ours JOBS TARGET...: configures $build and builds the targets with JOBS jobs; on
+# failure shows the logs' ends and returns 1.
+build_ours() {
+  local jobs="$1"
+  shift
+  make configure BUILD="$build" CHAPTERS="$chapters" CUDA_ARCH="${CUDA_ARCH:-}" >"$bench_dir/configure.log" 2>&1 \
+    && cmake --build "$build" --target "$@" -j "$jobs" >"$bench_dir/build.log" 2>&1 \
+    || { tail -n 40 "$bench_dir/configure.log" "$bench_dir/build.log"; return 1; }
+}
+
 if [ "${BUILD_ONLY:-0}" = 1 ]; then
   # The first call of a split run on a fresh machine: both builds at once (neither measures
   # anything, so they may share the CPUs), then nothing else.
   step "BUILD_ONLY: bench_model, dump_logits and bench_layer_chain in $build; llama-bench and the GGUF beside them"
   half=$(( ($(nproc) + 1) / 2 ))
-  ( make configure BUILD="$build" CHAPTERS="$chapters" CUDA_ARCH="${CUDA_ARCH:-}" >"$bench_dir/configure.log" 2>&1 \
-      && cmake --build "$build" --target bench_model dump_logits bench_layer_chain -j "$half" >"$bench_dir/build.log" 2>&1 \
-      || { tail -n 40 "$bench_dir/configure.log" "$bench_dir/build.log"; exit 1; } ) &
+  build_ours "$half" bench_model dump_logits bench_layer_chain &
   ours=$!
   if [ "$run_llamacpp" = 1 ] && [ -f third_party/llama.cpp/CMakeLists.txt ]; then
     python3 scripts/bench_llamacpp.py --model "$model" --bench-dir "$bench_dir" --work-dir "$build/llamacpp" \
@@ -224,13 +232,7 @@ fi
 if [ "$later_call" != 1 ]; then
   # 2. Build.
   step "build bench_model in $build (CHAPTERS='$chapters')"
-  make configure BUILD="$build" CHAPTERS="$chapters" CUDA_ARCH="${CUDA_ARCH:-}" >"$bench_dir/configure.log" 2>&1 \
-    && cmake --build "$build" --target bench_model -j "$(nproc)" >"$bench_dir/build.log" 2>&1
-  if [ $? -ne 0 ]; then
-    tail -n 40 "$bench_dir/configure.log" "$bench_dir/build.log"
-    echo "build: FAILED"
-    exit 1
-  fi
+  build_ours "$(nproc)" bench_model || { echo "build: FAILED"; exit 1; }
 
   # 3. Our numbers.
   step "bench_model"
