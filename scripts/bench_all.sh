@@ -2,7 +2,7 @@
 # The one-call GPU benchmark of issue 7, on a machine with a GPU:
 #
 #   [OUT=dir] [BUILD=dir] [CHAPTERS=regex] [MODEL_DIR=dir] [SKIP_COMPILED=1] [SKIP_PYTORCH=1] [PYTORCH_ONLY=1] \
-#     [SKIP_LLAMACPP=1] [LLAMACPP_ONLY=1] [BUILD_ONLY=1] [SKIP_CEILING=1] \
+#     [SKIP_LLAMACPP=1] [LLAMACPP_ONLY=1] [LLAMA_BENCH=path] [BUILD_ONLY=1] [SKIP_CEILING=1] \
 #     bash scripts/bench_all.sh
 #
 #  0. clears this run's outputs in $BUILD/bench (every *.json, bench_model's model_*.csv),
@@ -36,7 +36,10 @@
 #     (scripts/bench_llamacpp.py: llama-bench, CUDA, f16, flash attention; its source is
 #     third_party/llama.cpp, which scripts/fetch_llamacpp.sh fetches on a machine with
 #     network; without it the step is skipped with a note, not failed; SKIP_LLAMACPP=1
-#     skips it). Its first build takes minutes.
+#     skips it). Its first build takes minutes; LLAMA_BENCH=path uses a llama-bench built
+#     before instead (`python3 scripts/bench_llamacpp.py --build-only --cuda-arch 90
+#     --work-dir build-llamacpp` on any machine with nvcc, the binary carried over with
+#     third_party/llama.cpp/gguf-py, which writes the GGUF; the source is then not needed).
 #     Where one call may not run everything (the device tool's 600 s: a fresh machine's
 #     build and bench_model take ~450 s, PyTorch with its compile ~200 s more, llama.cpp's
 #     build and benchmark minutes more), split the run on the same machine:
@@ -203,6 +206,22 @@ if ! checkpoint_complete "$model"; then
   python3 scripts/make_random_checkpoint.py --out "$model" || { echo "checkpoint: FAILED"; exit 1; }
 fi
 
+# llama.cpp's step can run: a llama-bench built before (LLAMA_BENCH) and gguf-py to write
+# the GGUF, or the source to build both from.
+llamacpp_ready() {
+  if [ -n "${LLAMA_BENCH:-}" ]; then
+    [ -d third_party/llama.cpp/gguf-py ] && return 0
+    echo "bench_llamacpp: SKIPPED: LLAMA_BENCH is set but third_party/llama.cpp/gguf-py (the GGUF writer) is missing"
+    return 1
+  fi
+  [ -f third_party/llama.cpp/CMakeLists.txt ] && return 0
+  echo "bench_llamacpp: SKIPPED: no third_party/llama.cpp (bash scripts/fetch_llamacpp.sh fetches it on a machine" \
+       "with network; a GPU machine without one needs it carried over)"
+  return 1
+}
+llamacpp_args=(--model "$model" --bench-dir "$bench_dir" --work-dir "$build/llamacpp" --cuda-arch "${CUDA_ARCH:-native}")
+[ -n "${LLAMA_BENCH:-}" ] && llamacpp_args+=(--llama-bench "$LLAMA_BENCH")
+
 # build_ours JOBS TARGET...: configures $build and builds the targets with JOBS jobs; on
 # failure shows the logs' ends and returns 1.
 build_ours() {
@@ -220,9 +239,9 @@ if [ "${BUILD_ONLY:-0}" = 1 ]; then
   half=$(( ($(nproc) + 1) / 2 ))
   build_ours "$half" bench_model dump_logits bench_layer_chain &
   ours=$!
-  if [ "$run_llamacpp" = 1 ] && [ -f third_party/llama.cpp/CMakeLists.txt ]; then
-    python3 scripts/bench_llamacpp.py --model "$model" --bench-dir "$bench_dir" --work-dir "$build/llamacpp" \
-      --cuda-arch "${CUDA_ARCH:-native}" --jobs "$half" --prepare-only || { echo "llama.cpp build: FAILED"; status=1; }
+  if [ "$run_llamacpp" = 1 ] && llamacpp_ready; then
+    python3 scripts/bench_llamacpp.py "${llamacpp_args[@]}" --jobs "$half" --prepare-only \
+      || { echo "llama.cpp build: FAILED"; status=1; }
   fi
   wait "$ours" || { echo "build: FAILED"; status=1; }
   step "BUILD_ONLY: done (status $status)"
@@ -294,14 +313,12 @@ fi
 # 4b. llama.cpp on the same GPU (its source travels as third_party/llama.cpp).
 if [ "$run_llamacpp" = 1 ]; then
   step "llama.cpp baseline"
-  if [ ! -f third_party/llama.cpp/CMakeLists.txt ]; then
-    echo "bench_llamacpp: SKIPPED: no third_party/llama.cpp (bash scripts/fetch_llamacpp.sh fetches it on a machine" \
-         "with network; a GPU machine without one needs it carried over)"
-  elif needs "bench_llamacpp" numpy ml_dtypes; then
-    python3 scripts/bench_llamacpp.py --model "$model" --bench-dir "$bench_dir" --work-dir "$build/llamacpp" \
-      --cuda-arch "${CUDA_ARCH:-native}" || { echo "bench_llamacpp: FAILED"; status=1; }
-  else
-    status=1
+  if llamacpp_ready; then  # (else skipped with its reason, not failed)
+    if needs "bench_llamacpp" numpy ml_dtypes; then
+      python3 scripts/bench_llamacpp.py "${llamacpp_args[@]}" || { echo "bench_llamacpp: FAILED"; status=1; }
+    else
+      status=1
+    fi
   fi
 fi
 

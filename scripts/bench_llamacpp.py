@@ -2,7 +2,8 @@
 
     python3 scripts/bench_llamacpp.py --model models/bielik-shaped-random \
         --bench-dir build-bench/bench [--work-dir build-bench/llamacpp] \
-        [--llamacpp third_party/llama.cpp] [--cuda-arch 90] [--reps 5]
+        [--llamacpp third_party/llama.cpp] [--cuda-arch 90] [--reps 5] [--llama-bench PATH]
+    python3 scripts/bench_llamacpp.py --build-only --cuda-arch 90 --work-dir build-llamacpp
 
 Issue 7 gives llama.cpp's speed on the H200 as an anchor (218 tokens/s, an early-2025
 build). This measures a current llama.cpp in the same run as our own numbers instead, so
@@ -10,7 +11,11 @@ the report's ratio compares two engines on one GPU, one checkpoint and one day:
 
   1. builds llama.cpp's `llama-bench` with its CUDA backend for --cuda-arch (the source
      comes from scripts/fetch_llamacpp.sh, on a machine with network; CMake + nvcc; the
-     first build on a 16-core GPU machine takes minutes, later ones are incremental);
+     first build on a 16-core GPU machine takes minutes, later ones are incremental).
+     --llama-bench PATH skips this and uses a llama-bench built before, elsewhere:
+     --build-only builds one (and needs no checkpoint) on any machine with nvcc, so a
+     GPU machine lent by the minute spends its time measuring; the binary links the CUDA
+     runtime and cuBLAS dynamically, so the GPU machine needs the same CUDA major version;
   2. writes the checkpoint as GGUF, f16 (scripts/checkpoint_to_gguf.py: every tensor,
      biases included; reused while newer than the checkpoint);
   3. runs llama-bench with every layer on the GPU and flash attention on, as llama.cpp's
@@ -89,6 +94,16 @@ def build(source, build_dir, cuda_arch, jobs):
     if not os.access(binary, os.X_OK):
         fail(f"the build left no {binary}")
     return binary
+
+
+def prebuilt(path):
+    """A llama-bench built before (--build-only), checked before anything else runs."""
+    if not os.path.isfile(path):
+        fail(f"--llama-bench {path}: no such file (build one with `python3 scripts/bench_llamacpp.py --build-only`)")
+    if not os.access(path, os.X_OK):
+        fail(f"--llama-bench {path}: not executable")
+    log(f"llama-bench: {path} (built before this run)")
+    return path
 
 
 def newest_weights_mtime(model):
@@ -170,7 +185,7 @@ def summarize(prefill_runs, decode_runs, model, reps, source_note=""):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="the checkpoint folder bench_model measured")
+    parser.add_argument("--model", help="the checkpoint folder bench_model measured (all but --build-only)")
     parser.add_argument("--bench-dir", default="build-bench/bench")
     parser.add_argument("--work-dir", default=None, help="build tree and GGUF (default: beside --bench-dir)")
     parser.add_argument("--llamacpp", default=os.path.join(ROOT, "third_party", "llama.cpp"))
@@ -179,11 +194,25 @@ def main(argv=None):
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 4)
     parser.add_argument("--prepare-only", action="store_true",
                         help="build llama-bench and write the GGUF, measure nothing (bench_all.sh BUILD_ONLY=1)")
+    parser.add_argument("--build-only", action="store_true",
+                        help="only build llama-bench and print its path (no checkpoint, no GPU needed)")
+    parser.add_argument("--llama-bench", default=None, metavar="PATH",
+                        help="a llama-bench built before (--build-only): no build in this run")
     args = parser.parse_args(argv)
+    if args.build_only and args.llama_bench:
+        parser.error("--build-only builds llama-bench; --llama-bench uses one built before: pass one of them")
+    if not args.build_only and not args.model:
+        parser.error("--model is required (the checkpoint to convert and measure)")
 
     work = args.work_dir or os.path.join(os.path.dirname(os.path.normpath(args.bench_dir)), "llamacpp")
+    if args.llama_bench:
+        binary = prebuilt(args.llama_bench)
+    else:
+        binary = build(args.llamacpp, os.path.join(work, "build"), args.cuda_arch, args.jobs)
+    if args.build_only:
+        print(binary)
+        return 0
     os.makedirs(args.bench_dir, exist_ok=True)
-    binary = build(args.llamacpp, os.path.join(work, "build"), args.cuda_arch, args.jobs)
     gguf_path = os.path.join(work, os.path.basename(os.path.normpath(args.model)) + "-f16.gguf")
     convert(args.model, gguf_path, os.path.join(args.llamacpp, "gguf-py"))
     if args.prepare_only:
@@ -194,7 +223,8 @@ def main(argv=None):
                        os.path.join(args.bench_dir, "llamacpp_bench_decode.json"))
     stamp = os.path.join(args.llamacpp, ".fetched-from")
     source = open(stamp).read().strip() if os.path.exists(stamp) else "unknown"
-    result = summarize(prefill, decode, args.model, args.reps, f"llama.cpp vendored by {source}")
+    built = "built before this run" if args.llama_bench else "built in this run"
+    result = summarize(prefill, decode, args.model, args.reps, f"llama.cpp vendored by {source}; llama-bench {built}")
     out = os.path.join(args.bench_dir, "llamacpp.json")
     with open(out + ".partial", "w") as f:
         json.dump(result, f, indent=1)

@@ -393,7 +393,7 @@ def main(argv=None):
         out.append(f"PyTorch decoded {torch_result['decode_tokens']} tokens, this project {decode_tokens}.")
         out.append("")
     if llama:
-        out.append(f"llama.cpp was built and run in this run on the same GPU ({llama.get('source') or 'source unknown'}, "
+        out.append(f"llama.cpp ran in this run on the same GPU ({llama.get('source') or 'source unknown'}, "
                    f"`scripts/bench_llamacpp.py`): `llama-bench` with every layer on the GPU "
                    f"(`-ngl {llama.get('n_gpu_layers', 99)}`) and flash attention on, the same checkpoint written as "
                    f"GGUF in f16 (`scripts/checkpoint_to_gguf.py`: the same tensors and bytes a token), each number the "

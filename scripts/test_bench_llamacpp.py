@@ -108,5 +108,77 @@ class RunBenchTest(unittest.TestCase):
         self.assertIn("fetch_llamacpp.sh", stderr.getvalue())
 
 
+class MainTest(unittest.TestCase):
+    """main()'s choices between building llama-bench and using one built before."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.bench_dir = os.path.join(self.tmp.name, "bench")
+        self.calls = []
+        saved = {name: getattr(bench_llamacpp, name) for name in ("build", "convert", "run_bench")}
+        self.addCleanup(lambda: [setattr(bench_llamacpp, n, f) for n, f in saved.items()])
+        bench_llamacpp.build = lambda *a: self.calls.append("build") or "built/bin/llama-bench"
+        bench_llamacpp.convert = lambda *a: self.calls.append("convert")
+        bench_llamacpp.run_bench = lambda binary, gguf, extra, reps, raw: (
+            self.calls.append(("run", binary)) or (DECODE if "-d" in extra else PREFILL))
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def main(self, *args):
+        out, err = io.StringIO(), io.StringIO()
+        code = None
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = bench_llamacpp.main(list(args))
+            except SystemExit as e:
+                code = e.code
+        return code, out.getvalue(), err.getvalue()
+
+    def executable(self, name="llama-bench", mode=0o755):
+        path = os.path.join(self.tmp.name, name)
+        with open(path, "w") as f:
+            f.write("#!/bin/sh\n")
+        os.chmod(path, mode)
+        return path
+
+    def test_a_binary_built_before_is_measured_without_a_build(self):
+        binary = self.executable()
+        code, _, err = self.main("--model", "models/x", "--bench-dir", self.bench_dir, "--llama-bench", binary)
+        self.assertEqual(code, 0, err)
+        self.assertEqual(self.calls, ["convert", ("run", binary), ("run", binary)])
+        with open(os.path.join(self.bench_dir, "llamacpp.json")) as f:
+            result = json.load(f)
+        self.assertTrue(result["source"].endswith("; llama-bench built before this run"), result["source"])
+        self.assertAlmostEqual(result["decode_tok_s"], 500.0)
+
+    def test_without_one_it_is_built_here(self):
+        code, _, err = self.main("--model", "models/x", "--bench-dir", self.bench_dir)
+        self.assertEqual(code, 0, err)
+        self.assertEqual(self.calls[:2], ["build", "convert"])
+        with open(os.path.join(self.bench_dir, "llamacpp.json")) as f:
+            self.assertTrue(json.load(f)["source"].endswith("; llama-bench built in this run"))
+
+    def test_build_only_needs_no_checkpoint_and_measures_nothing(self):
+        code, out, err = self.main("--build-only", "--bench-dir", self.bench_dir)
+        self.assertEqual(code, 0, err)
+        self.assertEqual(self.calls, ["build"])
+        self.assertEqual(out.strip().splitlines()[-1], "built/bin/llama-bench")
+        self.assertFalse(os.path.exists(os.path.join(self.bench_dir, "llamacpp.json")))
+
+    def test_wrong_arguments_are_refused_before_anything_runs(self):
+        missing = os.path.join(self.tmp.name, "nowhere", "llama-bench")
+        for args, words in (
+                (("--build-only", "--llama-bench", self.executable()), "pass one of them"),
+                (("--bench-dir", self.bench_dir), "--model is required"),
+                (("--model", "m", "--llama-bench", missing), f"--llama-bench {missing}: no such file"),
+                (("--model", "m", "--llama-bench", self.executable("plain", 0o644)), "not executable")):
+            code, _, err = self.main(*args)
+            self.assertNotEqual(code, 0, args)
+            self.assertIn(words, err, args)
+            self.assertEqual(self.calls, [], args)
+            self.assertFalse(os.path.exists(os.path.join(self.bench_dir, "llamacpp.json")))
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -155,7 +155,7 @@ class ReportTest(unittest.TestCase):
         self.assertIn("| llama.cpp 0c1e570 (CUDA, f16, flash attention; this run) | 500 | 2.000 |  |  | 2.00x faster |",
                       md)
         self.assertIn("| 512 | 4.00 | 4.20 | 128000 | 24.00 | 6.00x | 16.00 | 4.00x | 16.4 |", md)
-        self.assertIn("llama.cpp was built and run in this run on the same GPU (llama.cpp vendored by "
+        self.assertIn("llama.cpp ran in this run on the same GPU (llama.cpp vendored by "
                       "llama-cpp-python==0.3.36", md)
         self.assertIn("median of 5 repetitions", md)
         # 1000 / 40 = 25, 1000 / 250 = 4, 1000 / 218 = 4.587; TTFT 24 / 4 = 6.
