@@ -37,9 +37,11 @@
 #     third_party/llama.cpp, which scripts/fetch_llamacpp.sh fetches on a machine with
 #     network; without it the step is skipped with a note, not failed; SKIP_LLAMACPP=1
 #     skips it). Its first build takes minutes; LLAMA_BENCH=path uses a llama-bench built
-#     before instead (`python3 scripts/bench_llamacpp.py --build-only --cuda-arch 90
-#     --work-dir build-llamacpp` on any machine with nvcc, the binary carried over with
-#     third_party/llama.cpp/gguf-py, which writes the GGUF; the source is then not needed).
+#     before instead: `python3 scripts/bench_llamacpp.py --build-only --cuda-arch 90
+#     --work-dir build-llamacpp` on any machine with nvcc packs it as
+#     build-llamacpp/llama-bench.xz (~41 MB), which travels to the GPU machine with
+#     third_party/llama.cpp/gguf-py (the GGUF writer) and its .commit and .fetched-from;
+#     the source is then not needed there.
 #     Where one call may not run everything (the device tool's 600 s: a fresh machine's
 #     build and bench_model take ~450 s, PyTorch with its compile ~200 s more, llama.cpp's
 #     build and benchmark minutes more), split the run on the same machine:

@@ -4,6 +4,7 @@
         --bench-dir build-bench/bench [--work-dir build-bench/llamacpp] \
         [--llamacpp third_party/llama.cpp] [--cuda-arch 90] [--reps 5] [--llama-bench PATH]
     python3 scripts/bench_llamacpp.py --build-only --cuda-arch 90 --work-dir build-llamacpp
+        (-> build-llamacpp/llama-bench.xz, for --llama-bench on a GPU machine)
 
 Issue 7 gives llama.cpp's speed on the H200 as an anchor (218 tokens/s, an early-2025
 build). This measures a current llama.cpp in the same run as our own numbers instead, so
@@ -13,9 +14,10 @@ the report's ratio compares two engines on one GPU, one checkpoint and one day:
      comes from scripts/fetch_llamacpp.sh, on a machine with network; CMake + nvcc; the
      first build on a 16-core GPU machine takes minutes, later ones are incremental).
      --llama-bench PATH skips this and uses a llama-bench built before, elsewhere:
-     --build-only builds one (and needs no checkpoint) on any machine with nvcc, so a
-     GPU machine lent by the minute spends its time measuring; the binary links the CUDA
-     runtime and cuBLAS dynamically, so the GPU machine needs the same CUDA major version;
+     --build-only builds one (and needs no checkpoint) on any machine with nvcc and packs
+     it (stripped, xz: ~41 MB), so a GPU machine lent by the minute spends its time
+     measuring; the binary links the CUDA runtime and cuBLAS dynamically, so the GPU
+     machine needs the same CUDA major version;
   2. writes the checkpoint as GGUF, f16 (scripts/checkpoint_to_gguf.py: every tensor,
      biases included; reused while newer than the checkpoint);
   3. runs llama-bench with every layer on the GPU and flash attention on, as llama.cpp's
@@ -32,6 +34,7 @@ Exit status 0 when llamacpp.json was written; otherwise 1 with the reason on std
 """
 import argparse
 import json
+import lzma
 import os
 import shutil
 import statistics
@@ -47,8 +50,10 @@ PROMPTS = [16, 128, 512, 2048]
 DECODE_TOKENS = 256
 DECODE_DEPTH = 16  # bench_model decodes after a 16-token prompt
 
-CMAKE_OPTIONS = [  # llama-bench and its libraries only, statically linked, CUDA on
-    "-DGGML_CUDA=ON", "-DBUILD_SHARED_LIBS=OFF", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_TESTS=OFF",
+# llama-bench and its libraries only, statically linked, CUDA on. NCCL (multi-GPU only) is
+# off, so a binary built on one machine needs nothing beyond the CUDA toolkit on another.
+CMAKE_OPTIONS = [
+    "-DGGML_CUDA=ON", "-DGGML_CUDA_NCCL=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_OPENSSL=OFF",
 ]
 
@@ -96,10 +101,44 @@ def build(source, build_dir, cuda_arch, jobs):
     return binary
 
 
-def prebuilt(path):
-    """A llama-bench built before (--build-only), checked before anything else runs."""
+def pack(binary, packed_path):
+    """Writes binary, stripped of its symbols, xz-compressed to packed_path.
+
+    A CUDA llama-bench for one architecture is ~79 MB, more than the device tool carries
+    (64 MiB); stripped and compressed it is ~41 MB. (Stripping keeps the GPU code: it only
+    drops the host symbol table.)"""
+    start = time.time()
+    stripped = packed_path + ".stripped"
+    if not (shutil.which("strip") and
+            subprocess.run(["strip", "-o", stripped, binary], stderr=subprocess.DEVNULL).returncode == 0):
+        shutil.copyfile(binary, stripped)  # not an ELF file, or no binutils: packed as it is
+    with open(stripped, "rb") as source, lzma.open(packed_path + ".partial", "wb", preset=6) as packed:
+        shutil.copyfileobj(source, packed, 1 << 20)
+    os.remove(stripped)
+    os.replace(packed_path + ".partial", packed_path)
+    log(f"{packed_path}: {os.path.getsize(packed_path) / 1e6:.1f} MB ({time.time() - start:.0f} s)")
+    return packed_path
+
+
+def prebuilt(path, work):
+    """A llama-bench built before (--build-only), checked before anything else runs; a
+    packed one (.xz) is unpacked into work first."""
     if not os.path.isfile(path):
         fail(f"--llama-bench {path}: no such file (build one with `python3 scripts/bench_llamacpp.py --build-only`)")
+    if path.endswith(".xz"):
+        unpacked = os.path.join(work, "llama-bench-prebuilt")
+        os.makedirs(work, exist_ok=True)
+        try:
+            with lzma.open(path, "rb") as packed, open(unpacked + ".partial", "wb") as out:
+                shutil.copyfileobj(packed, out, 1 << 20)
+        except (lzma.LZMAError, EOFError) as e:
+            if os.path.exists(unpacked + ".partial"):
+                os.remove(unpacked + ".partial")
+            fail(f"--llama-bench {path}: not a complete xz file ({e}); pack it again with --build-only")
+        os.chmod(unpacked + ".partial", 0o755)
+        os.replace(unpacked + ".partial", unpacked)
+        log(f"llama-bench: {path} unpacked to {unpacked} (built before this run)")
+        return unpacked
     if not os.access(path, os.X_OK):
         fail(f"--llama-bench {path}: not executable")
     log(f"llama-bench: {path} (built before this run)")
@@ -195,9 +234,10 @@ def main(argv=None):
     parser.add_argument("--prepare-only", action="store_true",
                         help="build llama-bench and write the GGUF, measure nothing (bench_all.sh BUILD_ONLY=1)")
     parser.add_argument("--build-only", action="store_true",
-                        help="only build llama-bench and print its path (no checkpoint, no GPU needed)")
+                        help="only build llama-bench, pack it as WORK_DIR/llama-bench.xz and print that path "
+                             "(no checkpoint, no GPU needed)")
     parser.add_argument("--llama-bench", default=None, metavar="PATH",
-                        help="a llama-bench built before (--build-only): no build in this run")
+                        help="a llama-bench built before (--build-only's .xz, or the binary): no build in this run")
     args = parser.parse_args(argv)
     if args.build_only and args.llama_bench:
         parser.error("--build-only builds llama-bench; --llama-bench uses one built before: pass one of them")
@@ -206,11 +246,11 @@ def main(argv=None):
 
     work = args.work_dir or os.path.join(os.path.dirname(os.path.normpath(args.bench_dir)), "llamacpp")
     if args.llama_bench:
-        binary = prebuilt(args.llama_bench)
+        binary = prebuilt(args.llama_bench, work)
     else:
         binary = build(args.llamacpp, os.path.join(work, "build"), args.cuda_arch, args.jobs)
     if args.build_only:
-        print(binary)
+        print(pack(binary, os.path.join(work, "llama-bench.xz")))
         return 0
     os.makedirs(args.bench_dir, exist_ok=True)
     gguf_path = os.path.join(work, os.path.basename(os.path.normpath(args.model)) + "-f16.gguf")

@@ -115,10 +115,11 @@ class MainTest(unittest.TestCase):
         self.tmp = tempfile.TemporaryDirectory()
         self.bench_dir = os.path.join(self.tmp.name, "bench")
         self.calls = []
-        saved = {name: getattr(bench_llamacpp, name) for name in ("build", "convert", "run_bench")}
+        saved = {name: getattr(bench_llamacpp, name) for name in ("build", "convert", "run_bench", "pack")}
         self.addCleanup(lambda: [setattr(bench_llamacpp, n, f) for n, f in saved.items()])
         bench_llamacpp.build = lambda *a: self.calls.append("build") or "built/bin/llama-bench"
         bench_llamacpp.convert = lambda *a: self.calls.append("convert")
+        bench_llamacpp.pack = lambda binary, packed: self.calls.append(("pack", binary)) or packed
         bench_llamacpp.run_bench = lambda binary, gguf, extra, reps, raw: (
             self.calls.append(("run", binary)) or (DECODE if "-d" in extra else PREFILL))
 
@@ -160,10 +161,11 @@ class MainTest(unittest.TestCase):
             self.assertTrue(json.load(f)["source"].endswith("; llama-bench built in this run"))
 
     def test_build_only_needs_no_checkpoint_and_measures_nothing(self):
-        code, out, err = self.main("--build-only", "--bench-dir", self.bench_dir)
+        work = os.path.join(self.tmp.name, "work")
+        code, out, err = self.main("--build-only", "--bench-dir", self.bench_dir, "--work-dir", work)
         self.assertEqual(code, 0, err)
-        self.assertEqual(self.calls, ["build"])
-        self.assertEqual(out.strip().splitlines()[-1], "built/bin/llama-bench")
+        self.assertEqual(self.calls, ["build", ("pack", "built/bin/llama-bench")])
+        self.assertEqual(out.strip().splitlines()[-1], os.path.join(work, "llama-bench.xz"))
         self.assertFalse(os.path.exists(os.path.join(self.bench_dir, "llamacpp.json")))
 
     def test_wrong_arguments_are_refused_before_anything_runs(self):
@@ -178,6 +180,48 @@ class MainTest(unittest.TestCase):
             self.assertIn(words, err, args)
             self.assertEqual(self.calls, [], args)
             self.assertFalse(os.path.exists(os.path.join(self.bench_dir, "llamacpp.json")))
+
+
+
+class PackTest(unittest.TestCase):
+    """--build-only's llama-bench.xz, unpacked by --llama-bench on the GPU machine."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.binary = os.path.join(self.tmp.name, "llama-bench")
+        # Not an ELF file, so strip refuses it and it is packed as it is: the bytes must
+        # come back unchanged. os.urandom makes the compressed form's every byte matter.
+        self.content = b"#!/bin/sh\necho stand-in\n#" + os.urandom(100_000)
+        with open(self.binary, "wb") as f:
+            f.write(self.content)
+        with contextlib.redirect_stdout(io.StringIO()):
+            self.packed = bench_llamacpp.pack(self.binary, os.path.join(self.tmp.name, "llama-bench.xz"))
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def test_unpacked_binary_is_the_packed_one_and_runs(self):
+        work = os.path.join(self.tmp.name, "work")
+        with contextlib.redirect_stdout(io.StringIO()):
+            unpacked = bench_llamacpp.prebuilt(self.packed, work)
+        self.assertEqual(os.path.dirname(unpacked), work)
+        with open(unpacked, "rb") as f:
+            self.assertEqual(f.read(), self.content)
+        self.assertTrue(os.access(unpacked, os.X_OK))
+        self.assertEqual(sorted(os.listdir(self.tmp.name)), ["llama-bench", "llama-bench.xz", "work"])
+
+    def test_a_truncated_pack_is_refused_and_leaves_nothing(self):
+        with open(self.packed, "rb") as f:
+            data = f.read()
+        with open(self.packed, "wb") as f:
+            f.write(data[: len(data) // 2])
+        work = os.path.join(self.tmp.name, "work")
+        stderr = io.StringIO()
+        with self.assertRaises(SystemExit), contextlib.redirect_stderr(stderr), \
+                contextlib.redirect_stdout(io.StringIO()):
+            bench_llamacpp.prebuilt(self.packed, work)
+        self.assertIn(f"--llama-bench {self.packed}: not a complete xz file", stderr.getvalue())
+        self.assertEqual(os.listdir(work), [])
 
 
 if __name__ == "__main__":
