@@ -32,7 +32,8 @@
 #  4. runs the PyTorch baseline -> $BUILD/bench/pytorch.json (SKIP_COMPILED=1 skips the
 #     torch.compile run, which takes minutes to compile; SKIP_PYTORCH=1 skips the step,
 #     for a quick check of our own numbers);
-#  4b. builds and runs llama.cpp on the same GPU and checkpoint -> $BUILD/bench/llamacpp.json
+#  4b. (run before step 4: seconds before minutes) builds and runs llama.cpp on the same GPU
+#     and checkpoint -> $BUILD/bench/llamacpp.json
 #     (scripts/bench_llamacpp.py: llama-bench, CUDA, f16, flash attention; its source is
 #     third_party/llama.cpp, which scripts/fetch_llamacpp.sh fetches on a machine with
 #     network; without it the step is skipped with a note, not failed; SKIP_LLAMACPP=1
@@ -92,6 +93,7 @@ publish() {
   return 0
 }
 report() {
+  report_written=0  # what publish sends is the last report written, never an older one
   # The report's name depends on the GPU: benchmarks on an H200, benchmarks_<gpu> elsewhere.
   report_name=$(python3 scripts/make_bench_report.py --bench-dir "$bench_dir" --print-report-name) || report_name=""
   if [ -n "$report_name" ] &&
@@ -300,6 +302,27 @@ if [ "$run_pytorch" = 0 ] && [ "$run_llamacpp" = 0 ]; then
   exit $status
 fi
 
+# 4b. llama.cpp on the same GPU (its source, or a llama-bench built before, travels with
+# the tree). It runs before PyTorch: with a llama-bench built before it takes seconds where
+# PyTorch takes minutes, and its result is published before PyTorch starts, so a call cut
+# short by its time limit still returns it.
+if [ "$run_llamacpp" = 1 ]; then
+  step "llama.cpp baseline"
+  if llamacpp_ready; then  # (else skipped with its reason, not failed)
+    if needs "bench_llamacpp" numpy ml_dtypes; then
+      python3 scripts/bench_llamacpp.py "${llamacpp_args[@]}" || { echo "bench_llamacpp: FAILED"; status=1; }
+    else
+      status=1
+    fi
+  fi
+fi
+if [ "$run_llamacpp" = 1 ] && [ "$run_pytorch" = 1 ]; then
+  step "report (with llama.cpp)"
+  report
+  publish
+fi
+
+# 4. PyTorch + HF transformers on the same checkpoint.
 if [ "$run_pytorch" = 1 ]; then
   step "PyTorch baseline"
   compiled_flag=()
@@ -309,18 +332,6 @@ if [ "$run_pytorch" = 1 ]; then
       || { echo "bench_pytorch: FAILED"; status=1; }
   else
     status=1
-  fi
-fi
-
-# 4b. llama.cpp on the same GPU (its source travels as third_party/llama.cpp).
-if [ "$run_llamacpp" = 1 ]; then
-  step "llama.cpp baseline"
-  if llamacpp_ready; then  # (else skipped with its reason, not failed)
-    if needs "bench_llamacpp" numpy ml_dtypes; then
-      python3 scripts/bench_llamacpp.py "${llamacpp_args[@]}" || { echo "bench_llamacpp: FAILED"; status=1; }
-    else
-      status=1
-    fi
   fi
 fi
 
