@@ -223,7 +223,8 @@ llamacpp_ready() {
        "with network; a GPU machine without one needs it carried over)"
   return 1
 }
-llamacpp_args=(--model "$model" --bench-dir "$bench_dir" --work-dir "$build/llamacpp" --cuda-arch "${CUDA_ARCH:-native}")
+llamacpp_args=(--model "$model" --bench-dir "$bench_dir" --work-dir "$build/llamacpp"
+               --cuda-arch "${CUDA_ARCH:-native}")
 [ -n "${LLAMA_BENCH:-}" ] && llamacpp_args+=(--llama-bench "$LLAMA_BENCH")
 
 # build_ours JOBS TARGET...: configures $build and builds the targets with JOBS jobs; on

@@ -53,8 +53,9 @@ DECODE_DEPTH = 16  # bench_model decodes after a 16-token prompt
 # llama-bench and its libraries only, statically linked, CUDA on. NCCL (multi-GPU only) is
 # off, so a binary built on one machine needs nothing beyond the CUDA toolkit on another.
 CMAKE_OPTIONS = [
-    "-DGGML_CUDA=ON", "-DGGML_CUDA_NCCL=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_TESTS=OFF",
-    "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_OPENSSL=OFF",
+    "-DGGML_CUDA=ON", "-DGGML_CUDA_NCCL=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DCMAKE_BUILD_TYPE=Release",
+    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF",
+    "-DLLAMA_OPENSSL=OFF",
 ]
 
 
