@@ -317,7 +317,7 @@ if [ "$run_llamacpp" = 1 ]; then
     fi
   fi
 fi
-if [ "$run_llamacpp" = 1 ] && [ "$run_pytorch" = 1 ]; then
+if [ "$run_pytorch" = 1 ] && [ -f "$bench_dir/llamacpp.json" ]; then  # (else it would repeat step 3's report)
   step "report (with llama.cpp)"
   report
   publish
