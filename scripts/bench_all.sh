@@ -317,7 +317,9 @@ if [ "$run_llamacpp" = 1 ]; then
     fi
   fi
 fi
-if [ "$run_pytorch" = 1 ] && [ -f "$bench_dir/llamacpp.json" ]; then  # (else it would repeat step 3's report)
+# Only when llama.cpp ran in this call and PyTorch follows: otherwise the next report
+# is step 3's again, or (PYTORCH_ONLY=1) the earlier call's.
+if [ "$run_llamacpp" = 1 ] && [ "$run_pytorch" = 1 ] && [ -f "$bench_dir/llamacpp.json" ]; then
   step "report (with llama.cpp)"
   report
   publish
