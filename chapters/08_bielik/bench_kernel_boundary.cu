@@ -36,8 +36,22 @@
 // or at their start, before the wait (the next kernel's early traffic during the
 // boundary). If the boundary ignores queued traffic, a launch takes max(empty boundary,
 // MB / bandwidth); if it waits for it, about their sum.
+//
+// A third table asks what a block's last stores cost the boundary when they are vector
+// atomics (chapter 08's DECODE_LOG.md, sixty-seventh and sixty-eighth sessions: QKV
+// folded into the down projection's epilogue would end every down block with 512 float4
+// atomics onto one 8 KB fp32 accumulator, q, k and v of the next layer). Each block of
+// the PDL-wait chain, after its store, adds (1, 1, 1, 1) to `tail` float4s with
+// atomicAdd: onto one 8 KB accumulator shared by every block of the launch (the fold's
+// case: every address takes `blocks` atomics), or onto 8 KB of its own (no two blocks
+// meet); or it stores them plainly into 8 KB of its own. One more form has only every
+// 8th block add onto the shared accumulator, as if clusters of 8 summed their blocks'
+// shares in distributed shared memory first (that sum is not modelled). The shared
+// accumulator is checked after a chain on a stream: every component must equal the
+// number of blocks that added.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdint>
 #include <string>
@@ -55,6 +69,7 @@ using namespace bielik;
 constexpr int kThreads = 256;
 constexpr int kChain = 64;          // launches in one graph
 constexpr int kMaxLoads = 18;       // 16-byte loads a thread may issue before the dependency
+constexpr int kTailVectors = 512;   // 8 KB of fp32: Bielik's q, k and v (2048 values)
 
 enum class Dependency {
   kStreamOrder,
@@ -81,7 +96,34 @@ struct ChainParams {
   unsigned prefetch_bytes;      // a multiple of 16 * 32 * gridDim.x
   bool prefetch_at_start;       // before the dependency (else after the block's store)
   bool prefetch_lines;          // prefetch.global.L2 per 128-byte line (else one bulk request per 16 KB)
+  float4* tail;                 // (kTailVectors) shared, or (gridDim.x, kTailVectors) with tail_per_block; or null
+  int tail_vectors;             // float4s a block adds (or stores) after its store, <= kTailVectors
+  bool tail_per_block;          // each block its own kTailVectors (else one accumulator for the launch)
+  bool tail_atomic;             // atomicAdd (else plain stores)
+  int tail_every;               // only blocks b with b % tail_every == 0 add (as one block a cluster would)
 };
+
+// Tail work after a block's store (the third table): `tail_vectors` float4s of
+// (1, 1, 1, 1), added with vector atomics (sm_90; four scalar atomics before) or stored.
+__device__ __forceinline__ void tail_share(const ChainParams& p) {
+  if (p.tail == nullptr || blockIdx.x % p.tail_every != 0) return;
+  float4* base = p.tail + (p.tail_per_block ? size_t(blockIdx.x) * kTailVectors : 0);
+  const float4 one = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+  for (int v = threadIdx.x; v < p.tail_vectors; v += kThreads) {
+    if (!p.tail_atomic) {
+      base[v] = one;
+      continue;
+    }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    atomicAdd(base + v, one);
+#else
+    atomicAdd(&base[v].x, 1.0f);
+    atomicAdd(&base[v].y, 1.0f);
+    atomicAdd(&base[v].z, 1.0f);
+    atomicAdd(&base[v].w, 1.0f);
+#endif
+  }
+}
 
 // Every lane of warp 0 asks L2 for its share of the block's share of p.prefetch, in
 // bulk requests of at most 16 KB (sm_90+; nothing before), or line by line.
@@ -162,6 +204,7 @@ __global__ void __launch_bounds__(kThreads, 3) chain_step_kernel(ChainParams p) 
   for (int u = 0; u < kMaxLoads; ++u) bits ^= held[u].x ^ held[u].y ^ held[u].z ^ held[u].w;
   if (bits == 0x7fc00001u) *p.sink = 1.0f;  // never true for the zeroed weights
   if (!p.prefetch_at_start) prefetch_share(p);
+  tail_share(p);
 
   if constexpr (kCounter) {
     __syncthreads();  // the block's stores are issued before thread 0 signals
@@ -188,7 +231,8 @@ template <Dependency kDependency>
 void enqueue_step(int i, int blocks, int loads, DeviceBuffer<float>* values, const DeviceBuffer<uint4>& weights,
                   DeviceBuffer<unsigned>& counters, DeviceBuffer<float>& sink, cudaStream_t stream,
                   const DeviceBuffer<uint4>* prefetched = nullptr, unsigned prefetch_bytes = 0,
-                  bool prefetch_at_start = false, bool prefetch_lines = false) {
+                  bool prefetch_at_start = false, bool prefetch_lines = false, float4* tail = nullptr,
+                  int tail_vectors = 0, bool tail_per_block = false, bool tail_atomic = true, int tail_every = 1) {
   constexpr bool kCounter = uses_counter(kDependency);
   if (kCounter && i == 0) CUDA_CHECK(cudaMemsetAsync(counters.data(), 0, counters.size() * sizeof(unsigned), stream));
   const size_t per_launch = size_t(blocks) * kThreads * size_t(loads);
@@ -205,6 +249,12 @@ void enqueue_step(int i, int blocks, int loads, DeviceBuffer<float>* values, con
   p.prefetch_bytes = prefetch_bytes;
   p.prefetch_at_start = prefetch_at_start;
   p.prefetch_lines = prefetch_lines;
+  // The shared accumulators: one a launch (kChain of them), each zeroed at the graph's start.
+  p.tail = tail == nullptr ? nullptr : tail + (tail_per_block ? 0 : size_t(i) * kTailVectors);
+  p.tail_vectors = tail_vectors;
+  p.tail_per_block = tail_per_block;
+  p.tail_atomic = tail_atomic;
+  p.tail_every = tail_every;
   if (prefetched != nullptr && prefetch_bytes > 0) {  // rotate over more than L2 holds
     const size_t slots = prefetched->size() * sizeof(uint4) / prefetch_bytes;
     p.prefetch = reinterpret_cast<const char*>(prefetched->data()) + (i % slots) * size_t(prefetch_bytes);
@@ -262,6 +312,57 @@ void measure_queued(BenchTable& table, int blocks, double mb, bool at_start, boo
                  fmt(t.median_ms * 1e3, 2), fmt(alone_us, 2)});
 }
 
+// What a block's tail of atomics or stores costs the boundary (see the file comment):
+// the PDL-wait chain with `loads` independent loads a thread, each block ending with
+// `vectors` float4s added onto the launch's shared accumulator (per_block false), or onto
+// or into 8 KB of its own (per_block true). `tail` holds max(kChain, blocks) x
+// kTailVectors float4s; the shared accumulators are zeroed at the graph's start.
+void measure_tail(BenchTable& table, int blocks, int loads, int vectors, bool per_block, bool atomic,
+                  const DeviceBuffer<uint4>& weights, DeviceBuffer<float4>& tail, double baseline_us,
+                  double* measured_us, int every = 1) {
+  DeviceBuffer<float> values[2] = {DeviceBuffer<float>(blocks), DeviceBuffer<float>(blocks)};
+  DeviceBuffer<unsigned> counters(kChain);
+  DeviceBuffer<float> sink(1);
+  auto enqueue = [&](int i, cudaStream_t s) {
+    if (i == 0) CUDA_CHECK(cudaMemsetAsync(tail.data(), 0, tail.size() * sizeof(float4), s));
+    enqueue_step<Dependency::kPdlWait>(i, blocks, loads, values, weights, counters, sink, s, nullptr, 0, false,
+                                       false, vectors == 0 ? nullptr : tail.data(), vectors, per_block, atomic,
+                                       every);
+  };
+  // The check (shared accumulators): after one chain on a stream, every component of the
+  // first `vectors` float4s of each launch's accumulator counts every block once.
+  std::string check = "";
+  if (vectors > 0 && atomic && !per_block) {
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    for (int i = 0; i < kChain; ++i) enqueue(i, stream);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    CUDA_CHECK(cudaStreamDestroy(stream));
+    const std::vector<float4> sums = tail.to_host();
+    int wrong = 0;
+    for (int i = 0; i < kChain; ++i) {
+      for (int v = 0; v < kTailVectors; ++v) {
+        const float4 got = sums[size_t(i) * kTailVectors + v];
+        const float want = v < vectors ? float((blocks + every - 1) / every) : 0.0f;
+        wrong += got.x != want || got.y != want || got.z != want || got.w != want;
+      }
+    }
+    check = wrong == 0 ? "ok" : std::to_string(wrong) + " wrong";
+  }
+  const BenchTiming t = time_gpu_graph(enqueue, kChain, 15);
+  const double us = t.median_ms * 1e3;
+  if (measured_us != nullptr) *measured_us = us;
+  const double bytes = double(blocks) * kThreads * loads * 16.0;
+  const std::string tail_name = vectors == 0 ? "none"
+                                : !atomic    ? "stores, 8 KB a block"
+                                : per_block  ? "atomics, 8 KB a block"
+                                : every == 1 ? "atomics, one 8 KB for all"
+                                             : "atomics, one 8 KB for every " + std::to_string(every) + "th block";
+  table.add_row({std::to_string(blocks), std::to_string(loads), fmt(bytes / 1e6, 1), tail_name,
+                 vectors == 0 ? "" : std::to_string(vectors), fmt(us, 2),
+                 vectors == 0 ? "" : fmt(us - baseline_us, 2), check});
+}
+
 }  // namespace
 
 int main() {
@@ -309,6 +410,23 @@ int main() {
       }
     }
     queued.print();
+
+    // Atomics at the blocks' end (atomicAdd on float4 is sm_90, as PDL here).
+    DeviceBuffer<float4> tail(size_t(std::max(kChain, 396)) * kTailVectors);
+    BenchTable tails("kernel_boundary_tail_atomics",
+                     {"blocks", "loads / thread", "MB / launch", "each block ends with", "float4 a block",
+                      "us / launch (median)", "over no tail (us)", "check"});
+    for (int loads : {0, 18}) {
+      for (int blocks : {132, 264, 396}) {
+        double none_us = 0.0;
+        measure_tail(tails, blocks, loads, 0, false, true, weights, tail, 0.0, &none_us);
+        for (int vectors : {128, 512}) measure_tail(tails, blocks, loads, vectors, false, true, weights, tail, none_us, nullptr);
+        measure_tail(tails, blocks, loads, 512, false, true, weights, tail, none_us, nullptr, 8);
+        measure_tail(tails, blocks, loads, 512, true, true, weights, tail, none_us, nullptr);
+        measure_tail(tails, blocks, loads, 512, true, false, weights, tail, none_us, nullptr);
+      }
+    }
+    tails.print();
   }
   return 0;
 }
