@@ -44,11 +44,17 @@
 // the PDL-wait chain, after its store, adds (1, 1, 1, 1) to `tail` float4s with
 // atomicAdd: onto one 8 KB accumulator shared by every block of the launch (the fold's
 // case: every address takes `blocks` atomics), or onto 8 KB of its own (no two blocks
-// meet); or it stores them plainly into 8 KB of its own. One more form has only every
-// 8th block add onto the shared accumulator, as if clusters of 8 summed their blocks'
-// shares in distributed shared memory first (that sum is not modelled). The shared
-// accumulator is checked after a chain on a stream: every component must equal the
-// number of blocks that added.
+// meet); or it stores them plainly into 8 KB of its own. Two more forms ask what a
+// pre-sum would save: only every 8th block adds onto the shared accumulator (the atomics
+// of clusters of 8 that summed first, without the sum), and the launch in clusters of 8
+// that do sum: each block writes its share into its shared memory, and after a cluster
+// barrier each adds an eighth of the cluster's sum, read through distributed shared
+// memory (cluster_sum_tail). And one form without a barrier: block b adds onto copy b % 8
+// of the accumulator, so each address takes blocks / 8 atomics and a reader sums 8 copies.
+// The block counts are multiples of 8 here; 384 is the down
+// projection's grid. The shared accumulator is checked after a chain on a stream: every
+// component must equal the number of blocks whose shares it sums.
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -58,6 +64,7 @@
 #include <vector>
 
 #include "bench.cuh"
+#include "cluster_launch.cuh"
 #include "cuda_check.cuh"
 #include "device_buffer.cuh"
 #include "pdl.cuh"
@@ -101,13 +108,16 @@ struct ChainParams {
   bool tail_per_block;          // each block its own kTailVectors (else one accumulator for the launch)
   bool tail_atomic;             // atomicAdd (else plain stores)
   int tail_every;               // only blocks b with b % tail_every == 0 add (as one block a cluster would)
+  bool cluster_exchange;        // (cluster launches) shares written and the two cluster barriers, else nothing
+  int tail_copies;              // (shared) block b adds onto copy b % tail_copies of the accumulator
 };
 
 // Tail work after a block's store (the third table): `tail_vectors` float4s of
 // (1, 1, 1, 1), added with vector atomics (sm_90; four scalar atomics before) or stored.
 __device__ __forceinline__ void tail_share(const ChainParams& p) {
   if (p.tail == nullptr || blockIdx.x % p.tail_every != 0) return;
-  float4* base = p.tail + (p.tail_per_block ? size_t(blockIdx.x) * kTailVectors : 0);
+  const unsigned copy = p.tail_per_block ? blockIdx.x : blockIdx.x % unsigned(p.tail_copies);
+  float4* base = p.tail + size_t(copy) * kTailVectors;
   const float4 one = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
   for (int v = threadIdx.x; v < p.tail_vectors; v += kThreads) {
     if (!p.tail_atomic) {
@@ -123,6 +133,40 @@ __device__ __forceinline__ void tail_share(const ChainParams& p) {
     atomicAdd(&base[v].w, 1.0f);
 #endif
   }
+}
+
+// The clusters' pre-sum (the third table's last form): every block writes its share, 8 KB
+// of (1, 1, 1, 1), into its own shared memory; after a cluster barrier, block j of the
+// cluster sums slice j of the cluster's shares through distributed shared memory and adds
+// that slice onto the launch's accumulator with vector atomics (kTailVectors / cluster
+// of them); a second barrier keeps every block's shared memory alive until its readers
+// are done. Each accumulator address then takes one atomic a cluster, not one a block.
+__device__ __forceinline__ void cluster_sum_tail(const ChainParams& p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (!p.cluster_exchange) return;  // the cluster launch alone
+  namespace cg = cooperative_groups;
+  __shared__ float4 share[kTailVectors];
+  cg::cluster_group cluster = cg::this_cluster();
+  const float4 one = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+  for (int v = threadIdx.x; v < kTailVectors; v += kThreads) share[v] = one;  // stands in for a block's q, k, v
+  cluster.sync();
+  if (p.tail != nullptr) {
+    const unsigned size = cluster.num_blocks(), rank = cluster.block_rank();
+    const int slice = p.tail_vectors / int(size);
+    for (int v = threadIdx.x; v < slice; v += kThreads) {
+      const int index = int(rank) * slice + v;
+      float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      for (unsigned r = 0; r < size; ++r) {
+        const float4 x = cluster.map_shared_rank(share, r)[index];
+        sum.x += x.x, sum.y += x.y, sum.z += x.z, sum.w += x.w;
+      }
+      atomicAdd(p.tail + index, sum);
+    }
+  }
+  cluster.sync();
+#else
+  (void)p;
+#endif
 }
 
 // Every lane of warp 0 asks L2 for its share of the block's share of p.prefetch, in
@@ -167,7 +211,7 @@ __device__ __forceinline__ void add_release(unsigned* p, unsigned value) {
 #endif
 }
 
-template <Dependency kDependency>
+template <Dependency kDependency, bool kClusterSum = false>
 __global__ void __launch_bounds__(kThreads, 3) chain_step_kernel(ChainParams p) {
   constexpr bool kCounter = uses_counter(kDependency);
   constexpr bool kLateTrigger =
@@ -204,7 +248,11 @@ __global__ void __launch_bounds__(kThreads, 3) chain_step_kernel(ChainParams p) 
   for (int u = 0; u < kMaxLoads; ++u) bits ^= held[u].x ^ held[u].y ^ held[u].z ^ held[u].w;
   if (bits == 0x7fc00001u) *p.sink = 1.0f;  // never true for the zeroed weights
   if (!p.prefetch_at_start) prefetch_share(p);
-  tail_share(p);
+  if constexpr (kClusterSum) {
+    cluster_sum_tail(p);
+  } else {
+    tail_share(p);
+  }
 
   if constexpr (kCounter) {
     __syncthreads();  // the block's stores are issued before thread 0 signals
@@ -232,7 +280,8 @@ void enqueue_step(int i, int blocks, int loads, DeviceBuffer<float>* values, con
                   DeviceBuffer<unsigned>& counters, DeviceBuffer<float>& sink, cudaStream_t stream,
                   const DeviceBuffer<uint4>* prefetched = nullptr, unsigned prefetch_bytes = 0,
                   bool prefetch_at_start = false, bool prefetch_lines = false, float4* tail = nullptr,
-                  int tail_vectors = 0, bool tail_per_block = false, bool tail_atomic = true, int tail_every = 1) {
+                  int tail_vectors = 0, bool tail_per_block = false, bool tail_atomic = true, int tail_every = 1,
+                  int cluster = 1, bool cluster_exchange = true, int tail_copies = 1) {
   constexpr bool kCounter = uses_counter(kDependency);
   if (kCounter && i == 0) CUDA_CHECK(cudaMemsetAsync(counters.data(), 0, counters.size() * sizeof(unsigned), stream));
   const size_t per_launch = size_t(blocks) * kThreads * size_t(loads);
@@ -250,16 +299,23 @@ void enqueue_step(int i, int blocks, int loads, DeviceBuffer<float>* values, con
   p.prefetch_at_start = prefetch_at_start;
   p.prefetch_lines = prefetch_lines;
   // The shared accumulators: one a launch (kChain of them), each zeroed at the graph's start.
-  p.tail = tail == nullptr ? nullptr : tail + (tail_per_block ? 0 : size_t(i) * kTailVectors);
+  p.tail = tail == nullptr ? nullptr : tail + (tail_per_block ? 0 : size_t(i) * tail_copies * kTailVectors);
   p.tail_vectors = tail_vectors;
   p.tail_per_block = tail_per_block;
   p.tail_atomic = tail_atomic;
   p.tail_every = tail_every;
+  p.cluster_exchange = cluster_exchange;
+  p.tail_copies = tail_copies;
   if (prefetched != nullptr && prefetch_bytes > 0) {  // rotate over more than L2 holds
     const size_t slots = prefetched->size() * sizeof(uint4) / prefetch_bytes;
     p.prefetch = reinterpret_cast<const char*>(prefetched->data()) + (i % slots) * size_t(prefetch_bytes);
   }
   const bool pdl = kDependency != Dependency::kStreamOrder;
+  if (cluster > 1) {  // the clusters' pre-sum (third table): clusters of `cluster` blocks along x
+    ClusterLaunch launch(dim3(blocks), dim3(kThreads), dim3(cluster), 0, stream, pdl);
+    CUDA_CHECK(cudaLaunchKernelEx(&launch.config, chain_step_kernel<kDependency, true>, p));
+    return;
+  }
   launch_kernel(pdl, chain_step_kernel<kDependency>, dim3(blocks), dim3(kThreads), 0, stream, p);
 }
 
@@ -319,7 +375,7 @@ void measure_queued(BenchTable& table, int blocks, double mb, bool at_start, boo
 // kTailVectors float4s; the shared accumulators are zeroed at the graph's start.
 void measure_tail(BenchTable& table, int blocks, int loads, int vectors, bool per_block, bool atomic,
                   const DeviceBuffer<uint4>& weights, DeviceBuffer<float4>& tail, double baseline_us,
-                  double* measured_us, int every = 1) {
+                  double* measured_us, int every = 1, int cluster = 1, bool exchange = true, int copies = 1) {
   DeviceBuffer<float> values[2] = {DeviceBuffer<float>(blocks), DeviceBuffer<float>(blocks)};
   DeviceBuffer<unsigned> counters(kChain);
   DeviceBuffer<float> sink(1);
@@ -327,12 +383,12 @@ void measure_tail(BenchTable& table, int blocks, int loads, int vectors, bool pe
     if (i == 0) CUDA_CHECK(cudaMemsetAsync(tail.data(), 0, tail.size() * sizeof(float4), s));
     enqueue_step<Dependency::kPdlWait>(i, blocks, loads, values, weights, counters, sink, s, nullptr, 0, false,
                                        false, vectors == 0 ? nullptr : tail.data(), vectors, per_block, atomic,
-                                       every);
+                                       every, cluster, exchange, copies);
   };
   // The check (shared accumulators): after one chain on a stream, every component of the
   // first `vectors` float4s of each launch's accumulator counts every block once.
   std::string check = "";
-  if (vectors > 0 && atomic && !per_block) {
+  if (vectors > 0 && atomic && !per_block && blocks % cluster == 0) {
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     for (int i = 0; i < kChain; ++i) enqueue(i, stream);
@@ -342,7 +398,11 @@ void measure_tail(BenchTable& table, int blocks, int loads, int vectors, bool pe
     int wrong = 0;
     for (int i = 0; i < kChain; ++i) {
       for (int v = 0; v < kTailVectors; ++v) {
-        const float4 got = sums[size_t(i) * kTailVectors + v];
+        float4 got = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // summed over the copies, as a reader would
+        for (int c = 0; c < copies; ++c) {
+          const float4 x = sums[(size_t(i) * copies + c) * kTailVectors + v];
+          got.x += x.x, got.y += x.y, got.z += x.z, got.w += x.w;
+        }
         const float want = v < vectors ? float((blocks + every - 1) / every) : 0.0f;
         wrong += got.x != want || got.y != want || got.z != want || got.w != want;
       }
@@ -353,14 +413,20 @@ void measure_tail(BenchTable& table, int blocks, int loads, int vectors, bool pe
   const double us = t.median_ms * 1e3;
   if (measured_us != nullptr) *measured_us = us;
   const double bytes = double(blocks) * kThreads * loads * 16.0;
-  const std::string tail_name = vectors == 0 ? "none"
+  const std::string in_clusters = "clusters of " + std::to_string(cluster) + ": ";
+  const std::string tail_name = cluster > 1 && !exchange ? in_clusters + "nothing (the cluster launch alone)"
+                                : vectors == 0 && cluster > 1 ? in_clusters + "shares written, two cluster barriers, no atomics"
+                                : cluster > 1 ? in_clusters + "summed in DSMEM, each block adds 1 / " +
+                                                    std::to_string(cluster) + " onto one 8 KB"
+                                : vectors == 0 ? "none"
                                 : !atomic    ? "stores, 8 KB a block"
                                 : per_block  ? "atomics, 8 KB a block"
+                                : copies > 1 ? "atomics, block b onto copy b % " + std::to_string(copies) + " of 8 KB"
                                 : every == 1 ? "atomics, one 8 KB for all"
                                              : "atomics, one 8 KB for every " + std::to_string(every) + "th block";
   table.add_row({std::to_string(blocks), std::to_string(loads), fmt(bytes / 1e6, 1), tail_name,
                  vectors == 0 ? "" : std::to_string(vectors), fmt(us, 2),
-                 vectors == 0 ? "" : fmt(us - baseline_us, 2), check});
+                 vectors == 0 && cluster == 1 ? "" : fmt(us - baseline_us, 2), check});
 }
 
 }  // namespace
@@ -412,16 +478,32 @@ int main() {
     queued.print();
 
     // Atomics at the blocks' end (atomicAdd on float4 is sm_90, as PDL here).
-    DeviceBuffer<float4> tail(size_t(std::max(kChain, 396)) * kTailVectors);
+    DeviceBuffer<float4> tail(size_t(std::max(kChain * 8, 384)) * kTailVectors);  // 8 copies a launch at most
     BenchTable tails("kernel_boundary_tail_atomics",
                      {"blocks", "loads / thread", "MB / launch", "each block ends with", "float4 a block",
                       "us / launch (median)", "over no tail (us)", "check"});
+    {  // How many clusters of 8 of the pre-sum's kernel fit at once (one wave needs blocks / 8).
+      ClusterLaunch probe(dim3(384), dim3(kThreads), dim3(8), 0, nullptr, true);
+      int clusters = 0;
+      if (cudaOccupancyMaxActiveClusters(&clusters, chain_step_kernel<Dependency::kPdlWait, true>, &probe.config) !=
+          cudaSuccess) {
+        clusters = -1;
+        (void)cudaGetLastError();
+      }
+      std::printf("clusters of 8 of the pre-sum's kernel resident at once: %d (384 blocks are 48 clusters)\n\n",
+                  clusters);
+    }
+    // Multiples of 8 for the clusters; 384 is the down projection's one wave of blocks.
     for (int loads : {0, 18}) {
-      for (int blocks : {132, 264, 396}) {
+      for (int blocks : {128, 264, 384}) {
         double none_us = 0.0;
         measure_tail(tails, blocks, loads, 0, false, true, weights, tail, 0.0, &none_us);
         for (int vectors : {128, 512}) measure_tail(tails, blocks, loads, vectors, false, true, weights, tail, none_us, nullptr);
         measure_tail(tails, blocks, loads, 512, false, true, weights, tail, none_us, nullptr, 8);
+        measure_tail(tails, blocks, loads, 512, false, true, weights, tail, none_us, nullptr, 1, 1, true, 8);
+        measure_tail(tails, blocks, loads, 0, false, true, weights, tail, none_us, nullptr, 1, 8, false);
+        measure_tail(tails, blocks, loads, 0, false, true, weights, tail, none_us, nullptr, 1, 8);
+        measure_tail(tails, blocks, loads, 512, false, true, weights, tail, none_us, nullptr, 1, 8);
         measure_tail(tails, blocks, loads, 512, true, true, weights, tail, none_us, nullptr);
         measure_tail(tails, blocks, loads, 512, true, false, weights, tail, none_us, nullptr);
       }
