@@ -51,9 +51,9 @@
 // barrier each adds an eighth of the cluster's sum, read through distributed shared
 // memory (cluster_sum_tail). And one form without a barrier: block b adds onto copy b % 8
 // of the accumulator, so each address takes blocks / 8 atomics and a reader sums 8 copies.
-// The block counts are multiples of 8 here; 384 is the down
-// projection's grid. The shared accumulator is checked after a chain on a stream: every
-// component must equal the number of blocks whose shares it sums.
+// The block counts are multiples of 8 here; 384 is the down projection's grid. The shared
+// accumulator is checked after a chain on a stream: every component (summed over the
+// copies) must equal the number of blocks whose shares it sums.
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
@@ -77,6 +77,51 @@ constexpr int kThreads = 256;
 constexpr int kChain = 64;          // launches in one graph
 constexpr int kMaxLoads = 18;       // 16-byte loads a thread may issue before the dependency
 constexpr int kTailVectors = 512;   // 8 KB of fp32: Bielik's q, k and v (2048 values)
+
+// How each block of a launch ends (the third table). Built by the named functions below.
+struct TailForm {
+  int vectors = 0;         // float4s a block adds or stores (0: no tail)
+  bool per_block = false;  // onto 8 KB of its own (else the launch's shared accumulator)
+  bool atomic = true;      // atomicAdd (else plain stores)
+  int every = 1;           // only blocks b with b % every == 0 add
+  int copies = 1;          // block b adds onto copy b % copies of the shared accumulator
+  int cluster = 1;         // launched in clusters of this many blocks, which sum first (> 1)
+  bool exchange = true;    // (cluster > 1) the shares and the barriers; false: the cluster launch alone
+
+  static TailForm none() { return {}; }
+  static TailForm shared(int vectors) { return with_vectors(vectors); }
+  static TailForm shared_every(int every) { TailForm f = with_vectors(kTailVectors); f.every = every; return f; }
+  static TailForm shared_copies(int copies) { TailForm f = with_vectors(kTailVectors); f.copies = copies; return f; }
+  static TailForm own_atomics() { TailForm f = with_vectors(kTailVectors); f.per_block = true; return f; }
+  static TailForm own_stores() { TailForm f = own_atomics(); f.atomic = false; return f; }
+  static TailForm cluster_launch_alone(int cluster) {
+    TailForm f = cluster_barriers(cluster);
+    f.exchange = false;
+    return f;
+  }
+  static TailForm cluster_barriers(int cluster) { TailForm f; f.cluster = cluster; return f; }
+  static TailForm cluster_sum(int cluster) { TailForm f = with_vectors(kTailVectors); f.cluster = cluster; return f; }
+
+  /// Whether the launch's shared accumulator holds a checkable sum after a chain.
+  bool checkable() const { return vectors > 0 && atomic && !per_block; }
+  std::string name() const {
+    const std::string in_clusters = "clusters of " + std::to_string(cluster) + ": ";
+    if (cluster > 1 && !exchange) return in_clusters + "nothing (the cluster launch alone)";
+    if (cluster > 1 && vectors == 0) return in_clusters + "shares written, two cluster barriers, no atomics";
+    if (cluster > 1) {
+      return in_clusters + "summed in DSMEM, each block adds 1 / " + std::to_string(cluster) + " onto one 8 KB";
+    }
+    if (vectors == 0) return "none";
+    if (!atomic) return "stores, 8 KB a block";
+    if (per_block) return "atomics, 8 KB a block";
+    if (copies > 1) return "atomics, block b onto copy b % " + std::to_string(copies) + " of 8 KB";
+    if (every > 1) return "atomics, one 8 KB for every " + std::to_string(every) + "th block";
+    return "atomics, one 8 KB for all";
+  }
+
+ private:
+  static TailForm with_vectors(int vectors) { TailForm f; f.vectors = vectors; return f; }
+};
 
 enum class Dependency {
   kStreamOrder,
@@ -280,8 +325,7 @@ void enqueue_step(int i, int blocks, int loads, DeviceBuffer<float>* values, con
                   DeviceBuffer<unsigned>& counters, DeviceBuffer<float>& sink, cudaStream_t stream,
                   const DeviceBuffer<uint4>* prefetched = nullptr, unsigned prefetch_bytes = 0,
                   bool prefetch_at_start = false, bool prefetch_lines = false, float4* tail = nullptr,
-                  int tail_vectors = 0, bool tail_per_block = false, bool tail_atomic = true, int tail_every = 1,
-                  int cluster = 1, bool cluster_exchange = true, int tail_copies = 1) {
+                  const TailForm& form = TailForm::none()) {
   constexpr bool kCounter = uses_counter(kDependency);
   if (kCounter && i == 0) CUDA_CHECK(cudaMemsetAsync(counters.data(), 0, counters.size() * sizeof(unsigned), stream));
   const size_t per_launch = size_t(blocks) * kThreads * size_t(loads);
@@ -298,21 +342,23 @@ void enqueue_step(int i, int blocks, int loads, DeviceBuffer<float>* values, con
   p.prefetch_bytes = prefetch_bytes;
   p.prefetch_at_start = prefetch_at_start;
   p.prefetch_lines = prefetch_lines;
-  // The shared accumulators: one a launch (kChain of them), each zeroed at the graph's start.
-  p.tail = tail == nullptr ? nullptr : tail + (tail_per_block ? 0 : size_t(i) * tail_copies * kTailVectors);
-  p.tail_vectors = tail_vectors;
-  p.tail_per_block = tail_per_block;
-  p.tail_atomic = tail_atomic;
-  p.tail_every = tail_every;
-  p.cluster_exchange = cluster_exchange;
-  p.tail_copies = tail_copies;
+  // The shared accumulators: `copies` a launch, each zeroed at the graph's start.
+  p.tail = tail == nullptr || form.vectors == 0
+               ? nullptr
+               : tail + (form.per_block ? 0 : size_t(i) * form.copies * kTailVectors);
+  p.tail_vectors = form.vectors;
+  p.tail_per_block = form.per_block;
+  p.tail_atomic = form.atomic;
+  p.tail_every = form.every;
+  p.cluster_exchange = form.exchange;
+  p.tail_copies = form.copies;
   if (prefetched != nullptr && prefetch_bytes > 0) {  // rotate over more than L2 holds
     const size_t slots = prefetched->size() * sizeof(uint4) / prefetch_bytes;
     p.prefetch = reinterpret_cast<const char*>(prefetched->data()) + (i % slots) * size_t(prefetch_bytes);
   }
   const bool pdl = kDependency != Dependency::kStreamOrder;
-  if (cluster > 1) {  // the clusters' pre-sum (third table): clusters of `cluster` blocks along x
-    ClusterLaunch launch(dim3(blocks), dim3(kThreads), dim3(cluster), 0, stream, pdl);
+  if (form.cluster > 1) {  // the clusters' pre-sum (third table): clusters along x
+    ClusterLaunch launch(dim3(blocks), dim3(kThreads), dim3(form.cluster), 0, stream, pdl);
     CUDA_CHECK(cudaLaunchKernelEx(&launch.config, chain_step_kernel<kDependency, true>, p));
     return;
   }
@@ -369,41 +415,40 @@ void measure_queued(BenchTable& table, int blocks, double mb, bool at_start, boo
 }
 
 // What a block's tail of atomics or stores costs the boundary (see the file comment):
-// the PDL-wait chain with `loads` independent loads a thread, each block ending with
-// `vectors` float4s added onto the launch's shared accumulator (per_block false), or onto
-// or into 8 KB of its own (per_block true). `tail` holds max(kChain, blocks) x
-// kTailVectors float4s; the shared accumulators are zeroed at the graph's start.
-void measure_tail(BenchTable& table, int blocks, int loads, int vectors, bool per_block, bool atomic,
-                  const DeviceBuffer<uint4>& weights, DeviceBuffer<float4>& tail, double baseline_us,
-                  double* measured_us, int every = 1, int cluster = 1, bool exchange = true, int copies = 1) {
+// the PDL-wait chain with `loads` independent loads a thread, each block ending as `form`
+// says. `tail` holds max(8 kChain, blocks) x kTailVectors float4s (8 copies a launch at
+// most, or 8 KB a block); it is zeroed at the graph's start. Returns the median us a launch.
+double measure_tail(BenchTable& table, int blocks, int loads, const TailForm& form, const DeviceBuffer<uint4>& weights,
+                    DeviceBuffer<float4>& tail, double none_us) {
   DeviceBuffer<float> values[2] = {DeviceBuffer<float>(blocks), DeviceBuffer<float>(blocks)};
   DeviceBuffer<unsigned> counters(kChain);
   DeviceBuffer<float> sink(1);
   auto enqueue = [&](int i, cudaStream_t s) {
     if (i == 0) CUDA_CHECK(cudaMemsetAsync(tail.data(), 0, tail.size() * sizeof(float4), s));
     enqueue_step<Dependency::kPdlWait>(i, blocks, loads, values, weights, counters, sink, s, nullptr, 0, false,
-                                       false, vectors == 0 ? nullptr : tail.data(), vectors, per_block, atomic,
-                                       every, cluster, exchange, copies);
+                                       false, tail.data(), form);
   };
-  // The check (shared accumulators): after one chain on a stream, every component of the
-  // first `vectors` float4s of each launch's accumulator counts every block once.
+  // The check (shared accumulators): after one chain on a stream, each component of the
+  // first `vectors` float4s of each launch's accumulator, summed over its copies as a
+  // reader would, counts every block that added once.
   std::string check = "";
-  if (vectors > 0 && atomic && !per_block && blocks % cluster == 0) {
+  if (form.checkable() && blocks % form.cluster == 0) {
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     for (int i = 0; i < kChain; ++i) enqueue(i, stream);
     CUDA_CHECK(cudaStreamSynchronize(stream));
     CUDA_CHECK(cudaStreamDestroy(stream));
     const std::vector<float4> sums = tail.to_host();
+    const float adders = float((blocks + form.every - 1) / form.every);
     int wrong = 0;
     for (int i = 0; i < kChain; ++i) {
       for (int v = 0; v < kTailVectors; ++v) {
-        float4 got = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // summed over the copies, as a reader would
-        for (int c = 0; c < copies; ++c) {
-          const float4 x = sums[(size_t(i) * copies + c) * kTailVectors + v];
+        float4 got = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int c = 0; c < form.copies; ++c) {
+          const float4 x = sums[(size_t(i) * form.copies + c) * kTailVectors + v];
           got.x += x.x, got.y += x.y, got.z += x.z, got.w += x.w;
         }
-        const float want = v < vectors ? float((blocks + every - 1) / every) : 0.0f;
+        const float want = v < form.vectors ? adders : 0.0f;
         wrong += got.x != want || got.y != want || got.z != want || got.w != want;
       }
     }
@@ -411,22 +456,12 @@ void measure_tail(BenchTable& table, int blocks, int loads, int vectors, bool pe
   }
   const BenchTiming t = time_gpu_graph(enqueue, kChain, 15);
   const double us = t.median_ms * 1e3;
-  if (measured_us != nullptr) *measured_us = us;
   const double bytes = double(blocks) * kThreads * loads * 16.0;
-  const std::string in_clusters = "clusters of " + std::to_string(cluster) + ": ";
-  const std::string tail_name = cluster > 1 && !exchange ? in_clusters + "nothing (the cluster launch alone)"
-                                : vectors == 0 && cluster > 1 ? in_clusters + "shares written, two cluster barriers, no atomics"
-                                : cluster > 1 ? in_clusters + "summed in DSMEM, each block adds 1 / " +
-                                                    std::to_string(cluster) + " onto one 8 KB"
-                                : vectors == 0 ? "none"
-                                : !atomic    ? "stores, 8 KB a block"
-                                : per_block  ? "atomics, 8 KB a block"
-                                : copies > 1 ? "atomics, block b onto copy b % " + std::to_string(copies) + " of 8 KB"
-                                : every == 1 ? "atomics, one 8 KB for all"
-                                             : "atomics, one 8 KB for every " + std::to_string(every) + "th block";
-  table.add_row({std::to_string(blocks), std::to_string(loads), fmt(bytes / 1e6, 1), tail_name,
-                 vectors == 0 ? "" : std::to_string(vectors), fmt(us, 2),
-                 vectors == 0 && cluster == 1 ? "" : fmt(us - baseline_us, 2), check});
+  const bool baseline = form.vectors == 0 && form.cluster == 1;
+  table.add_row({std::to_string(blocks), std::to_string(loads), fmt(bytes / 1e6, 1), form.name(),
+                 form.vectors == 0 ? "" : std::to_string(form.vectors), fmt(us, 2),
+                 baseline ? "" : fmt(us - none_us, 2), check});
+  return us;
 }
 
 }  // namespace
@@ -478,7 +513,7 @@ int main() {
     queued.print();
 
     // Atomics at the blocks' end (atomicAdd on float4 is sm_90, as PDL here).
-    DeviceBuffer<float4> tail(size_t(std::max(kChain * 8, 384)) * kTailVectors);  // 8 copies a launch at most
+    DeviceBuffer<float4> tail(size_t(std::max(kChain * 8, 384)) * kTailVectors);  // see measure_tail
     BenchTable tails("kernel_boundary_tail_atomics",
                      {"blocks", "loads / thread", "MB / launch", "each block ends with", "float4 a block",
                       "us / launch (median)", "over no tail (us)", "check"});
@@ -496,16 +531,13 @@ int main() {
     // Multiples of 8 for the clusters; 384 is the down projection's one wave of blocks.
     for (int loads : {0, 18}) {
       for (int blocks : {128, 264, 384}) {
-        double none_us = 0.0;
-        measure_tail(tails, blocks, loads, 0, false, true, weights, tail, 0.0, &none_us);
-        for (int vectors : {128, 512}) measure_tail(tails, blocks, loads, vectors, false, true, weights, tail, none_us, nullptr);
-        measure_tail(tails, blocks, loads, 512, false, true, weights, tail, none_us, nullptr, 8);
-        measure_tail(tails, blocks, loads, 512, false, true, weights, tail, none_us, nullptr, 1, 1, true, 8);
-        measure_tail(tails, blocks, loads, 0, false, true, weights, tail, none_us, nullptr, 1, 8, false);
-        measure_tail(tails, blocks, loads, 0, false, true, weights, tail, none_us, nullptr, 1, 8);
-        measure_tail(tails, blocks, loads, 512, false, true, weights, tail, none_us, nullptr, 1, 8);
-        measure_tail(tails, blocks, loads, 512, true, true, weights, tail, none_us, nullptr);
-        measure_tail(tails, blocks, loads, 512, true, false, weights, tail, none_us, nullptr);
+        const double none_us = measure_tail(tails, blocks, loads, TailForm::none(), weights, tail, 0.0);
+        for (const TailForm& form :
+             {TailForm::shared(128), TailForm::shared(kTailVectors), TailForm::shared_every(8),
+              TailForm::shared_copies(8), TailForm::cluster_launch_alone(8), TailForm::cluster_barriers(8),
+              TailForm::cluster_sum(8), TailForm::own_atomics(), TailForm::own_stores()}) {
+          measure_tail(tails, blocks, loads, form, weights, tail, none_us);
+        }
       }
     }
     tails.print();
