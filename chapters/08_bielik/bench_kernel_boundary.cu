@@ -148,24 +148,21 @@ struct ChainParams {
   unsigned prefetch_bytes;      // a multiple of 16 * 32 * gridDim.x
   bool prefetch_at_start;       // before the dependency (else after the block's store)
   bool prefetch_lines;          // prefetch.global.L2 per 128-byte line (else one bulk request per 16 KB)
-  float4* tail;                 // (kTailVectors) shared, or (gridDim.x, kTailVectors) with tail_per_block; or null
-  int tail_vectors;             // float4s a block adds (or stores) after its store, <= kTailVectors
-  bool tail_per_block;          // each block its own kTailVectors (else one accumulator for the launch)
-  bool tail_atomic;             // atomicAdd (else plain stores)
-  int tail_every;               // only blocks b with b % tail_every == 0 add (as one block a cluster would)
-  bool cluster_exchange;        // (cluster launches) shares written and the two cluster barriers, else nothing
-  int tail_copies;              // (shared) block b adds onto copy b % tail_copies of the accumulator
+  float4* tail;                 // (copies, kTailVectors) this launch's shared accumulator, or
+                                // (gridDim.x, kTailVectors) with tail_form.per_block; or null
+  TailForm tail_form;           // how each block ends (the third table)
 };
 
-// Tail work after a block's store (the third table): `tail_vectors` float4s of
+// Tail work after a block's store (the third table): `tail_form.vectors` float4s of
 // (1, 1, 1, 1), added with vector atomics (sm_90; four scalar atomics before) or stored.
 __device__ __forceinline__ void tail_share(const ChainParams& p) {
-  if (p.tail == nullptr || blockIdx.x % p.tail_every != 0) return;
-  const unsigned copy = p.tail_per_block ? blockIdx.x : blockIdx.x % unsigned(p.tail_copies);
+  const TailForm& form = p.tail_form;
+  if (p.tail == nullptr || blockIdx.x % form.every != 0) return;
+  const unsigned copy = form.per_block ? blockIdx.x : blockIdx.x % unsigned(form.copies);
   float4* base = p.tail + size_t(copy) * kTailVectors;
   const float4 one = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
-  for (int v = threadIdx.x; v < p.tail_vectors; v += kThreads) {
-    if (!p.tail_atomic) {
+  for (int v = threadIdx.x; v < form.vectors; v += kThreads) {
+    if (!form.atomic) {
       base[v] = one;
       continue;
     }
@@ -188,7 +185,7 @@ __device__ __forceinline__ void tail_share(const ChainParams& p) {
 // are done. Each accumulator address then takes one atomic a cluster, not one a block.
 __device__ __forceinline__ void cluster_sum_tail(const ChainParams& p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (!p.cluster_exchange) return;  // the cluster launch alone
+  if (!p.tail_form.exchange) return;  // the cluster launch alone
   namespace cg = cooperative_groups;
   __shared__ float4 share[kTailVectors];
   cg::cluster_group cluster = cg::this_cluster();
@@ -197,7 +194,7 @@ __device__ __forceinline__ void cluster_sum_tail(const ChainParams& p) {
   cluster.sync();
   if (p.tail != nullptr) {
     const unsigned size = cluster.num_blocks(), rank = cluster.block_rank();
-    const int slice = p.tail_vectors / int(size);
+    const int slice = p.tail_form.vectors / int(size);
     for (int v = threadIdx.x; v < slice; v += kThreads) {
       const int index = int(rank) * slice + v;
       float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -346,12 +343,7 @@ void enqueue_step(int i, int blocks, int loads, DeviceBuffer<float>* values, con
   p.tail = tail == nullptr || form.vectors == 0
                ? nullptr
                : tail + (form.per_block ? 0 : size_t(i) * form.copies * kTailVectors);
-  p.tail_vectors = form.vectors;
-  p.tail_per_block = form.per_block;
-  p.tail_atomic = form.atomic;
-  p.tail_every = form.every;
-  p.cluster_exchange = form.exchange;
-  p.tail_copies = form.copies;
+  p.tail_form = form;
   if (prefetched != nullptr && prefetch_bytes > 0) {  // rotate over more than L2 holds
     const size_t slots = prefetched->size() * sizeof(uint4) / prefetch_bytes;
     p.prefetch = reinterpret_cast<const char*>(prefetched->data()) + (i % slots) * size_t(prefetch_bytes);
