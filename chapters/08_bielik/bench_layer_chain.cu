@@ -53,35 +53,23 @@
 #include "cuda_check.cuh"
 #include "device_buffer.cuh"
 #include "pdl.cuh"
+#include "step_bytes.hpp"
 
 namespace {
 
 using namespace bielik;
+using namespace bielik::step_bytes;
 
 constexpr int kThreads = 256;
 constexpr int kLoads = 16;                                        // 16-byte loads a thread, all before the wait
 constexpr size_t kBlockBytes = size_t(kThreads) * kLoads * 16;  // 64 KB a block
 constexpr int kTokensPerGraph = 4;                                // as the decode step's graphs
 
-// Bielik-1.5B-v3.0 (models/bielik-1.5b-v3-config.json), bf16.
-constexpr size_t kHidden = 1536, kIntermediate = 8960, kKvWidth = 2 * 128, kVocab = 32000;
-constexpr int kLayers = 32;
-constexpr size_t kQkvBytes = (kHidden + 2 * kKvWidth) * kHidden * 2 + (kHidden + 2 * kKvWidth) * 2;  // + bias
-constexpr size_t kOBytes = kHidden * kHidden * 2;
-constexpr size_t kGateUpBytes = 2 * kIntermediate * kHidden * 2;
-constexpr size_t kDownBytes = kHidden * kIntermediate * 2;
-constexpr size_t kLmHeadBytes = kVocab * kHidden * 2;
 // The attention reads the KV cache: 2 kv heads x (k, v) x 128 x 2 bytes a position. Its
 // launch has the step's 48 blocks (12 query heads x clusters of 4) and one 16-byte load a
 // thread: 192 positions' worth (the benchmark's cache grows from 16 to 272).
 constexpr int kAttentionBlocks = 48;
 constexpr size_t kAttentionBytes = size_t(kAttentionBlocks) * kThreads * 16;  // 196 KB
-
-// The step's activations in 16-byte chunks: x (C bf16), q + k + v ((H + 2 Hkv) D), the
-// attention's output (H D), gate/up's (F), the logits (V floats). The attention's blocks
-// each read their head's q and the new key and value (3 D).
-constexpr int kX = int(kHidden * 2 / 16), kQkv = int((kHidden + 2 * kKvWidth) * 2 / 16);
-constexpr int kHeadInputs = 3 * 128 * 2 / 16, kF = int(kIntermediate * 2 / 16), kLogits = int(kVocab * 4 / 16);
 
 struct StageParams {
   const uint4* weights;  // (gridDim.x * kThreads * loads) this launch's bytes

@@ -1,0 +1,559 @@
+// bench_megakernel: would one persistent kernel with a weight stream that never waits hide
+// the decode step's round trips? The megakernel's premise, measured before anyone builds one.
+//
+// bench_layer_chain measured what the step's chain of 161 launches allows: with its
+// kernels' round trips after their waits (the input staged, the outputs stored, the
+// attention's dependent reads) the chain loses ~4.6 us a layer on the H200 to bytes that
+// did not move while those trips ran, and issue 7's target leaves ~2.1. Its conclusion
+// ended in a conjecture: a megakernel would make the same trips and could hide them only
+// if its producers kept more bytes in flight than the early launches do (a launch's
+// blocks hold ~64 KB each, and only while the SM has room for them). This program tests
+// that conjecture with the same bytes and the same trips in one kernel:
+//
+//  * one block an SM (a cooperative launch, so all are resident), a producer warp and 8
+//    consumer warps;
+//  * the producer's lane 0 walks the token's weights in the step's order (the phases
+//    QKV, attention, O, gate/up, down of 32 layers, then the lm_head; each phase's bytes
+//    cut into 16 KB tiles dealt round-robin to the blocks) and asks the bulk-copy engine
+//    for each of its block's tiles as soon as a slot of its shared-memory ring is free.
+//    It never waits for an activation: it runs ahead of the consumers by the whole ring
+//    (12 slots: 192 KB an SM, 25 MB over an H200, ~6 us of its bandwidth), straight
+//    across the phases;
+//  * the consumers take the phases in order. In a phase where their block owns tiles they
+//    wait for the previous phase to be complete (a counter in global memory that every
+//    block of that phase increments when its outputs are stored, instead of a kernel
+//    boundary), stage the phase's input from L2 and sum a word of it across the block,
+//    (the attention) make 4 dependent L2 reads, consume their tiles from the ring, store
+//    their share of the phase's output, and increment the phase's counter.
+//
+// The rows switch those pieces on one by one, with the ring at 12, 4 and 2 slots, and
+// the tiles consumed either by a fold of their bits or by dot products against the
+// staged input (bf16 to fp32, one FMA a weight, a warp sum a tile), which is what a
+// GEMV's consumers do. Set the rows beside bench_layer_chain's in the same call: "every
+// launch staging and storing, the attention making 4 dependent L2 reads" is the same
+// work as the "flags, activations and the attention's reads" rows here.
+//
+// A check, as bench_layer_chain's: each participating block of a phase reads two values
+// the previous phase's blocks wrote and writes their minimum + 1, one chain across all
+// phases and tokens; after the first tokens every value of the last phase must equal
+// the number of phases run. A consumer that read before a phase was complete would leave
+// a smaller value ("stale read", exit status 1). A wait that spins for 2 s gives up and
+// is counted ("timed out"), so a bug shows as a row, not a hang.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "bench.cuh"
+#include "cuda_check.cuh"
+#include "device_buffer.cuh"
+#include "globaltimer.cuh"
+#include "pdl.cuh"
+#include "step_bytes.hpp"
+#include "weight_stream.cuh"
+
+namespace {
+
+using namespace bielik;
+using namespace bielik::step_bytes;
+
+constexpr int kConsumerWarps = 8;
+constexpr int kConsumers = kConsumerWarps * 32;
+constexpr int kThreads = kConsumers + 32;  // the last warp is the producer
+constexpr int kTileBytes = 16 << 10;
+constexpr int kChunksPerThread = kTileBytes / 16 / kConsumers;  // 4 uint4 of a full tile
+// At least this much shared memory a block, so that an SM never holds two (a block is an
+// SM's whole stream; two would halve each one's ring).
+constexpr int kMinSharedBytes = 120 << 10;
+constexpr int kAttentionChaseSteps = 4;
+constexpr unsigned long long kWaitGiveUpNs = 2000000000ull;
+
+/// One phase of the token: its weights, and what its consumers move.
+struct Phase {
+  unsigned long long offset;  // bytes into the weight buffer
+  unsigned long long bytes;
+  int tiles;         // ceil(bytes / kTileBytes)
+  int first_tile;    // tile 0 of this phase goes to block first_tile % gridDim.x
+  int participants;  // blocks that own tiles: min(tiles, gridDim.x)
+  int input_chunks;  // 16-byte chunks of the previous phase's output every participant reads
+  int output_chunks;  // 16-byte chunks of output, shared out between the participants
+  int chase_steps;    // dependent L2 reads by thread 0 after the staging
+};
+
+/// What the consumers do; the producer is the same in every row.
+struct Work {
+  bool wait_for_phases;  // false: no counters at all, the ring's own speed
+  bool move_activations;  // stage the input, sum a word across the block, store the output
+  bool chase;             // the phases' chase_steps
+  bool dot;               // dot products against the staged input, else a fold of the bits
+};
+
+struct MegaParams {
+  const Phase* phases;  // (num_phases)
+  int num_phases;
+  const unsigned char* weights;
+  int slots;  // ring slots of kTileBytes
+  Work work;
+  unsigned token;            // 1, 2, ... over the launches of one configuration
+  unsigned* phase_done;      // (num_phases) blocks that finished the phase, over all tokens
+  unsigned* values;          // (num_phases, gridDim.x) the check's chain
+  uint4* activations[2];     // phase p reads [p % 2], writes [(p + 1) % 2]
+  const unsigned* chase;     // (chase_entries) each entry the index of the next
+  unsigned chase_entries;
+  unsigned* timeouts;        // waits that gave up
+  float* sink;               // written only if a result is a value it never is
+};
+
+__device__ __forceinline__ void consumers_sync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory");  // the 8 consumer warps only
+}
+
+__device__ __forceinline__ void slot_release(uint64_t* barrier) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(stream_ptx::shared_address(barrier)) : "memory");
+#endif
+}
+
+__device__ __forceinline__ unsigned load_acquire(const unsigned* address) {
+  unsigned value;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(value) : "l"(address) : "memory");
+  return value;
+}
+
+/// This block's rank among the phase's participants (tile i of the phase goes to block
+/// (first_tile + i) % grid); >= tiles when the block owns none.
+__device__ __forceinline__ int rank_in(const Phase& phase) {
+  const int grid = int(gridDim.x);
+  return (int(blockIdx.x) - phase.first_tile % grid + grid) % grid;
+}
+
+__device__ __forceinline__ float bf16_low(unsigned pair) { return __uint_as_float(pair << 16); }
+__device__ __forceinline__ float bf16_high(unsigned pair) { return __uint_as_float(pair & 0xffff0000u); }
+
+__device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float acc) {
+  const unsigned wv[4] = {w.x, w.y, w.z, w.w}, xv[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    acc = fmaf(bf16_low(wv[k]), bf16_low(xv[k]), acc);
+    acc = fmaf(bf16_high(wv[k]), bf16_high(xv[k]), acc);
+  }
+  return acc;
+}
+
+/// The producer: lane 0 of the last warp requests every tile its block owns, phase after
+/// phase, as soon as a slot is free.
+__device__ void produce(const MegaParams& p, unsigned char* ring, uint64_t* full, uint64_t* empty) {
+  if (threadIdx.x % 32 != 0) return;
+  unsigned use = 0;  // slot uses so far: slot use % slots, on its (use / slots)-th round
+  for (int ph = 0; ph < p.num_phases; ++ph) {
+    const Phase phase = p.phases[ph];
+    for (int i = rank_in(phase); i < phase.tiles; i += int(gridDim.x), ++use) {
+      const unsigned slot = use % unsigned(p.slots), round = use / unsigned(p.slots);
+      // A fresh barrier's phase of parity 1 counts as complete: the first round passes.
+      stream_ptx::barrier_wait(&empty[slot], (round & 1u) ^ 1u);
+      const unsigned long long start = (unsigned long long)(i) * kTileBytes;
+      const uint32_t bytes = uint32_t(min((unsigned long long)(kTileBytes), phase.bytes - start));
+      stream_ptx::barrier_expect_bytes(&full[slot], bytes);
+      copy_async_bulk(ring + size_t(slot) * kTileBytes, p.weights + phase.offset + start, bytes, &full[slot]);
+    }
+  }
+}
+
+/// Thread 0 of the consumers spins until `count` blocks have finished the phase.
+__device__ void wait_for(const MegaParams& p, const unsigned* done, unsigned count) {
+  if (threadIdx.x == 0) {
+    const unsigned long long give_up = globaltimer_ns() + kWaitGiveUpNs;
+    while (load_acquire(done) < count) {
+      if (globaltimer_ns() > give_up) {
+        atomicAdd(p.timeouts, 1u);
+        break;
+      }
+    }
+  }
+  consumers_sync();
+}
+
+__device__ void consume(const MegaParams& p, const unsigned char* ring, uint64_t* full, uint64_t* empty,
+                        uint4* x_shared) {
+  __shared__ unsigned warp_words[kConsumerWarps];
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  unsigned use = 0;
+  unsigned bits = 0;  // every weight folded in: keeps the loads and the math alive
+  float acc = 0.0f;
+  for (int ph = 0; ph < p.num_phases; ++ph) {
+    const Phase phase = p.phases[ph];
+    const int rank = rank_in(phase);
+    if (rank >= phase.tiles) continue;  // no tiles here: the next phase's wait orders us
+    const int previous_index = ph == 0 ? p.num_phases - 1 : ph - 1;
+    const Phase& previous = p.phases[previous_index];
+    if (p.work.wait_for_phases) {
+      // Phase 0 of token t waits for the last phase of token t - 1 (the previous launch,
+      // so already complete), every other phase for its predecessor in this token.
+      const unsigned token_of_previous = ph == 0 ? p.token - 1 : p.token;
+      wait_for(p, p.phase_done + previous_index, token_of_previous * unsigned(previous.participants));
+    }
+    unsigned staged = 0;
+    const int input_chunks = p.work.move_activations ? phase.input_chunks : 0;
+    if (input_chunks > 0) {
+      const uint4* input = ph % 2 == 0 ? p.activations[0] : p.activations[1];
+      for (int c = int(threadIdx.x); c < input_chunks; c += kConsumers) {
+        const uint4 v = __ldcg(input + c);
+        x_shared[c] = v;
+        staged ^= v.x ^ v.y ^ v.z ^ v.w;
+      }
+      for (int offset = 16; offset > 0; offset /= 2) staged ^= __shfl_xor_sync(0xffffffffu, staged, offset);
+      if (lane == 0) warp_words[warp] = staged;
+      consumers_sync();  // the input is in shared memory, and every warp's word
+      staged = 0;
+      for (int w = 0; w < kConsumerWarps; ++w) staged ^= warp_words[w];
+    }
+    if (p.work.chase && phase.chase_steps > 0) {
+      __shared__ unsigned chased;
+      if (threadIdx.x == 0) {
+        unsigned index = (p.token * 7919u + unsigned(ph) * 131u + blockIdx.x * 4099u) % p.chase_entries;
+        for (int step = 0; step < phase.chase_steps; ++step) index = __ldcg(p.chase + index);
+        chased = index;
+      }
+      consumers_sync();
+      if (chased == 0xffffffffu) *p.sink = 1.0f;  // never: every entry is an index < chase_entries
+    }
+    // Which x chunk each of this thread's weight chunks meets (the dots only).
+    int x_index[kChunksPerThread];
+#pragma unroll
+    for (int u = 0; u < kChunksPerThread; ++u) {
+      x_index[u] = input_chunks > 0 ? (int(threadIdx.x) + u * kConsumers) % input_chunks : 0;
+    }
+    for (int i = rank; i < phase.tiles; i += int(gridDim.x), ++use) {
+      const unsigned slot = use % unsigned(p.slots), round = use / unsigned(p.slots);
+      stream_ptx::barrier_wait(&full[slot], round & 1u);
+      const uint4* tile = reinterpret_cast<const uint4*>(ring + size_t(slot) * kTileBytes);
+      const unsigned long long start = (unsigned long long)(i) * kTileBytes;
+      const int chunks = int(min((unsigned long long)(kTileBytes), phase.bytes - start) / 16);
+      float tile_acc = 0.0f;
+#pragma unroll
+      for (int u = 0; u < kChunksPerThread; ++u) {
+        const int c = int(threadIdx.x) + u * kConsumers;
+        if (c < chunks) {
+          const uint4 w = tile[c];
+          if (p.work.dot && input_chunks > 0) {
+            tile_acc = dot8(w, x_shared[x_index[u]], tile_acc);
+          } else {
+            bits ^= w.x ^ w.y ^ w.z ^ w.w;
+          }
+        }
+      }
+      if (p.work.dot && input_chunks > 0) {  // a GEMV sums its rows across the warp
+        for (int offset = 16; offset > 0; offset /= 2) tile_acc += __shfl_xor_sync(0xffffffffu, tile_acc, offset);
+        acc += tile_acc;
+      }
+      __syncwarp();
+      if (lane == 0) slot_release(&empty[slot]);  // this warp is done with the slot
+    }
+    const int output_chunks = p.work.move_activations ? phase.output_chunks : 0;
+    if (output_chunks > 0) {
+      uint4* output = ph % 2 == 0 ? p.activations[1] : p.activations[0];
+      const unsigned word = staged ^ __float_as_uint(acc);
+      const int per_block = (output_chunks + phase.participants - 1) / phase.participants;
+      for (int c = int(threadIdx.x); c < per_block; c += kConsumers) {
+        const int chunk = rank * per_block + c;
+        if (chunk < output_chunks) output[chunk] = make_uint4(word, word, word, 0u);
+      }
+    }
+    if (threadIdx.x == 0) {  // the check's chain
+      const unsigned* in = p.values + size_t(previous_index) * gridDim.x;
+      const unsigned a = __ldcg(in + rank % previous.participants);
+      const unsigned b = __ldcg(in + (rank + 1) % previous.participants);
+      p.values[size_t(ph) * gridDim.x + rank] = min(a, b) + 1u;
+    }
+    if (p.work.wait_for_phases) {
+      consumers_sync();  // every consumer's stores are issued
+      if (threadIdx.x == 0) {
+        __threadfence();  // ... and visible to the GPU before the count says so
+        atomicAdd(p.phase_done + ph, 1u);
+      }
+    }
+  }
+  if (bits == 0x7fc00001u || acc == 12345.678f) *p.sink = 1.0f;  // never for the zeroed weights
+}
+
+__global__ void __launch_bounds__(kThreads, 1) megakernel(MegaParams p) {
+  extern __shared__ __align__(128) unsigned char shared[];
+  unsigned char* ring = shared;                                                      // (slots, kTileBytes)
+  uint4* x_shared = reinterpret_cast<uint4*>(ring + size_t(p.slots) * kTileBytes);   // (kF) the staged input
+  uint64_t* full = reinterpret_cast<uint64_t*>(x_shared + kF);                       // (slots)
+  uint64_t* empty = full + p.slots;                                                   // (slots)
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < p.slots; ++s) {
+      stream_ptx::barrier_init(&full[s], 1);                  // the producer's expect_tx arrival
+      stream_ptx::barrier_init(&empty[s], kConsumerWarps);  // one arrival a consumer warp
+    }
+    stream_ptx::barrier_init_fence();
+  }
+  __syncthreads();  // the last block-wide barrier: from here the roles part
+  if (threadIdx.x >= kConsumers) {
+    produce(p, ring, full, empty);
+  } else {
+    consume(p, ring, full, empty, x_shared);
+  }
+}
+
+size_t shared_bytes_for(int slots) {
+  const size_t bytes = size_t(slots) * kTileBytes + size_t(kF) * 16 + 2 * size_t(slots) * sizeof(uint64_t);
+  return std::max(bytes, size_t(kMinSharedBytes));
+}
+
+/// The token's phases for `grid` blocks: Bielik's 32 layers, then the lm_head.
+std::vector<Phase> token_phases(int grid) {
+  struct Piece {
+    size_t bytes;
+    int input_chunks, output_chunks, chase_steps;
+  };
+  // The attention reads its KV cache: 196 KB, as bench_layer_chain's 48 blocks of 256
+  // 16-byte loads (192 positions of 2 kv heads).
+  const size_t attention_bytes = size_t(48) * 256 * 16;
+  const Piece layer[] = {{kQkvBytes, kX, kQkv, 0},
+                         {attention_bytes, kHeadInputs, kX, kAttentionChaseSteps},
+                         {kOBytes, kX, kX, 0},
+                         {kGateUpBytes, kX, kF, 0},
+                         {kDownBytes, kF, kX, 0}};
+  std::vector<Piece> pieces;
+  for (int l = 0; l < kLayers; ++l) pieces.insert(pieces.end(), std::begin(layer), std::end(layer));
+  pieces.push_back({kLmHeadBytes, kX, kLogits, 0});
+  std::vector<Phase> phases;
+  unsigned long long offset = 0;
+  int first_tile = 0;
+  for (const Piece& piece : pieces) {
+    Phase phase{};
+    phase.offset = offset;
+    phase.bytes = piece.bytes;
+    phase.tiles = int((piece.bytes + kTileBytes - 1) / kTileBytes);
+    phase.first_tile = first_tile % grid;
+    phase.participants = std::min(phase.tiles, grid);
+    phase.input_chunks = piece.input_chunks;
+    phase.output_chunks = piece.output_chunks;
+    phase.chase_steps = piece.chase_steps;
+    phases.push_back(phase);
+    offset += (piece.bytes + 15) / 16 * 16;  // every tile 16-byte aligned, as the bulk copy needs
+    first_tile += phase.tiles;                // the next phase's tiles go on round the blocks
+  }
+  return phases;
+}
+
+/// One configuration: its own counters and check values, its token count running on.
+class Megakernel {
+ public:
+  Megakernel(const std::vector<Phase>& phases, const DeviceBuffer<unsigned char>& weights, int grid, int slots,
+             Work work, const DeviceBuffer<unsigned>& chase, unsigned* timeouts, float* sink)
+      : phases_(phases), grid_(grid), slots_(slots), work_(work), device_phases_(phases),
+        phase_done_(phases.size()), values_(phases.size() * size_t(grid)) {
+    for (DeviceBuffer<uint4>& a : activations_) {
+      a = DeviceBuffer<uint4>(size_t(kLogits));
+      CUDA_CHECK(cudaMemset(a.data(), 0, size_t(kLogits) * sizeof(uint4)));
+    }
+    params_.phases = device_phases_.data();
+    params_.num_phases = int(phases.size());
+    params_.weights = weights.data();
+    params_.slots = slots;
+    params_.work = work;
+    params_.phase_done = phase_done_.data();
+    params_.values = values_.data();
+    params_.activations[0] = activations_[0].data();
+    params_.activations[1] = activations_[1].data();
+    params_.chase = chase.data();
+    params_.chase_entries = unsigned(chase.size());
+    params_.timeouts = timeouts;
+    params_.sink = sink;
+    reset();
+  }
+
+  void reset() {
+    CUDA_CHECK(cudaMemset(phase_done_.data(), 0, phase_done_.size() * sizeof(unsigned)));
+    CUDA_CHECK(cudaMemset(values_.data(), 0, values_.size() * sizeof(unsigned)));
+    token_ = 0;
+  }
+
+  /// One token: one cooperative launch on the default stream.
+  void enqueue() {
+    params_.token = ++token_;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(unsigned(grid_));
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = shared_bytes_for(slots_);
+    cudaLaunchAttribute attribute = {};
+    attribute.id = cudaLaunchAttributeCooperative;  // every block resident, or the launch fails
+    attribute.val.cooperative = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    CUDA_CHECK(cudaLaunchKernelEx(&config, megakernel, params_));
+  }
+
+  /// `tokens` tokens from zeroed counters; true when the chain's last values are right.
+  bool check(int tokens) {
+    reset();
+    for (int t = 0; t < tokens; ++t) enqueue();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<unsigned> values = values_.to_host();
+    const size_t last = phases_.size() - 1;
+    const unsigned expected = unsigned(tokens) * unsigned(phases_.size());
+    for (int r = 0; r < phases_.back().participants; ++r) {
+      if (values[last * size_t(grid_) + size_t(r)] != expected) return false;
+    }
+    return true;
+  }
+
+  const Work& work() const { return work_; }
+
+ private:
+  std::vector<Phase> phases_;
+  int grid_;
+  int slots_;
+  Work work_;
+  DeviceBuffer<Phase> device_phases_;
+  DeviceBuffer<unsigned> phase_done_;
+  DeviceBuffer<unsigned> values_;
+  DeviceBuffer<uint4> activations_[2];
+  MegaParams params_{};
+  unsigned token_ = 0;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int device_count = 0;
+  if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
+    std::printf("bench_megakernel: no CUDA device, nothing to measure\n");
+    return 1;  // measured nothing: not a success
+  }
+  int rounds = 5;  // each configuration measured once a round, the rounds interleaved
+  for (int a = 1; a < argc; ++a) {
+    const std::string arg = argv[a];
+    if (arg == "--rounds" && a + 1 < argc) {
+      rounds = std::max(1, std::atoi(argv[++a]));
+    } else {
+      std::fprintf(stderr, "usage: bench_megakernel [--rounds N]\n");
+      return 2;
+    }
+  }
+  if (!weight_stream_supported()) {
+    std::printf("bench_megakernel: needs the bulk-copy engine (sm_90 or newer)\n");
+    return 1;
+  }
+  int device = 0, sms = 0, cooperative = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, device));
+  if (cooperative == 0) {
+    std::printf("bench_megakernel: the device has no cooperative launch\n");
+    return 1;
+  }
+  const int max_slots = 12;
+  CUDA_CHECK(cudaFuncSetAttribute(megakernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  int(shared_bytes_for(max_slots))));
+  int blocks_per_sm = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, megakernel, kThreads,
+                                                           shared_bytes_for(max_slots)));
+  if (blocks_per_sm < 1) {
+    std::printf("bench_megakernel: %zu bytes of shared memory a block do not fit an SM\n",
+                shared_bytes_for(max_slots));
+    return 1;
+  }
+
+  const double copy_gbs = measure_copy_bandwidth_gbs();
+  std::printf("%s; copy bandwidth %.0f GB/s\n", describe_device().c_str(), copy_gbs);
+  const int grid = sms;
+  const std::vector<Phase> phases = token_phases(grid);
+  const unsigned long long token_bytes = phases.back().offset + phases.back().bytes;
+  DeviceBuffer<unsigned char> weights(size_t(token_bytes) + kTileBytes);
+  CUDA_CHECK(cudaMemset(weights.data(), 0, weights.size()));
+  std::printf("one token reads %.3f GB in %zu phases of 16 KB tiles; %d blocks of %d threads (8 consumer warps, "
+              "1 producer warp)\n", double(token_bytes) / 1e9, phases.size(), grid, kThreads);
+
+  // The chase table of bench_layer_chain's L2 rows: 16 K entries (64 KB), each the index
+  // of one 4128 entries on, so that every read lands on a line of its own.
+  std::vector<unsigned> next(size_t(16) << 10);
+  for (size_t i = 0; i < next.size(); ++i) next[i] = unsigned((i + 4096 + 32) % next.size());
+  const DeviceBuffer<unsigned> chase(next);
+  DeviceBuffer<unsigned> timeouts(1);
+  CUDA_CHECK(cudaMemset(timeouts.data(), 0, sizeof(unsigned)));
+  DeviceBuffer<float> sink(1);
+
+  struct Row {
+    std::string name;
+    int slots;
+    Work work;
+  };
+  const Work stream_only{false, false, false, false};
+  const Work flags_only{true, false, false, false};
+  const Work flags_moving{true, true, false, false};
+  const Work flags_moving_chasing{true, true, true, false};
+  const Work full_work{true, true, true, true};
+  const std::vector<Row> rows = {
+      {"the ring alone: no waits, no activations", 12, stream_only},
+      {"flags between the phases", 12, flags_only},
+      {"flags, activations moved", 12, flags_moving},
+      {"flags, activations, the attention's 4 dependent L2 reads", 12, flags_moving_chasing},
+      {"the same, the tiles as dot products", 12, full_work},
+      {"the same, a ring of 6 slots (96 KB)", 6, full_work},
+      {"the same, a ring of 4 slots (64 KB)", 4, full_work},
+      {"the same, a ring of 2 slots (32 KB)", 2, full_work},
+      {"flags, activations, the attention's reads, bits folded, 4 slots", 4, flags_moving_chasing},
+  };
+  std::vector<Megakernel> kernels;
+  kernels.reserve(rows.size());
+  for (const Row& row : rows) {
+    kernels.emplace_back(phases, weights, grid, row.slots, row.work, chase, timeouts.data(), sink.data());
+  }
+  const int check_tokens = 3;
+  std::vector<std::string> verdicts;
+  std::vector<bool> timed;  // a configuration whose check gave up a wait is not timed (it would crawl)
+  unsigned check_timeouts = 0;
+  for (Megakernel& k : kernels) {
+    const bool ok = k.check(check_tokens);
+    const unsigned gave_up = timeouts.to_host()[0] - check_timeouts;
+    check_timeouts += gave_up;
+    verdicts.push_back(gave_up > 0                     ? "timed out"
+                       : !k.work().wait_for_phases ? "n/a (no waits)"
+                       : ok                        ? "ok"
+                                                   : "stale read");
+    timed.push_back(gave_up == 0);
+  }
+
+  std::vector<std::vector<double>> us(rows.size());
+  const int tokens_per_sample = 8;
+  for (int r = 0; r < rounds; ++r) {
+    for (size_t c = 0; c < kernels.size(); ++c) {
+      if (!timed[c]) continue;
+      const BenchTiming t = time_gpu_back_to_back([&](int) { kernels[c].enqueue(); }, tokens_per_sample, 3);
+      us[c].push_back(t.median_ms * 1e3);
+    }
+  }
+  const unsigned total_timeouts = timeouts.to_host()[0];
+
+  const double floor_us = double(token_bytes) / (copy_gbs * 1e9) * 1e6;
+  BenchTable table("megakernel", {"one kernel a token, one block an SM", "slots", "us a token (median of rounds)",
+                                  "min / max", "tokens/s", "% of copy-BW floor", "check"});
+  for (size_t c = 0; c < rows.size(); ++c) {
+    if (!timed[c]) {
+      table.add_row({rows[c].name, std::to_string(rows[c].slots), "-", "-", "-", "-", verdicts[c]});
+      continue;
+    }
+    std::vector<double> sorted = us[c];
+    std::sort(sorted.begin(), sorted.end());
+    const double median = sorted[sorted.size() / 2];
+    table.add_row({rows[c].name, std::to_string(rows[c].slots), fmt(median, 1),
+                   fmt(sorted.front(), 1) + " / " + fmt(sorted.back(), 1), fmt(1e6 / median, 0),
+                   fmt(100.0 * floor_us / median, 1), verdicts[c]});
+  }
+  table.print();
+  std::printf("floor at this copy bandwidth: %.1f us a token = %.0f tokens/s; issue 7's target 1150 tokens/s = "
+              "%.1f us\n", floor_us, 1e6 / floor_us, 1e6 / 1150.0);
+  std::printf("waits that gave up after 2 s: %u in the checks, %u in all\n", check_timeouts, total_timeouts);
+  bool all_ok = total_timeouts == 0;
+  for (const std::string& v : verdicts) all_ok = all_ok && v != "stale read" && v != "timed out";
+  return all_ok ? 0 : 1;
+}
