@@ -91,7 +91,14 @@ struct Work {
   bool move_activations;  // stage the input, sum a word across the block, store the output
   bool chase;             // the phases' chase_steps
   bool dot;               // dot products against the staged input, else a fold of the bits
+  bool clock_waits = false;  // thread 0 of the consumers clocks its waits (MegaParams::clocks)
 };
+
+// What MegaParams::clocks holds, for each kind of phase (QKV, attention, O, gate/up, down,
+// the lm_head): ns that the consumers' thread 0 spent in the phase, waiting for the
+// previous phase, and waiting for its ring, summed over blocks and tokens.
+constexpr int kPhaseKinds = 6;
+enum Clock { kClockPhase, kClockFlags, kClockRing, kClocks };
 
 struct MegaParams {
   const Phase* phases;  // (num_phases)
@@ -105,6 +112,7 @@ struct MegaParams {
   uint4* activations[2];     // phase p reads [p % 2], writes [(p + 1) % 2]
   const unsigned* chase;     // (chase_entries) each entry the index of the next
   unsigned chase_entries;
+  unsigned long long* clocks;  // (kPhaseKinds, kClocks) when work.clock_waits
   unsigned* timeouts;        // waits that gave up
   float* sink;               // written only if a result is a value it never is
 };
@@ -181,7 +189,14 @@ __device__ void wait_for(const MegaParams& p, const unsigned* done, unsigned cou
 __device__ void consume(const MegaParams& p, const unsigned char* ring, uint64_t* full, uint64_t* empty,
                         uint4* x_shared) {
   __shared__ unsigned warp_words[kConsumerWarps];
+  __shared__ unsigned long long clocks[kPhaseKinds][kClocks];  // thread 0's, for MegaParams::clocks
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const bool clocking = p.work.clock_waits && threadIdx.x == 0;
+  if (clocking) {
+    for (int k = 0; k < kPhaseKinds; ++k) {
+      for (int c = 0; c < kClocks; ++c) clocks[k][c] = 0;
+    }
+  }
   unsigned use = 0;
   unsigned bits = 0;  // every weight folded in: keeps the loads and the math alive
   float acc = 0.0f;
@@ -191,11 +206,14 @@ __device__ void consume(const MegaParams& p, const unsigned char* ring, uint64_t
     if (rank >= phase.tiles) continue;  // no tiles here: the next phase's wait orders us
     const int previous_index = ph == 0 ? p.num_phases - 1 : ph - 1;
     const Phase& previous = p.phases[previous_index];
+    const int kind = ph == p.num_phases - 1 ? kPhaseKinds - 1 : ph % (kPhaseKinds - 1);
+    const unsigned long long phase_start = clocking ? globaltimer_ns() : 0;
     if (p.work.wait_for_phases) {
       // Phase 0 of token t waits for the last phase of token t - 1 (the previous launch,
       // so already complete), every other phase for its predecessor in this token.
       const unsigned token_of_previous = ph == 0 ? p.token - 1 : p.token;
       wait_for(p, p.phase_done + previous_index, token_of_previous * unsigned(previous.participants));
+      if (clocking) clocks[kind][kClockFlags] += globaltimer_ns() - phase_start;
     }
     unsigned staged = 0;
     const int input_chunks = p.work.move_activations ? phase.input_chunks : 0;
@@ -230,7 +248,13 @@ __device__ void consume(const MegaParams& p, const unsigned char* ring, uint64_t
     }
     for (int i = rank; i < phase.tiles; i += int(gridDim.x), ++use) {
       const unsigned slot = use % unsigned(p.slots), round = use / unsigned(p.slots);
-      stream_ptx::barrier_wait(&full[slot], round & 1u);
+      if (clocking) {
+        const unsigned long long before = globaltimer_ns();
+        stream_ptx::barrier_wait(&full[slot], round & 1u);
+        clocks[kind][kClockRing] += globaltimer_ns() - before;
+      } else {
+        stream_ptx::barrier_wait(&full[slot], round & 1u);
+      }
       const uint4* tile = reinterpret_cast<const uint4*>(ring + size_t(slot) * kTileBytes);
       const unsigned long long start = (unsigned long long)(i) * kTileBytes;
       const int chunks = int(min((unsigned long long)(kTileBytes), phase.bytes - start) / 16);
@@ -276,6 +300,12 @@ __device__ void consume(const MegaParams& p, const unsigned char* ring, uint64_t
         __threadfence();  // ... and visible to the GPU before the count says so
         atomicAdd(p.phase_done + ph, 1u);
       }
+    }
+    if (clocking) clocks[kind][kClockPhase] += globaltimer_ns() - phase_start;
+  }
+  if (clocking) {
+    for (int k = 0; k < kPhaseKinds; ++k) {
+      for (int c = 0; c < kClocks; ++c) atomicAdd(p.clocks + k * kClocks + c, clocks[k][c]);
     }
   }
   if (bits == 0x7fc00001u || acc == 12345.678f) *p.sink = 1.0f;  // never for the zeroed weights
@@ -350,7 +380,7 @@ class Megakernel {
   Megakernel(const std::vector<Phase>& phases, const DeviceBuffer<unsigned char>& weights, int grid, int slots,
              Work work, const DeviceBuffer<unsigned>& chase, unsigned* timeouts, float* sink)
       : phases_(phases), grid_(grid), slots_(slots), work_(work), device_phases_(phases),
-        phase_done_(phases.size()), values_(phases.size() * size_t(grid)) {
+        phase_done_(phases.size()), values_(phases.size() * size_t(grid)), clocks_(size_t(kPhaseKinds) * kClocks) {
     for (DeviceBuffer<uint4>& a : activations_) {
       a = DeviceBuffer<uint4>(size_t(kLogits));
       CUDA_CHECK(cudaMemset(a.data(), 0, size_t(kLogits) * sizeof(uint4)));
@@ -366,6 +396,7 @@ class Megakernel {
     params_.activations[1] = activations_[1].data();
     params_.chase = chase.data();
     params_.chase_entries = unsigned(chase.size());
+    params_.clocks = clocks_.data();
     params_.timeouts = timeouts;
     params_.sink = sink;
     reset();
@@ -374,6 +405,7 @@ class Megakernel {
   void reset() {
     CUDA_CHECK(cudaMemset(phase_done_.data(), 0, phase_done_.size() * sizeof(unsigned)));
     CUDA_CHECK(cudaMemset(values_.data(), 0, values_.size() * sizeof(unsigned)));
+    CUDA_CHECK(cudaMemset(clocks_.data(), 0, clocks_.size() * sizeof(unsigned long long)));
     token_ = 0;
   }
 
@@ -408,6 +440,20 @@ class Megakernel {
 
   const Work& work() const { return work_; }
 
+  /// MegaParams::clocks since the last reset, in us a layer for one participating block
+  /// (the lm_head's: a token), [kind][clock].
+  std::vector<std::vector<double>> clocks_per_layer() const {
+    const std::vector<unsigned long long> ns = clocks_.to_host();
+    std::vector<std::vector<double>> us(kPhaseKinds, std::vector<double>(kClocks, 0.0));
+    for (int k = 0; k < kPhaseKinds; ++k) {
+      const bool lm_head = k == kPhaseKinds - 1;
+      const double blocks = double(phases_[lm_head ? phases_.size() - 1 : size_t(k)].participants);
+      const double visits = double(token_) * blocks * (lm_head ? 1 : kLayers);
+      for (int c = 0; c < kClocks; ++c) us[size_t(k)][size_t(c)] = double(ns[size_t(k * kClocks + c)]) / visits / 1e3;
+    }
+    return us;
+  }
+
  private:
   std::vector<Phase> phases_;
   int grid_;
@@ -417,6 +463,7 @@ class Megakernel {
   DeviceBuffer<unsigned> phase_done_;
   DeviceBuffer<unsigned> values_;
   DeviceBuffer<uint4> activations_[2];
+  DeviceBuffer<unsigned long long> clocks_;
   MegaParams params_{};
   unsigned token_ = 0;
 };
@@ -492,6 +539,7 @@ int main(int argc, char** argv) {
   const Work flags_moving{true, true, false, false};
   const Work flags_moving_chasing{true, true, true, false};
   const Work full_work{true, true, true, true};
+  const Work clocked{true, true, true, true, true};
   const std::vector<Row> rows = {
       {"the ring alone: no waits, no activations", 12, stream_only},
       {"flags between the phases", 12, flags_only},
@@ -502,6 +550,8 @@ int main(int argc, char** argv) {
       {"the same, a ring of 4 slots (64 KB)", 4, full_work},
       {"the same, a ring of 2 slots (32 KB)", 2, full_work},
       {"flags, activations, the attention's reads, bits folded, 4 slots", 4, flags_moving_chasing},
+      {"dot products, 12 slots, thread 0 clocking its waits", 12, clocked},
+      {"dot products, 4 slots, thread 0 clocking its waits", 4, clocked},
   };
   std::vector<Megakernel> kernels;
   kernels.reserve(rows.size());
@@ -552,6 +602,23 @@ int main(int argc, char** argv) {
   table.print();
   std::printf("floor at this copy bandwidth: %.1f us a token = %.0f tokens/s; issue 7's target 1150 tokens/s = "
               "%.1f us\n", floor_us, 1e6 / floor_us, 1e6 / 1150.0);
+  // Where the consumers' time goes, for the clocked rows.
+  const char* kind_names[kPhaseKinds] = {"QKV", "attention", "O", "gate/up", "down", "lm_head (a token)"};
+  for (size_t c = 0; c < rows.size(); ++c) {
+    if (!rows[c].work.clock_waits || !timed[c]) continue;
+    const std::vector<std::vector<double>> clocks = kernels[c].clocks_per_layer();
+    BenchTable waits("megakernel_waits_" + std::to_string(rows[c].slots) + "_slots",
+                     {"phase (" + rows[c].name + ")", "blocks", "us a layer in the phase", "waiting for the previous phase",
+                      "waiting for the ring", "the rest"});
+    for (int k = 0; k < kPhaseKinds; ++k) {
+      const std::vector<double>& u = clocks[size_t(k)];
+      const size_t phase_index = k == kPhaseKinds - 1 ? phases.size() - 1 : size_t(k);
+      waits.add_row({kind_names[k], std::to_string(phases[phase_index].participants), fmt(u[kClockPhase], 2),
+                     fmt(u[kClockFlags], 2), fmt(u[kClockRing], 2),
+                     fmt(u[kClockPhase] - u[kClockFlags] - u[kClockRing], 2)});
+    }
+    waits.print();
+  }
   std::printf("waits that gave up after 2 s: %u in the checks, %u in all\n", check_timeouts, total_timeouts);
   bool all_ok = total_timeouts == 0;
   for (const std::string& v : verdicts) all_ok = all_ok && v != "stale read" && v != "timed out";
