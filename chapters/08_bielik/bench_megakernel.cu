@@ -17,8 +17,8 @@
 //    cut into 16 KB tiles dealt round-robin to the blocks) and asks the bulk-copy engine
 //    for each of its block's tiles as soon as a slot of its shared-memory ring is free.
 //    It never waits for an activation: it runs ahead of the consumers by the whole ring
-//    (12 slots: 192 KB an SM, 25 MB over an H200, ~6 us of its bandwidth), straight
-//    across the phases;
+//    (12 slots: 192 KB an SM, 26 MB over an H200's 132 SMs, ~6 us of its copy
+//    bandwidth), straight across the phases;
 //  * the consumers take the phases in order. In a phase where their block owns tiles they
 //    wait for the previous phase to be complete (a counter in global memory that every
 //    block of that phase increments when its outputs are stored, instead of a kernel
@@ -26,7 +26,7 @@
 //    (the attention) make 4 dependent L2 reads, consume their tiles from the ring, store
 //    their share of the phase's output, and increment the phase's counter.
 //
-// The rows switch those pieces on one by one, with the ring at 12, 4 and 2 slots, and
+// The rows switch those pieces on one by one, with the ring at 12, 6, 4 and 2 slots, and
 // the tiles consumed either by a fold of their bits or by dot products against the
 // staged input (bf16 to fp32, one FMA a weight, a warp sum a tile), which is what a
 // GEMV's consumers do. Set the rows beside bench_layer_chain's in the same call: "every
@@ -39,6 +39,9 @@
 // the number of phases run. A consumer that read before a phase was complete would leave
 // a smaller value ("stale read", exit status 1). A wait that spins for 2 s gives up and
 // is counted ("timed out"), so a bug shows as a row, not a hang.
+//
+// Written in the sixty-ninth session, when no GPU was lent: it has not run yet.
+// DECODE_LOG.md (sixty-ninth session) says what each outcome would mean.
 #include <cuda_runtime.h>
 
 #include <algorithm>
