@@ -48,7 +48,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <iterator>
 #include <string>
 #include <vector>
 
@@ -57,6 +56,7 @@
 #include "device_buffer.cuh"
 #include "globaltimer.cuh"
 #include "pdl.cuh"
+#include "megakernel_schedule.hpp"
 #include "step_bytes.hpp"
 #include "weight_stream.cuh"
 
@@ -64,29 +64,16 @@ namespace {
 
 using namespace bielik;
 using namespace bielik::step_bytes;
+using namespace bielik::megakernel_schedule;
 
 constexpr int kConsumerWarps = 8;
 constexpr int kConsumers = kConsumerWarps * 32;
 constexpr int kThreads = kConsumers + 32;  // the last warp is the producer
-constexpr int kTileBytes = 16 << 10;
 constexpr int kChunksPerThread = kTileBytes / 16 / kConsumers;  // 4 uint4 of a full tile
 // At least this much shared memory a block, so that an SM never holds two (a block is an
 // SM's whole stream; two would halve each one's ring).
 constexpr int kMinSharedBytes = 120 << 10;
-constexpr int kAttentionChaseSteps = 4;
 constexpr unsigned long long kWaitGiveUpNs = 2000000000ull;
-
-/// One phase of the token: its weights, and what its consumers move.
-struct Phase {
-  unsigned long long offset;  // bytes into the weight buffer
-  unsigned long long bytes;
-  int tiles;         // ceil(bytes / kTileBytes)
-  int first_tile;    // tile 0 of this phase goes to block first_tile % gridDim.x
-  int participants;  // blocks that own tiles: min(tiles, gridDim.x)
-  int input_chunks;  // 16-byte chunks of the previous phase's output every participant reads
-  int output_chunks;  // 16-byte chunks of output, shared out between the participants
-  int chase_steps;    // dependent L2 reads by thread 0 after the staging
-};
 
 /// What the consumers do; the producer is the same in every row.
 struct Work {
@@ -136,12 +123,8 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned* address) {
   return value;
 }
 
-/// This block's rank among the phase's participants (tile i of the phase goes to block
-/// (first_tile + i) % grid); >= tiles when the block owns none.
-__device__ __forceinline__ int rank_in(const Phase& phase) {
-  const int grid = int(gridDim.x);
-  return (int(blockIdx.x) - phase.first_tile % grid + grid) % grid;
-}
+/// This block's rank among the phase's participants (megakernel_schedule.hpp).
+__device__ __forceinline__ int rank_here(const Phase& phase) { return rank_in(phase, int(blockIdx.x), int(gridDim.x)); }
 
 __device__ __forceinline__ float bf16_low(unsigned pair) { return __uint_as_float(pair << 16); }
 __device__ __forceinline__ float bf16_high(unsigned pair) { return __uint_as_float(pair & 0xffff0000u); }
@@ -163,14 +146,14 @@ __device__ void produce(const MegaParams& p, unsigned char* ring, uint64_t* full
   unsigned use = 0;  // slot uses so far: slot use % slots, on its (use / slots)-th round
   for (int ph = 0; ph < p.num_phases; ++ph) {
     const Phase phase = p.phases[ph];
-    for (int i = rank_in(phase); i < phase.tiles; i += int(gridDim.x), ++use) {
+    for (int i = rank_here(phase); i < phase.tiles; i += int(gridDim.x), ++use) {
       const unsigned slot = use % unsigned(p.slots), round = use / unsigned(p.slots);
       // A fresh barrier's phase of parity 1 counts as complete: the first round passes.
       stream_ptx::barrier_wait(&empty[slot], (round & 1u) ^ 1u);
-      const unsigned long long start = (unsigned long long)(i) * kTileBytes;
-      const uint32_t bytes = uint32_t(min((unsigned long long)(kTileBytes), phase.bytes - start));
+      const uint32_t bytes = tile_bytes(phase, i);
       stream_ptx::barrier_expect_bytes(&full[slot], bytes);
-      copy_async_bulk(ring + size_t(slot) * kTileBytes, p.weights + phase.offset + start, bytes, &full[slot]);
+      copy_async_bulk(ring + size_t(slot) * kTileBytes,
+                      p.weights + phase.offset + (unsigned long long)(i) * kTileBytes, bytes, &full[slot]);
     }
   }
 }
@@ -205,7 +188,7 @@ __device__ void consume(const MegaParams& p, const unsigned char* ring, uint64_t
   float acc = 0.0f;
   for (int ph = 0; ph < p.num_phases; ++ph) {
     const Phase phase = p.phases[ph];
-    const int rank = rank_in(phase);
+    const int rank = rank_here(phase);
     if (rank >= phase.tiles) continue;  // no tiles here: the next phase's wait orders us
     const int previous_index = ph == 0 ? p.num_phases - 1 : ph - 1;
     const Phase& previous = p.phases[previous_index];
@@ -259,8 +242,7 @@ __device__ void consume(const MegaParams& p, const unsigned char* ring, uint64_t
         stream_ptx::barrier_wait(&full[slot], round & 1u);
       }
       const uint4* tile = reinterpret_cast<const uint4*>(ring + size_t(slot) * kTileBytes);
-      const unsigned long long start = (unsigned long long)(i) * kTileBytes;
-      const int chunks = int(min((unsigned long long)(kTileBytes), phase.bytes - start) / 16);
+      const int chunks = int(tile_bytes(phase, i) / 16);
       float tile_acc = 0.0f;
 #pragma unroll
       for (int u = 0; u < kChunksPerThread; ++u) {
@@ -338,43 +320,6 @@ __global__ void __launch_bounds__(kThreads, 1) megakernel(MegaParams p) {
 size_t shared_bytes_for(int slots) {
   const size_t bytes = size_t(slots) * kTileBytes + size_t(kF) * 16 + 2 * size_t(slots) * sizeof(uint64_t);
   return std::max(bytes, size_t(kMinSharedBytes));
-}
-
-/// The token's phases for `grid` blocks: Bielik's 32 layers, then the lm_head.
-std::vector<Phase> token_phases(int grid) {
-  struct Piece {
-    size_t bytes;
-    int input_chunks, output_chunks, chase_steps;
-  };
-  // The attention reads its KV cache: 196 KB, as bench_layer_chain's 48 blocks of 256
-  // 16-byte loads (192 positions of 2 kv heads).
-  const size_t attention_bytes = size_t(48) * 256 * 16;
-  const Piece layer[] = {{kQkvBytes, kX, kQkv, 0},
-                         {attention_bytes, kHeadInputs, kX, kAttentionChaseSteps},
-                         {kOBytes, kX, kX, 0},
-                         {kGateUpBytes, kX, kF, 0},
-                         {kDownBytes, kF, kX, 0}};
-  std::vector<Piece> pieces;
-  for (int l = 0; l < kLayers; ++l) pieces.insert(pieces.end(), std::begin(layer), std::end(layer));
-  pieces.push_back({kLmHeadBytes, kX, kLogits, 0});
-  std::vector<Phase> phases;
-  unsigned long long offset = 0;
-  int first_tile = 0;
-  for (const Piece& piece : pieces) {
-    Phase phase{};
-    phase.offset = offset;
-    phase.bytes = piece.bytes;
-    phase.tiles = int((piece.bytes + kTileBytes - 1) / kTileBytes);
-    phase.first_tile = first_tile % grid;
-    phase.participants = std::min(phase.tiles, grid);
-    phase.input_chunks = piece.input_chunks;
-    phase.output_chunks = piece.output_chunks;
-    phase.chase_steps = piece.chase_steps;
-    phases.push_back(phase);
-    offset += (piece.bytes + 15) / 16 * 16;  // every tile 16-byte aligned, as the bulk copy needs
-    first_tile += phase.tiles;                // the next phase's tiles go on round the blocks
-  }
-  return phases;
 }
 
 /// One configuration: its own counters and check values, its token count running on.
