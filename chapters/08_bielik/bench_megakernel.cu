@@ -53,10 +53,11 @@
 
 #include "bench.cuh"
 #include "cuda_check.cuh"
+#include "decode_device.cuh"
 #include "device_buffer.cuh"
 #include "globaltimer.cuh"
-#include "pdl.cuh"
 #include "megakernel_schedule.hpp"
+#include "pdl.cuh"
 #include "step_bytes.hpp"
 #include "weight_stream.cuh"
 
@@ -125,19 +126,6 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned* address) {
 
 /// This block's rank among the phase's participants (megakernel_schedule.hpp).
 __device__ __forceinline__ int rank_here(const Phase& phase) { return rank_in(phase, int(blockIdx.x), int(gridDim.x)); }
-
-__device__ __forceinline__ float bf16_low(unsigned pair) { return __uint_as_float(pair << 16); }
-__device__ __forceinline__ float bf16_high(unsigned pair) { return __uint_as_float(pair & 0xffff0000u); }
-
-__device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float acc) {
-  const unsigned wv[4] = {w.x, w.y, w.z, w.w}, xv[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    acc = fmaf(bf16_low(wv[k]), bf16_low(xv[k]), acc);
-    acc = fmaf(bf16_high(wv[k]), bf16_high(xv[k]), acc);
-  }
-  return acc;
-}
 
 /// The producer: lane 0 of the last warp requests every tile its block owns, phase after
 /// phase, as soon as a slot is free.
@@ -250,7 +238,7 @@ __device__ void consume(const MegaParams& p, const unsigned char* ring, uint64_t
         if (c < chunks) {
           const uint4 w = tile[c];
           if (p.work.dot && input_chunks > 0) {
-            tile_acc = dot8(w, x_shared[x_index[u]], tile_acc);
+            tile_acc = decode_device::dot_8(w, x_shared[x_index[u]], tile_acc);  // the GEMVs' own
           } else {
             bits ^= w.x ^ w.y ^ w.z ^ w.w;
           }
