@@ -104,7 +104,8 @@ struct MegaParams {
   const unsigned* chase;     // (chase_entries) each entry the index of the next
   unsigned chase_entries;
   unsigned long long* clocks;  // (kPhaseKinds, kClocks) when work.clock_waits
-  unsigned* timeouts;        // waits that gave up
+  unsigned* timeouts;        // waits that gave up, over all configurations
+  unsigned* given_up;        // nonzero once a wait of this configuration gave up: the rest stop waiting
   float* sink;               // written only if a result is a value it never is
 };
 
@@ -146,13 +147,17 @@ __device__ void produce(const MegaParams& p, unsigned char* ring, uint64_t* full
   }
 }
 
-/// Thread 0 of the consumers spins until `count` blocks have finished the phase.
+/// Thread 0 of the consumers spins until `count` blocks have finished the phase. Once one
+/// wait of the configuration has given up, every later one gives up at once: a broken
+/// count then costs one 2 s wait, not 2 s for each of the token's 161 phases.
 __device__ void wait_for(const MegaParams& p, const unsigned* done, unsigned count) {
   if (threadIdx.x == 0) {
     const unsigned long long give_up = globaltimer_ns() + kWaitGiveUpNs;
     while (load_acquire(done) < count) {
+      if (*static_cast<volatile unsigned*>(p.given_up) != 0) break;
       if (globaltimer_ns() > give_up) {
         atomicAdd(p.timeouts, 1u);
+        atomicExch(p.given_up, 1u);
         break;
       }
     }
@@ -316,7 +321,8 @@ class Megakernel {
   Megakernel(const std::vector<Phase>& phases, const DeviceBuffer<unsigned char>& weights, int grid, int slots,
              Work work, const DeviceBuffer<unsigned>& chase, unsigned* timeouts, float* sink)
       : phases_(phases), grid_(grid), slots_(slots), work_(work), device_phases_(phases),
-        phase_done_(phases.size()), values_(phases.size() * size_t(grid)), clocks_(size_t(kPhaseKinds) * kClocks) {
+        phase_done_(phases.size()), values_(phases.size() * size_t(grid)), clocks_(size_t(kPhaseKinds) * kClocks),
+        given_up_(1) {
     for (DeviceBuffer<uint4>& a : activations_) {
       a = DeviceBuffer<uint4>(size_t(kLogits));
       CUDA_CHECK(cudaMemset(a.data(), 0, size_t(kLogits) * sizeof(uint4)));
@@ -334,6 +340,7 @@ class Megakernel {
     params_.chase_entries = unsigned(chase.size());
     params_.clocks = clocks_.data();
     params_.timeouts = timeouts;
+    params_.given_up = given_up_.data();
     params_.sink = sink;
     reset();
   }
@@ -342,6 +349,7 @@ class Megakernel {
     CUDA_CHECK(cudaMemset(phase_done_.data(), 0, phase_done_.size() * sizeof(unsigned)));
     CUDA_CHECK(cudaMemset(values_.data(), 0, values_.size() * sizeof(unsigned)));
     CUDA_CHECK(cudaMemset(clocks_.data(), 0, clocks_.size() * sizeof(unsigned long long)));
+    CUDA_CHECK(cudaMemset(given_up_.data(), 0, sizeof(unsigned)));
     token_ = 0;
   }
 
@@ -400,6 +408,7 @@ class Megakernel {
   DeviceBuffer<unsigned> values_;
   DeviceBuffer<uint4> activations_[2];
   DeviceBuffer<unsigned long long> clocks_;
+  DeviceBuffer<unsigned> given_up_;  // (1) MegaParams::given_up
   MegaParams params_{};
   unsigned token_ = 0;
 };
