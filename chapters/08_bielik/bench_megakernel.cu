@@ -38,7 +38,8 @@
 // phases and tokens; after the first tokens every value of the last phase must equal
 // the number of phases run. A consumer that read before a phase was complete would leave
 // a smaller value ("stale read", exit status 1). A wait that spins for 2 s gives up and
-// is counted ("timed out"), so a bug shows as a row, not a hang.
+// is counted ("timed out"), and the configuration's later waits then give up at once, so
+// a bug shows as a row, not a hang.
 //
 // Written in the sixty-ninth session, when no GPU was lent: it has not run yet.
 // DECODE_LOG.md (sixty-ninth session) says what each outcome would mean.
