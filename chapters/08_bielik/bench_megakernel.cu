@@ -78,12 +78,22 @@ constexpr int kMinSharedBytes = 120 << 10;
 constexpr unsigned long long kWaitGiveUpNs = 2000000000ull;
 
 /// What the consumers do; the producer is the same in every row.
+/// What the ring's slots carry.
+enum class Tiles {
+  streamed,     // the weights, copied by the bulk-copy engine
+  handed_over,  // nothing copied: the producer marks a slot full as soon as it is free, so
+                // the row times the consumers and the two barriers' handshake alone
+  none,         // no ring at all: the phases' counters, activations and reads alone
+};
+
 struct Work {
   bool wait_for_phases;  // false: no counters at all, the ring's own speed
   bool move_activations;  // stage the input, sum a word across the block, store the output
   bool chase;             // the phases' chase_steps
   bool dot;               // dot products against the staged input, else a fold of the bits
   bool clock_waits = false;  // thread 0 of the consumers clocks its waits (MegaParams::clocks)
+  Tiles tiles = Tiles::streamed;
+  bool count_without_waiting = false;  // each phase counted (fence, atomic), never waited for
 };
 
 // What MegaParams::clocks holds, for each kind of phase (QKV, attention, O, gate/up, down,
@@ -132,7 +142,7 @@ __device__ __forceinline__ int rank_here(const Phase& phase) { return rank_in(ph
 /// The producer: lane 0 of the last warp requests every tile its block owns, phase after
 /// phase, as soon as a slot is free.
 __device__ void produce(const MegaParams& p, unsigned char* ring, uint64_t* full, uint64_t* empty) {
-  if (threadIdx.x % 32 != 0) return;
+  if (threadIdx.x % 32 != 0 || p.work.tiles == Tiles::none) return;
   unsigned use = 0;  // slot uses so far: slot use % slots, on its (use / slots)-th round
   for (int ph = 0; ph < p.num_phases; ++ph) {
     const Phase phase = p.phases[ph];
@@ -140,6 +150,10 @@ __device__ void produce(const MegaParams& p, unsigned char* ring, uint64_t* full
       const unsigned slot = use % unsigned(p.slots), round = use / unsigned(p.slots);
       // A fresh barrier's phase of parity 1 counts as complete: the first round passes.
       stream_ptx::barrier_wait(&empty[slot], (round & 1u) ^ 1u);
+      if (p.work.tiles == Tiles::handed_over) {
+        slot_release(&full[slot]);  // the full barrier's one arrival, with no bytes to wait for
+        continue;
+      }
       const uint32_t bytes = tile_bytes(phase, i);
       stream_ptx::barrier_expect_bytes(&full[slot], bytes);
       copy_async_bulk(ring + size_t(slot) * kTileBytes,
@@ -226,7 +240,8 @@ __device__ void consume(const MegaParams& p, const unsigned char* ring, uint64_t
     for (int u = 0; u < kChunksPerThread; ++u) {
       x_index[u] = input_chunks > 0 ? (int(threadIdx.x) + u * kConsumers) % input_chunks : 0;
     }
-    for (int i = rank; i < phase.tiles; i += int(gridDim.x), ++use) {
+    const int tiles = p.work.tiles == Tiles::none ? 0 : phase.tiles;
+    for (int i = rank; i < tiles; i += int(gridDim.x), ++use) {
       const unsigned slot = use % unsigned(p.slots), round = use / unsigned(p.slots);
       if (clocking) {
         const unsigned long long before = globaltimer_ns();
@@ -273,7 +288,7 @@ __device__ void consume(const MegaParams& p, const unsigned char* ring, uint64_t
       const unsigned b = __ldcg(in + (rank + 1) % previous.participants);
       p.values[size_t(ph) * gridDim.x + rank] = min(a, b) + 1u;
     }
-    if (p.work.wait_for_phases) {
+    if (p.work.wait_for_phases || p.work.count_without_waiting) {
       consumers_sync();  // every consumer's stores are issued
       if (threadIdx.x == 0) {
         __threadfence();  // ... and visible to the GPU before the count says so
@@ -492,6 +507,16 @@ int main(int argc, char** argv) {
   const Work flags_moving_chasing{true, true, true, false};
   const Work full_work{true, true, true, true};
   const Work clocked{true, true, true, true, true};
+  Work counters_alone = flags_only;
+  counters_alone.tiles = Tiles::none;
+  Work counters_moving_chasing = flags_moving_chasing;
+  counters_moving_chasing.tiles = Tiles::none;
+  Work handed_over_alone = stream_only;
+  handed_over_alone.tiles = Tiles::handed_over;
+  Work handed_over_full = full_work;
+  handed_over_full.tiles = Tiles::handed_over;
+  Work stream_counted = stream_only;
+  stream_counted.count_without_waiting = true;
   const std::vector<Row> rows = {
       {"the ring alone: no waits, no activations", 12, stream_only},
       {"flags between the phases", 12, flags_only},
@@ -502,6 +527,13 @@ int main(int argc, char** argv) {
       {"the same, a ring of 4 slots (64 KB)", 4, full_work},
       {"the same, a ring of 2 slots (32 KB)", 2, full_work},
       {"flags, activations, the attention's reads, bits folded, 4 slots", 4, flags_moving_chasing},
+      // What the rows above are made of: the counters' chain with no weights, the
+      // consumers' speed with no copies, and the counts' cost to a stream that never waits.
+      {"no tiles: flags between the phases alone", 12, counters_alone},
+      {"no tiles: flags, activations, the attention's reads", 12, counters_moving_chasing},
+      {"no copies (slots handed over empty): no waits", 12, handed_over_alone},
+      {"no copies: flags, activations, the attention's reads, dot products", 12, handed_over_full},
+      {"the ring alone, each phase counted (fence, atomic) but not waited for", 12, stream_counted},
       {"dot products, 12 slots, thread 0 clocking its waits", 12, clocked},
       {"dot products, 4 slots, thread 0 clocking its waits", 4, clocked},
   };
