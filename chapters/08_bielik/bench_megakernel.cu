@@ -94,7 +94,15 @@ struct Work {
   bool clock_waits = false;  // thread 0 of the consumers clocks its waits (MegaParams::clocks)
   Tiles tiles = Tiles::streamed;
   bool count_without_waiting = false;  // each phase counted (fence, atomic), never waited for
+  // The rows that look for the consumers' own cost (seventieth session):
+  bool phases_in_global = false;  // read each phase's descriptor from global memory, not shared
+  bool read_tiles = true;         // false: a slot is waited for and released, never read
+  bool poll_barriers = false;     // mbarrier.test_wait in a loop instead of try_wait (which may suspend)
 };
+
+// The token's phases: Bielik's 32 layers of 5, then the lm_head. The kernel keeps their
+// descriptors in shared memory, as a real megakernel would keep its instructions.
+constexpr int kPhases = kLayers * 5 + 1;
 
 // What MegaParams::clocks holds, for each kind of phase (QKV, attention, O, gate/up, down,
 // the lm_head): ns that the consumers' thread 0 spent in the phase, waiting for the
@@ -130,6 +138,14 @@ __device__ __forceinline__ void slot_release(uint64_t* barrier) {
 #endif
 }
 
+__device__ __forceinline__ void wait_slot(const MegaParams& p, uint64_t* barrier, uint32_t parity) {
+  if (p.work.poll_barriers) {
+    stream_ptx::barrier_poll(barrier, parity);
+  } else {
+    stream_ptx::barrier_wait(barrier, parity);
+  }
+}
+
 __device__ __forceinline__ unsigned load_acquire(const unsigned* address) {
   unsigned value;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(value) : "l"(address) : "memory");
@@ -141,15 +157,16 @@ __device__ __forceinline__ int rank_here(const Phase& phase) { return rank_in(ph
 
 /// The producer: lane 0 of the last warp requests every tile its block owns, phase after
 /// phase, as soon as a slot is free.
-__device__ void produce(const MegaParams& p, unsigned char* ring, uint64_t* full, uint64_t* empty) {
+__device__ void produce(const MegaParams& p, const Phase* phases, unsigned char* ring, uint64_t* full,
+                        uint64_t* empty) {
   if (threadIdx.x % 32 != 0 || p.work.tiles == Tiles::none) return;
   unsigned use = 0;  // slot uses so far: slot use % slots, on its (use / slots)-th round
   for (int ph = 0; ph < p.num_phases; ++ph) {
-    const Phase phase = p.phases[ph];
+    const Phase phase = phases[ph];
     for (int i = rank_here(phase); i < phase.tiles; i += int(gridDim.x), ++use) {
       const unsigned slot = use % unsigned(p.slots), round = use / unsigned(p.slots);
       // A fresh barrier's phase of parity 1 counts as complete: the first round passes.
-      stream_ptx::barrier_wait(&empty[slot], (round & 1u) ^ 1u);
+      wait_slot(p, &empty[slot], (round & 1u) ^ 1u);
       if (p.work.tiles == Tiles::handed_over) {
         slot_release(&full[slot]);  // the full barrier's one arrival, with no bytes to wait for
         continue;
@@ -180,8 +197,8 @@ __device__ void wait_for(const MegaParams& p, const unsigned* done, unsigned cou
   consumers_sync();
 }
 
-__device__ void consume(const MegaParams& p, const unsigned char* ring, uint64_t* full, uint64_t* empty,
-                        uint4* x_shared) {
+__device__ void consume(const MegaParams& p, const Phase* phases, const unsigned char* ring, uint64_t* full,
+                        uint64_t* empty, uint4* x_shared) {
   __shared__ unsigned warp_words[kConsumerWarps];
   __shared__ unsigned long long clocks[kPhaseKinds][kClocks];  // thread 0's, for MegaParams::clocks
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
@@ -195,11 +212,11 @@ __device__ void consume(const MegaParams& p, const unsigned char* ring, uint64_t
   unsigned bits = 0;  // every weight folded in: keeps the loads and the math alive
   float acc = 0.0f;
   for (int ph = 0; ph < p.num_phases; ++ph) {
-    const Phase phase = p.phases[ph];
+    const Phase phase = phases[ph];
     const int rank = rank_here(phase);
     if (rank >= phase.tiles) continue;  // no tiles here: the next phase's wait orders us
     const int previous_index = ph == 0 ? p.num_phases - 1 : ph - 1;
-    const Phase& previous = p.phases[previous_index];
+    const Phase& previous = phases[previous_index];
     const int kind = ph == p.num_phases - 1 ? kPhaseKinds - 1 : ph % (kPhaseKinds - 1);
     const unsigned long long phase_start = clocking ? globaltimer_ns() : 0;
     if (p.work.wait_for_phases) {
@@ -245,10 +262,10 @@ __device__ void consume(const MegaParams& p, const unsigned char* ring, uint64_t
       const unsigned slot = use % unsigned(p.slots), round = use / unsigned(p.slots);
       if (clocking) {
         const unsigned long long before = globaltimer_ns();
-        stream_ptx::barrier_wait(&full[slot], round & 1u);
+        wait_slot(p, &full[slot], round & 1u);
         clocks[kind][kClockRing] += globaltimer_ns() - before;
       } else {
-        stream_ptx::barrier_wait(&full[slot], round & 1u);
+        wait_slot(p, &full[slot], round & 1u);
       }
       const uint4* tile = reinterpret_cast<const uint4*>(ring + size_t(slot) * kTileBytes);
       const int chunks = int(tile_bytes(phase, i) / 16);
@@ -256,7 +273,7 @@ __device__ void consume(const MegaParams& p, const unsigned char* ring, uint64_t
 #pragma unroll
       for (int u = 0; u < kChunksPerThread; ++u) {
         const int c = int(threadIdx.x) + u * kConsumers;
-        if (c < chunks) {
+        if (c < chunks && p.work.read_tiles) {
           const uint4 w = tile[c];
           if (p.work.dot && input_chunks > 0) {
             tile_acc = decode_device::dot_8(w, x_shared[x_index[u]], tile_acc);  // the GEMVs' own
@@ -282,7 +299,7 @@ __device__ void consume(const MegaParams& p, const unsigned char* ring, uint64_t
         if (chunk < output_chunks) output[chunk] = make_uint4(word, word, word, 0u);
       }
     }
-    if (threadIdx.x == 0) {  // the check's chain
+    if (threadIdx.x == 0 && p.work.wait_for_phases) {  // the check's chain (only waits need checking)
       const unsigned* in = p.values + size_t(previous_index) * gridDim.x;
       const unsigned a = __ldcg(in + rank % previous.participants);
       const unsigned b = __ldcg(in + (rank + 1) % previous.participants);
@@ -311,6 +328,9 @@ __global__ void __launch_bounds__(kThreads, 1) megakernel(MegaParams p) {
   uint4* x_shared = reinterpret_cast<uint4*>(ring + size_t(p.slots) * kTileBytes);   // (kF) the staged input
   uint64_t* full = reinterpret_cast<uint64_t*>(x_shared + kF);                       // (slots)
   uint64_t* empty = full + p.slots;                                                   // (slots)
+  Phase* phases_shared = reinterpret_cast<Phase*>(empty + p.slots);                   // (num_phases)
+  for (int i = int(threadIdx.x); i < p.num_phases; i += int(blockDim.x)) phases_shared[i] = p.phases[i];
+  const Phase* phases = p.work.phases_in_global ? p.phases : phases_shared;
   if (threadIdx.x == 0) {
     for (int s = 0; s < p.slots; ++s) {
       stream_ptx::barrier_init(&full[s], 1);                  // the producer's expect_tx arrival
@@ -320,14 +340,15 @@ __global__ void __launch_bounds__(kThreads, 1) megakernel(MegaParams p) {
   }
   __syncthreads();  // the last block-wide barrier: from here the roles part
   if (threadIdx.x >= kConsumers) {
-    produce(p, ring, full, empty);
+    produce(p, phases, ring, full, empty);
   } else {
-    consume(p, ring, full, empty, x_shared);
+    consume(p, phases, ring, full, empty, x_shared);
   }
 }
 
 size_t shared_bytes_for(int slots) {
-  const size_t bytes = size_t(slots) * kTileBytes + size_t(kF) * 16 + 2 * size_t(slots) * sizeof(uint64_t);
+  const size_t bytes = size_t(slots) * kTileBytes + size_t(kF) * 16 + 2 * size_t(slots) * sizeof(uint64_t) +
+                       size_t(kPhases) * sizeof(Phase);
   return std::max(bytes, size_t(kMinSharedBytes));
 }
 
@@ -481,6 +502,11 @@ int main(int argc, char** argv) {
   std::printf("%s; copy bandwidth %.0f GB/s\n", describe_device().c_str(), copy_gbs);
   const int grid = sms;
   const std::vector<Phase> phases = token_phases(grid);
+  if (phases.size() != size_t(kPhases)) {
+    std::fprintf(stderr, "bench_megakernel: the schedule has %zu phases, the kernel's shared memory holds %d\n",
+                 phases.size(), kPhases);
+    return 1;
+  }
   const unsigned long long token_bytes = phases.back().offset + phases.back().bytes;
   DeviceBuffer<unsigned char> weights(size_t(token_bytes) + kTileBytes);
   CUDA_CHECK(cudaMemset(weights.data(), 0, weights.size()));
@@ -517,6 +543,14 @@ int main(int argc, char** argv) {
   handed_over_full.tiles = Tiles::handed_over;
   Work stream_counted = stream_only;
   stream_counted.count_without_waiting = true;
+  Work handed_over_global = handed_over_alone;
+  handed_over_global.phases_in_global = true;
+  Work handed_over_unread = handed_over_alone;
+  handed_over_unread.read_tiles = false;
+  Work handed_over_polled = handed_over_alone;
+  handed_over_polled.poll_barriers = true;
+  Work full_polled = full_work;
+  full_polled.poll_barriers = true;
   const std::vector<Row> rows = {
       {"the ring alone: no waits, no activations", 12, stream_only},
       {"flags between the phases", 12, flags_only},
@@ -532,6 +566,10 @@ int main(int argc, char** argv) {
       {"no tiles: flags between the phases alone", 12, counters_alone},
       {"no tiles: flags, activations, the attention's reads", 12, counters_moving_chasing},
       {"no copies (slots handed over empty): no waits", 12, handed_over_alone},
+      {"no copies, no waits, the phases' descriptors read from global memory", 12, handed_over_global},
+      {"no copies, no waits, the slots never read (the two barriers alone)", 12, handed_over_unread},
+      {"no copies, no waits, the barriers polled (test_wait, never suspended)", 12, handed_over_polled},
+      {"flags, activations, the attention's reads, dot products, the barriers polled", 12, full_polled},
       {"no copies: flags, activations, the attention's reads, dot products", 12, handed_over_full},
       {"the ring alone, each phase counted (fence, atomic) but not waited for", 12, stream_counted},
       {"dot products, 12 slots, thread 0 clocking its waits", 12, clocked},
