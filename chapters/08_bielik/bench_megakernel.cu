@@ -44,7 +44,8 @@
 // More rows (seventieth session) take the time apart: no tiles at all (the counters,
 // activations and reads alone), slots handed over without a copy (the consumers' own
 // speed), phases counted but never waited for, the phases' descriptors read from global
-// memory, slots never read, and the barriers polled instead of try_wait.
+// memory, slots never read, the barriers polled instead of try_wait, and a phase's tiles
+// in groups of 4 under one pair of barriers (a quarter of the handshakes).
 //
 // Written in the sixty-ninth session; first run in the seventieth, on H100s
 // (bench_megakernel_h100.txt): the chain won, 1189 against 1451 us a token, and with no
