@@ -85,7 +85,6 @@ constexpr int kChunksPerThread = kTileBytes / 16 / kConsumers;  // 4 uint4 of a 
 constexpr int kMinSharedBytes = 120 << 10;
 constexpr unsigned long long kWaitGiveUpNs = 2000000000ull;
 
-/// What the consumers do; the producer is the same in every row.
 /// What the ring's slots carry.
 enum class Tiles {
   streamed,     // the weights, copied by the bulk-copy engine
@@ -94,6 +93,7 @@ enum class Tiles {
   none,         // no ring at all: the phases' counters, activations and reads alone
 };
 
+/// What a row's kernel does: the consumers' work, and what the producer puts in the ring.
 struct Work {
   bool wait_for_phases;  // false: no counters at all, the ring's own speed
   bool move_activations;  // stage the input, sum a word across the block, store the output
