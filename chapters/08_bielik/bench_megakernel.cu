@@ -56,6 +56,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -105,6 +106,9 @@ struct Work {
   bool phases_in_global = false;  // read each phase's descriptor from global memory, not shared
   bool read_tiles = true;         // false: a slot is waited for and released, never read
   bool poll_barriers = false;     // mbarrier.test_wait in a loop instead of try_wait (which may suspend)
+  // Up to this many of a phase's tiles (the block's next ones) travel under one pair of
+  // barriers: one wait and one release for the group, in a ring of slots / group groups.
+  int tiles_per_handshake = 1;
 };
 
 // The token's phases: Bielik's 32 layers of 5, then the lm_head. The kernel keeps their
@@ -167,21 +171,28 @@ __device__ __forceinline__ int rank_here(const Phase& phase) { return rank_in(ph
 __device__ void produce(const MegaParams& p, const Phase* phases, unsigned char* ring, uint64_t* full,
                         uint64_t* empty) {
   if (threadIdx.x % 32 != 0 || p.work.tiles == Tiles::none) return;
-  unsigned use = 0;  // slot uses so far: slot use % slots, on its (use / slots)-th round
+  const int group = p.work.tiles_per_handshake;
+  const unsigned groups = unsigned(p.slots / group);  // the ring's groups of `group` slots
+  const int stride = int(gridDim.x);                   // from one of the block's tiles to its next
+  unsigned use = 0;  // group uses so far: group use % groups, on its (use / groups)-th round
   for (int ph = 0; ph < p.num_phases; ++ph) {
     const Phase phase = phases[ph];
-    for (int i = rank_here(phase); i < phase.tiles; i += int(gridDim.x), ++use) {
-      const unsigned slot = use % unsigned(p.slots), round = use / unsigned(p.slots);
+    for (int first = rank_here(phase); first < phase.tiles; first += group * stride, ++use) {
+      const unsigned slot = use % groups, round = use / groups;
       // A fresh barrier's phase of parity 1 counts as complete: the first round passes.
       wait_slot(p, &empty[slot], (round & 1u) ^ 1u);
       if (p.work.tiles == Tiles::handed_over) {
         slot_release(&full[slot]);  // the full barrier's one arrival, with no bytes to wait for
         continue;
       }
-      const uint32_t bytes = tile_bytes(phase, i);
+      uint32_t bytes = 0;
+      for (int k = 0, i = first; k < group && i < phase.tiles; ++k, i += stride) bytes += tile_bytes(phase, i);
       stream_ptx::barrier_expect_bytes(&full[slot], bytes);
-      copy_async_bulk(ring + size_t(slot) * kTileBytes,
-                      p.weights + phase.offset + (unsigned long long)(i) * kTileBytes, bytes, &full[slot]);
+      for (int k = 0, i = first; k < group && i < phase.tiles; ++k, i += stride) {
+        copy_async_bulk(ring + (size_t(slot) * group + k) * kTileBytes,
+                        p.weights + phase.offset + (unsigned long long)(i) * kTileBytes, tile_bytes(phase, i),
+                        &full[slot]);
+      }
     }
   }
 }
@@ -265,8 +276,10 @@ __device__ void consume(const MegaParams& p, const Phase* phases, const unsigned
       x_index[u] = input_chunks > 0 ? (int(threadIdx.x) + u * kConsumers) % input_chunks : 0;
     }
     const int tiles = p.work.tiles == Tiles::none ? 0 : phase.tiles;
-    for (int i = rank; i < tiles; i += int(gridDim.x), ++use) {
-      const unsigned slot = use % unsigned(p.slots), round = use / unsigned(p.slots);
+    const int group = p.work.tiles_per_handshake, stride = int(gridDim.x);
+    const unsigned groups = unsigned(p.slots / group);
+    for (int first = rank; first < tiles; first += group * stride, ++use) {
+      const unsigned slot = use % groups, round = use / groups;
       if (clocking) {
         const unsigned long long before = globaltimer_ns();
         wait_slot(p, &full[slot], round & 1u);
@@ -274,24 +287,26 @@ __device__ void consume(const MegaParams& p, const Phase* phases, const unsigned
       } else {
         wait_slot(p, &full[slot], round & 1u);
       }
-      const uint4* tile = reinterpret_cast<const uint4*>(ring + size_t(slot) * kTileBytes);
-      const int chunks = int(tile_bytes(phase, i) / 16);
-      float tile_acc = 0.0f;
+      for (int k = 0, i = first; k < group && i < tiles; ++k, i += stride) {
+        const uint4* tile = reinterpret_cast<const uint4*>(ring + (size_t(slot) * group + k) * kTileBytes);
+        const int chunks = int(tile_bytes(phase, i) / 16);
+        float tile_acc = 0.0f;
 #pragma unroll
-      for (int u = 0; u < kChunksPerThread; ++u) {
-        const int c = int(threadIdx.x) + u * kConsumers;
-        if (c < chunks && p.work.read_tiles) {
-          const uint4 w = tile[c];
-          if (p.work.dot && input_chunks > 0) {
-            tile_acc = decode_device::dot_8(w, x_shared[x_index[u]], tile_acc);  // the GEMVs' own
-          } else {
-            bits ^= w.x ^ w.y ^ w.z ^ w.w;
+        for (int u = 0; u < kChunksPerThread; ++u) {
+          const int c = int(threadIdx.x) + u * kConsumers;
+          if (c < chunks && p.work.read_tiles) {
+            const uint4 w = tile[c];
+            if (p.work.dot && input_chunks > 0) {
+              tile_acc = decode_device::dot_8(w, x_shared[x_index[u]], tile_acc);  // the GEMVs' own
+            } else {
+              bits ^= w.x ^ w.y ^ w.z ^ w.w;
+            }
           }
         }
-      }
-      if (p.work.dot && input_chunks > 0) {  // a GEMV sums its rows across the warp
-        for (int offset = 16; offset > 0; offset /= 2) tile_acc += __shfl_xor_sync(0xffffffffu, tile_acc, offset);
-        acc += tile_acc;
+        if (p.work.dot && input_chunks > 0) {  // a GEMV sums its rows across the warp
+          for (int offset = 16; offset > 0; offset /= 2) tile_acc += __shfl_xor_sync(0xffffffffu, tile_acc, offset);
+          acc += tile_acc;
+        }
       }
       __syncwarp();
       if (lane == 0) slot_release(&empty[slot]);  // this warp is done with the slot
@@ -367,6 +382,11 @@ class Megakernel {
       : phases_(phases), grid_(grid), slots_(slots), work_(work), device_phases_(phases),
         phase_done_(phases.size()), values_(phases.size() * size_t(grid)), clocks_(size_t(kPhaseKinds) * kClocks),
         given_up_(1) {
+    const int group = work.tiles_per_handshake;
+    if (group < 1 || slots % group != 0 || slots / group < 2) {  // a ring needs two groups to overlap
+      throw std::invalid_argument("bench_megakernel: a ring of " + std::to_string(slots) +
+                                  " slots cannot hold two groups of " + std::to_string(group) + " tiles");
+    }
     for (DeviceBuffer<uint4>& a : activations_) {
       a = DeviceBuffer<uint4>(size_t(kLogits));
       CUDA_CHECK(cudaMemset(a.data(), 0, size_t(kLogits) * sizeof(uint4)));
@@ -558,6 +578,10 @@ int main(int argc, char** argv) {
   handed_over_polled.poll_barriers = true;
   Work full_polled = full_work;
   full_polled.poll_barriers = true;
+  const auto grouped = [](Work work, int tiles_per_handshake) {
+    work.tiles_per_handshake = tiles_per_handshake;
+    return work;
+  };
   const std::vector<Row> rows = {
       {"the ring alone: no waits, no activations", 12, stream_only},
       {"flags between the phases", 12, flags_only},
@@ -577,6 +601,20 @@ int main(int argc, char** argv) {
       {"no copies, no waits, the slots never read (the two barriers alone)", 12, handed_over_unread},
       {"no copies, no waits, the barriers polled (test_wait, never suspended)", 12, handed_over_polled},
       {"flags, activations, the attention's reads, dot products, the barriers polled", 12, full_polled},
+      // Fewer handshakes: a phase's tiles in groups of 2, 4 or 6 under one pair of barriers
+      // (a ring of 6, 3 or 2 groups in the same 192 KB), where the block has that many in
+      // the phase.
+      {"no copies, no waits, 4 tiles a handshake", 12, grouped(handed_over_alone, 4)},
+      {"no copies, no waits, the slots never read, 4 tiles a handshake", 12, grouped(handed_over_unread, 4)},
+      {"no copies: flags, activations, the attention's reads, dot products, 2 tiles a handshake", 12,
+       grouped(handed_over_full, 2)},
+      {"no copies: flags, activations, the attention's reads, dot products, 4 tiles a handshake", 12,
+       grouped(handed_over_full, 4)},
+      {"no copies: flags, activations, the attention's reads, dot products, 6 tiles a handshake", 12,
+       grouped(handed_over_full, 6)},
+      {"flags, activations, the attention's reads, dot products, 2 tiles a handshake", 12, grouped(full_work, 2)},
+      {"flags, activations, the attention's reads, dot products, 4 tiles a handshake", 12, grouped(full_work, 4)},
+      {"flags, activations, the attention's reads, dot products, 6 tiles a handshake", 12, grouped(full_work, 6)},
       {"no copies: flags, activations, the attention's reads, dot products", 12, handed_over_full},
       {"the ring alone, each phase counted (fence, atomic) but not waited for", 12, stream_counted},
       {"dot products, 12 slots, thread 0 clocking its waits", 12, clocked},
