@@ -44,7 +44,9 @@
 // More rows (seventieth session) take the time apart: no tiles at all (the counters,
 // activations and reads alone), slots handed over without a copy (the consumers' own
 // speed), phases counted but never waited for, the phases' descriptors read from global
-// memory, slots never read, and the barriers polled instead of try_wait.
+// memory, slots never read, and the barriers polled instead of try_wait. The
+// seventy-first session's rows put 2, 4 or 6 of a phase's tiles under one pair of
+// barriers (fewer handshakes, coarser stream).
 //
 // Written in the sixty-ninth session; first run in the seventieth, on H100s
 // (bench_megakernel_h100.txt): the chain won, 1189 against 1451 us a token, and with no
