@@ -113,6 +113,10 @@ struct Work {
   // Up to this many of a phase's tiles (the block's next ones) travel under one pair of
   // barriers: one wait and one release for the group, in a ring of slots / group groups.
   int tiles_per_handshake = 1;
+  // Each consumer warp takes whole tiles of its own (the block's tiles dealt round-robin to
+  // the 8 warps) instead of all 8 sharing each one: a slot's handshake is one warp's wait
+  // and one release, and the 8 warps' handshakes run side by side (tiles_per_handshake 1).
+  bool warp_owns_tiles = false;
 };
 
 // The token's phases: Bielik's 32 layers of 5, then the lm_head. The kernel keeps their
@@ -219,6 +223,50 @@ __device__ void wait_for(const MegaParams& p, const unsigned* done, unsigned cou
   consumers_sync();
 }
 
+/// Work.warp_owns_tiles: the phase's tiles of this block dealt round-robin to the consumer
+/// warps by their use number (every warp counts every use, so all agree on the slots); a
+/// warp reads its 16 KB tile alone, 32 uint4 a lane, and releases the slot alone. Returns
+/// the use count after the phase.
+__device__ unsigned consume_own_tiles(const MegaParams& p, const Phase& phase, int rank, int tiles,
+                                      const unsigned char* ring, uint64_t* full, uint64_t* empty,
+                                      const uint4* x_shared, int input_chunks, unsigned use, unsigned* bits,
+                                      float* acc) {
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const int stride = int(gridDim.x);
+  const bool dot = p.work.dot && input_chunks > 0;
+  for (int i = rank; i < tiles; i += stride, ++use) {
+    if (int(use % unsigned(kConsumerWarps)) != warp) continue;
+    const unsigned slot = use % unsigned(p.slots), round = use / unsigned(p.slots);
+    wait_slot(p, &full[slot], round & 1u);
+    const uint4* tile = reinterpret_cast<const uint4*>(ring + size_t(slot) * kTileBytes);
+    const int chunks = int(tile_bytes(phase, i) / 16);
+    float tile_acc = 0.0f;
+    int x = dot ? lane % input_chunks : 0;  // the x chunk that weight chunk c meets: c % input_chunks
+#pragma unroll 8
+    for (int c = lane; c < kTileBytes / 16; c += 32) {
+      if (c < chunks && p.work.read_tiles) {
+        const uint4 w = tile[c];
+        if (dot) {
+          tile_acc = decode_device::dot_8(w, x_shared[x], tile_acc);
+        } else {
+          *bits ^= w.x ^ w.y ^ w.z ^ w.w;
+        }
+      }
+      if (dot) {
+        x += 32;
+        while (x >= input_chunks) x -= input_chunks;
+      }
+    }
+    if (dot) {
+      for (int offset = 16; offset > 0; offset /= 2) tile_acc += __shfl_xor_sync(0xffffffffu, tile_acc, offset);
+      *acc += tile_acc;
+    }
+    __syncwarp();
+    if (lane == 0) slot_release(&empty[slot]);  // the one arrival the slot's empty barrier waits for
+  }
+  return use;
+}
+
 __device__ void consume(const MegaParams& p, const Phase* phases, const unsigned char* ring, uint64_t* full,
                         uint64_t* empty, uint4* x_shared) {
   __shared__ unsigned warp_words[kConsumerWarps];
@@ -280,9 +328,12 @@ __device__ void consume(const MegaParams& p, const Phase* phases, const unsigned
       x_index[u] = input_chunks > 0 ? (int(threadIdx.x) + u * kConsumers) % input_chunks : 0;
     }
     const int tiles = p.work.tiles == Tiles::none ? 0 : phase.tiles;
+    if (p.work.warp_owns_tiles) {
+      use = consume_own_tiles(p, phase, rank, tiles, ring, full, empty, x_shared, input_chunks, use, &bits, &acc);
+    }
     const int group = p.work.tiles_per_handshake, stride = int(gridDim.x);
     const unsigned groups = unsigned(p.slots / group);
-    for (int first = rank; first < tiles; first += group * stride, ++use) {
+    for (int first = rank; first < tiles && !p.work.warp_owns_tiles; first += group * stride, ++use) {
       const unsigned slot = use % groups, round = use / groups;
       if (clocking) {
         const unsigned long long before = globaltimer_ns();
@@ -360,7 +411,8 @@ __global__ void __launch_bounds__(kThreads, 1) megakernel(MegaParams p) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < p.slots; ++s) {
       stream_ptx::barrier_init(&full[s], 1);                  // the producer's expect_tx arrival
-      stream_ptx::barrier_init(&empty[s], kConsumerWarps);  // one arrival a consumer warp
+      // One arrival a consumer warp, or the one warp that owns the slot's tile.
+      stream_ptx::barrier_init(&empty[s], p.work.warp_owns_tiles ? 1 : kConsumerWarps);
     }
     stream_ptx::barrier_init_fence();
   }
@@ -387,7 +439,7 @@ class Megakernel {
         phase_done_(phases.size()), values_(phases.size() * size_t(grid)), clocks_(size_t(kPhaseKinds) * kClocks),
         given_up_(1) {
     const int group = work.tiles_per_handshake;
-    if (group < 1 || slots % group != 0 || slots / group < 2) {  // a ring needs two groups to overlap
+    if (group < 1 || slots % group != 0 || slots / group < 2 || (work.warp_owns_tiles && group != 1)) {
       throw std::invalid_argument("bench_megakernel: a ring of " + std::to_string(slots) +
                                   " slots cannot hold two groups of " + std::to_string(group) + " tiles");
     }
@@ -586,6 +638,10 @@ int main(int argc, char** argv) {
     work.tiles_per_handshake = tiles_per_handshake;
     return work;
   };
+  const auto warp_owned = [](Work work) {
+    work.warp_owns_tiles = true;
+    return work;
+  };
   const std::vector<Row> rows = {
       {"the ring alone: no waits, no activations", 12, stream_only},
       {"flags between the phases", 12, flags_only},
@@ -619,6 +675,14 @@ int main(int argc, char** argv) {
       {"flags, activations, the attention's reads, dot products, 2 tiles a handshake", 12, grouped(full_work, 2)},
       {"flags, activations, the attention's reads, dot products, 4 tiles a handshake", 12, grouped(full_work, 4)},
       {"flags, activations, the attention's reads, dot products, 6 tiles a handshake", 12, grouped(full_work, 6)},
+      // A warp a tile: the 8 warps' handshakes side by side instead of one after another.
+      {"no copies, no waits, a warp a tile", 12, warp_owned(handed_over_alone)},
+      {"no copies, no waits, the slots never read, a warp a tile", 12, warp_owned(handed_over_unread)},
+      {"no copies: flags, activations, the attention's reads, dot products, a warp a tile", 12,
+       warp_owned(handed_over_full)},
+      {"flags, activations, the attention's reads, dot products, a warp a tile", 12, warp_owned(full_work)},
+      {"the same, a warp a tile, 8 slots", 8, warp_owned(full_work)},
+      {"the same, a warp a tile, 6 slots", 6, warp_owned(full_work)},
       {"no copies: flags, activations, the attention's reads, dot products", 12, handed_over_full},
       {"the ring alone, each phase counted (fence, atomic) but not waited for", 12, stream_counted},
       {"dot products, 12 slots, thread 0 clocking its waits", 12, clocked},
