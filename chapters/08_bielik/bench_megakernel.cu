@@ -46,7 +46,10 @@
 // speed), phases counted but never waited for, the phases' descriptors read from global
 // memory, slots never read, and the barriers polled instead of try_wait. The
 // seventy-first session's rows put 2, 4 or 6 of a phase's tiles under one pair of
-// barriers (fewer handshakes, coarser stream).
+// barriers (fewer handshakes, coarser stream). The rows "a warp a tile" (written in the
+// seventy-first session, back on main in the seventy-second) give each consumer warp whole
+// tiles of its own, so the 8 warps' handshakes run side by side; no call has run them yet
+// (no machine was lent in either session), so no result in this chapter comes from them.
 //
 // Written in the sixty-ninth session; first run in the seventieth, on H100s
 // (bench_megakernel_h100.txt): the chain won, 1189 against 1451 us a token, and with no
