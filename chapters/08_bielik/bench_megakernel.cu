@@ -118,8 +118,8 @@ struct Work {
   // Up to this many of a phase's tiles (the block's next ones) travel under one pair of
   // barriers: one wait and one release for the group, in a ring of slots / group groups.
   int tiles_per_handshake = 1;
-  // Each consumer warp takes whole tiles of its own (the block's tiles dealt round-robin to
-  // the 8 warps) instead of all 8 sharing each one: a slot's handshake is one warp's wait
+  // Each consumer warp takes whole tiles of its own (those landing in the ring slots it
+  // owns, slot % 8) instead of all 8 sharing each one: a slot's handshake is one warp's wait
   // and one release, and the 8 warps' handshakes run side by side (tiles_per_handshake 1).
   bool warp_owns_tiles = false;
 };
@@ -228,10 +228,19 @@ __device__ void wait_for(const MegaParams& p, const unsigned* done, unsigned cou
   consumers_sync();
 }
 
-/// Work.warp_owns_tiles: the phase's tiles of this block dealt round-robin to the consumer
-/// warps by their use number (every warp counts every use, so all agree on the slots); a
-/// warp reads its 16 KB tile alone, 32 uint4 a lane, and releases the slot alone. Returns
-/// the use count after the phase.
+/// Work.warp_owns_tiles: each slot of the ring belongs to one consumer warp (slot % 8), and
+/// the warp takes every tile that lands in its slots (every warp counts every use, so all
+/// agree on the slots); it reads its 16 KB tile alone, 32 uint4 a lane, and releases the
+/// slot alone. Returns the use count after the phase.
+///
+/// Why by slot and not by use (use % 8, as first written in 1d1aff0): a barrier's wait names
+/// a phase only by its parity, so it is unambiguous only for a waiter that saw the slot's
+/// previous round complete. With 12 slots dealt by use, a slot's rounds alternate between
+/// two warps; the second could come for round r + 1 while round r had not landed, find the
+/// parity it asks for already "complete", read a slot still being written and release it
+/// early, leaving the ring's count wrong. Dealt by slot, one warp waits for every round of
+/// its slots in order. The price: with 12 slots, warps 0-3 own two slots and 4-7 one, so
+/// warps 0-3 take two tiles in every 12 to the others' one (8 slots deal them evenly).
 __device__ unsigned consume_own_tiles(const MegaParams& p, const Phase& phase, int rank, int tiles,
                                       const unsigned char* ring, uint64_t* full, uint64_t* empty,
                                       const uint4* x_shared, int input_chunks, unsigned use, unsigned* bits,
@@ -240,8 +249,8 @@ __device__ unsigned consume_own_tiles(const MegaParams& p, const Phase& phase, i
   const int stride = int(gridDim.x);
   const bool dot = p.work.dot && input_chunks > 0;
   for (int i = rank; i < tiles; i += stride, ++use) {
-    if (int(use % unsigned(kConsumerWarps)) != warp) continue;
     const unsigned slot = use % unsigned(p.slots), round = use / unsigned(p.slots);
+    if (int(slot % unsigned(kConsumerWarps)) != warp) continue;  // another warp's slot
     wait_slot(p, &full[slot], round & 1u);
     const uint4* tile = reinterpret_cast<const uint4*>(ring + size_t(slot) * kTileBytes);
     const int chunks = int(tile_bytes(phase, i) / 16);
@@ -632,6 +641,8 @@ int main(int argc, char** argv) {
   // The full work's pieces less the waits: each phase's input staged and its output
   // stored, the tiles as dot products, but no phase waits for the one before. Against
   // handed_over_full it prices the waits; against handed_over_alone, the dots and staging.
+  // With no waits a phase's staging may overwrite the input a slower warp still reads: its
+  // values mean nothing (no check runs without waits); its time is the point.
   const Work handed_over_unordered{false, true, false, true, false, Tiles::handed_over};
   Work stream_counted = stream_only;
   stream_counted.count_without_waiting = true;
@@ -692,8 +703,9 @@ int main(int argc, char** argv) {
       {"no copies: flags, activations, the attention's reads, dot products, a warp a tile", 12,
        warp_owned(handed_over_full)},
       {"flags, activations, the attention's reads, dot products, a warp a tile", 12, warp_owned(full_work)},
-      {"the same, a warp a tile, 8 slots", 8, warp_owned(full_work)},
-      {"the same, a warp a tile, 6 slots", 6, warp_owned(full_work)},
+      {"the same, a warp a tile, 8 slots (a slot a warp)", 8, warp_owned(full_work)},
+      {"no copies: the same, a warp a tile, 8 slots", 8, warp_owned(handed_over_full)},
+      {"the same, a warp a tile, 6 slots (warps 6 and 7 idle)", 6, warp_owned(full_work)},
       {"no copies: flags, activations, the attention's reads, dot products", 12, handed_over_full},
       {"the ring alone, each phase counted (fence, atomic) but not waited for", 12, stream_counted},
       {"dot products, 12 slots, thread 0 clocking its waits", 12, clocked},
