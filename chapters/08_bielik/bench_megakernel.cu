@@ -233,14 +233,13 @@ __device__ void wait_for(const MegaParams& p, const unsigned* done, unsigned cou
 /// agree on the slots); it reads its 16 KB tile alone, 32 uint4 a lane, and releases the
 /// slot alone. Returns the use count after the phase.
 ///
-/// Why by slot and not by use (use % 8, as first written in 1d1aff0): a barrier's wait names
-/// a phase only by its parity, so it is unambiguous only for a waiter that saw the slot's
-/// previous round complete. With 12 slots dealt by use, a slot's rounds alternate between
+/// Why by slot and not by use (use % 8, as first written in 1d1aff0): see slot_owner in
+/// megakernel_schedule.hpp. With 12 slots dealt by use, a slot's rounds alternate between
 /// two warps; the second could come for round r + 1 while round r had not landed, find the
 /// parity it asks for already "complete", read a slot still being written and release it
-/// early, leaving the ring's count wrong. Dealt by slot, one warp waits for every round of
-/// its slots in order. The price: with 12 slots, warps 0-3 own two slots and 4-7 one, so
-/// warps 0-3 take two tiles in every 12 to the others' one (8 slots deal them evenly).
+/// early, leaving the ring's count wrong. The price of dealing by slot: with 12 slots,
+/// warps 0-3 own two slots and 4-7 one, so warps 0-3 take two tiles in every 12 to the
+/// others' one (8 slots deal them evenly).
 __device__ unsigned consume_own_tiles(const MegaParams& p, const Phase& phase, int rank, int tiles,
                                       const unsigned char* ring, uint64_t* full, uint64_t* empty,
                                       const uint4* x_shared, int input_chunks, unsigned use, unsigned* bits,
@@ -250,7 +249,7 @@ __device__ unsigned consume_own_tiles(const MegaParams& p, const Phase& phase, i
   const bool dot = p.work.dot && input_chunks > 0;
   for (int i = rank; i < tiles; i += stride, ++use) {
     const unsigned slot = use % unsigned(p.slots), round = use / unsigned(p.slots);
-    if (int(slot % unsigned(kConsumerWarps)) != warp) continue;  // another warp's slot
+    if (slot_owner(slot, kConsumerWarps) != warp) continue;  // another warp's slot
     wait_slot(p, &full[slot], round & 1u);
     const uint4* tile = reinterpret_cast<const uint4*>(ring + size_t(slot) * kTileBytes);
     const int chunks = int(tile_bytes(phase, i) / 16);

@@ -55,6 +55,16 @@ BIELIK_HOST_DEVICE inline unsigned tile_bytes(const Phase& phase, int i) {
   return unsigned(left < (unsigned long long)(kTileBytes) ? left : (unsigned long long)(kTileBytes));
 }
 
+/// The consumer warp that takes the tiles landing in ring slot `slot` when each warp owns
+/// whole tiles (bench_megakernel's "a warp a tile" rows): slot % warps, so that every
+/// round of a slot is waited for by one warp, in order. An mbarrier wait names the phase
+/// it waits for by its parity alone, which is unambiguous only for a waiter that saw the
+/// slot's previous round complete; dealt by use number instead (use % warps), a ring
+/// whose size is not a multiple of `warps` hands a slot's rounds from warp to warp, and a
+/// warp coming early for round r + 1 would find round r's parity "complete" before round r
+/// had landed. test_megakernel_schedule.cpp checks both.
+BIELIK_HOST_DEVICE inline int slot_owner(unsigned slot, int warps) { return int(slot % unsigned(warps)); }
+
 /// The token's phases for `grid` blocks: Bielik's 32 layers (QKV, the attention, O,
 /// gate/up, down), then the lm_head, in the order the step reads their weights. Tiles are
 /// dealt round-robin across the phases, so that over a token every block gets the same

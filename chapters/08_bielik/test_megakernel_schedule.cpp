@@ -4,9 +4,12 @@
 // participants - 1 (the counter it waits for counts them, and the check's values are
 // indexed by rank), and the token's bytes are the step's, tile for tile. Checked here for
 // the H200's and H100's 132 SMs, for other grids, and for grids larger than a small phase.
+// A fourth, for the rows where a warp owns whole tiles: each ring slot has one owner warp,
+// so that its parity waits cannot mistake one round for another.
 #include <algorithm>
 #include <map>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "catch_compat.hpp"
@@ -101,4 +104,51 @@ TEST_CASE("megakernel schedule: a tile's bytes add up to its phase's", "[ch08][m
   }
   // The QKV phase ends in a short tile (its bias): the case the clamp is for.
   CHECK(tile_bytes(phases[0], phases[0].tiles - 1) < unsigned(kTileBytes));
+}
+
+namespace {
+
+/// Walks a block's ring uses in order, as the consumer warps do, with each use taken by
+/// owner(use, slot), and returns whether every warp waits for the rounds of each slot it
+/// takes one after another (round 0 first): the condition under which a wait that names
+/// its phase by parity alone cannot mistake an earlier round for the one it wants.
+template <typename Owner>
+bool parity_waits_unambiguous(int slots, int warps, unsigned uses, Owner owner) {
+  std::map<std::pair<int, unsigned>, long long> last_round;  // (warp, slot) -> round it last took
+  for (unsigned use = 0; use < uses; ++use) {
+    const unsigned slot = use % unsigned(slots), round = use / unsigned(slots);
+    const int warp = owner(use, slot);
+    const auto key = std::make_pair(warp, slot);
+    const long long previous = last_round.count(key) ? last_round[key] : -1;
+    if ((long long)(round) != previous + 1) return false;
+    last_round[key] = round;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("megakernel schedule: a warp a tile, each ring slot has one owner warp", "[ch08][megakernel]") {
+  const int warps = 8;
+  const auto by_slot = [&](unsigned, unsigned slot) { return slot_owner(slot, warps); };
+  const auto by_use = [&](unsigned use, unsigned) { return int(use % unsigned(warps)); };
+  for (int slots : {2, 4, 6, 8, 12}) {
+    INFO("slots " << slots);
+    CHECK(parity_waits_unambiguous(slots, warps, 1433, by_slot));  // a token's tiles an SM
+    // Dealt by use, only a ring of a multiple of 8 slots keeps a slot with one warp.
+    CHECK(parity_waits_unambiguous(slots, warps, 1433, by_use) == (slots % warps == 0));
+    // Every slot has an owner among the warps, and min(slots, warps) warps own slots.
+    std::set<int> owners;
+    for (int s = 0; s < slots; ++s) {
+      const int w = slot_owner(unsigned(s), warps);
+      CHECK(w >= 0);
+      CHECK(w < warps);
+      owners.insert(w);
+    }
+    CHECK(int(owners.size()) == std::min(slots, warps));
+  }
+  // 12 slots: warps 0-3 own two slots each, warps 4-7 one (the rows' uneven deal).
+  std::vector<int> owned(warps, 0);
+  for (int s = 0; s < 12; ++s) ++owned[size_t(slot_owner(unsigned(s), warps))];
+  CHECK(owned == std::vector<int>{2, 2, 2, 2, 1, 1, 1, 1});
 }
