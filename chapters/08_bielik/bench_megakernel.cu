@@ -85,7 +85,15 @@ using namespace bielik;
 using namespace bielik::step_bytes;
 using namespace bielik::megakernel_schedule;
 
-constexpr int kConsumerWarps = 8;
+// 8 consumer warps a block. bench_megakernel_16_warps is the same program built with 16
+// (BIELIK_MEGAKERNEL_CONSUMER_WARPS): run 5 found the 8 warps' dot products alone slower
+// than the whole chain, and the chain's GEMVs run 24 warps an SM.
+#ifndef BIELIK_MEGAKERNEL_CONSUMER_WARPS
+#define BIELIK_MEGAKERNEL_CONSUMER_WARPS 8
+#endif
+constexpr int kConsumerWarps = BIELIK_MEGAKERNEL_CONSUMER_WARPS;
+static_assert(kConsumerWarps == 8 || kConsumerWarps == 16,
+              "a tile's 1024 uint4 must split evenly over the consumers, and a block holds at most 1024 threads");
 constexpr int kConsumers = kConsumerWarps * 32;
 constexpr int kThreads = kConsumers + 32;  // the last warp is the producer
 constexpr int kChunksPerThread = kTileBytes / 16 / kConsumers;  // 4 uint4 of a full tile
@@ -153,7 +161,7 @@ struct MegaParams {
 };
 
 __device__ __forceinline__ void consumers_sync() {
-  asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory");  // the 8 consumer warps only
+  asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory");  // the consumer warps only
 }
 
 __device__ __forceinline__ void slot_release(uint64_t* barrier) {
@@ -606,8 +614,8 @@ int main(int argc, char** argv) {
   const unsigned long long token_bytes = phases.back().offset + phases.back().bytes;
   DeviceBuffer<unsigned char> weights(size_t(token_bytes) + kTileBytes);
   CUDA_CHECK(cudaMemset(weights.data(), 0, weights.size()));
-  std::printf("one token reads %.3f GB in %zu phases of 16 KB tiles; %d blocks of %d threads (8 consumer warps, "
-              "1 producer warp)\n", double(token_bytes) / 1e9, phases.size(), grid, kThreads);
+  std::printf("one token reads %.3f GB in %zu phases of 16 KB tiles; %d blocks of %d threads (%d consumer warps, "
+              "1 producer warp)\n", double(token_bytes) / 1e9, phases.size(), grid, kThreads, kConsumerWarps);
 
   // The chase table of bench_layer_chain's L2 rows: 16 K entries (64 KB), each the index
   // of one 4128 entries on, so that every read lands on a line of its own.
@@ -704,7 +712,7 @@ int main(int argc, char** argv) {
       {"flags, activations, the attention's reads, dot products, a warp a tile", 12, warp_owned(full_work)},
       {"the same, a warp a tile, 8 slots (a slot a warp)", 8, warp_owned(full_work)},
       {"no copies: the same, a warp a tile, 8 slots", 8, warp_owned(handed_over_full)},
-      {"the same, a warp a tile, 6 slots (warps 6 and 7 idle)", 6, warp_owned(full_work)},
+      {"the same, a warp a tile, 6 slots (6 warps busy)", 6, warp_owned(full_work)},
       {"no copies: flags, activations, the attention's reads, dot products", 12, handed_over_full},
       {"the ring alone, each phase counted (fence, atomic) but not waited for", 12, stream_counted},
       {"dot products, 12 slots, thread 0 clocking its waits", 12, clocked},

@@ -73,6 +73,9 @@ else()
   bielik_add_bench(bench_layer_chain SOURCES ${cuda_backend_dir}/bench_layer_chain.cu)
   # bench_megakernel: the same bytes and round trips in one persistent kernel with a weight stream that runs ahead.
   bielik_add_bench(bench_megakernel SOURCES ${cuda_backend_dir}/bench_megakernel.cu LIBS bielik_ch08_cuda)
+  # The same rows with 16 consumer warps a block instead of 8.
+  bielik_add_bench(bench_megakernel_16_warps SOURCES ${cuda_backend_dir}/bench_megakernel.cu LIBS bielik_ch08_cuda)
+  target_compile_definitions(bench_megakernel_16_warps PRIVATE BIELIK_MEGAKERNEL_CONSUMER_WARPS=16)
   # bench_read_latency: a dependent read's latency while other SMs, or its own, stream weights.
   bielik_add_bench(bench_read_latency SOURCES ${cuda_backend_dir}/bench_read_latency.cu LIBS bielik_ch08_cuda)
   # bench_l2_prefetch: whether an L2 prefetch lands, and what it is worth to the next read.
