@@ -50,8 +50,9 @@
 // seventy-first session, back on main in the seventy-second) give each consumer warp whole
 // tiles of its own, so the 8 warps' handshakes run side by side; two rows "activations
 // moved, dot products" with no waits (seventy-second session) price the waits against
-// the full work with no copies. No call has run these rows yet (no machine was lent in
-// either session), so no result in this chapter comes from them.
+// the full work with no copies. Run 5 (seventy-second session, H100): a warp a tile lost
+// by a third, and the 8 warps' dot products alone, with no waits and nothing copied,
+// took longer than the whole chain.
 //
 // Written in the sixty-ninth session; first run in the seventieth, on H100s
 // (bench_megakernel_h100.txt): the chain won, 1189 against 1451 us a token, and with no
