@@ -113,7 +113,7 @@ namespace {
 /// takes one after another (round 0 first): the condition under which a wait that names
 /// its phase by parity alone cannot mistake an earlier round for the one it wants.
 template <typename Owner>
-bool parity_waits_unambiguous(int slots, int warps, unsigned uses, Owner owner) {
+bool parity_waits_unambiguous(int slots, unsigned uses, Owner owner) {
   std::map<std::pair<int, unsigned>, long long> last_round;  // (warp, slot) -> round it last took
   for (unsigned use = 0; use < uses; ++use) {
     const unsigned slot = use % unsigned(slots), round = use / unsigned(slots);
@@ -134,9 +134,9 @@ TEST_CASE("megakernel schedule: a warp a tile, each ring slot has one owner warp
   const auto by_use = [&](unsigned use, unsigned) { return int(use % unsigned(warps)); };
   for (int slots : {2, 4, 6, 8, 12}) {
     INFO("slots " << slots);
-    CHECK(parity_waits_unambiguous(slots, warps, 1433, by_slot));  // a token's tiles an SM
+    CHECK(parity_waits_unambiguous(slots, 1433, by_slot));  // a token's tiles an SM
     // Dealt by use, only a ring of a multiple of 8 slots keeps a slot with one warp.
-    CHECK(parity_waits_unambiguous(slots, warps, 1433, by_use) == (slots % warps == 0));
+    CHECK(parity_waits_unambiguous(slots, 1433, by_use) == (slots % warps == 0));
     // Every slot has an owner among the warps, and min(slots, warps) warps own slots.
     std::set<int> owners;
     for (int s = 0; s < slots; ++s) {
