@@ -99,7 +99,7 @@ static_assert(kConsumerWarps == 8 || kConsumerWarps == 16,
               "a tile's 1024 uint4 must split evenly over the consumers, and a block holds at most 1024 threads");
 constexpr int kConsumers = kConsumerWarps * 32;
 constexpr int kThreads = kConsumers + 32;  // the last warp is the producer
-constexpr int kChunksPerThread = kTileBytes / 16 / kConsumers;  // 4 uint4 of a full tile
+constexpr int kChunksPerThread = kTileBytes / 16 / kConsumers;  // a full tile's uint4: 4 with 8 warps, 2 with 16
 // At least this much shared memory a block, so that an SM never holds two (a block is an
 // SM's whole stream; two would halve each one's ring).
 constexpr int kMinSharedBytes = 120 << 10;
